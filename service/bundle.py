@@ -1,0 +1,250 @@
+"""Model bundle: the manifest schema shared with export/, and ModelBundle.load() for the runtime."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from service.errors import BundleError
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+SPEAKERS_NAME = "speakers.json"
+TOKENIZER_NAME = "multilingual.tiktoken"
+
+# Graph name -> (input names, output names). `{i}` expands to one name per LLM layer.
+GRAPH_IO: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "llm_encoder": (("text_ids", "embedding"), ("lm_input",)),
+    "llm_prefill": (("lm_input",), ("logp", "k", "v")),
+    "llm_pos": (("pe",), ("pos",)),
+    "llm_decode": (("token", "past_len", "past_k_{i}", "past_v_{i}", "pos_{i}"), ("logp", "new_k", "new_v")),
+    "flow_encoder": (("tokens", "embedding"), ("h", "spks")),
+    "flow_lr": (("x",), ("mu",)),
+    "flow_estimator": (("x", "mask", "mu", "t", "spks", "cond"), ("v",)),
+    "hift_f0": (("mel",), ("f0",)),
+    "hift_source": (("sine",), ("source",)),
+    "hift_decode": (("mel", "s_stft"), ("x",)),
+}
+GRAPH_NAMES: tuple[str, ...] = tuple(GRAPH_IO)
+
+
+def expand_io_names(names: tuple[str, ...], num_layers: int) -> list[str]:
+    """Expand `{i}` templates into per-layer names, grouped by template (all past_k, then past_v, ...)."""
+    out: list[str] = []
+    for name in names:
+        if "{i}" in name:
+            out.extend(name.format(i=i) for i in range(num_layers))
+        else:
+            out.append(name)
+    return out
+
+
+@dataclass(frozen=True)
+class ModelConstants:
+    """Every model fact the runtime needs; sizes come from the checkpoint's cosyvoice.yaml."""
+
+    sample_rate: int = 22050
+    token_rate_hz: int = 50
+    mel_hop_samples: int = 256
+    n_mels: int = 80
+    spk_embed_dim: int = 192
+    text_vocab_size: int = 51866
+    speech_token_size: int = 4096
+    eos_token: int = 4096
+    # LLM decoder geometry (for the KV cache)
+    llm_num_layers: int = 14
+    llm_num_heads: int = 16
+    llm_head_dim: int = 64
+    llm_model_dim: int = 1024
+    # sampling (ras_sampling)
+    top_p: float = 0.8
+    top_k: int = 25
+    win_size: int = 10
+    tau_r: float = 0.1
+    min_token_text_ratio: float = 2.0
+    max_token_text_ratio: float = 20.0
+    # flow matching
+    n_timesteps: int = 10
+    cfg_rate: float = 0.7
+    t_scheduler: str = "cosine"
+    temperature: float = 1.0
+    # HiFT
+    nb_harmonics: int = 8
+    sine_amp: float = 0.1
+    noise_std: float = 0.003
+    voiced_threshold_hz: float = 10.0
+    istft_n_fft: int = 16
+    istft_hop: int = 4
+    audio_limit: float = 0.99
+    upsample_rates: tuple[int, ...] = (8, 8)
+    # v1 streaming orchestration
+    token_hop_len: int = 100
+    token_max_hop_len: int = 200
+    token_overlap_len: int = 20
+    mel_cache_len: int = 20
+    stream_scale_factor: float = 1.0
+
+    @property
+    def mel_overlap_len(self) -> int:
+        """Mel frames produced by `token_overlap_len` tokens (34 for the official config)."""
+        return self.tokens_to_mel_frames(self.token_overlap_len)
+
+    @property
+    def source_cache_len(self) -> int:
+        """Samples of HiFT source kept between chunks (mel_cache_len * samples per mel frame)."""
+        return self.mel_cache_len * self.mel_hop_samples
+
+    def tokens_to_mel_frames(self, n_tokens: int) -> int:
+        """Official conversion `int(n / token_rate * sample_rate / hop)` (floors)."""
+        return int(n_tokens / self.token_rate_hz * self.sample_rate / self.mel_hop_samples)
+
+
+@dataclass(frozen=True)
+class GraphEntry:
+    """One ONNX graph of the bundle."""
+
+    file: str
+    sha256: str
+    precision: str  # "fp32" or "int8"
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    opset: int = 13
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The bundle's manifest.json."""
+
+    format_version: int
+    model: str
+    precision: str
+    constants: ModelConstants
+    graphs: dict[str, GraphEntry]
+    source_files: dict[str, str] = field(default_factory=dict)  # checkpoint file name -> sha256
+    files: dict[str, str] = field(default_factory=dict)  # bundle file (non-graph) -> sha256
+    exporter: dict[str, str] = field(default_factory=dict)  # tool versions, random_init, seed
+
+    def to_json(self) -> str:
+        """Serialize deterministically (sorted keys, no timestamps) so exports are reproducible."""
+        return json.dumps(dataclasses.asdict(self), ensure_ascii=False, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        """Parse and validate a manifest dict; raises BundleError naming what is wrong."""
+        try:
+            version = int(data["format_version"])
+            if version != FORMAT_VERSION:
+                raise BundleError(f"manifest format_version {version} is not supported (expected {FORMAT_VERSION})")
+            consts = dict(data["constants"])
+            consts["upsample_rates"] = tuple(consts.get("upsample_rates", (8, 8)))
+            graphs = {
+                name: GraphEntry(**{**g, "inputs": tuple(g["inputs"]), "outputs": tuple(g["outputs"])})
+                for name, g in data["graphs"].items()
+            }
+            return cls(
+                format_version=version,
+                model=str(data["model"]),
+                precision=str(data["precision"]),
+                constants=ModelConstants(**consts),
+                graphs=graphs,
+                source_files=dict(data.get("source_files", {})),
+                files=dict(data.get("files", {})),
+                exporter=dict(data.get("exporter", {})),
+            )
+        except BundleError:
+            raise
+        except (KeyError, TypeError, ValueError) as e:
+            raise BundleError(f"manifest is malformed: {type(e).__name__}: {e}") from e
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_speakers(path: Path) -> dict[str, np.ndarray]:
+    """Speaker table: name -> raw float32 x-vector of shape (spk_embed_dim,), in file order."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return {s["name"]: np.asarray(s["embedding"], dtype=np.float32) for s in data["speakers"]}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise BundleError(f"{path}: cannot read speaker table: {e}") from e
+
+
+def write_speakers(path: Path, speakers: dict[str, np.ndarray]) -> None:
+    """Write the speaker table as JSON (float32 values round-trip exactly)."""
+    rows = [{"name": n, "embedding": [float(x) for x in np.asarray(e, np.float32).reshape(-1)]} for n, e in speakers.items()]
+    path.write_text(json.dumps({"speakers": rows}, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class ModelBundle:
+    """A validated bundle on disk: manifest, graph paths, speakers and tokenizer file."""
+
+    root: Path
+    manifest: Manifest
+    speakers: dict[str, np.ndarray]
+
+    @property
+    def constants(self) -> ModelConstants:
+        return self.manifest.constants
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.root / TOKENIZER_NAME
+
+    @property
+    def manifest_sha256(self) -> str:
+        """Identity of the bundle (used in cache keys)."""
+        return sha256_file(self.root / MANIFEST_NAME)
+
+    def graph_path(self, name: str) -> Path:
+        return self.root / self.manifest.graphs[name].file
+
+    @classmethod
+    def load(cls, path: str | Path, *, verify_hashes: bool = False) -> ModelBundle:
+        """Read and validate a bundle directory; raises BundleError with one clear message."""
+        root = Path(path)
+        mpath = root / MANIFEST_NAME
+        if not root.is_dir():
+            raise BundleError(f"{root}: not a directory (expected a model bundle)")
+        if not mpath.is_file():
+            raise BundleError(f"{root}: not a model bundle ({MANIFEST_NAME} is missing)")
+        try:
+            data = json.loads(mpath.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise BundleError(f"{mpath}: cannot parse: {e}") from e
+        manifest = Manifest.from_dict(data)
+        _check_files(root, manifest, verify_hashes)
+        speakers = read_speakers(root / SPEAKERS_NAME)
+        dim = manifest.constants.spk_embed_dim
+        bad = [n for n, e in speakers.items() if e.shape != (dim,)]
+        if not speakers or bad:
+            raise BundleError(f"{root / SPEAKERS_NAME}: expected speakers with {dim}-d embeddings, bad: {bad or 'none listed'}")
+        return cls(root=root, manifest=manifest, speakers=speakers)
+
+
+def _check_files(root: Path, manifest: Manifest, verify_hashes: bool) -> None:
+    missing_graphs = [g for g in GRAPH_NAMES if g not in manifest.graphs]
+    if missing_graphs:
+        raise BundleError(f"{root}: manifest lists no graph for {', '.join(missing_graphs)}")
+    expected = {g.file: g.sha256 for g in manifest.graphs.values()} | manifest.files
+    for required in (SPEAKERS_NAME, TOKENIZER_NAME):
+        expected.setdefault(required, "")
+    missing = sorted(f for f in expected if not (root / f).is_file())
+    if missing:
+        raise BundleError(f"{root}: bundle is incomplete, missing {', '.join(missing)}")
+    if verify_hashes:
+        bad = sorted(f for f, h in expected.items() if h and sha256_file(root / f) != h)
+        if bad:
+            raise BundleError(f"{root}: sha256 mismatch for {', '.join(bad)}")

@@ -1,0 +1,108 @@
+"""Typed domain errors with stable codes; the API maps codes to HTTP status in one table."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    """Closed set of error codes. The string values are part of the public API."""
+
+    INVALID_INPUT = "invalid_input"
+    TEXT_TOO_LONG = "text_too_long"
+    EMPTY_TEXT = "empty_text"
+    UNKNOWN_SPEAKER = "unknown_speaker"
+    UNSUPPORTED_FORMAT = "unsupported_format"
+    UNKNOWN_MODEL = "unknown_model"
+    UNAUTHORIZED = "unauthorized"
+    FORBIDDEN = "forbidden"
+    NOT_FOUND = "not_found"
+    RATE_LIMITED = "rate_limited"
+    OVERLOADED = "overloaded"
+    SHUTTING_DOWN = "shutting_down"
+    NOT_READY = "not_ready"
+    BUNDLE_INVALID = "bundle_invalid"
+    ENGINE_FAILURE = "engine_failure"
+
+
+class TTSError(Exception):
+    """Base class: every error the service raises on purpose carries a code and a message."""
+
+    code: ErrorCode = ErrorCode.ENGINE_FAILURE
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidInputError(TTSError):
+    code = ErrorCode.INVALID_INPUT
+
+
+class EmptyTextError(TTSError):
+    code = ErrorCode.EMPTY_TEXT
+
+
+class TextTooLongError(TTSError):
+    code = ErrorCode.TEXT_TOO_LONG
+
+
+class UnknownSpeakerError(TTSError):
+    code = ErrorCode.UNKNOWN_SPEAKER
+
+
+class UnsupportedFormatError(TTSError):
+    code = ErrorCode.UNSUPPORTED_FORMAT
+
+
+class UnknownModelError(TTSError):
+    code = ErrorCode.UNKNOWN_MODEL
+
+
+class UnauthorizedError(TTSError):
+    code = ErrorCode.UNAUTHORIZED
+
+
+class ForbiddenError(TTSError):
+    code = ErrorCode.FORBIDDEN
+
+
+class NotFoundError(TTSError):
+    code = ErrorCode.NOT_FOUND
+
+
+class RateLimitedError(TTSError):
+    code = ErrorCode.RATE_LIMITED
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class OverloadedError(TTSError):
+    code = ErrorCode.OVERLOADED
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ShuttingDownError(TTSError):
+    code = ErrorCode.SHUTTING_DOWN
+
+
+class NotReadyError(TTSError):
+    code = ErrorCode.NOT_READY
+
+
+class BundleError(TTSError):
+    """The model bundle is missing, incomplete, or inconsistent."""
+
+    code = ErrorCode.BUNDLE_INVALID
+
+
+class EngineError(TTSError):
+    """Inference failed for a reason that is not the caller's fault."""
+
+    code = ErrorCode.ENGINE_FAILURE

@@ -1,0 +1,33 @@
+"""Shared pytest fixtures: paths to the reference fixtures and the committed tiny bundle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+REFERENCE = (REPO.parent / "shared" / "reference").resolve()
+TINY_REF = REFERENCE / "tiny"
+TINY_BUNDLE = REPO / "models" / "tiny"
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def ref_dir() -> Path:
+    """The tiny official checkpoint + fixtures (../shared/reference/tiny)."""
+    if not TINY_REF.is_dir():
+        pytest.fail(f"reference fixtures not found at {TINY_REF} (CI clones with ../shared beside the repo)")
+    return TINY_REF
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle() -> Path:
+    """The committed tiny bundle (models/tiny)."""
+    if not (TINY_BUNDLE / "manifest.json").is_file():
+        pytest.fail(f"{TINY_BUNDLE} is missing: run `make models/tiny`")
+    return TINY_BUNDLE
