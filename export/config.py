@@ -138,10 +138,12 @@ def _resolve_refs(obj: Any, root: dict[str, Any]) -> Any:
             raise ConfigError(f"!ref <{name}> points at nothing")
         return _resolve_refs(root[name], root)
     if isinstance(obj, dict):
-        resolved = type(obj)({k: _resolve_refs(v, root) for k, v in obj.items()})
+        items = {k: _resolve_refs(v, root) for k, v in obj.items()}
         if isinstance(obj, _Tagged):
-            resolved.tag = obj.tag
-        return resolved
+            tagged = _Tagged(items)
+            tagged.tag = obj.tag
+            return tagged
+        return items
     if isinstance(obj, list):
         return [_resolve_refs(v, root) for v in obj]
     return obj

@@ -47,7 +47,7 @@ def export_graph(
         torch.onnx.export(
             module,
             args,
-            buf,
+            buf,  # type: ignore[arg-type]  # torch accepts file-like objects
             input_names=list(input_names),
             output_names=list(output_names),
             dynamic_axes=dynamic_axes,

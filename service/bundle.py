@@ -21,9 +21,9 @@ TOKENIZER_NAME = "multilingual.tiktoken"
 # Graph name -> (input names, output names). `{i}` expands to one name per LLM layer.
 GRAPH_IO: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "llm_encoder": (("text_ids", "embedding"), ("lm_input",)),
-    "llm_prefill": (("lm_input",), ("logp", "k", "v")),
+    "llm_embed": (("token",), ("x",)),
     "llm_pos": (("pe",), ("pos",)),
-    "llm_decode": (("token", "past_len", "past_k_{i}", "past_v_{i}", "pos_{i}"), ("logp", "new_k", "new_v")),
+    "llm_step": (("x", "past_len", "past_k_{i}", "past_v_{i}", "pos_{i}"), ("logp", "new_k", "new_v")),
     "flow_encoder": (("tokens", "embedding"), ("h", "spks")),
     "flow_lr": (("x",), ("mu",)),
     "flow_estimator": (("x", "mask", "mu", "t", "spks", "cond"), ("v",)),

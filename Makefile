@@ -1,0 +1,49 @@
+# One virtualenv (.venv) for every target. `make run` installs serving deps only (no torch);
+# `make test` installs the export/dev set (torch==2.13.0 pinned) and the test servers (redis, nginx, chromium).
+PY        ?= python3
+VENV      := .venv
+BIN       := $(VENV)/bin
+PIP       := $(BIN)/python -m pip install -q --disable-pip-version-check
+HOST      ?= 127.0.0.1
+PORT      ?= 8000
+MODEL_DIR ?= models/tiny
+REF       ?= ../shared/reference
+PYTEST_ARGS ?=
+
+.PHONY: run test check lint typecheck export bench bench-engine loadtest soak clean-bench
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+$(VENV)/.lite: requirements-lite.txt | $(BIN)/python
+	$(PIP) -r requirements-lite.txt
+	touch $@
+
+$(VENV)/.dev: requirements-lite.txt requirements-export.txt requirements-dev.txt | $(BIN)/python
+	$(PIP) -r requirements-dev.txt
+	touch $@ $(VENV)/.lite
+
+run: $(VENV)/.lite
+	TTS_HOST=$(HOST) TTS_PORT=$(PORT) TTS_MODEL_DIR=$(MODEL_DIR) $(BIN)/python -m service.api
+
+test: $(VENV)/.dev
+	bash scripts/install_test_deps.sh
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: $(VENV)/.dev
+	$(BIN)/ruff check service export tests loadtest scripts
+
+typecheck: $(VENV)/.dev
+	$(BIN)/mypy service
+
+check: lint typecheck test
+
+# Export an official checkpoint: make export CHECKPOINT=/path/to/CosyVoice-300M-SFT OUT=models/cosyvoice-300m-sft
+CHECKPOINT ?= pretrained_models/CosyVoice-300M-SFT
+OUT        ?= models/cosyvoice-300m-sft
+export: $(VENV)/.dev
+	$(BIN)/python export/export_onnx.py --model-dir $(CHECKPOINT) --out $(OUT) --verify --quantize int8
+
+# The committed tiny bundle, reproduced bit for bit from the reference checkpoint.
+models/tiny: $(VENV)/.dev
+	$(BIN)/python export/export_onnx.py --model-dir $(REF)/tiny --out models/tiny --verify --tokenizer $(REF)/tiny/multilingual.tiktoken

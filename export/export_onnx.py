@@ -1,0 +1,72 @@
+"""CLI: export an official CosyVoice-300M-SFT checkpoint directory to a verified ONNX model bundle."""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import warnings
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python export/export_onnx.py`: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from export.config import ConfigError
+from export.onnx_io import ExportError
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="export_onnx.py",
+        description="Export CosyVoice-300M-SFT (cosyvoice.yaml, llm.pt, flow.pt, hift.pt, spk2info.pt) to an ONNX bundle.",
+    )
+    p.add_argument("--model-dir", required=True, type=Path, help="official checkpoint directory")
+    p.add_argument("--out", required=True, type=Path, help="bundle directory to write (replaced atomically)")
+    p.add_argument("--quantize", choices=["int8"], help="also write OUT-int8 with dynamic INT8 LLM/estimator weights")
+    p.add_argument("--random-init", action="store_true", help="seeded random weights from cosyvoice.yaml alone (benchmarks)")
+    p.add_argument("--verify", action="store_true", help="check every graph against the torch modules in onnxruntime")
+    p.add_argument("--tolerance", type=float, default=1e-4, help="max abs error allowed by --verify (default 1e-4)")
+    p.add_argument("--seed", type=int, default=0, help="seed for --random-init weights and speakers (default 0)")
+    p.add_argument("--tokenizer", type=Path, help="path to whisper's multilingual.tiktoken (default: searched)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.onnx.*")  # known, harmless folding notes
+    import torch
+
+    from export.bundle_writer import ExportOptions, run_export
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    if not args.model_dir.is_dir():
+        print(f"error: --model-dir {args.model_dir} is not a directory", file=sys.stderr)
+        return 2
+    opts = ExportOptions(
+        model_dir=args.model_dir,
+        out=args.out,
+        random_init=args.random_init,
+        seed=args.seed,
+        verify=args.verify,
+        tolerance=args.tolerance,
+        quantize=args.quantize,
+        tokenizer=args.tokenizer,
+    )
+    try:
+        report = run_export(opts)
+    except (ExportError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    total = sum(report.sizes.values())
+    print(f"wrote {report.out} ({total / 1e6:.1f} MB of graphs)" + (f" and {report.int8_out}" if report.int8_out else ""))
+    for name, size in sorted(report.sizes.items()):
+        print(f"  {name:<24} {size / 1e6:10.2f} MB")
+    print(f"export took {report.seconds:.1f} s, peak RSS {peak_mb:.0f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""ONNX graph wrappers and exporters, one module per model part."""

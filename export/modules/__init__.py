@@ -1,0 +1,1 @@
+"""Torch modules that load the official CosyVoice state dicts with their original key names."""

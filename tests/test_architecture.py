@@ -1,0 +1,90 @@
+"""Walk every import and enforce the layering of STYLE.md (who may import torch, onnxruntime, redis, FastAPI)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(REPO).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Absolute module names imported by a file (relative imports resolved)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    pkg = module_name(path).split(".")
+    if path.name != "__init__.py":
+        pkg = pkg[:-1]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(pkg[: len(pkg) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    return found
+
+
+def files(package: str) -> list[Path]:
+    return sorted((REPO / package).rglob("*.py"))
+
+
+ALL_SERVICE = files("service")
+ALL_EXPORT = files("export")
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def _owner(path: Path) -> str:
+    """The layer a service file belongs to: 'engine', 'frontend', 'api', or the module name."""
+    parts = path.relative_to(REPO / "service").parts
+    return parts[0] if len(parts) > 1 else Path(parts[0]).stem
+
+
+def test_there_is_something_to_check() -> None:
+    assert ALL_SERVICE and ALL_EXPORT
+
+
+@pytest.mark.parametrize("path", ALL_SERVICE, ids=lambda p: str(p.relative_to(REPO)))
+def test_service_layering(path: Path) -> None:
+    owner = _owner(path)
+    mods = imports_of(path)
+    tops = {_top(m) for m in mods}
+    assert "torch" not in tops, "service/ must run without torch"
+    if owner != "engine":
+        assert "onnxruntime" not in tops, "only service/engine imports onnxruntime"
+    if owner not in ("cache", "ratelimit"):
+        assert "redis" not in tops, "only cache.py / ratelimit.py import redis"
+    if owner != "api":
+        assert not tops & {"fastapi", "starlette", "slowapi", "uvicorn"}, "only service/api imports the web stack"
+    internal = {m for m in mods if m.startswith("service.")}
+    layer = {m.split(".")[1] for m in internal}
+    if owner == "engine":
+        assert not layer & {"frontend", "tts", "api", "cache", "ratelimit", "settings"}
+    if owner == "frontend":
+        assert not layer & {"engine", "tts", "api", "cache", "ratelimit", "settings"}
+    if owner in ("errors", "bundle", "settings"):
+        assert layer <= {"errors", "bundle"}
+    if owner == "tts":
+        assert "api" not in layer
+
+
+@pytest.mark.parametrize("path", ALL_EXPORT, ids=lambda p: str(p.relative_to(REPO)))
+def test_export_uses_only_the_bundle_contract(path: Path) -> None:
+    internal = {m for m in imports_of(path) if m.startswith("service.") or m == "service"}
+    allowed = {"service.bundle", "service.errors"}  # service.bundle raises service.errors types
+    assert {".".join(m.split(".")[:2]) for m in internal} <= allowed
