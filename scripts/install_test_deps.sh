@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Install the system programs the integration and browser tests start: redis-server, nginx, chromium, chromedriver,
+# plus a small CJK font so the browser test's screenshot shows the Chinese text and voice names.
+# Idempotent and quiet: does nothing when everything is already installed.
+set -euo pipefail
+
+need=()
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
+[ -x /usr/bin/chromium ] || need+=(chromium)
+[ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
+[ -f /usr/share/fonts/truetype/wqy/wqy-microhei.ttc ] || need+=(fonts-wqy-microhei)
+
+if [ "${#need[@]}" -eq 0 ]; then
+    exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+        SUDO="sudo"
+    else
+        echo "install_test_deps: need root (or sudo) to install: ${need[*]}" >&2
+        exit 1
+    fi
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+echo "install_test_deps: installing ${need[*]}" >&2
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+if ! { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"; } >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "install_test_deps: apt-get failed" >&2
+    exit 1
+fi
+# The Debian packages start their services on install where an init system exists; the tests start
+# their own instances on free loopback ports, so a system-wide one is neither needed nor used.

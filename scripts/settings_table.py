@@ -1,0 +1,68 @@
+"""Print the README settings table (markdown) from the Settings model: variable, type, default, bounds, meaning."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pydantic import SecretStr
+from pydantic.fields import FieldInfo
+
+from service.settings import ENV_PREFIX, Settings
+
+
+def _type_name(annotation: Any) -> str:
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Literal:
+        return " \\| ".join(str(a) for a in args)
+    if origin in (Union, UnionType):
+        return " or ".join(_type_name(a) for a in args if a is not type(None)) + " (optional)"
+    if origin is list:
+        return f"list of {_type_name(args[0])} (comma-separated)"
+    return "secret" if annotation is SecretStr else str(getattr(annotation, "__name__", annotation))
+
+
+def _default(info: FieldInfo) -> str:
+    value = info.default_factory() if info.default_factory is not None else info.default  # type: ignore[call-arg]
+    if value is None or value == []:
+        return "(empty)"
+    return f"`{value}`"
+
+
+_BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"), ("min_length", "len >="), ("max_length", "len <="))
+
+
+def _bounds(info: FieldInfo) -> str:
+    parts = []
+    for meta in info.metadata:
+        for attr, sign in (
+            ("ge", ">="),
+            ("gt", ">"),
+            ("le", "<="),
+            ("lt", "<"),
+            ("min_length", "len >="),
+            ("max_length", "len <="),
+        ):
+            value = getattr(meta, attr, None)
+            if value is not None:
+                parts.append(f"{sign} {value:,}" if isinstance(value, int) else f"{sign} {value}")
+    return ", ".join(parts)
+
+
+def settings_table() -> str:
+    """Markdown table of every setting."""
+    rows = ["| variable | type | default | bounds | meaning |", "|---|---|---|---|---|"]
+    for name, info in Settings.model_fields.items():
+        meaning = (info.description or "").replace("|", "\\|")
+        rows.append(
+            f"| `{ENV_PREFIX}{name.upper()}` | {_type_name(info.annotation)} | {_default(info)} | {_bounds(info)} | {meaning} |"
+        )
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(settings_table())

@@ -1,0 +1,126 @@
+"""The one table from error code to HTTP status, and the JSON error envelopes (OpenAI's shape on /v1/*)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.errors import (
+    ErrorCode,
+    InvalidInputError,
+    OverloadedError,
+    RateLimitedError,
+    TTSError,
+    UnauthorizedError,
+)
+
+log = logging.getLogger(__name__)
+
+OPENAI_PREFIX = "/v1/"
+
+# code -> (HTTP status, OpenAI error "type"). Every error response is built from this table.
+STATUS: dict[ErrorCode, tuple[int, str]] = {
+    ErrorCode.INVALID_INPUT: (400, "invalid_request_error"),
+    ErrorCode.EMPTY_TEXT: (400, "invalid_request_error"),
+    ErrorCode.UNKNOWN_SPEAKER: (400, "invalid_request_error"),
+    ErrorCode.UNSUPPORTED_FORMAT: (400, "invalid_request_error"),
+    ErrorCode.TEXT_TOO_LONG: (413, "invalid_request_error"),
+    ErrorCode.UNKNOWN_MODEL: (404, "invalid_request_error"),
+    ErrorCode.NOT_FOUND: (404, "invalid_request_error"),
+    ErrorCode.UNAUTHORIZED: (401, "invalid_request_error"),
+    ErrorCode.FORBIDDEN: (403, "invalid_request_error"),
+    ErrorCode.RATE_LIMITED: (429, "rate_limit_error"),
+    ErrorCode.OVERLOADED: (503, "server_error"),
+    ErrorCode.SHUTTING_DOWN: (503, "server_error"),
+    ErrorCode.NOT_READY: (503, "server_error"),
+    ErrorCode.BUNDLE_INVALID: (500, "server_error"),
+    ErrorCode.ENGINE_FAILURE: (500, "server_error"),
+}
+
+# Framework-raised HTTP errors (unknown path, wrong method, ...) keep their status and get the nearest code.
+_HTTP_STATUS_CODES: dict[int, ErrorCode] = {401: ErrorCode.UNAUTHORIZED, 403: ErrorCode.FORBIDDEN, 404: ErrorCode.NOT_FOUND}
+
+# Documented error responses for the OpenAPI schema of every synthesis route.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"description": description, "content": {"application/json": {}}}
+    for status, description in {
+        400: "Invalid input (unknown speaker, bad format, bad speed, malformed body, ...)",
+        401: "Missing or wrong API key",
+        404: "Unknown model",
+        413: "Text or body too large",
+        429: "Rate limit exceeded (Retry-After)",
+        503: "Queue full or not ready (Retry-After)",
+    }.items()
+}
+
+
+def status_of(error: TTSError) -> int:
+    return STATUS[error.code][0]
+
+
+def error_body(path: str, code: ErrorCode, message: str, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's envelope on /v1/*, `{"error": {"code", "message", "param"}}` elsewhere."""
+    if path.startswith(OPENAI_PREFIX):
+        return {"error": {"message": message, "type": STATUS[code][1], "param": param, "code": code.value}}
+    return {"error": {"code": code.value, "message": message, "param": param}}
+
+
+def error_headers(error: TTSError) -> dict[str, str]:
+    """Retry-After on 429/503, WWW-Authenticate on 401."""
+    headers: dict[str, str] = {}
+    if isinstance(error, (OverloadedError, RateLimitedError)):
+        headers["Retry-After"] = str(error.retry_after_s)
+    elif error.code in (ErrorCode.SHUTTING_DOWN, ErrorCode.NOT_READY):
+        headers["Retry-After"] = "5"
+    if isinstance(error, UnauthorizedError):
+        headers["WWW-Authenticate"] = 'Bearer realm="cosyvoice-lite"'
+    return headers
+
+
+def error_response(path: str, error: TTSError) -> JSONResponse:
+    """The JSON response for a typed error."""
+    body = error_body(path, error.code, error.message, error.param)
+    return JSONResponse(body, status_code=status_of(error), headers=error_headers(error))
+
+
+async def _on_tts_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, TTSError)
+    if status_of(exc) >= 500:
+        log.error("%s %s -> %s: %s", request.method, request.url.path, exc.code.value, exc.message)
+    return error_response(request.url.path, exc)
+
+
+async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "form")]
+    param = ".".join(loc) or None
+    detail = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}" for e in errors[:5])
+    return error_response(request.url.path, InvalidInputError(f"invalid request: {detail}", param=param))
+
+
+async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = _HTTP_STATUS_CODES.get(exc.status_code, ErrorCode.INVALID_INPUT)
+    body = error_body(request.url.path, code, str(exc.detail))
+    return JSONResponse(body, status_code=exc.status_code, headers=dict(exc.headers or {}))
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    body = error_body(request.url.path, ErrorCode.ENGINE_FAILURE, "internal error")
+    return JSONResponse(body, status_code=500)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every error the app can raise through the table above."""
+    app.add_exception_handler(TTSError, _on_tts_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(Exception, _on_unexpected)

@@ -1,0 +1,125 @@
+"""Prometheus metrics in a per-app registry, the synthesis observer that feeds them, and the request counter."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.cache import CacheStats
+from service.tts import SpeechTimings, SynthesisObserver
+
+_LATENCY_BUCKETS = (0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
+_RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+
+class _CacheCollector(Collector):
+    """Exports the audio cache's own counters at scrape time (the cache is built later, in the lifespan)."""
+
+    def __init__(self) -> None:
+        self.stats: CacheStats | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.stats.snapshot() if self.stats else {"hits": 0, "misses": 0, "errors": 0}
+        for name, doc in (
+            ("hits", "Audio cache hits"),
+            ("misses", "Audio cache misses"),
+            ("errors", "Audio cache backend errors"),
+        ):
+            family = CounterMetricFamily(f"tts_cache_{name}", doc)
+            family.add_metric([], snap[name])
+            yield family
+
+
+class Metrics(SynthesisObserver):
+    """All metrics of one app; two apps in one process never share a registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "tts_requests", "HTTP requests by route, method and status", ["route", "method", "status"], registry=r
+        )
+        self.request_seconds = Histogram(
+            "tts_request_seconds", "Time to the response headers, by route", ["route"], buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.first_chunk_hist = Histogram(
+            "tts_first_chunk_seconds", "Request start to first encoded audio bytes", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.rtf = Histogram("tts_rtf", "Real-time factor: synthesis seconds per audio second", buckets=_RTF_BUCKETS, registry=r)
+        self.stage_seconds = Histogram(
+            "tts_stage_seconds", "Seconds per request spent in each stage", ["stage"], buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.audio_seconds = Counter("tts_audio_seconds", "Seconds of audio synthesized", registry=r)
+        self.queue_waiting = Gauge("tts_queue_depth", "Synthesis jobs waiting for a worker", registry=r)
+        self.jobs_running = Gauge("tts_jobs_running", "Synthesis jobs running on a worker", registry=r)
+        self.active_streams = Gauge("tts_active_streams", "Responses being streamed to clients", registry=r)
+        self.engine_chunks = Counter("tts_engine_chunks", "Audio chunks produced by the engine", registry=r)
+        self.cancelled_total = Counter(
+            "tts_synthesis_cancelled", "Synthesis jobs stopped because the client went away", registry=r
+        )
+        self._cache = _CacheCollector()
+        r.register(self._cache)
+
+    def watch_cache(self, stats: CacheStats) -> None:
+        self._cache.stats = stats
+
+    # SynthesisObserver overrides
+    def queue_changed(self, waiting: int, running: int) -> None:
+        self.queue_waiting.set(waiting)
+        self.jobs_running.set(running)
+
+    def first_chunk(self, seconds: float) -> None:
+        self.first_chunk_hist.observe(seconds)
+
+    def chunk_done(self) -> None:
+        self.engine_chunks.inc()
+
+    def finished(self, timings: SpeechTimings) -> None:
+        stages = {"frontend": timings.frontend_s, "queue": timings.queue_s, "llm": timings.llm_s}
+        stages |= {"flow": timings.flow_s, "hift": timings.hift_s, "encode": timings.encode_s}
+        for stage, seconds in stages.items():
+            self.stage_seconds.labels(stage).observe(seconds)
+        self.audio_seconds.inc(timings.audio_s)
+        if timings.rtf is not None:
+            self.rtf.observe(timings.rtf)
+
+    def cancelled(self) -> None:
+        self.cancelled_total.inc()
+
+
+class RequestMetricsMiddleware:
+    """Counts every HTTP request by route template (not raw path, to bound label values) and status."""
+
+    def __init__(self, app: ASGIApp, metrics: Callable[[], Metrics]) -> None:
+        self.app = app
+        self._metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.monotonic()
+        status = {"code": 500}
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+                route = _route_of(scope)
+                self._metrics().request_seconds.labels(route).observe(time.monotonic() - start)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            self._metrics().requests.labels(_route_of(scope), scope["method"], str(status["code"])).inc()
+
+
+def _route_of(scope: Scope) -> str:
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else "unmatched"

@@ -1,0 +1,1 @@
+"""HTTP routes: synthesis (/tts, /inference_sft), the OpenAI-compatible /v1, and operations (/healthz, /readyz, /metrics, /)."""

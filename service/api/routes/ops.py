@@ -1,0 +1,76 @@
+"""Operations routes: /healthz (liveness), /readyz (real inference + cache ping), /metrics, /info, and the web page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+from fastapi import APIRouter
+from fastapi.responses import FileResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from service.api.deps import ServiceDep, StateDep
+from service.api.schemas import FORMATS, OPENAI_VOICES, Health, Readiness, ServiceInfo
+from service.errors import NotFoundError, TTSError
+
+router = APIRouter(tags=["operations"])
+STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
+
+
+@router.get("/healthz", response_model=Health, summary="Liveness: the process answers")
+async def healthz() -> Health:
+    return Health(status="ok")
+
+
+@router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}}, summary="Readiness")
+async def readyz(state: StateDep) -> JSONResponse:
+    """200 `ready` after a real (recent or fresh) inference; 200 `degraded` when the audio cache is down
+    (requests still work, uncached); 503 `not_ready` while loading, stopping, or when inference fails."""
+    service = state.service
+    if service is None or state.closing:
+        return _readiness(503, "not_ready", "stopping" if state.closing else "loading", "-")
+    settings = state.settings
+    try:
+        await anyio.to_thread.run_sync(
+            service.probe, settings.warmup_text, settings.default_speaker, settings.ready_probe_interval_s
+        )
+    except TTSError as e:
+        return _readiness(503, "not_ready", "failed", "-", e.message)
+    cache_ok = await anyio.to_thread.run_sync(service.cache.ping)
+    cache = f"{service.cache.backend}: {'ok' if cache_ok else 'down'}"
+    return _readiness(200, "ready" if cache_ok else "degraded", "ok", cache)
+
+
+def _readiness(status_code: int, status: str, engine: str, cache: str, detail: str | None = None) -> JSONResponse:
+    body = Readiness(status=status, engine=engine, cache=cache, detail=detail)  # type: ignore[arg-type]
+    headers = {"Retry-After": "5"} if status_code == 503 else {}
+    return JSONResponse(body.model_dump(), status_code=status_code, headers=headers)
+
+
+@router.get("/metrics", response_class=Response, summary="Prometheus metrics")
+async def metrics(state: StateDep) -> Response:
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/info", response_model=ServiceInfo, summary="Model, speakers, formats and limits")
+async def info(state: StateDep, service: ServiceDep) -> ServiceInfo:
+    speakers = service.speakers
+    return ServiceInfo(
+        model=state.model_id,
+        sample_rate_hz=service.sample_rate,
+        speakers=speakers,
+        default_speaker=state.settings.default_speaker,
+        formats=FORMATS,
+        openai_voices={k: v for k, v in OPENAI_VOICES.items() if v in speakers},
+        openai_pcm_sample_rate_hz=state.settings.openai_pcm_sample_rate_hz,
+        max_chars=state.settings.max_chars,
+        normalizer=state.normalizer,
+    )
+
+
+@router.get("/", response_class=FileResponse, include_in_schema=False)
+async def index() -> FileResponse:
+    page = STATIC_DIR / "index.html"
+    if not page.is_file():
+        raise NotFoundError("the web page is not installed")
+    return FileResponse(page, media_type="text/html; charset=utf-8")

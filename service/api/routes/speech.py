@@ -1,0 +1,78 @@
+"""Native synthesis routes: POST /tts (JSON) and GET/POST /inference_sft (the official CosyVoice form API)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import Response
+
+from service.api.deps import SYNTHESIS_GUARDS, ServiceDep, StateDep
+from service.api.errors import ERROR_RESPONSES
+from service.api.routes.common import audio_responses, job_headers, submit
+from service.api.schemas import TTSBody
+from service.api.streaming import chunked_response, whole_response
+from service.audio import AudioFormat, parse_format
+from service.tts import SpeechRequest
+
+router = APIRouter(tags=["synthesis"])
+
+
+@router.post(
+    "/tts",
+    dependencies=SYNTHESIS_GUARDS,
+    response_class=Response,
+    responses={**audio_responses(), **ERROR_RESPONSES},
+    summary="Synthesize speech (whole file, or a chunked stream with `stream: true`)",
+)
+async def tts(request: Request, body: TTSBody, service: ServiceDep, state: StateDep) -> Response:
+    """`stream=false`: the whole file with Content-Length. `stream=true`: chunked, starting with the first audio chunk.
+
+    `pcm` is raw little-endian int16 mono at 22,050 Hz (see X-Sample-Rate); `opus` is Ogg/Opus at 24 kHz.
+    """
+    wanted = SpeechRequest(
+        text=body.text,
+        speaker=body.speaker or state.settings.default_speaker,
+        fmt=parse_format(body.format, "format"),
+        speed=body.speed,
+        seed=body.seed,
+        engine_stream=body.stream,
+        chunked=body.stream,
+        max_chars=state.settings.max_chars,
+    )
+    job = await submit(service, wanted)
+    if body.stream:
+        return await chunked_response(request, job, state, job_headers(job))
+    return await whole_response(request, job, state, job_headers(job))
+
+
+_SFT_ROUTE = {
+    "dependencies": SYNTHESIS_GUARDS,
+    "response_class": Response,
+    "responses": {**audio_responses(), **ERROR_RESPONSES},
+    "summary": "Official CosyVoice server API: form fields in, raw int16 PCM at 22,050 Hz out",
+}
+
+
+@router.get("/inference_sft", operation_id="inference_sft_get", **_SFT_ROUTE)  # type: ignore[arg-type]
+@router.post("/inference_sft", operation_id="inference_sft_post", **_SFT_ROUTE)  # type: ignore[arg-type]
+async def inference_sft(
+    tts_text: Annotated[str, Form(description="Text to speak.")],
+    spk_id: Annotated[str, Form(description="Speaker name, e.g. 中文女.")],
+    request: Request,
+    service: ServiceDep,
+    state: StateDep,
+) -> Response:
+    """Like the official `runtime/python/fastapi/server.py`: GET or POST with a form body (the official
+    `client.py` sends GET with `data=`), audio sent sentence by sentence as raw int16 mono PCM."""
+    wanted = SpeechRequest(
+        text=tts_text,
+        speaker=spk_id,
+        fmt=AudioFormat.PCM,
+        chunked=True,
+        max_chars=state.settings.max_chars,
+        text_param="tts_text",
+        speaker_param="spk_id",
+    )
+    job = await submit(service, wanted)
+    return await chunked_response(request, job, state, job_headers(job))

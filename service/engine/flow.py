@@ -1,0 +1,138 @@
+"""Flow runner: token encoder graph, numpy length regulator split, conv stack graph, Euler CFM with CFG (spec §4)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from service.bundle import ModelConstants
+from service.engine.dsp import interpolate_linear
+
+
+@dataclass(frozen=True)
+class FlowCache:
+    """Noise z and mean mu of the last mel_overlap_len frames of the previous flow call, each (n_mels, c)."""
+
+    z: np.ndarray
+    mu: np.ndarray
+
+    @classmethod
+    def empty(cls, n_mels: int) -> FlowCache:
+        zero = np.zeros((n_mels, 0), dtype=np.float32)
+        return cls(z=zero, mu=zero)
+
+    @property
+    def frames(self) -> int:
+        return int(self.z.shape[-1])
+
+
+def cosine_t_span(n_timesteps: int) -> np.ndarray:
+    """Time grid 1 - cos(linspace(0, 1, n + 1) * pi / 2) in float32, (n + 1,)."""
+    lin = np.linspace(0.0, 1.0, n_timesteps + 1, dtype=np.float32)
+    return (np.float32(1.0) - np.cos(lin * np.float32(0.5 * math.pi))).astype(np.float32)
+
+
+def regulate_length(h: np.ndarray, n_frames: int, edge_tokens: int, edge_frames: int) -> np.ndarray:
+    """Interpolate token features h (T, C) to (C, n_frames) like InterpolateRegulator.inference.
+
+    With T > 2 * edge_tokens, the first and last edge_tokens go to edge_frames each and the middle to the
+    rest, so a streaming overlap of edge_tokens lines up with exactly edge_frames mel frames; otherwise
+    all tokens are resized together.
+    """
+    x = np.ascontiguousarray(h.T, dtype=np.float32)
+    n_tok = x.shape[-1]
+    if n_tok <= 2 * edge_tokens:
+        return interpolate_linear(x, n_frames)
+    head = interpolate_linear(x[:, :edge_tokens], edge_frames)
+    mid = interpolate_linear(x[:, edge_tokens : n_tok - edge_tokens], n_frames - 2 * edge_frames)
+    tail = interpolate_linear(x[:, n_tok - edge_tokens :], edge_frames)
+    return np.concatenate([head, mid, tail], axis=-1)
+
+
+class FlowRunner:
+    """Runs the three flow graphs of a bundle with the numpy regulator and solver; batch 1, thread-safe."""
+
+    def __init__(self, sessions: Mapping[str, Any], constants: ModelConstants) -> None:
+        if constants.t_scheduler != "cosine":
+            raise ValueError(f"unsupported t_scheduler {constants.t_scheduler!r} (only 'cosine')")
+        self._encoder = sessions["flow_encoder"]
+        self._lr = sessions["flow_lr"]
+        self._estimator = sessions["flow_estimator"]
+        self.constants = constants
+
+    def mel_frames(self, n_tokens: int) -> int:
+        """Mel frames the flow produces for n_tokens speech tokens."""
+        return self.constants.tokens_to_mel_frames(n_tokens)
+
+    def encode(self, tokens: np.ndarray, embedding: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Token features h (T, n_mels) and speaker conditioning spks (n_mels,) from ids (T,) and a raw x-vector."""
+        ids = np.maximum(np.asarray(tokens, dtype=np.int64), 0)[None]
+        emb = np.asarray(embedding, dtype=np.float32).reshape(1, -1)
+        h, spks = self._encoder.run(["h", "spks"], {"tokens": ids, "embedding": emb})
+        return np.asarray(h[0], dtype=np.float32), np.asarray(spks[0], dtype=np.float32)
+
+    def mean(self, h: np.ndarray, n_frames: int) -> np.ndarray:
+        """Conditioning mean mu (n_mels, n_frames): length regulation in numpy, then the conv stack graph."""
+        c = self.constants
+        x = regulate_length(h, n_frames, c.token_overlap_len, c.mel_overlap_len)
+        (mu,) = self._lr.run(["mu"], {"x": x[None]})
+        return np.asarray(mu[0], dtype=np.float32)
+
+    def solve(self, mu: np.ndarray, spks: np.ndarray, z: np.ndarray, n_timesteps: int) -> np.ndarray:
+        """Euler integration of the CFM ODE from noise z to a mel (n_mels, M), classifier-free guided.
+
+        Each step runs the estimator once with a batch of 2: row 0 conditioned on (mu, spks), row 1 with
+        both zeroed; the velocity is (1 + cfg_rate) * v_cond - cfg_rate * v_uncond.
+        """
+        if n_timesteps < 1:
+            raise ValueError("n_timesteps must be >= 1")
+        n_mels, m = mu.shape
+        cfg = np.float32(self.constants.cfg_rate)
+        feeds = {
+            "mask": np.ones((2, 1, m), dtype=np.float32),
+            "mu": np.stack([mu, np.zeros_like(mu)]).astype(np.float32),
+            "spks": np.stack([spks, np.zeros_like(spks)]).astype(np.float32),
+            "cond": np.zeros((2, n_mels, m), dtype=np.float32),
+        }
+        t_span = cosine_t_span(n_timesteps)
+        x = np.array(z, dtype=np.float32, copy=True)
+        t, dt = t_span[0], t_span[1] - t_span[0]
+        for step in range(1, n_timesteps + 1):
+            feeds["x"] = np.stack([x, x])
+            feeds["t"] = np.array([t, t], dtype=np.float32)
+            (v,) = self._estimator.run(["v"], feeds)
+            x = x + dt * ((np.float32(1.0) + cfg) * v[0] - cfg * v[1])
+            t = t + dt
+            if step < n_timesteps:
+                dt = t_span[step + 1] - t
+        return x.astype(np.float32)
+
+    def inference(
+        self,
+        tokens: np.ndarray,
+        embedding: np.ndarray,
+        noise: np.ndarray,
+        cache: FlowCache | None = None,
+        n_timesteps: int | None = None,
+    ) -> tuple[np.ndarray, FlowCache]:
+        """Mel (n_mels, M) for speech tokens (T,), M = mel_frames(T), and the cache for the next chunk.
+
+        `noise` (n_mels, M) is the initial z (standard normal times temperature). A non-empty `cache`
+        replaces the first cache.frames columns of z and mu, so overlapping streaming chunks share them.
+        """
+        h, spks = self.encode(tokens, embedding)
+        mu = self.mean(h, self.mel_frames(len(tokens)))
+        z = np.array(noise, dtype=np.float32, copy=True) * np.float32(self.constants.temperature)
+        if z.shape != mu.shape:
+            raise ValueError(f"noise shape {z.shape} does not match mu {mu.shape}")
+        if cache is not None and cache.frames:
+            z[:, : cache.frames] = cache.z
+            mu[:, : cache.frames] = cache.mu
+        keep = self.constants.mel_overlap_len
+        new_cache = FlowCache(z=z[:, -keep:].copy(), mu=mu[:, -keep:].copy())
+        steps = self.constants.n_timesteps if n_timesteps is None else n_timesteps
+        return self.solve(mu, spks, z, steps), new_cache

@@ -1,0 +1,262 @@
+"""LLM stage: text ids + speaker x-vector -> speech tokens (encoder, prefill, batched KV-cached decode)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from service.bundle import ModelConstants
+from service.engine.kvcache import KVCache
+from service.engine.positions import PositionTable
+from service.engine.sampling import SamplingParams, ras_sampling
+from service.errors import InvalidInputError
+
+LLM_GRAPHS: tuple[str, ...] = ("llm_encoder", "llm_embed", "llm_pos", "llm_step")
+
+
+@dataclass(eq=False)
+class LLMRequest:
+    """Decode state of one sequence; it is one row of a DecodeBatch between `add` and its end.
+
+    `tokens` holds every token chosen so far (EOS is never appended); the last one is the input of
+    the next decode step. `finished` turns True at EOS, at `max_len`, or when a forced sequence is
+    exhausted; `stop_reason` says which.
+    """
+
+    text_len: int
+    min_len: int
+    max_len: int
+    rng: np.random.Generator | None = None
+    forced: np.ndarray | None = None  # teacher forcing: token i is forced[i] instead of a sample
+    record: list[np.ndarray] | None = None  # log-prob rows seen so far (teacher forcing / verify)
+    tokens: list[int] = field(default_factory=list)
+    finished: bool = False
+    stop_reason: str = ""
+    row: int = -1  # row in its DecodeBatch, -1 when not in one
+    prefill_len: int = 0
+    prefill_kv: tuple[np.ndarray, np.ndarray] | None = None  # (NL, H, L, DK) each, until added
+
+    def finish(self, reason: str) -> None:
+        self.finished = True
+        self.stop_reason = reason
+        self.prefill_kv = None
+
+    def accept(self, logp: np.ndarray, params: SamplingParams, eos: int) -> None:
+        """Consume the log-probs (V,) of the current position: choose the next token or finish."""
+        i = len(self.tokens)
+        if self.record is not None:
+            self.record.append(np.array(logp, dtype=np.float32, copy=True))
+        if self.forced is not None:
+            if i >= len(self.forced):
+                self.finish("forced_end")
+                return
+            token = int(self.forced[i])
+        elif self.rng is None:
+            raise ValueError("a sampled request needs an rng")
+        else:
+            token = ras_sampling(logp, self.tokens, self.rng, params, eos=eos, ignore_eos=i < self.min_len)
+            if token == eos:
+                self.finish("eos")
+                return
+        self.tokens.append(token)
+        if self.forced is None and len(self.tokens) >= self.max_len:
+            self.finish("max_len")
+
+
+class DecodeBatch:
+    """Requests decoded together by one `llm_step` call per step; rows may join and leave between steps.
+
+    Not thread-safe: one thread (a request's generator or a scheduler) owns a batch.
+    """
+
+    def __init__(self, constants: ModelConstants, *, capacity: int = 64) -> None:
+        self.cache = KVCache(constants.llm_num_layers, constants.llm_num_heads, constants.llm_head_dim, capacity=capacity)
+        self.requests: list[LLMRequest] = []  # requests[r].row == r
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def add(self, request: LLMRequest) -> None:
+        """Join the batch with the request's prefill K/V; finished requests are not added."""
+        if request.finished:
+            return
+        if request.prefill_kv is None or request.row >= 0:
+            raise ValueError("request was already added to a batch")
+        k, v = request.prefill_kv
+        request.row = self.cache.add_row(k, v)
+        request.prefill_kv = None
+        self.requests.append(request)
+
+    def remove(self, request: LLMRequest) -> None:
+        """Leave the batch (finished or abandoned); the last row moves into the freed slot."""
+        if request.row < 0:
+            return
+        row = request.row
+        moved = self.cache.remove_row(row)
+        if moved is not None:
+            self.requests[row] = self.requests[moved]
+            self.requests[row].row = row
+        self.requests.pop()
+        request.row = -1
+
+
+class LLMRunner:
+    """Runs the four LLM graphs; owns the shared position table, not any request state.
+
+    One `llm_step` graph serves prefill (the whole LM input, empty past) and decode (one embedded
+    token per row, each row with its own past length).
+
+    `sessions` maps graph names to objects with ORT's `run(output_names, feeds)`; thread-safe as
+    long as each DecodeBatch is driven by one thread at a time.
+    """
+
+    def __init__(self, sessions: Mapping[str, Any], constants: ModelConstants, *, position_rows: int = 512) -> None:
+        missing = [g for g in LLM_GRAPHS if g not in sessions]
+        if missing:
+            raise ValueError(f"LLMRunner needs sessions for {', '.join(missing)}")
+        self.constants = constants
+        self.params = SamplingParams(constants.top_p, constants.top_k, constants.win_size, constants.tau_r)
+        self._encoder = sessions["llm_encoder"]
+        self._embed = sessions["llm_embed"]
+        self._pos = sessions["llm_pos"]
+        self._step = sessions["llm_step"]
+        self.positions = PositionTable(self._project, constants.llm_model_dim, rows=position_rows)
+
+    def _project(self, pe: np.ndarray) -> np.ndarray:
+        return self._pos.run(["pos"], {"pe": pe})[0]
+
+    # ---- building requests -------------------------------------------------------------------
+    def encode(self, text_ids: Sequence[int], embedding: np.ndarray) -> np.ndarray:
+        """LM input sequence (T+3, DI) float32: [sos, speaker, encoded text, task]."""
+        ids = np.asarray(text_ids, dtype=np.int64).reshape(1, -1)
+        if ids.shape[1] == 0:
+            raise InvalidInputError("text_ids is empty")
+        emb = np.asarray(embedding, dtype=np.float32).reshape(1, -1)
+        if emb.shape[1] != self.constants.spk_embed_dim:
+            raise InvalidInputError(f"speaker embedding must have {self.constants.spk_embed_dim} values, got {emb.shape[1]}")
+        return self._encoder.run(["lm_input"], {"text_ids": ids, "embedding": emb})[0][0]
+
+    def _run_step(self, x: np.ndarray, past: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """llm_step over new inputs x (B,T,DI) after the cached past -> logp (B,V), new K/V (NL,B,H,T,DK)."""
+        feeds = dict(past)
+        feeds["x"] = x
+        feeds.update(self.positions.feeds(int(past["past_len"].max()) + x.shape[1]))
+        logp, new_k, new_v = self._step.run(["logp", "new_k", "new_v"], feeds)
+        return logp, new_k, new_v
+
+    def _empty_past(self) -> dict[str, np.ndarray]:
+        c = self.constants
+        empty = np.zeros((1, c.llm_num_heads, 0, c.llm_head_dim), dtype=np.float32)
+        feeds: dict[str, np.ndarray] = {"past_len": np.zeros(1, dtype=np.int64)}
+        for i in range(c.llm_num_layers):
+            feeds[f"past_k_{i}"] = empty
+            feeds[f"past_v_{i}"] = empty
+        return feeds
+
+    def _prefilled(self, request: LLMRequest, text_ids: Sequence[int], embedding: np.ndarray) -> LLMRequest:
+        lm_input = self.encode(text_ids, embedding)
+        logp, k, v = self._run_step(lm_input[None], self._empty_past())
+        request.prefill_len = lm_input.shape[0]
+        request.prefill_kv = (k[:, 0], v[:, 0])
+        request.accept(logp[0], self.params, self.constants.eos_token)
+        return request
+
+    def start(
+        self,
+        text_ids: Sequence[int],
+        embedding: np.ndarray,
+        rng: np.random.Generator,
+        *,
+        min_tokens: int | None = None,
+        max_tokens: int | None = None,
+    ) -> LLMRequest:
+        """Encode + prefill one request and sample its first token; add it to a DecodeBatch next.
+
+        Limits default to the official ratios: min = int(2 * T_txt) (EOS masked before), max = int(20 * T_txt).
+        """
+        n = len(text_ids)
+        c = self.constants
+        min_len = int(n * c.min_token_text_ratio) if min_tokens is None else min_tokens
+        max_len = int(n * c.max_token_text_ratio) if max_tokens is None else max_tokens
+        if min_len < 0 or max_len < 0:
+            raise InvalidInputError("min_tokens and max_tokens must be >= 0")
+        request = LLMRequest(text_len=n, min_len=min_len, max_len=max_len, rng=rng)
+        if max_len == 0:
+            self.encode(text_ids, embedding)  # still validates the inputs
+            request.finish("max_len")
+            return request
+        return self._prefilled(request, text_ids, embedding)
+
+    def start_forced(self, text_ids: Sequence[int], embedding: np.ndarray, speech_ids: Sequence[int]) -> LLMRequest:
+        """A teacher-forced request: feeds `speech_ids` and records the N+1 log-prob rows it sees."""
+        forced = np.asarray(speech_ids, dtype=np.int64).reshape(-1)
+        if forced.size and (forced.min() < 0 or forced.max() >= self.constants.speech_token_size):
+            raise InvalidInputError(f"speech ids must be in 0..{self.constants.speech_token_size - 1}")
+        n = len(text_ids)
+        request = LLMRequest(text_len=n, min_len=0, max_len=forced.size + 1, forced=forced, record=[])
+        return self._prefilled(request, text_ids, embedding)
+
+    def new_batch(self) -> DecodeBatch:
+        return DecodeBatch(self.constants)
+
+    # ---- decoding ------------------------------------------------------------------------------
+    def step(self, batch: DecodeBatch) -> list[LLMRequest]:
+        """One batched decode step: feed each row's last token, choose its next one.
+
+        Returns the requests that finished in this step; they have already left the batch.
+        """
+        if not batch.requests:
+            return []
+        tokens = np.array([[r.tokens[-1]] for r in batch.requests], dtype=np.int64)
+        (x,) = self._embed.run(["x"], {"token": tokens})
+        logp, new_k, new_v = self._run_step(x, batch.cache.feeds())
+        batch.cache.append(new_k[:, :, :, 0], new_v[:, :, :, 0])
+        eos = self.constants.eos_token
+        for b, request in enumerate(list(batch.requests)):
+            request.accept(logp[b], self.params, eos)
+        done = [r for r in batch.requests if r.finished]
+        for request in done:
+            batch.remove(request)
+        return done
+
+    def generate(
+        self,
+        text_ids: Sequence[int],
+        embedding: np.ndarray,
+        rng: np.random.Generator,
+        *,
+        min_tokens: int | None = None,
+        max_tokens: int | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[int]:
+        """Speech tokens (ints in 0..speech_token_size-1) until EOS, the max length, or `cancel` is set."""
+        request = self.start(text_ids, embedding, rng, min_tokens=min_tokens, max_tokens=max_tokens)
+        yield from self._drain(request, cancel)
+
+    def teacher_force(self, text_ids: Sequence[int], embedding: np.ndarray, speech_ids: Sequence[int]) -> np.ndarray:
+        """Log-probs (N+1, V) float32 seen at each decode position while feeding `speech_ids` (N tokens)."""
+        request = self.start_forced(text_ids, embedding, speech_ids)
+        for _ in self._drain(request, None):
+            pass
+        return np.stack(request.record or [])
+
+    def _drain(self, request: LLMRequest, cancel: threading.Event | None) -> Iterator[int]:
+        batch = self.new_batch()
+        batch.add(request)
+        emitted = 0
+        try:
+            while True:
+                yield from request.tokens[emitted:]
+                emitted = len(request.tokens)
+                if request.finished:
+                    return
+                if cancel is not None and cancel.is_set():
+                    request.finish("cancelled")
+                    return
+                self.step(batch)
+        finally:
+            batch.remove(request)

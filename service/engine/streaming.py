@@ -1,0 +1,311 @@
+"""The v1 token-to-waveform state machine (spec §6): overlapping token chunks, flow/HiFT caches, Hamming cross-fades.
+
+Chunking follows the official `CosyVoiceModel.tts`: a chunk is vocoded once `hop + overlap` tokens are
+buffered; the first `hop` are consumed and the last `overlap` (20) tokens start the next chunk. The only
+change is the size of the first hop. Officially every hop is `token_hop_len` (100), so the first audio
+waits for 120 tokens (2.4 s of speech) plus one flow and one HiFT call. Here the first hop defaults to
+`DEFAULT_FIRST_HOP_S` seconds of tokens (30 tokens at 50 Hz, so the first chunk has 50 tokens), and
+later hops follow the official schedule (`token_hop_len`, scaled by `stream_scale_factor` up to
+`token_max_hop_len`). With `first_hop_tokens = token_hop_len`, every boundary matches the official run.
+
+A non-final chunk must have more than `2 * overlap` tokens. Only then does the length regulator map
+the last `overlap` tokens to exactly `mel_overlap_len` (34) frames, which is what the mel cross-fade
+and the flow cache assume. So the first hop must be at least `overlap + 1` tokens.
+
+What the smaller first hop costs:
+* At most one more chunk per sentence, so 20 more tokens through the flow (34 frames) and 20 more mel
+  frames through HiFT. For a 10 s sentence (500 tokens) that is 600 instead of 580 flow tokens and 960
+  instead of 940 vocoded frames, i.e. 2-4% more acoustic work.
+* The first chunk carries little audio. With the default (50 tokens -> 86 frames, minus 34 held for the
+  cross-fade, minus 20 held for the vocoder cache) it is 32 frames = 8192 samples = 0.37 s. The second
+  chunk needs 100 more tokens, so it arrives about 2 s x RTF later (RTF = the engine's real-time
+  factor). A client that starts playing at once hears a gap of about 2 s x RTF - 0.37 s unless it
+  buffers. The official schedule has the same kind of gap once RTF exceeds about 0.9.
+* The look-ahead does not change. Every chunk still has 20 tokens of right context at the flow and
+  20 mel frames at the vocoder. The flow encoder of the first chunk attends over 50 tokens instead of
+  120, so the first 0.6 s are generated with less context.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from service.bundle import ModelConstants
+from service.engine.dsp import fade_in_out, interpolate_linear
+from service.engine.flow import FlowCache, FlowRunner
+from service.engine.hift import HiFTNoise, HiFTRunner, draw_hift_noise
+
+DEFAULT_FIRST_HOP_S = 0.6  # seconds of speech tokens before the first chunk (plus the 20-token overlap)
+
+
+class NoiseSource(Protocol):
+    """Where the acoustic half gets its randomness: flow's initial z and SineGen's phase and noise."""
+
+    def flow_noise(self, n_mels: int, n_frames: int) -> np.ndarray:
+        """Standard normal (n_mels, n_frames) float32."""
+        ...
+
+    def hift_noise(self, n_harmonics: int, n_samples: int) -> HiFTNoise:
+        """Phases and per-sample noise for one SineGen call."""
+        ...
+
+
+class GeneratorNoise:
+    """NoiseSource drawing from a numpy Generator (one per request, so requests never share state)."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def flow_noise(self, n_mels: int, n_frames: int) -> np.ndarray:
+        return self.rng.standard_normal((n_mels, n_frames), dtype=np.float32)
+
+    def hift_noise(self, n_harmonics: int, n_samples: int) -> HiFTNoise:
+        return draw_hift_noise(self.rng, n_harmonics, n_samples)
+
+
+class ReplayNoise:
+    """NoiseSource that hands out recorded draws in call order (parity checks against the official code)."""
+
+    def __init__(self, flow: Sequence[np.ndarray], hift: Sequence[HiFTNoise]) -> None:
+        self._flow = list(flow)
+        self._hift = list(hift)
+
+    def flow_noise(self, n_mels: int, n_frames: int) -> np.ndarray:
+        if not self._flow:
+            raise ValueError("no recorded flow noise left")
+        z = np.asarray(self._flow.pop(0), dtype=np.float32).reshape(n_mels, -1)
+        if z.shape[1] != n_frames:
+            raise ValueError(f"recorded flow noise has {z.shape[1]} frames, the call needs {n_frames}")
+        return z
+
+    def hift_noise(self, n_harmonics: int, n_samples: int) -> HiFTNoise:
+        if not self._hift:
+            raise ValueError("no recorded hift noise left")
+        rec = self._hift.pop(0)
+        if rec.sine_noise.shape != (n_harmonics, n_samples):
+            raise ValueError(f"recorded hift noise is {rec.sine_noise.shape}, the call needs {(n_harmonics, n_samples)}")
+        return rec
+
+
+@dataclass(frozen=True)
+class HiFTCache:
+    """Vocoder state carried to the next chunk: last mel frames, their source samples and output samples."""
+
+    mel: np.ndarray  # (n_mels, mel_cache_len)
+    source: np.ndarray  # (source_cache_len,)
+    speech: np.ndarray  # (source_cache_len,)
+
+
+@dataclass
+class SentenceState:
+    """Per-sentence streaming caches; a fresh one per sentence, never shared between requests."""
+
+    flow_cache: FlowCache
+    mel_overlap: np.ndarray  # (n_mels, 0 or mel_overlap_len)
+    hift: HiFTCache | None = None
+
+    @property
+    def fresh(self) -> bool:
+        return self.hift is None and self.mel_overlap.shape[-1] == 0
+
+
+@dataclass(frozen=True)
+class WavChunk:
+    """Audio (N,) float32 of one token2wav call and the seconds spent in flow and in HiFT."""
+
+    audio: np.ndarray
+    flow_s: float
+    hift_s: float
+
+
+@dataclass(frozen=True)
+class SpeechChunk:
+    """One yielded piece of a sentence with the time each stage spent on it."""
+
+    audio: np.ndarray
+    is_last: bool  # last chunk of its sentence
+    llm_s: float
+    flow_s: float
+    hift_s: float
+
+
+class Token2Wav:
+    """Official v1 `token2wav`: flow with cache, mel cross-fade, HiFT with mel/source cache, speech cross-fade."""
+
+    def __init__(self, flow: FlowRunner, hift: HiFTRunner, constants: ModelConstants) -> None:
+        self.flow = flow
+        self.hift = hift
+        self.constants = constants
+        self.mel_window = np.hamming(2 * constants.mel_overlap_len)
+        self.speech_window = np.hamming(2 * constants.source_cache_len)
+
+    def new_state(self) -> SentenceState:
+        n_mels = self.constants.n_mels
+        return SentenceState(flow_cache=FlowCache.empty(n_mels), mel_overlap=np.zeros((n_mels, 0), dtype=np.float32))
+
+    def __call__(
+        self,
+        tokens: Sequence[int] | np.ndarray,
+        embedding: np.ndarray,
+        state: SentenceState,
+        noise: NoiseSource,
+        *,
+        finalize: bool,
+        speed: float = 1.0,
+        n_timesteps: int | None = None,
+    ) -> WavChunk:
+        """Audio for `tokens`, updating `state` in place. Non-final calls hold back the overlap tail.
+
+        `speed` != 1 stretches the mel to max(1, int(frames / speed)) and needs a fresh state with finalize=True
+        (the official code allows it only on the non-stream path).
+        """
+        if speed != 1.0 and not (finalize and state.fresh):
+            raise ValueError("speed != 1 is only supported for a whole sentence in one finalize call")
+        t0 = time.perf_counter()
+        c = self.constants
+        z = noise.flow_noise(c.n_mels, self.flow.mel_frames(len(tokens)))
+        mel, state.flow_cache = self.flow.inference(np.asarray(tokens), embedding, z, state.flow_cache, n_timesteps)
+        t1 = time.perf_counter()
+        if state.mel_overlap.shape[-1]:
+            mel = fade_in_out(mel, state.mel_overlap, self.mel_window)
+        cache_source = np.zeros(0, dtype=np.float32)
+        if state.hift is not None:
+            mel = np.concatenate([state.hift.mel, mel], axis=-1)
+            cache_source = state.hift.source
+        if finalize:
+            if speed != 1.0:
+                mel = interpolate_linear(mel, max(1, int(mel.shape[-1] / speed)))
+            wav = self._vocode(mel, cache_source, state, noise)[0]
+        else:
+            state.mel_overlap = mel[:, -c.mel_overlap_len :]
+            mel = mel[:, : -c.mel_overlap_len]
+            wav, src = self._vocode(mel, cache_source, state, noise)
+            n = c.source_cache_len
+            state.hift = HiFTCache(mel=mel[:, -c.mel_cache_len :], source=src[-n:], speech=wav[-n:])
+            wav = wav[:-n]
+        return WavChunk(audio=wav, flow_s=t1 - t0, hift_s=time.perf_counter() - t1)
+
+    def _vocode(
+        self, mel: np.ndarray, cache_source: np.ndarray, state: SentenceState, noise: NoiseSource
+    ) -> tuple[np.ndarray, np.ndarray]:
+        hn = noise.hift_noise(self.hift.n_harmonics, self.hift.n_samples(mel.shape[-1]))
+        wav, src = self.hift.inference(mel, cache_source, hn)
+        if state.hift is not None:
+            wav = fade_in_out(wav, state.hift.speech, self.speech_window)
+        return wav, src
+
+
+def default_first_hop(constants: ModelConstants) -> int:
+    """Engine default for the first hop: DEFAULT_FIRST_HOP_S of tokens, at least overlap + 1."""
+    return max(constants.token_overlap_len + 1, round(DEFAULT_FIRST_HOP_S * constants.token_rate_hz))
+
+
+def check_first_hop(first_hop: int, constants: ModelConstants) -> None:
+    """Raise ValueError unless a first chunk of first_hop + overlap tokens keeps the overlap frame-aligned."""
+    if first_hop <= constants.token_overlap_len:
+        raise ValueError(f"first_hop_tokens must be > token_overlap_len ({constants.token_overlap_len}), got {first_hop}")
+
+
+@dataclass
+class _Stopwatch:
+    """Seconds spent waiting for tokens since the last chunk."""
+
+    spent: float = 0.0
+
+    def take(self) -> float:
+        s, self.spent = self.spent, 0.0
+        return s
+
+
+def _timed(tokens: Iterable[int], clock: _Stopwatch, cancel: threading.Event | None) -> Iterator[int]:
+    """The tokens, adding the time spent waiting for each to `clock`; ends early once `cancel` is set."""
+    it = iter(tokens)
+    try:
+        while True:
+            t0 = time.perf_counter()
+            tok = next(it, None)
+            clock.spent += time.perf_counter() - t0
+            if tok is None or _cancelled(cancel):
+                return
+            yield int(tok)
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:  # release a generator's resources (the LLM's KV cache) right away
+            close()
+
+
+def _cancelled(cancel: threading.Event | None) -> bool:
+    return cancel is not None and cancel.is_set()
+
+
+def stream_sentence(
+    tokens: Iterable[int],
+    embedding: np.ndarray,
+    t2w: Token2Wav,
+    noise: NoiseSource,
+    *,
+    first_hop: int,
+    n_timesteps: int | None = None,
+    cancel: threading.Event | None = None,
+) -> Iterator[SpeechChunk]:
+    """Stream one sentence: pull tokens, vocode every `hop + overlap` of them, finalize with the rest.
+
+    Stops silently (no final chunk) when `cancel` is set; it is checked after every token, so at most
+    the chunk in progress finishes. `llm_s` of a chunk is the time spent waiting for its new tokens.
+    """
+    c = t2w.constants
+    check_first_hop(first_hop, c)
+    state, buf, hop, clock = t2w.new_state(), [], first_hop, _Stopwatch()
+    for tok in _timed(tokens, clock, cancel):
+        buf.append(tok)
+        if len(buf) >= hop + c.token_overlap_len:
+            wav = t2w(buf[: hop + c.token_overlap_len], embedding, state, noise, finalize=False, n_timesteps=n_timesteps)
+            yield SpeechChunk(wav.audio, False, clock.take(), wav.flow_s, wav.hift_s)
+            buf = buf[hop:]
+            hop = _next_hop(hop, c)
+    if not _cancelled(cancel):
+        yield _finalize(buf, embedding, t2w, state, noise, clock.take(), 1.0, n_timesteps)
+
+
+def whole_sentence(
+    tokens: Iterable[int],
+    embedding: np.ndarray,
+    t2w: Token2Wav,
+    noise: NoiseSource,
+    *,
+    speed: float = 1.0,
+    n_timesteps: int | None = None,
+    cancel: threading.Event | None = None,
+) -> Iterator[SpeechChunk]:
+    """Non-stream path: collect every token, then one flow and one HiFT call (with `speed`). Yields 0 or 1 chunk."""
+    clock = _Stopwatch()
+    buf = list(_timed(tokens, clock, cancel))
+    if not _cancelled(cancel):
+        yield _finalize(buf, embedding, t2w, t2w.new_state(), noise, clock.take(), speed, n_timesteps)
+
+
+def _finalize(
+    buf: list[int],
+    embedding: np.ndarray,
+    t2w: Token2Wav,
+    state: SentenceState,
+    noise: NoiseSource,
+    llm_s: float,
+    speed: float,
+    n_timesteps: int | None,
+) -> SpeechChunk:
+    if not buf:  # nothing generated (e.g. max_tokens=0): an empty final chunk keeps the sentence boundary
+        return SpeechChunk(np.zeros(0, dtype=np.float32), True, llm_s, 0.0, 0.0)
+    wav = t2w(buf, embedding, state, noise, finalize=True, speed=speed, n_timesteps=n_timesteps)
+    return SpeechChunk(wav.audio, True, llm_s, wav.flow_s, wav.hift_s)
+
+
+def _next_hop(hop: int, c: ModelConstants) -> int:
+    """Official hop growth; a smaller first hop is lifted to token_hop_len before scaling."""
+    return min(c.token_max_hop_len, int(max(hop, c.token_hop_len) * c.stream_scale_factor))

@@ -1,0 +1,240 @@
+"""Synthesizer facade: sentences of text ids + a speaker -> a generator of audio chunks (LLM -> flow -> HiFT)."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from service.bundle import ModelBundle
+from service.engine.flow import FlowRunner
+from service.engine.hift import HiFTRunner
+from service.engine.llm import LLMRunner
+from service.engine.sessions import RuntimeOptions, open_sessions
+from service.engine.streaming import (
+    GeneratorNoise,
+    NoiseSource,
+    SpeechChunk,
+    Token2Wav,
+    check_first_hop,
+    default_first_hop,
+    stream_sentence,
+    whole_sentence,
+)
+from service.errors import EmptyTextError, InvalidInputError, UnknownSpeakerError
+
+
+class TokenGenerator(Protocol):
+    """What the synthesizer needs from the LLM (LLMRunner, or a fake in tests)."""
+
+    def generate(
+        self,
+        text_ids: Sequence[int],
+        embedding: np.ndarray,
+        rng: np.random.Generator,
+        *,
+        min_tokens: int | None = None,
+        max_tokens: int | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[int]: ...
+
+
+@dataclass(frozen=True)
+class SynthesisOptions:
+    """Per-request options; None means the model or engine default.
+
+    speed: tempo factor; the mel is stretched to int(frames / speed) before the vocoder. Like the
+        official code this needs a whole sentence in one vocoder call, so `stream=True` with
+        speed != 1 falls back to one chunk per sentence.
+    seed: same seed, same options and same input give the same audio; None draws fresh entropy.
+    stream: True yields chunks of `hop + overlap` tokens as the LLM produces them; False yields one
+        chunk per sentence.
+    first_hop_tokens: tokens consumed by the first streaming chunk (must exceed token_overlap_len);
+        None uses the engine default (see service.engine.streaming).
+    n_timesteps: Euler steps of the flow solver; None uses the manifest value.
+    """
+
+    speed: float = 1.0
+    seed: int | None = None
+    stream: bool = False
+    first_hop_tokens: int | None = None
+    n_timesteps: int | None = None
+
+
+@dataclass(frozen=True)
+class StageTimings:
+    """Seconds each stage spent producing one chunk."""
+
+    llm_s: float
+    flow_s: float
+    hift_s: float
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """A piece of synthesized audio: float32 (N,) within ±audio_limit at the bundle's sample rate."""
+
+    audio: np.ndarray
+    sentence_index: int
+    is_final: bool  # last chunk of the whole request
+    timings: StageTimings
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Validated per-request settings."""
+
+    stream: bool
+    speed: float
+    first_hop: int
+    n_timesteps: int | None
+
+
+class Synthesizer:
+    """The engine: owns the sessions of one bundle; every request's state lives in its own generator.
+
+    Thread-safe: sessions and runners are shared read-only, so several threads may iterate
+    different `synthesize` generators at once (keep threads x intra-op threads <= cores).
+    """
+
+    def __init__(
+        self,
+        bundle: ModelBundle,
+        sessions: Mapping[str, Any],
+        *,
+        llm: TokenGenerator | None = None,
+        first_hop_tokens: int | None = None,
+    ) -> None:
+        c = bundle.constants
+        self.bundle = bundle
+        self.sample_rate = c.sample_rate
+        self.speakers: tuple[str, ...] = tuple(bundle.speakers)
+        self.llm: TokenGenerator = llm if llm is not None else LLMRunner(sessions, c)
+        self.token2wav = Token2Wav(FlowRunner(sessions, c), HiFTRunner(sessions, c), c)
+        self.first_hop_tokens = default_first_hop(c) if first_hop_tokens is None else first_hop_tokens
+        check_first_hop(self.first_hop_tokens, c)
+
+    @classmethod
+    def load(cls, bundle: ModelBundle | str | Path, runtime: RuntimeOptions | None = None) -> Synthesizer:
+        """Load a bundle (or take a loaded one) and open its ONNX Runtime sessions."""
+        loaded = bundle if isinstance(bundle, ModelBundle) else ModelBundle.load(bundle)
+        return cls(loaded, open_sessions(loaded, runtime))
+
+    def synthesize(
+        self,
+        sentences: Sequence[Sequence[int]],
+        speaker: str,
+        options: SynthesisOptions = SynthesisOptions(),
+        cancel: threading.Event | None = None,
+    ) -> Iterator[AudioChunk]:
+        """Audio for each sentence of text token ids, one after another (fresh caches per sentence).
+
+        Validation errors (UnknownSpeakerError, EmptyTextError, InvalidInputError) are raised by this
+        call, before any inference. The returned generator does the work lazily; it checks `cancel`
+        after every LLM token and between chunks, and simply ends (without an is_final chunk) when set.
+        """
+        embedding = self._embedding(speaker)
+        texts = [list(map(int, s)) for s in sentences]
+        if not texts or any(not s for s in texts):
+            raise EmptyTextError("nothing to synthesize: no sentences, or an empty sentence")
+        plan = self._plan(options)
+        llm_rng, noise_rng = _request_rngs(options.seed)
+        return self._sentences(texts, embedding, plan, llm_rng, GeneratorNoise(noise_rng), cancel)
+
+    def synthesize_tokens(
+        self,
+        speech_tokens: Sequence[int],
+        speaker: str,
+        options: SynthesisOptions = SynthesisOptions(),
+        cancel: threading.Event | None = None,
+        *,
+        noise: NoiseSource | None = None,
+    ) -> Iterator[AudioChunk]:
+        """Vocoder-only path: audio for given speech tokens (flow + HiFT, same chunking as `synthesize`).
+
+        With the same seed, the tokens `synthesize` generated for a one-sentence input give the same
+        audio here. `noise` replaces the seeded randomness (e.g. streaming.ReplayNoise with recorded draws).
+        """
+        embedding = self._embedding(speaker)
+        tokens = [int(t) for t in speech_tokens]
+        if not tokens:
+            raise EmptyTextError("no speech tokens to vocode")
+        limit = self.bundle.constants.speech_token_size
+        if min(tokens) < 0 or max(tokens) >= limit:
+            raise InvalidInputError(f"speech tokens must be in 0..{limit - 1}", param="speech_tokens")
+        plan = self._plan(options)
+        source = noise if noise is not None else GeneratorNoise(_request_rngs(options.seed)[1])
+        return self._chunks(iter(tokens), embedding, 0, True, plan, source, cancel)
+
+    # ---- internals -----------------------------------------------------------------------------
+    def _embedding(self, speaker: str) -> np.ndarray:
+        try:
+            return self.bundle.speakers[speaker]
+        except KeyError:
+            known = ", ".join(self.speakers)
+            raise UnknownSpeakerError(f"unknown speaker {speaker!r}; available: {known}", param="voice") from None
+
+    def _plan(self, options: SynthesisOptions) -> _Plan:
+        c = self.bundle.constants
+        if not (math.isfinite(options.speed) and options.speed > 0):
+            raise InvalidInputError(f"speed must be a positive number, got {options.speed}", param="speed")
+        if options.seed is not None and options.seed < 0:
+            raise InvalidInputError(f"seed must be >= 0, got {options.seed}", param="seed")
+        if options.n_timesteps is not None and options.n_timesteps < 1:
+            raise InvalidInputError(f"n_timesteps must be >= 1, got {options.n_timesteps}", param="n_timesteps")
+        first_hop = self.first_hop_tokens if options.first_hop_tokens is None else options.first_hop_tokens
+        if first_hop <= c.token_overlap_len:
+            raise InvalidInputError(
+                f"first_hop_tokens must be > {c.token_overlap_len} (the token overlap), got {first_hop}", param="first_hop_tokens"
+            )
+        return _Plan(options.stream and options.speed == 1.0, float(options.speed), first_hop, options.n_timesteps)
+
+    def _sentences(
+        self,
+        texts: list[list[int]],
+        embedding: np.ndarray,
+        plan: _Plan,
+        llm_rng: np.random.Generator,
+        noise: NoiseSource,
+        cancel: threading.Event | None,
+    ) -> Iterator[AudioChunk]:
+        for index, ids in enumerate(texts):
+            if cancel is not None and cancel.is_set():
+                return
+            tokens = self.llm.generate(ids, embedding, llm_rng, cancel=cancel)
+            yield from self._chunks(tokens, embedding, index, index == len(texts) - 1, plan, noise, cancel)
+
+    def _chunks(
+        self,
+        tokens: Iterable[int],
+        embedding: np.ndarray,
+        index: int,
+        last_sentence: bool,
+        plan: _Plan,
+        noise: NoiseSource,
+        cancel: threading.Event | None,
+    ) -> Iterator[AudioChunk]:
+        t2w = self.token2wav
+        pieces: Iterator[SpeechChunk]
+        if plan.stream:
+            pieces = stream_sentence(
+                tokens, embedding, t2w, noise, first_hop=plan.first_hop, n_timesteps=plan.n_timesteps, cancel=cancel
+            )
+        else:
+            pieces = whole_sentence(tokens, embedding, t2w, noise, speed=plan.speed, n_timesteps=plan.n_timesteps, cancel=cancel)
+        for piece in pieces:
+            timings = StageTimings(llm_s=piece.llm_s, flow_s=piece.flow_s, hift_s=piece.hift_s)
+            yield AudioChunk(piece.audio, index, piece.is_last and last_sentence, timings)
+            if cancel is not None and cancel.is_set():
+                return
+
+
+def _request_rngs(seed: int | None) -> tuple[np.random.Generator, np.random.Generator]:
+    """Independent generators for LLM sampling and acoustic noise, so stream and non-stream share tokens."""
+    llm_rng, noise_rng = np.random.default_rng(seed).spawn(2)
+    return llm_rng, noise_rng

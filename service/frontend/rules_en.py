@@ -1,0 +1,92 @@
+"""English (non-Chinese path) normalization fixes applied before wetext: addresses, versions, money, decades."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import regex
+
+from service.frontend.readings import en_decade, en_digits
+from service.frontend.rules import Rule, rule
+
+_SYMBOLS_EN = {
+    ".": "dot", "/": "slash", "-": "dash", "_": "underscore", "@": "at", ":": "colon", "?": "question mark",
+    "=": "equals", "&": "and", "#": "hash", "%": "percent", "+": "plus", "~": "tilde",
+}  # fmt: skip
+_CURRENCY_EN = {"$": ("dollar", "cent", "cents"), "€": ("euro", "cent", "cents"), "£": ("pound", "penny", "pence")}
+_MAGNITUDE_EN = {"k": "thousand", "K": "thousand", "M": "million", "B": "billion"}
+_URL_TAIL = ".,;:!?)]'\""  # sentence punctuation right after an address is not part of it
+
+
+def read_address_en(address: str) -> str:
+    """Spoken form of a URL or e-mail: scheme dropped, letter runs kept, digits one by one, symbols named."""
+    address = regex.sub(r"^(?i:https?|ftp)://", "", address)
+    words = regex.findall(r"[A-Za-z]+|\d|[^A-Za-z\d]", address)
+    spoken = [_SYMBOLS_EN.get(w, en_digits(w) if w.isdigit() else w if w.isalpha() else "") for w in words]
+    return " ".join(w for w in spoken if w)
+
+
+def _address(m: regex.Match[str]) -> str:
+    text = m.group()
+    cut = len(text.rstrip(_URL_TAIL))
+    return read_address_en(text[:cut]) + text[cut:]
+
+
+def _version(words: Callable[[str], str]) -> Callable[[regex.Match[str]], str]:
+    def read(m: regex.Match[str]) -> str:
+        parts = m.group("num").split(".")
+        is_ip = not m.group("v") and len(parts) == 4 and all(int(p) <= 255 for p in parts)
+        spoken = [en_digits(p) if (len(p) > 1 and p[0] == "0") else words(p) for p in parts]
+        prefix = f"{m.group('v')} " if m.group("v") else ""
+        return prefix + (" dot " if is_ip else " point ").join(spoken)
+
+    return read
+
+
+def _money(words: Callable[[str], str]) -> Callable[[regex.Match[str]], str]:
+    def read(m: regex.Match[str]) -> str:
+        major, minor_one, minor_many = _CURRENCY_EN[m.group("cur")]
+        whole = m.group("whole").replace(",", "")
+        frac = m.group("frac") or ""
+        magnitude = _MAGNITUDE_EN.get(m.group("mag") or "", m.group("mag") or "")
+        if magnitude or (frac and len(frac) != 2):
+            amount = f"{whole}.{frac}" if frac else words(whole)
+            return " ".join(w for w in (amount, magnitude, f"{major}s") if w)
+        cents = int(frac or "0")
+        parts = []
+        if int(whole) or not cents:
+            parts.append(f"{words(whole)} {major}{'' if int(whole) == 1 else 's'}")
+        if cents:
+            parts.append(f"{words(str(cents))} {minor_one if cents == 1 else minor_many}")
+        return " and ".join(parts)
+
+    return read
+
+
+def _decade(m: regex.Match[str]) -> str:
+    return en_decade(m.group("num"))
+
+
+def en_rules(words: Callable[[str], str]) -> tuple[Rule, ...]:
+    """The English rules in order; `words` spells an ASCII digit string (a thread-safe inflect wrapper)."""
+    return (
+        rule("email", r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63}){1,8}", _address),
+        rule("url", r"(?<![A-Za-z0-9])(?i:(?:https?|ftp)://|www\.)[A-Za-z0-9\-._~/?#\[\]@!$&'*+,;=%:]{1,2000}+", _address),
+        rule("long_digits", r"(?<![\d.])\d{12,}+(?!\.\d)", lambda m: en_digits(m.group())),
+        rule("version", r"(?<![0-9A-Za-z.])(?P<v>[vV])?(?P<num>\d{1,4}(?:\.\d{1,4}){2,6})(?![0-9A-Za-z]|\.\d)", _version(words)),
+        rule(
+            "money",
+            r"(?P<cur>[$€£])\s*+(?P<whole>\d++(?:,\d{3})*+)(?:\.(?P<frac>\d++))?+"
+            r"(?:\s*+(?P<mag>[kKMB](?![A-Za-z])|thousand|million|billion|trillion))?+",
+            _money(words),
+        ),
+        rule("thousands_separator", r"(?<![\d.,])\d{1,3}(?:,\d{3})++(?![\d,])", lambda m: words(m.group().replace(",", ""))),
+        rule("decade", r"(?<![\w.])['’]?(?P<num>(?:1\d|20)\d0|[2-9]0)s(?![\w'’])", _decade),
+        rule(
+            "percent_range",
+            r"(?<![\d.])(?P<a>\d++(?:\.\d++)?+)%?+\s*+[-—–~]\s*+(?P<b>\d++(?:\.\d++)?+)%",
+            r"\g<a>% to \g<b>%",
+        ),
+        rule("dash_range", r"(?<=\d)\s*+[—–~]\s*+(?=\d)", " to "),
+        rule("plus_suffix", r"(?<=\d)\+(?!\d)", " plus"),
+    )

@@ -1,0 +1,129 @@
+"""Service settings: one typed, bounded object read from TTS_* environment variables (and .env)."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+ENV_PREFIX = "TTS_"
+MiB = 1 << 20
+
+
+def _split_csv(value: object) -> object:
+    """Accept `a,b,c` from the environment (and plain lists from code)."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """Everything the service can be configured with. Read only by the app factory and the entry point."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_file=".env", extra="ignore", frozen=True)
+
+    # server
+    host: str = Field(default="127.0.0.1", description="Address `python -m service.api` binds to.")
+    port: int = Field(default=8000, ge=1, le=65535, description="TCP port `python -m service.api` listens on.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level of the service.")
+
+    # model and engine
+    model_dir: Path = Field(default=Path("models/tiny"), description="Model bundle directory (manifest.json, graphs, speakers).")
+    verify_bundle_hashes: bool = Field(default=False, description="Check every bundle file's sha256 at start (slower start).")
+    intra_op_threads: int = Field(
+        default=2, ge=1, le=64, description="ONNX Runtime intra-op threads per session; keep workers x this <= cores."
+    )
+    inter_op_threads: int = Field(default=1, ge=1, le=64, description="ONNX Runtime inter-op threads per session.")
+    n_timesteps: int | None = Field(
+        default=None, ge=1, le=50, description="Flow-matching Euler steps; empty = the bundle's value."
+    )
+    default_speaker: str = Field(
+        default="中文女", min_length=1, max_length=64, description="Speaker used when a request names none."
+    )
+    warmup_text: str = Field(
+        default="你好。", min_length=1, max_length=200, description="Text synthesized at start and by /readyz probes."
+    )
+
+    # concurrency and limits
+    workers: int = Field(default=1, ge=1, le=64, description="Synthesis worker threads (requests synthesized at the same time).")
+    queue_max: int = Field(
+        default=8, ge=0, le=1024, description="Requests allowed to wait for a worker; beyond this: 503 at once."
+    )
+    retry_after_s: int = Field(default=2, ge=1, le=3600, description="Retry-After sent with 503 when the queue is full.")
+    max_chars: int = Field(
+        default=4096, ge=1, le=100_000, description="Longest accepted text in characters (/v1 never exceeds 4096)."
+    )
+    max_body_bytes: int = Field(default=65_536, ge=1024, le=16 * MiB, description="Largest accepted request body; beyond: 413.")
+    ready_probe_interval_s: float = Field(
+        default=30.0, ge=0.0, le=3600.0, description="/readyz re-runs a real inference when none succeeded for this long."
+    )
+    openai_pcm_sample_rate_hz: Literal[22050, 24000] = Field(
+        default=24000, description="Rate of `pcm` on /v1/audio/speech (OpenAI clients assume 24 kHz); /tts pcm stays 22,050 Hz."
+    )
+
+    # cache
+    redis_url: SecretStr | None = Field(
+        default=None, description="redis://… for the shared audio cache and rate-limit counters; empty = in-process."
+    )
+    cache_max_bytes: int = Field(
+        default=64 * MiB, ge=0, le=16_384 * MiB, description="In-process audio cache size; 0 disables it."
+    )
+    cache_ttl_s: int = Field(default=86_400, ge=1, le=30 * 86_400, description="Lifetime of a Redis audio cache entry.")
+
+    # access control
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list, description="Comma-separated API keys (8+ characters each); empty = no authentication."
+    )
+    rate_limit_per_minute: int = Field(
+        default=120, ge=0, le=1_000_000, description="Synthesis requests per minute per API key, else per client IP; 0 = off."
+    )
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Comma-separated proxy IPs/CIDRs whose X-Forwarded-For is believed."
+    )
+    cors_allow_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Comma-separated origins allowed by CORS; empty = same origin only."
+    )
+
+    @field_validator("api_keys", "trusted_proxies", "cors_allow_origins", mode="before")
+    @classmethod
+    def _csv(cls, value: object) -> object:
+        return _split_csv(value)
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_not_blank(cls, value: list[SecretStr]) -> list[SecretStr]:
+        if any(len(k.get_secret_value()) < 8 for k in value):
+            raise ValueError("every API key needs at least 8 characters")
+        return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for item in value:
+            ipaddress.ip_network(item, strict=False)  # raises ValueError with a clear message
+        return value
+
+    @field_validator("redis_url", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @field_validator("n_timesteps", mode="before")
+    @classmethod
+    def _empty_timesteps(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @field_validator("openai_pcm_sample_rate_hz", mode="before")
+    @classmethod
+    def _rate_from_env(cls, value: object) -> object:
+        return int(value) if isinstance(value, str) and value.strip().isdigit() else value
+
+
+def unknown_env_vars(environ: Mapping[str, str]) -> list[str]:
+    """TTS_* variables that match no setting (typos); the entry point and app factory log them."""
+    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
+    return sorted(k for k in environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in known)

@@ -1,0 +1,128 @@
+"""Headless chromium opens the web page, synthesizes, and the audio really plays (streamed, then in the element)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from servers import AppServer, Chromium, DevToolsPage
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+TEXT = "你好，欢迎使用语音合成。今天天气很好，我们去公园散步吧。"
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory, tiny_bundle: Path) -> Iterator[AppServer]:
+    server = AppServer(tmp_path_factory.mktemp("browser-app"), tiny_bundle, {"TTS_RATE_LIMIT_PER_MINUTE": "0"})
+    server.start()
+    yield server
+    server.stop()
+    server.dump_log()
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory: pytest.TempPathFactory, app: AppServer) -> Iterator[DevToolsPage]:
+    chromium = Chromium(tmp_path_factory.mktemp("chromium"))
+    chromium.start()
+    tab = chromium.page()
+    try:
+        tab.navigate(app.base_url + "/")
+        tab.wait_for("window.tts && window.tts.voicesLoaded", 20, "the voice list")
+        yield tab
+    finally:
+        print("browser console:", tab.console)
+        tab.close()
+        chromium.stop()
+        chromium.dump_log()
+
+
+def speak(page: DevToolsPage, fmt: str) -> int:
+    """Fill the form, click Speak (a real click: a user gesture), and return the number of this run."""
+    choose(page, fmt)
+    run = int(page.eval("tts.runs")) + 1
+    page.click("#speak")
+    return run
+
+
+def choose(page: DevToolsPage, fmt: str) -> None:
+    page.eval(f"""(() => {{
+        document.getElementById('text').value = {TEXT!r};
+        document.getElementById('format').value = '{fmt}';
+        document.getElementById('text').dispatchEvent(new Event('input'));
+    }})()""")
+
+
+def test_page_lists_the_bundle_voices(page: DevToolsPage) -> None:
+    voices = page.eval("[...document.getElementById('voice').options].map(o => o.value)")
+    assert "中文女" in voices
+    assert page.eval("document.getElementById('error').textContent") == ""
+
+
+def test_streamed_wav_plays_through_web_audio_while_it_arrives(page: DevToolsPage, repo_root: Path) -> None:
+    run = speak(page, "wav")
+    page.wait_for(f"tts.runs === {run} && tts.scheduledSeconds > 0", 60, "the first scheduled samples")
+    partial = page.eval("({seconds: tts.scheduledSeconds, done: tts.done})")
+    assert not partial["done"], "the first audio was only scheduled once the whole response was in"
+    t1 = page.eval("tts.ctx.currentTime")
+    time.sleep(0.6)
+    t2 = page.eval("tts.ctx.currentTime")
+    assert page.eval("tts.ctx.state") == "running"
+    assert t2 - t1 > 0.3, f"the audio clock does not advance: {t1} -> {t2}"
+    # samples really reach the output: the analyser between the sources and the speakers sees signal
+    page.wait_for("tts.ctx.currentTime > tts.startTime && tts.level() > 1e-4", 10, "audible output")
+    page.wait_for("tts.done || tts.error", 120, "the end of the stream")
+    state = page.eval(
+        "({done: tts.done, error: tts.error, mode: tts.mode, bytes: tts.bytes, seconds: tts.scheduledSeconds,"
+        " firstAudioMs: tts.firstAudioMs, doneMs: tts.doneMs})"
+    )
+    assert state["done"] and state["error"] == "", state
+    assert state["mode"] == "webaudio" and state["bytes"] > 44
+    assert state["firstAudioMs"] < state["doneMs"], f"playback only started after the download ended: {state}"
+    assert partial["seconds"] < state["seconds"]
+    # every received sample was scheduled: 16-bit mono after the 44-byte header
+    assert state["seconds"] == pytest.approx((state["bytes"] - 44) / 2 / 22050, abs=0.01)
+    page.screenshot(repo_root / "test-artifacts" / "browser.png")
+    assert (repo_root / "test-artifacts" / "browser.png").stat().st_size > 5000
+
+
+def test_finished_file_plays_in_the_audio_element(page: DevToolsPage) -> None:
+    run = speak(page, "wav")
+    page.wait_for(f"tts.runs === {run} && (tts.done || tts.error)", 120, "the wav response")
+    page.wait_for("document.getElementById('player').src.startsWith('blob:')", 10, "the finished file in the player")
+    page.eval("document.getElementById('player').play()")
+    page.wait_for("document.getElementById('player').currentTime > 0.2", 20, "the audio element to play")
+    assert page.eval("document.getElementById('player').error") is None
+    page.eval("document.getElementById('player').pause()")
+
+
+def test_streamed_raw_pcm_plays_at_the_sample_rate_the_server_names(page: DevToolsPage) -> None:
+    run = speak(page, "pcm")
+    page.wait_for(f"tts.runs === {run} && (tts.done || tts.error)", 120, "the pcm response")
+    state = page.eval("({error: tts.error, mode: tts.mode, bytes: tts.bytes, seconds: tts.scheduledSeconds})")
+    assert state["error"] == "" and state["mode"] == "webaudio", state
+    assert state["seconds"] == pytest.approx(state["bytes"] / 2 / 22050, abs=0.01)
+    assert page.eval("document.getElementById('download').download") == "speech.pcm"
+
+
+def test_mp3_streams_into_the_audio_element(page: DevToolsPage) -> None:
+    run = speak(page, "mp3")
+    page.wait_for(f"tts.runs === {run} && (tts.done || tts.error)", 120, "the mp3 response")
+    assert page.eval("tts.error") == ""
+    streamed = page.eval("!!window.MediaSource && MediaSource.isTypeSupported('audio/mpeg')")
+    assert page.eval("tts.mode") == ("mediasource" if streamed else "element")
+    page.wait_for("document.getElementById('player').currentTime > 0.2", 20, "mp3 playback")
+
+
+def test_server_error_is_shown_from_the_json_body(page: DevToolsPage) -> None:
+    page.eval("""(() => {
+        const sel = document.getElementById('voice');
+        sel.add(new Option('missing', 'no-such-speaker'));
+        sel.value = 'no-such-speaker';
+    })()""")
+    speak(page, "wav")
+    message = page.wait_for("document.getElementById('error').textContent", 30, "an error message")
+    assert "no-such-speaker" in message or "speaker" in message.lower(), message
+    assert not message.startswith("HTTP "), f"the JSON error body was not used: {message}"

@@ -1,0 +1,270 @@
+"""Every endpoint through create_app(test_settings) in process: shapes, formats, headers, cache, errors, metrics."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api import create_app
+from service.settings import Settings
+
+FORMATS = ["wav", "pcm", "mp3", "opus", "flac", "aac"]
+TEXT = "你好，今天天气很好。"
+
+
+@pytest.fixture(scope="module")
+def client(tiny_bundle: Path) -> Iterator[TestClient]:
+    settings = Settings(_env_file=None, model_dir=tiny_bundle, intra_op_threads=1, rate_limit_per_minute=0, max_chars=300)
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def speakers_of(bundle: Path) -> list[str]:
+    return [s["name"] for s in json.loads((bundle / "speakers.json").read_text(encoding="utf-8"))["speakers"]]
+
+
+def decoded_seconds(data: bytes, fmt: str, rate: int) -> float:
+    """Duration of an encoded body, decoded independently of the service (PyAV, or raw int16 for pcm)."""
+    if fmt == "pcm":
+        assert len(data) % 2 == 0
+        return len(data) / 2 / rate
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        samples = sum(frame.samples for frame in container.decode(stream))
+        return samples / stream.codec_context.sample_rate
+
+
+def wav_samples(data: bytes) -> np.ndarray:
+    assert data[:4] == b"RIFF" and data[8:12] == b"WAVE" and data[36:40] == b"data"
+    return np.frombuffer(data[44:], dtype="<i2")
+
+
+def error_of(resp: object) -> dict[str, object]:
+    body = resp.json()  # type: ignore[attr-defined]
+    assert set(body) == {"error"}, body
+    return body["error"]  # type: ignore[no-any-return]
+
+
+# ---- operations -------------------------------------------------------------------------------
+
+
+def test_health_and_readiness(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json() == {"status": "ready", "engine": "ok", "cache": "memory: ok", "detail": None}
+
+
+def test_models_list_our_id_and_the_openai_aliases(client: TestClient, tiny_bundle: Path) -> None:
+    model = json.loads((tiny_bundle / "manifest.json").read_text(encoding="utf-8"))["model"]
+    body = client.get("/v1/models").json()
+    ids = [m["id"] for m in body["data"]]
+    assert body["object"] == "list" and ids[0] == model
+    assert {"tts-1", "tts-1-hd", "gpt-4o-mini-tts"} <= set(ids)
+    assert all(m["object"] == "model" and m["created"] > 0 for m in body["data"])
+    assert client.get("/v1/models/tts-1").json()["id"] == "tts-1"
+    missing = client.get("/v1/models/whisper-1")
+    assert missing.status_code == 404 and error_of(missing)["code"] == "unknown_model"
+
+
+def test_voices_are_the_bundle_speakers_in_open_webui_shape(client: TestClient, tiny_bundle: Path) -> None:
+    body = client.get("/v1/audio/voices").json()
+    assert body == {"voices": [{"id": s, "name": s} for s in speakers_of(tiny_bundle)]}
+
+
+def test_info_describes_model_speakers_and_limits(client: TestClient, tiny_bundle: Path) -> None:
+    info = client.get("/info").json()
+    assert info["speakers"] == speakers_of(tiny_bundle) and info["sample_rate_hz"] == 22050
+    assert info["formats"] == FORMATS and info["max_chars"] == 300
+    assert info["openai_voices"]["alloy"] in info["speakers"] and info["normalizer"]
+
+
+def test_web_page_is_served_without_external_resources(client: TestClient) -> None:
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "<html" in page.text.lower()
+    assert "https://" not in page.text and "http://" not in page.text, "the page must not load anything from a CDN"
+
+
+def test_openapi_documents_the_public_endpoints(client: TestClient) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/tts", "/v1/audio/speech", "/v1/models", "/v1/audio/voices", "/inference_sft", "/healthz", "/readyz"} <= set(paths)
+    assert set(paths["/inference_sft"]) == {"get", "post"}
+
+
+# ---- POST /tts ----------------------------------------------------------------------------------
+
+
+def test_tts_wav_is_a_whole_file_with_length_and_timings(client: TestClient) -> None:
+    resp = client.post("/tts", json={"text": TEXT, "seed": 5})
+    assert resp.status_code == 200 and resp.headers["content-type"] == "audio/wav"
+    assert int(resp.headers["content-length"]) == len(resp.content)
+    n = struct.unpack("<I", resp.content[40:44])[0] // 2
+    samples = wav_samples(resp.content)
+    assert n == samples.size and samples.size > 22050 * 0.3 and np.abs(samples).max() > 100
+    stages = {part.split(";")[0].strip() for part in resp.headers["server-timing"].split(",")}
+    assert {"frontend", "queue", "llm", "flow", "hift", "encode", "total"} <= stages
+    assert resp.headers["x-sample-rate"] == "22050"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_tts_every_format_holds_the_same_audio(client: TestClient, fmt: str) -> None:
+    """Same seed, same text: every format decodes to the duration of the WAV."""
+    reference = wav_samples(client.post("/tts", json={"text": TEXT, "seed": 9}).content).size / 22050
+    resp = client.post("/tts", json={"text": TEXT, "seed": 9, "format": fmt})
+    assert resp.status_code == 200
+    rate = int(resp.headers["x-sample-rate"])
+    assert rate == (24000 if fmt == "opus" else 22050)
+    assert decoded_seconds(resp.content, fmt, rate) == pytest.approx(reference, abs=0.12)
+
+
+def test_tts_second_identical_request_is_a_cache_hit(client: TestClient) -> None:
+    body = {"text": "缓存命中测试。", "seed": 21, "format": "flac"}
+    hits = lambda: _metric(client, "tts_cache_hits_total")  # noqa: E731
+    before = hits()
+    first = client.post("/tts", json=body)
+    second = client.post("/tts", json=body)
+    assert (first.headers["x-cache"], second.headers["x-cache"]) == ("miss", "hit")
+    assert second.content == first.content and hits() == before + 1
+    other_seed = client.post("/tts", json={**body, "seed": 22})
+    assert other_seed.headers["x-cache"] == "miss"
+
+
+def test_tts_stream_is_chunked_wav_with_a_streaming_header(client: TestClient) -> None:
+    resp = client.post("/tts", json={"text": TEXT, "stream": True, "seed": 2})
+    assert resp.status_code == 200 and "content-length" not in resp.headers
+    assert resp.headers["x-accel-buffering"] == "no"
+    assert resp.content[4:8] == b"\xff\xff\xff\xff" and resp.content[40:44] == b"\xff\xff\xff\xff"
+    assert decoded_seconds(resp.content, "wav", 22050) == pytest.approx((len(resp.content) - 44) / 2 / 22050, abs=1e-3)
+
+
+def test_speed_changes_the_duration(client: TestClient) -> None:
+    normal = wav_samples(client.post("/tts", json={"text": TEXT, "seed": 4}).content).size
+    fast = wav_samples(client.post("/tts", json={"text": TEXT, "seed": 4, "speed": 2.0}).content).size
+    assert fast == pytest.approx(normal / 2, rel=0.02)
+
+
+# ---- POST /v1/audio/speech ---------------------------------------------------------------------
+
+
+def test_openai_pcm_is_24khz_resampled_from_the_same_audio(client: TestClient) -> None:
+    base = {"model": "tts-1", "input": "Good morning.", "voice": "alloy", "seed": 13}
+    wav = client.post("/v1/audio/speech", json={**base, "response_format": "wav"})
+    pcm = client.post("/v1/audio/speech", json={**base, "response_format": "pcm"})
+    assert "rate=24000" in pcm.headers["content-type"] and pcm.headers["x-sample-rate"] == "24000"
+    n22 = (len(wav.content) - 44) // 2
+    assert len(pcm.content) // 2 == -(-n22 * 24000 // 22050)
+
+
+def test_openai_default_format_is_mp3_and_instructions_are_flagged(client: TestClient) -> None:
+    resp = client.post(
+        "/v1/audio/speech", json={"model": "gpt-4o-mini-tts", "input": "Hi.", "voice": "nova", "instructions": "whisper"}
+    )
+    assert resp.status_code == 200 and resp.headers["content-type"] == "audio/mpeg"
+    assert "ignored" in resp.headers["warning"]
+    assert decoded_seconds(resp.content, "mp3", 22050) > 0.1
+
+
+def test_openai_voice_object_and_speaker_names_are_accepted(client: TestClient) -> None:
+    for voice in ({"id": "英文男"}, "中文男", "ECHO"):
+        body = {"model": "tts-1", "input": "Hi.", "voice": voice, "response_format": "pcm"}
+        assert client.post("/v1/audio/speech", json=body).status_code == 200, voice
+
+
+def test_openai_sse_events_carry_base64_audio_then_usage(client: TestClient) -> None:
+    body = {"model": "tts-1", "input": "Streaming events.", "voice": "alloy", "response_format": "pcm", "stream_format": "sse"}
+    resp = client.post("/v1/audio/speech", json=body)
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[len("data: ") :]) for line in resp.text.splitlines() if line.startswith("data: ")]
+    assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1)
+    assert events[-1]["type"] == "speech.audio.done"
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    usage = events[-1]["usage"]
+    assert usage["input_tokens"] > 0 and usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    assert usage["output_tokens"] == round(len(audio) / 2 / 24000 * 50)
+
+
+# ---- /inference_sft ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+def test_inference_sft_takes_form_fields_and_returns_raw_pcm(client: TestClient, method: str) -> None:
+    resp = client.request(method, "/inference_sft", data={"tts_text": TEXT, "spk_id": "中文男"})
+    assert resp.status_code == 200 and "rate=22050" in resp.headers["content-type"]
+    pcm = np.frombuffer(resp.content, dtype="<i2")
+    assert pcm.size > 22050 * 0.3 and np.abs(pcm).max() > 100
+    assert not resp.content.startswith(b"RIFF")
+
+
+# ---- errors ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "code", "param"),
+    [
+        ("/tts", {"text": "hi", "speaker": "nobody"}, 400, "unknown_speaker", "speaker"),
+        ("/tts", {"text": "hi", "format": "wma"}, 400, "unsupported_format", "format"),
+        ("/tts", {"text": "。。。"}, 400, "empty_text", "text"),
+        ("/tts", {"text": "a" * 301}, 413, "text_too_long", "text"),
+        ("/tts", {"text": "a\x07b"}, 400, "invalid_input", "text"),
+        ("/tts", {"text": "hi", "speed": 3}, 400, "invalid_input", "speed"),
+        ("/tts", {"text": "hi", "voice": "alloy"}, 400, "invalid_input", "voice"),
+        ("/v1/audio/speech", {"model": "tts-1", "input": "hi", "voice": "nobody"}, 400, "unknown_speaker", "voice"),
+        ("/v1/audio/speech", {"model": "tts-9", "input": "hi", "voice": "alloy"}, 404, "unknown_model", "model"),
+        ("/v1/audio/speech", {"model": "tts-1", "input": "", "voice": "alloy"}, 400, "empty_text", "input"),
+    ],
+)
+def test_errors_use_the_status_table_and_envelopes(
+    client: TestClient, path: str, body: dict[str, object], status: int, code: str, param: str
+) -> None:
+    resp = client.post(path, json=body)
+    assert resp.status_code == status, resp.text
+    err = error_of(resp)
+    assert (err["code"], err["param"]) == (code, param) and err["message"]
+    if path.startswith("/v1/"):
+        assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
+
+
+def test_unknown_spk_id_is_json_before_any_audio(client: TestClient) -> None:
+    resp = client.request("GET", "/inference_sft", data={"tts_text": "你好", "spk_id": "nobody"})
+    assert resp.status_code == 400 and error_of(resp)["param"] == "spk_id"
+
+
+def test_body_size_limit_answers_413_before_parsing(client: TestClient) -> None:
+    resp = client.post("/tts", content=b'{"text": "' + b"a" * 70_000 + b'"}', headers={"content-type": "application/json"})
+    assert resp.status_code == 413 and error_of(resp)["code"] == "text_too_long"
+
+
+# ---- metrics ----------------------------------------------------------------------------------
+
+
+def _metric(client: TestClient, name: str, labels: str = "") -> float:
+    prefix = f"{name}{{{labels}" if labels else name
+    total = 0.0
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(prefix) and (labels or line[len(name)] in " {"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_metrics_cover_requests_latency_rtf_queue_streams_cache_and_stages(client: TestClient) -> None:
+    client.post("/tts", json={"text": "指标。", "seed": 1})
+    client.post("/tts", json={"text": "hi", "speaker": "nobody"})
+    text = client.get("/metrics").text
+    assert _metric(client, "tts_requests_total", 'method="POST",route="/tts",status="200"') >= 1
+    assert _metric(client, "tts_requests_total", 'method="POST",route="/tts",status="400"') >= 1
+    assert _metric(client, "tts_first_chunk_seconds_count") >= 1 and _metric(client, "tts_rtf_count") >= 1
+    for stage in ("frontend", "queue", "llm", "flow", "hift", "encode"):
+        assert f'tts_stage_seconds_count{{stage="{stage}"}}' in text
+    for gauge in ("tts_queue_depth", "tts_jobs_running", "tts_active_streams", "tts_cache_hits_total", "tts_cache_misses_total"):
+        assert f"\n{gauge} " in text, gauge
+    assert _metric(client, "tts_audio_seconds_total") > 0

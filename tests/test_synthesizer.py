@@ -1,0 +1,214 @@
+"""Synthesizer facade on the tiny bundle: chunking per sentence, streaming order, seeds, cancel, validation."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.bundle import ModelBundle
+from service.engine.hift import HiFTNoise
+from service.engine.llm import LLMRunner
+from service.engine.sessions import RuntimeOptions, open_sessions
+from service.engine.streaming import ReplayNoise
+from service.engine.synthesizer import AudioChunk, SynthesisOptions, Synthesizer
+from service.errors import EmptyTextError, InvalidInputError, UnknownSpeakerError
+
+SENTENCES = [[15947, 1002, 13], [40, 716, 13]]  # "Hello world." and a second short sentence
+
+
+@pytest.fixture(scope="module")
+def bundle(tiny_bundle: Path) -> ModelBundle:
+    return ModelBundle.load(tiny_bundle)
+
+
+@pytest.fixture(scope="module")
+def sessions(bundle: ModelBundle) -> Mapping[str, Any]:
+    return open_sessions(bundle, RuntimeOptions(intra_op_threads=1))
+
+
+@pytest.fixture(scope="module")
+def synth(bundle: ModelBundle, sessions: Mapping[str, Any]) -> Synthesizer:
+    return Synthesizer(bundle, sessions)
+
+
+class CountingLLM:
+    """Wraps a token generator; records per sentence how many tokens were pulled and in which order."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.log: list[tuple[int, int]] = []  # (sentence number, tokens pulled so far)
+        self.counts: list[int] = []
+
+    def generate(self, text_ids: Sequence[int], embedding: np.ndarray, rng: np.random.Generator, **kw: Any) -> Iterator[int]:
+        self.counts.append(0)
+        index = len(self.counts) - 1
+        for tok in self.inner.generate(text_ids, embedding, rng, **kw):
+            self.counts[index] += 1
+            self.log.append((index, self.counts[index]))
+            yield tok
+
+
+class FakeLLM:
+    """Deterministic stand-in: `n` tokens per sentence drawn from the request's rng (or endless)."""
+
+    def __init__(self, n: int | None) -> None:
+        self.n = n
+
+    def generate(self, text_ids: Sequence[int], embedding: np.ndarray, rng: np.random.Generator, **kw: Any) -> Iterator[int]:
+        i = 0
+        while self.n is None or i < self.n:
+            cancel = kw.get("cancel")
+            if cancel is not None and cancel.is_set():
+                return
+            yield int(rng.integers(0, 4096))
+            i += 1
+
+
+def _audio(chunks: list[AudioChunk]) -> np.ndarray:
+    return np.concatenate([c.audio for c in chunks])
+
+
+def test_load_exposes_bundle_facts(tiny_bundle: Path, bundle: ModelBundle) -> None:
+    s = Synthesizer.load(tiny_bundle, RuntimeOptions(intra_op_threads=1))
+    assert s.sample_rate == bundle.constants.sample_rate == 22050
+    assert s.speakers == tuple(bundle.speakers) and "中文女" in s.speakers
+
+
+def test_non_stream_one_chunk_per_sentence(bundle: ModelBundle, sessions: Mapping[str, Any]) -> None:
+    llm = CountingLLM(LLMRunner(sessions, bundle.constants))
+    synth = Synthesizer(bundle, sessions, llm=llm)
+    chunks = list(synth.synthesize(SENTENCES, "中文女", SynthesisOptions(seed=1)))
+    c = bundle.constants
+    assert [ch.sentence_index for ch in chunks] == [0, 1]
+    assert [ch.is_final for ch in chunks] == [False, True]
+    for ch, n_tokens in zip(chunks, llm.counts, strict=True):
+        assert n_tokens >= c.min_token_text_ratio * 3
+        assert len(ch.audio) == c.mel_hop_samples * c.tokens_to_mel_frames(n_tokens)
+        assert ch.audio.dtype == np.float32 and np.abs(ch.audio).max() <= c.audio_limit
+        assert ch.timings.llm_s > 0 and ch.timings.flow_s > 0 and ch.timings.hift_s > 0
+
+
+def test_same_seed_same_audio(synth: Synthesizer) -> None:
+    for stream in (False, True):
+        opts = SynthesisOptions(seed=11, stream=stream)
+        a = _audio(list(synth.synthesize(SENTENCES[:1], "英文男", opts)))
+        b = _audio(list(synth.synthesize(SENTENCES[:1], "英文男", opts)))
+        np.testing.assert_array_equal(a, b)
+    c = _audio(list(synth.synthesize(SENTENCES[:1], "英文男", SynthesisOptions(seed=12))))
+    assert len(c) != len(a) or not np.array_equal(a, c)
+
+
+class TokenRecorder(CountingLLM):
+    """Also keeps the tokens of every sentence."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.tokens: list[list[int]] = []
+
+    def generate(self, text_ids: Sequence[int], embedding: np.ndarray, rng: np.random.Generator, **kw: Any) -> Iterator[int]:
+        self.tokens.append([])
+        for tok in super().generate(text_ids, embedding, rng, **kw):
+            self.tokens[-1].append(tok)
+            yield tok
+
+
+def test_stream_and_non_stream_share_tokens_and_vocoder_path_reproduces(bundle: ModelBundle, sessions: Mapping[str, Any]) -> None:
+    llm = TokenRecorder(LLMRunner(sessions, bundle.constants))
+    synth = Synthesizer(bundle, sessions, llm=llm)
+    for stream in (False, True):
+        opts = SynthesisOptions(seed=21, stream=stream)
+        audio = _audio(list(synth.synthesize(SENTENCES[:1], "日语男", opts)))
+        again = _audio(list(synth.synthesize_tokens(llm.tokens[-1], "日语男", opts)))
+        np.testing.assert_array_equal(audio, again)
+    assert llm.tokens[0] == llm.tokens[1]  # LLM randomness does not depend on the stream flag
+
+
+def test_stream_yields_first_chunk_before_last_sentence_starts(bundle: ModelBundle, sessions: Mapping[str, Any]) -> None:
+    llm = CountingLLM(FakeLLM(160))
+    synth = Synthesizer(bundle, sessions, llm=llm)
+    gen = synth.synthesize([[1], [2], [3]], "中文男", SynthesisOptions(stream=True, seed=0))
+    first = next(gen)
+    assert llm.counts == [50]  # first hop 30 + overlap 20; sentences 1 and 2 not started
+    assert first.sentence_index == 0 and not first.is_final and len(first.audio) > 0
+    rest = list(gen)
+    per_sentence = [sum(1 for ch in [first, *rest] if ch.sentence_index == i) for i in range(3)]
+    assert per_sentence == [3, 3, 3]  # token windows [0, 50), [30, 150), final [130, 160)
+    assert [ch.is_final for ch in rest].count(True) == 1 and rest[-1].is_final
+
+
+def test_stream_with_speed_falls_back_to_one_chunk_per_sentence(bundle: ModelBundle, sessions: Mapping[str, Any]) -> None:
+    synth = Synthesizer(bundle, sessions, llm=FakeLLM(130))
+    chunks = list(synth.synthesize([[1], [2]], "中文男", SynthesisOptions(stream=True, speed=1.25, seed=0)))
+    frames = bundle.constants.tokens_to_mel_frames(130)
+    assert [len(ch.audio) for ch in chunks] == [int(frames / 1.25) * 256] * 2
+
+
+def test_cancel_stops_within_a_chunk(bundle: ModelBundle, sessions: Mapping[str, Any]) -> None:
+    llm = CountingLLM(FakeLLM(None))  # would never stop on its own
+    synth = Synthesizer(bundle, sessions, llm=llm)
+    cancel = threading.Event()
+    got = []
+    for ch in synth.synthesize([[1], [2]], "中文女", SynthesisOptions(stream=True), cancel=cancel):
+        got.append(ch)
+        cancel.set()
+    assert len(got) == 1 and not got[0].is_final
+    assert llm.counts == [50]
+
+
+def test_validation_happens_before_any_work(bundle: ModelBundle, sessions: Mapping[str, Any]) -> None:
+    llm = CountingLLM(FakeLLM(10))
+    synth = Synthesizer(bundle, sessions, llm=llm)
+    with pytest.raises(UnknownSpeakerError):
+        synth.synthesize([[1]], "nobody")
+    with pytest.raises(EmptyTextError):
+        synth.synthesize([], "中文女")
+    with pytest.raises(EmptyTextError):
+        synth.synthesize([[1], []], "中文女")
+    with pytest.raises(InvalidInputError):
+        synth.synthesize([[1]], "中文女", SynthesisOptions(first_hop_tokens=bundle.constants.token_overlap_len))
+    with pytest.raises(InvalidInputError):
+        synth.synthesize([[1]], "中文女", SynthesisOptions(speed=0.0))
+    with pytest.raises(InvalidInputError):
+        synth.synthesize([[1]], "中文女", SynthesisOptions(n_timesteps=0))
+    with pytest.raises(InvalidInputError):
+        synth.synthesize([[1]], "中文女", SynthesisOptions(seed=-1))
+    with pytest.raises(InvalidInputError):
+        synth.synthesize_tokens([5000], "中文女")
+    assert llm.counts == []
+
+
+def test_synthesize_tokens_replays_official_stream(synth: Synthesizer, ref_dir: Path) -> None:
+    ref = np.load(ref_dir / "stream.npz")
+    n = int(ref["n_chunks"])
+    noise = ReplayNoise(
+        [ref[f"chunk{k}_flow_noise"][0] for k in range(n)],
+        [HiFTNoise(ref[f"chunk{k}_hift_phase_used"][0, :, 0], ref[f"chunk{k}_hift_sine_noise"][0]) for k in range(n)],
+    )
+    opts = SynthesisOptions(stream=True, first_hop_tokens=100)
+    chunks = list(synth.synthesize_tokens(ref["tokens"].tolist(), "中文男", opts, noise=noise))
+    assert [len(ch.audio) for ch in chunks] == ref["chunk_yield_samples"].tolist()
+    assert [ch.is_final for ch in chunks] == [False, False, True]
+    np.testing.assert_allclose(_audio(chunks), ref["audio"][0], atol=1e-4, rtol=0)
+
+
+def test_threads_share_one_synthesizer(synth: Synthesizer, ref_dir: Path) -> None:
+    tokens = np.load(ref_dir / "stream.npz")["tokens"][:90].tolist()
+    opts = SynthesisOptions(stream=True, seed=5)
+    expected = _audio(list(synth.synthesize_tokens(tokens, "粤语女", opts)))
+    results: dict[int, np.ndarray] = {}
+
+    def work(i: int) -> None:
+        results[i] = _audio(list(synth.synthesize_tokens(tokens, "粤语女", opts)))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(3):
+        np.testing.assert_allclose(results[i], expected, atol=1e-5, rtol=0)
