@@ -47,3 +47,6 @@ export: $(VENV)/.dev
 # The committed tiny bundle, reproduced bit for bit from the reference checkpoint.
 models/tiny: $(VENV)/.dev
 	$(BIN)/python export/export_onnx.py --model-dir $(REF)/tiny --out models/tiny --verify --tokenizer $(REF)/tiny/multilingual.tiktoken
+
+# Fragments: benchmarks (mk/bench.mk) and deployment/load tests (mk/deploy.mk).
+-include mk/*.mk

@@ -288,7 +288,8 @@ class DevToolsPage:
             if value:
                 return value
             time.sleep(0.1)
-        raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}; console: {self.console}")
+        page_text = self.eval("document.body.innerText")
+        raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}; page: {page_text!r}; console: {self.console}")
 
     def click(self, selector: str) -> None:
         """A real mouse click at the element's centre (counts as a user gesture, unlike element.click())."""
