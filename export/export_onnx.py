@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import resource
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -22,7 +23,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--model-dir", required=True, type=Path, help="official checkpoint directory")
     p.add_argument("--out", required=True, type=Path, help="bundle directory to write (replaced atomically)")
-    p.add_argument("--quantize", choices=["int8"], help="also write OUT-int8 with dynamic INT8 LLM/estimator weights")
+    p.add_argument(
+        "--quantize",
+        choices=["int8", "int4"],
+        action="append",
+        default=[],
+        help="also write OUT-int8 (dynamic INT8 LLM/flow weights) and/or OUT-int4 (4-bit LLM decode step); repeatable",
+    )
     p.add_argument("--random-init", action="store_true", help="seeded random weights from cosyvoice.yaml alone (benchmarks)")
     p.add_argument("--verify", action="store_true", help="check every graph against the torch modules in onnxruntime")
     p.add_argument("--tolerance", type=float, default=1e-4, help="max abs error allowed by --verify (default 1e-4)")
@@ -51,21 +58,46 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         verify=args.verify,
         tolerance=args.tolerance,
-        quantize=args.quantize,
+        quantize="int8" if "int8" in args.quantize else None,
         tokenizer=args.tokenizer,
     )
     try:
         report = run_export(opts)
+        int4_out = write_int4(args.out) if "int4" in args.quantize else None
     except (ExportError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     total = sum(report.sizes.values())
-    print(f"wrote {report.out} ({total / 1e6:.1f} MB of graphs)" + (f" and {report.int8_out}" if report.int8_out else ""))
+    extra = [str(p) for p in (report.int8_out, int4_out) if p]
+    print(f"wrote {report.out} ({total / 1e6:.1f} MB of graphs)" + (f" and {', '.join(extra)}" if extra else ""))
     for name, size in sorted(report.sizes.items()):
         print(f"  {name:<24} {size / 1e6:10.2f} MB")
     print(f"export took {report.seconds:.1f} s, peak RSS {peak_mb:.0f} MB")
     return 0
+
+
+def write_int4(fp32_out: Path) -> Path:
+    """Write OUT-int4 next to the fp32 bundle (atomically) and print the decode step's deviation from fp32."""
+    from export.bundle_writer import _staging_dir, publish
+    from export.quantize import step_deviation, write_quantized_bundle
+    from service.bundle import ModelBundle
+
+    manifest = ModelBundle.load(fp32_out).manifest
+    out = fp32_out.with_name(fp32_out.name + "-int4")
+    tmp = _staging_dir(out, "partial")
+    try:
+        write_quantized_bundle(fp32_out, tmp, manifest, "int4")
+        dev = step_deviation(fp32_out, tmp, manifest.constants)
+        publish(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    print(
+        f"int4 llm_step vs fp32 (deviation, not a failure): max |dlogp| {dev['logp_max_abs']:.3e}, "
+        f"mean {dev['logp_mean_abs']:.3e}, top-1 agreement {dev['top1_agreement']:.0%}"
+    )
+    return out
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Dynamic INT8 weights for the LLM and flow-estimator MatMuls, written as a second bundle."""
+"""Weight quantization of a finished fp32 bundle: dynamic INT8 MatMuls, or 4-bit MatMulNBits for the LLM decode step."""
 
 from __future__ import annotations
 
@@ -6,14 +6,27 @@ import logging
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
+import numpy as np
+import onnx
+import onnxruntime as ort
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from service.bundle import MANIFEST_NAME, Manifest, sha256_file
+from service.bundle import MANIFEST_NAME, Manifest, ModelConstants, sha256_file
 
-# Graphs whose weight MatMuls are quantized. HiFT, the flow encoder and the length regulator stay fp32:
-# they are small or convolution-bound, and the vocoder is the most precision-sensitive stage.
-INT8_GRAPHS = ("llm_encoder", "llm_step", "flow_estimator")
+Scheme = Literal["int8", "int4"]
+
+# Graphs whose weight MatMuls are quantized. HiFT and the length regulator stay fp32: they are small or
+# convolution-bound, and the vocoder is the most precision-sensitive stage. The flow encoder (6 conformer
+# blocks, 87 MB fp32) runs once per chunk; INT8 takes 100 MB off the resident set and halves its time.
+INT8_GRAPHS = ("llm_encoder", "llm_step", "flow_encoder", "flow_estimator")
+# The 4-bit scheme only changes the decode step: it is read once per token, so its weight bytes set the
+# batch-1 speed. The encoder and the estimator run GEMM-shaped (many rows), where MatMulNBits does not
+# beat dynamic INT8 on this CPU, so they keep INT8.
+INT4_GRAPHS = ("llm_step",)
+INT4_BLOCK_SIZE = 128  # fewer scales than 32 and faster here (docs/benchmarks.md)
+INT4_ACCURACY_LEVEL = 4  # int8 activations x int4 weights on VNNI; levels 0/1 compute in fp32 (2x slower)
 
 
 def quantize_graph(src: Path, dst: Path) -> None:
@@ -29,19 +42,107 @@ def quantize_graph(src: Path, dst: Path) -> None:
     )
 
 
-def write_int8_bundle(src_dir: Path, dst_dir: Path, manifest: Manifest) -> Manifest:
-    """Copy the fp32 bundle in `src_dir` to `dst_dir`, quantizing INT8_GRAPHS; returns the new manifest."""
+def quantize_graph_4bit(src: Path, dst: Path, block_size: int = INT4_BLOCK_SIZE) -> None:
+    """Symmetric blockwise 4-bit weights (MatMulNBits, round-to-nearest) for MatMuls with constant weights.
+
+    Needs the `onnx-ir` package (ORT's quantizer imports it). Attention MatMuls (two activations) stay fp32.
+    """
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+    quantizer = MatMulNBitsQuantizer(
+        onnx.load(str(src)),
+        bits=4,
+        block_size=block_size,
+        is_symmetric=True,
+        accuracy_level=INT4_ACCURACY_LEVEL,
+        op_types_to_quantize=("MatMul",),
+    )
+    quantizer.process()
+    quantizer.model.save_model_to_file(str(dst), False)
+
+
+def precision_plan(scheme: Scheme) -> dict[str, str]:
+    """Graph name -> precision it gets under `scheme` (graphs not listed are copied as fp32)."""
+    plan = dict.fromkeys(INT8_GRAPHS, "int8")
+    if scheme == "int4":
+        plan.update(dict.fromkeys(INT4_GRAPHS, "int4"))
+    return plan
+
+
+def write_quantized_bundle(src_dir: Path, dst_dir: Path, manifest: Manifest, scheme: Scheme) -> Manifest:
+    """Copy the fp32 bundle in `src_dir` to `dst_dir` with its weights quantized by `scheme`; returns the new manifest."""
     dst_dir.mkdir(parents=True, exist_ok=False)
+    plan = precision_plan(scheme)
     graphs = dict(manifest.graphs)
     for name, entry in manifest.graphs.items():
         src, dst = src_dir / entry.file, dst_dir / entry.file
-        if name in INT8_GRAPHS:
+        precision = plan.get(name)
+        if precision == "int4":
+            quantize_graph_4bit(src, dst)
+        elif precision == "int8":
             quantize_graph(src, dst)
-            graphs[name] = replace(entry, sha256=sha256_file(dst), precision="int8")
         else:
             shutil.copy2(src, dst)
+            continue
+        graphs[name] = replace(entry, sha256=sha256_file(dst), precision=precision)
     for name in manifest.files:
         shutil.copy2(src_dir / name, dst_dir / name)
-    new = replace(manifest, graphs=graphs, precision="int8", model=manifest.model + "-int8")
+    new = replace(manifest, graphs=graphs, precision=scheme, model=f"{manifest.model}-{scheme}")
     (dst_dir / MANIFEST_NAME).write_text(new.to_json(), encoding="utf-8")
     return new
+
+
+def write_int8_bundle(src_dir: Path, dst_dir: Path, manifest: Manifest) -> Manifest:
+    """Copy the fp32 bundle in `src_dir` to `dst_dir`, quantizing INT8_GRAPHS; returns the new manifest."""
+    return write_quantized_bundle(src_dir, dst_dir, manifest, "int8")
+
+
+def _step_session(path: Path) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 2
+    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+def _decode_logp(step: ort.InferenceSession, x: np.ndarray, pos: np.ndarray, c: ModelConstants) -> np.ndarray:
+    """Prefill x[:, :prefill] then one decode step per remaining row of x; log-prob rows (steps + 1, V)."""
+    nl = c.llm_num_layers
+    empty = np.zeros((1, c.llm_num_heads, 0, c.llm_head_dim), dtype=np.float32)
+    k_cache, v_cache = [empty] * nl, [empty] * nl
+    pos_feeds = {f"pos_{i}": pos[i] for i in range(nl)}
+    rows = []
+    prefill = x.shape[1] // 2
+    chunks = [x[:, :prefill]] + [x[:, t : t + 1] for t in range(prefill, x.shape[1])]
+    for chunk in chunks:
+        feeds = {"x": chunk, "past_len": np.array([k_cache[0].shape[2]], dtype=np.int64)} | pos_feeds
+        feeds |= {f"past_k_{i}": k_cache[i] for i in range(nl)} | {f"past_v_{i}": v_cache[i] for i in range(nl)}
+        logp, new_k, new_v = step.run(["logp", "new_k", "new_v"], feeds)
+        k_cache = [np.concatenate([k_cache[i], new_k[i]], axis=2) for i in range(nl)]
+        v_cache = [np.concatenate([v_cache[i], new_v[i]], axis=2) for i in range(nl)]
+        rows.append(logp[0])
+    return np.stack(rows)
+
+
+def step_deviation(
+    fp32_dir: Path, quant_dir: Path, constants: ModelConstants, *, tokens: int = 24, seed: int = 0
+) -> dict[str, float]:
+    """How far a quantized `llm_step` is from the fp32 one on the same inputs (a prefill, then `tokens` decode steps).
+
+    Inputs are the fp32 bundle's embeddings of random speech tokens. Returns the max and mean absolute
+    log-prob error and the share of steps whose most likely token is unchanged.
+    """
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, constants.speech_token_size, (1, 2 * tokens))
+    (x,) = _step_session(fp32_dir / "llm_embed.onnx").run(["x"], {"token": ids})
+    arg = np.arange(0, constants.llm_model_dim, 2, dtype=np.float32) * np.float32(-np.log(10000.0) / constants.llm_model_dim)
+    angle = np.arange(2 * tokens + 1, dtype=np.float32)[:, None] * np.exp(arg.astype(np.float64)).astype(np.float32)
+    pe = np.stack([np.sin(angle), np.cos(angle)], axis=-1).reshape(angle.shape[0], -1).astype(np.float32)
+    (pos,) = _step_session(fp32_dir / "llm_pos.onnx").run(["pos"], {"pe": pe})
+    want = _decode_logp(_step_session(fp32_dir / "llm_step.onnx"), x, pos, constants)
+    got = _decode_logp(_step_session(quant_dir / "llm_step.onnx"), x, pos, constants)
+    err = np.abs(got - want)
+    return {
+        "logp_max_abs": float(err.max()),
+        "logp_mean_abs": float(err.mean()),
+        "top1_agreement": float(np.mean(got.argmax(-1) == want.argmax(-1))),
+    }

@@ -1,4 +1,9 @@
-"""Benchmark: one request through the engine (forced token count), per-stage seconds, RTF, first-chunk latency."""
+"""Benchmark the engine in-process: single-stream RTF and stage times, first-chunk latency, concurrent streams.
+
+Random-init weights never emit EOS, so every request is forced to a fixed number of speech tokens
+(`ForcedLength`). Each mode prints one JSON object; `loadtest/bench.py` runs every mode in its own process
+so that peak RSS is per configuration.
+"""
 
 from __future__ import annotations
 
@@ -9,27 +14,33 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.bundle import ModelBundle
-from service.engine.llm import LLMRunner
-from service.engine.sessions import RuntimeOptions, open_sessions
-from service.engine.synthesizer import SynthesisOptions, Synthesizer
+from service.engine.sessions import RuntimeOptions
+from service.engine.synthesizer import SynthesisOptions, Synthesizer, TokenGenerator
 from service.frontend import TextFrontend
 
-# A realistic prompt: one normalized sentence of ordinary Chinese text (about 50 text tokens).
-PROMPT_TEXT = "2024年3月15日，我们在北京发布了新版本，售价99.5元，支持一百种语言。"
+# One normalized sentence of ordinary Chinese text (48 text tokens), for the 250-token single-stream runs.
+LONG_TEXT = "2024年3月15日，我们在北京发布了新版本，售价99.5元，支持一百种语言。"
+# ~15 characters (18 text tokens): latency and concurrency runs, forced to SHORT_TOKENS (4.0 s of speech,
+# about what a speaker needs for 18 Chinese characters).
+SHORT_TEXT = "今天天气很好，我们一起去公园散步吧。"
+SHORT_TOKENS = 200
+SPEAKER_INDEX = 0
 
 
 class ForcedLength:
-    """Wraps an LLMRunner so every sentence yields exactly `n` sampled tokens (EOS masked until then)."""
+    """Wraps a TokenGenerator so every sentence yields exactly `n` sampled tokens (EOS masked until then)."""
 
-    def __init__(self, runner: LLMRunner, n: int) -> None:
-        self.runner, self.n = runner, n
+    def __init__(self, inner: TokenGenerator, n: int) -> None:
+        self.inner, self.n = inner, n
 
     def generate(
         self,
@@ -41,78 +52,205 @@ class ForcedLength:
         max_tokens: int | None = None,
         cancel: threading.Event | None = None,
     ) -> Iterator[int]:
-        return self.runner.generate(text_ids, embedding, rng, min_tokens=self.n, max_tokens=self.n, cancel=cancel)
+        return self.inner.generate(text_ids, embedding, rng, min_tokens=self.n, max_tokens=self.n, cancel=cancel)
 
 
-def run_once(synth: Synthesizer, ids: list[int], options: SynthesisOptions) -> dict[str, float]:
-    """Wall time, per-stage seconds, audio seconds and first-chunk latency of one request."""
-    t0 = time.perf_counter()
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process (VmHWM), MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
+    return RuntimeOptions(
+        intra_op_threads=args.threads,
+        llm_threads=args.llm_threads,
+        acoustic_threads=args.acoustic_threads,
+        max_batch=args.max_batch,
+        acoustic_slots=args.acoustic_slots,
+        acoustic_nice=args.acoustic_nice,
+        allow_spinning=args.spinning,
+    )
+
+
+def load(bundle_dir: Path, runtime: RuntimeOptions, tokens: int) -> tuple[Synthesizer, TextFrontend]:
+    synth = Synthesizer.load(bundle_dir, runtime)
+    synth.llm = ForcedLength(synth.llm, tokens)
+    return synth, TextFrontend.load(ModelBundle.load(bundle_dir).tokenizer_path)
+
+
+def text_ids(frontend: TextFrontend, text: str) -> list[int]:
+    return [i for s in frontend.sentences(text) for i in s.ids]
+
+
+@dataclass
+class Run:
+    """One request: wall seconds, audio seconds, first-chunk latency and the stage seconds it reported."""
+
+    wall_s: float
+    audio_s: float
+    first_chunk_s: float
+    llm_s: float
+    flow_s: float
+    hift_s: float
+    failed: bool = False
+
+    @property
+    def rtf(self) -> float:
+        return self.wall_s / self.audio_s if self.audio_s else float("inf")
+
+
+def run_once(synth: Synthesizer, ids: list[int], options: SynthesisOptions, start: float | None = None) -> Run:
+    """One request through the engine (the caller's thread pulls the chunks, as a service worker does)."""
+    t0 = time.perf_counter() if start is None else start
     first = None
     llm = flow = hift = 0.0
     samples = 0
-    for chunk in synth.synthesize([ids], "中文女", options):
-        first = first if first is not None else time.perf_counter() - t0
-        llm, flow, hift = llm + chunk.timings.llm_s, flow + chunk.timings.flow_s, hift + chunk.timings.hift_s
-        samples += chunk.audio.size
+    try:
+        for chunk in synth.synthesize([ids], synth.speakers[SPEAKER_INDEX], options):
+            if first is None and chunk.audio.size:
+                first = time.perf_counter() - t0
+            llm, flow, hift = llm + chunk.timings.llm_s, flow + chunk.timings.flow_s, hift + chunk.timings.hift_s
+            samples += chunk.audio.size
+    except Exception as e:  # counted as a failure, the benchmark goes on
+        print(f"request failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return Run(time.perf_counter() - t0, 0.0, float("nan"), llm, flow, hift, failed=True)
     wall = time.perf_counter() - t0
-    audio_s = samples / synth.sample_rate
+    return Run(wall, samples / synth.sample_rate, first if first is not None else wall, llm, flow, hift)
+
+
+def summarize(runs: list[Run]) -> dict[str, Any]:
+    """Median and min/max of every field, plus RTF."""
+    rows = [asdict(r) | {"rtf": r.rtf} for r in runs if not r.failed]
+    keys = [k for k in rows[0] if k != "failed"] if rows else []
     return {
+        "median": {k: statistics.median(r[k] for r in rows) for k in keys},
+        "min_max": {k: [min(r[k] for r in rows), max(r[k] for r in rows)] for k in keys},
+        "runs": rows,
+        "failures": sum(r.failed for r in runs),
+    }
+
+
+def mode_single(synth: Synthesizer, ids: list[int], args: argparse.Namespace) -> dict[str, Any]:
+    """Non-streamed requests one after another: RTF and per-stage seconds."""
+    options = SynthesisOptions(seed=0, n_timesteps=args.n_timesteps)
+    run_once(synth, ids[:8], SynthesisOptions(seed=0, n_timesteps=1))  # warm-up: arena, prepacking, position table
+    return summarize([run_once(synth, ids, options) for _ in range(args.reps)])
+
+
+def mode_latency(synth: Synthesizer, ids: list[int], args: argparse.Namespace) -> dict[str, Any]:
+    """Streamed requests one after another at concurrency 1: first-chunk latency."""
+    options = SynthesisOptions(seed=0, stream=True, n_timesteps=args.n_timesteps)
+    run_once(synth, ids, SynthesisOptions(seed=0, stream=True, n_timesteps=1))
+    return summarize([run_once(synth, ids, options) for _ in range(args.reps)])
+
+
+def closed_loop(n_clients: int, per_client: int, request: Any) -> tuple[list[Run], float]:
+    """`n_clients` threads each send `per_client` requests back to back; returns the runs and the wall seconds."""
+    runs: list[Run] = []
+    lock = threading.Lock()
+
+    def client(k: int) -> None:
+        for i in range(per_client):
+            r = request(k * per_client + i)
+            with lock:
+                runs.append(r)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(n_clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return runs, time.perf_counter() - t0
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def load_summary(n_clients: int, runs: list[Run], wall: float) -> dict[str, Any]:
+    """First-chunk p50/p95, aggregate audio seconds per wall second and failures of one concurrency level."""
+    ok = [r for r in runs if not r.failed]
+    firsts = [r.first_chunk_s for r in ok]
+    return {
+        "clients": n_clients,
+        "requests": len(runs),
+        "failures": len(runs) - len(ok),
         "wall_s": wall,
-        "audio_s": audio_s,
-        "rtf": wall / audio_s,
-        "first_chunk_s": first or wall,
-        "llm_s": llm,
-        "flow_s": flow,
-        "hift_s": hift,
+        "audio_s": sum(r.audio_s for r in ok),
+        "audio_per_wall": sum(r.audio_s for r in ok) / wall,
+        "first_chunk_p50_s": percentile(firsts, 50),
+        "first_chunk_p95_s": percentile(firsts, 95),
+        "rtf_p50": percentile([r.rtf for r in ok], 50),
     }
 
 
-def bench_bundle(path: Path, tokens: int, threads: int, reps: int, stream: bool, n_timesteps: int | None) -> dict:
-    bundle = ModelBundle.load(path)
-    sessions = open_sessions(bundle, RuntimeOptions(intra_op_threads=threads))
-    synth = Synthesizer(bundle, sessions, llm=ForcedLength(LLMRunner(sessions, bundle.constants), tokens))
-    options = SynthesisOptions(seed=0, stream=stream, n_timesteps=n_timesteps)
-    ids = [i for s in TextFrontend.load(bundle.tokenizer_path).sentences(PROMPT_TEXT) for i in s.ids]
-    run_once(Synthesizer(bundle, sessions, llm=ForcedLength(LLMRunner(sessions, bundle.constants), 30)), ids, options)
-    runs = [run_once(synth, ids, options) for _ in range(reps)]
-    summary = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    spread = {k: [min(r[k] for r in runs), max(r[k] for r in runs)] for k in runs[0]}
-    return {
-        "bundle": str(path),
-        "precision": bundle.manifest.precision,
-        "tokens": tokens,
-        "text_tokens": len(ids),
-        "threads": threads,
-        "stream": stream,
-        "n_timesteps": n_timesteps or bundle.constants.n_timesteps,
-        "median": summary,
-        "min_max": spread,
-        "runs": runs,
-    }
+def mode_concurrency(synth: Synthesizer, ids: list[int], args: argparse.Namespace) -> dict[str, Any]:
+    """Streamed requests from 1, 2, 4, 8 closed-loop clients (each in its own thread, like service workers)."""
+    run_once(synth, ids, SynthesisOptions(seed=0, stream=True, n_timesteps=1))
+    levels = []
+    for n in args.levels:
+
+        def request(seed: int) -> Run:
+            return run_once(synth, ids, SynthesisOptions(seed=seed, stream=True, n_timesteps=args.n_timesteps))
+
+        runs, wall = closed_loop(n, args.per_client, request)
+        levels.append(load_summary(n, runs, wall))
+        print(json.dumps(levels[-1]), file=sys.stderr, flush=True)
+    return {"levels": levels}
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("bundles", nargs="+", type=Path)
-    p.add_argument("--tokens", type=int, default=250)
-    p.add_argument("--threads", type=int, default=2)
+MODES = {"single": mode_single, "latency": mode_latency, "concurrency": mode_concurrency}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("mode", choices=sorted(MODES))
+    p.add_argument("bundle", type=Path)
+    p.add_argument("--text", choices=["long", "short"], default="long")
+    p.add_argument("--tokens", type=int, default=250, help="speech tokens forced per request")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--stream", action="store_true", help="streaming mode (first-chunk latency is meaningful)")
     p.add_argument("--n-timesteps", type=int)
-    p.add_argument("--json", type=Path)
-    args = p.parse_args()
-    results = [bench_bundle(b, args.tokens, args.threads, args.reps, args.stream, args.n_timesteps) for b in args.bundles]
-    base = results[0]["median"]["rtf"]
-    print(f"{'bundle':<34} {'RTF':>6} {'vs 1st':>7} {'LLM s':>7} {'ms/tok':>7} {'flow s':>7} {'HiFT s':>7} {'1st chunk s':>11}")
-    for r in results:
-        m = r["median"]
-        print(
-            f"{Path(r['bundle']).name:<34} {m['rtf']:6.2f} {base / m['rtf']:6.2f}x {m['llm_s']:7.2f} "
-            f"{1e3 * m['llm_s'] / r['tokens']:7.1f} {m['flow_s']:7.2f} {m['hift_s']:7.2f} {m['first_chunk_s']:11.2f}"
-        )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    p.add_argument("--levels", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--per-client", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--llm-threads", type=int)
+    p.add_argument("--acoustic-threads", type=int)
+    p.add_argument("--max-batch", type=int, default=16)
+    p.add_argument("--acoustic-slots", type=int, default=1)
+    p.add_argument("--acoustic-nice", type=int, default=0)
+    p.add_argument("--spinning", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    t0 = time.perf_counter()
+    synth, frontend = load(args.bundle, runtime_options(args), args.tokens)
+    load_s = time.perf_counter() - t0
+    rss_loaded = peak_rss_mb()
+    ids = text_ids(frontend, LONG_TEXT if args.text == "long" else SHORT_TEXT)
+    try:
+        result = MODES[args.mode](synth, ids, args)
+    finally:
+        synth.close()
+    manifest = ModelBundle.load(args.bundle).manifest
+    result |= {
+        "mode": args.mode,
+        "bundle": str(args.bundle),
+        "precision": manifest.precision,
+        "tokens": args.tokens,
+        "text_tokens": len(ids),
+        "n_timesteps": args.n_timesteps or manifest.constants.n_timesteps,
+        "runtime": asdict(runtime_options(args)),
+        "load_s": load_s,
+        "rss_after_load_mb": rss_loaded,
+        "peak_rss_mb": peak_rss_mb(),
+    }
+    print(json.dumps(result))
     return 0
 
 

@@ -39,14 +39,7 @@ _BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"), ("min_length", 
 def _bounds(info: FieldInfo) -> str:
     parts = []
     for meta in info.metadata:
-        for attr, sign in (
-            ("ge", ">="),
-            ("gt", ">"),
-            ("le", "<="),
-            ("lt", "<"),
-            ("min_length", "len >="),
-            ("max_length", "len <="),
-        ):
+        for attr, sign in _BOUNDS:
             value = getattr(meta, attr, None)
             if value is not None:
                 parts.append(f"{sign} {value:,}" if isinstance(value, int) else f"{sign} {value}")
@@ -64,5 +57,19 @@ def settings_table() -> str:
     return "\n".join(rows)
 
 
+START, END = "<!-- settings-table:start -->", "<!-- settings-table:end -->"
+
+
+def with_table(readme: str) -> str:
+    """README text with the generated table placed between the settings-table markers."""
+    head, rest = readme.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{settings_table()}\n{END}{tail}"
+
+
 if __name__ == "__main__":
-    print(settings_table())
+    if sys.argv[1:2] == ["--write"]:
+        path = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("README.md")
+        path.write_text(with_table(path.read_text(encoding="utf-8")), encoding="utf-8")
+    else:
+        print(settings_table())

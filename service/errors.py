@@ -21,6 +21,7 @@ class ErrorCode(StrEnum):
     OVERLOADED = "overloaded"
     SHUTTING_DOWN = "shutting_down"
     NOT_READY = "not_ready"
+    STORE_UNAVAILABLE = "store_unavailable"
     BUNDLE_INVALID = "bundle_invalid"
     ENGINE_FAILURE = "engine_failure"
 
@@ -94,6 +95,16 @@ class ShuttingDownError(TTSError):
 
 class NotReadyError(TTSError):
     code = ErrorCode.NOT_READY
+
+
+class StoreUnavailableError(TTSError):
+    """A shared store (Redis) cannot take a write now; the caller may retry after `retry_after_s`."""
+
+    code = ErrorCode.STORE_UNAVAILABLE
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class BundleError(TTSError):

@@ -38,6 +38,27 @@ class Settings(BaseSettings):
         default=2, ge=1, le=64, description="ONNX Runtime intra-op threads per session; keep workers x this <= cores."
     )
     inter_op_threads: int = Field(default=1, ge=1, le=64, description="ONNX Runtime inter-op threads per session.")
+    llm_threads: int | None = Field(
+        default=None, ge=1, le=64, description="Intra-op threads of the LLM sessions; empty = TTS_INTRA_OP_THREADS."
+    )
+    acoustic_threads: int | None = Field(
+        default=None, ge=1, le=64, description="Intra-op threads of the flow/HiFT sessions; empty = TTS_INTRA_OP_THREADS."
+    )
+    max_batch: int = Field(
+        default=16,
+        ge=0,
+        le=256,
+        description="Requests decoded together by the LLM scheduler thread (continuous batching); 0 = each worker decodes alone.",
+    )
+    acoustic_slots: int = Field(
+        default=1, ge=0, le=64, description="Flow/HiFT calls allowed at once (earliest deadline first); 0 = unlimited."
+    )
+    acoustic_nice: int = Field(
+        default=0, ge=0, le=19, description="OS niceness of flow/HiFT threads so LLM steps never wait behind them; 0 = off."
+    )
+    ort_spinning: bool = Field(
+        default=False, description="Let idle ONNX Runtime threads spin (only worth it when one graph owns the cores)."
+    )
     n_timesteps: int | None = Field(
         default=None, ge=1, le=50, description="Flow-matching Euler steps; empty = the bundle's value."
     )
@@ -49,7 +70,13 @@ class Settings(BaseSettings):
     )
 
     # concurrency and limits
-    workers: int = Field(default=1, ge=1, le=64, description="Synthesis worker threads (requests synthesized at the same time).")
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Synthesis worker threads (requests synthesized at the same time). With TTS_MAX_BATCH > 0 they share "
+        "one LLM thread and TTS_ACOUSTIC_SLOTS flow/HiFT slots, so more workers than cores is fine.",
+    )
     queue_max: int = Field(
         default=8, ge=0, le=1024, description="Requests allowed to wait for a worker; beyond this: 503 at once."
     )
@@ -78,6 +105,10 @@ class Settings(BaseSettings):
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(
         default_factory=list, description="Comma-separated API keys (8+ characters each); empty = no authentication."
     )
+    admin_api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated admin keys (8+ characters each); lexicon writes need one when any key is configured.",
+    )
     rate_limit_per_minute: int = Field(
         default=120, ge=0, le=1_000_000, description="Synthesis requests per minute per API key, else per client IP; 0 = off."
     )
@@ -88,12 +119,12 @@ class Settings(BaseSettings):
         default_factory=list, description="Comma-separated origins allowed by CORS; empty = same origin only."
     )
 
-    @field_validator("api_keys", "trusted_proxies", "cors_allow_origins", mode="before")
+    @field_validator("api_keys", "admin_api_keys", "trusted_proxies", "cors_allow_origins", mode="before")
     @classmethod
     def _csv(cls, value: object) -> object:
         return _split_csv(value)
 
-    @field_validator("api_keys")
+    @field_validator("api_keys", "admin_api_keys")
     @classmethod
     def _keys_not_blank(cls, value: list[SecretStr]) -> list[SecretStr]:
         if any(len(k.get_secret_value()) < 8 for k in value):
@@ -112,9 +143,9 @@ class Settings(BaseSettings):
     def _empty_is_none(cls, value: object) -> object:
         return None if value == "" else value
 
-    @field_validator("n_timesteps", mode="before")
+    @field_validator("n_timesteps", "llm_threads", "acoustic_threads", mode="before")
     @classmethod
-    def _empty_timesteps(cls, value: object) -> object:
+    def _empty_is_default(cls, value: object) -> object:
         return None if value == "" else value
 
     @field_validator("openai_pcm_sample_rate_hz", mode="before")

@@ -38,6 +38,11 @@ _ALLOWED_CONTROLS = frozenset("\t\n\r")
 class Frontend(Protocol):
     def sentences(self, text: str) -> list[Sentence]: ...
 
+    @property
+    def lexicon_version(self) -> str:
+        """Changes whenever pronunciation lexicon entries change (part of the audio cache key)."""
+        ...
+
 
 class Engine(Protocol):
     """What the service needs from service.engine.synthesizer.Synthesizer."""
@@ -265,10 +270,12 @@ class TTSService:
     def prepare(self, request: SpeechRequest) -> PreparedSpeech:
         """Check text and speaker, run the frontend, compute the cache key (no engine work)."""
         started = time.monotonic()
-        _check_text(request)
+        check_text(request.text, request.max_chars, request.text_param)
         if request.speaker not in self.engine.speakers:
             known = ", ".join(self.engine.speakers)
             raise UnknownSpeakerError(f"unknown speaker {request.speaker!r}; known: {known}", param=request.speaker_param)
+        # read before the frontend runs: a lexicon write in between can only make the key older, never newer
+        lexicon_version = self.frontend.lexicon_version
         sentences = self._sentences(request)
         rate = output_sample_rate(request.fmt, self.sample_rate, request.pcm_rate_hz)
         # the "format" of the key names everything besides the audio parameters that changes the bytes
@@ -281,6 +288,7 @@ class TTSService:
             fmt=f"{variant};n_timesteps={self.n_timesteps}",
             sample_rate=rate,
             seed=request.seed,
+            lexicon_version=lexicon_version,
         )
         mtype = media_type(request.fmt, rate)
         return PreparedSpeech(request, tuple(sentences), key, rate, mtype, started, time.monotonic() - started)
@@ -311,6 +319,9 @@ class TTSService:
         for job in jobs:
             job.cancel()
         self._pool.shutdown(wait=True, cancel_futures=False)
+        close_engine = getattr(self.engine, "close", None)  # stops the engine's scheduler thread, if it has one
+        if callable(close_engine):
+            close_engine()
 
     def _sentences(self, request: SpeechRequest) -> list[Sentence]:
         try:
@@ -423,16 +434,14 @@ def _join(audio: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(audio).astype(np.float32) if audio else np.zeros(0, dtype=np.float32)
 
 
-def _check_text(request: SpeechRequest) -> None:
-    """Reject over-long text and characters no text should hold (C0/C1 controls, lone surrogates)."""
-    text = request.text
-    if len(text) > request.max_chars:
-        raise TextTooLongError(f"text has {len(text)} characters; the limit is {request.max_chars}", param=request.text_param)
+def check_text(text: str, max_chars: int, param: str) -> None:
+    """Reject over-long text (TextTooLongError) and characters no text should hold: C0/C1 controls, lone
+    surrogates (InvalidInputError). `param` names the request field in the error."""
+    if len(text) > max_chars:
+        raise TextTooLongError(f"text has {len(text)} characters; the limit is {max_chars}", param=param)
     for i, ch in enumerate(text):
         if ch in _ALLOWED_CONTROLS:
             continue
         category = unicodedata.category(ch)
         if category in ("Cc", "Cs"):
-            raise InvalidInputError(
-                f"text holds a disallowed character U+{ord(ch):04X} at position {i}", param=request.text_param
-            )
+            raise InvalidInputError(f"text holds a disallowed character U+{ord(ch):04X} at position {i}", param=param)

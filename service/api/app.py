@@ -18,10 +18,10 @@ from service.api.deps import AppState
 from service.api.errors import install_error_handlers
 from service.api.metrics import Metrics, RequestMetricsMiddleware
 from service.api.ratelimit import ClientIdentity, RateLimit
-from service.api.routes import openai, ops, speech
+from service.api.routes import lexicon, openai, ops, speech
 from service.api.routes.ops import STATIC_DIR
 from service.bundle import ModelBundle
-from service.cache import build_audio_cache
+from service.cache import RedisLexiconStore, build_audio_cache
 from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import Synthesizer
 from service.errors import BundleError
@@ -47,7 +47,7 @@ def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader 
     settings = settings or Settings()
     for name in unknown_env_vars(os.environ):
         log.warning("ignoring unknown setting %s (not a TTS_* setting; see the README settings table)", name)
-    keys = ApiKeys([k.get_secret_value() for k in settings.api_keys])
+    keys = ApiKeys([k.get_secret_value() for k in settings.api_keys], [k.get_secret_value() for k in settings.admin_api_keys])
     redis_url = settings.redis_url.get_secret_value() if settings.redis_url else None
     rate_limit = RateLimit(settings.rate_limit_per_minute, ClientIdentity(settings.trusted_proxies, keys.enabled), redis_url)
     state = AppState(settings=settings, metrics=Metrics(), keys=keys, rate_limit=rate_limit)
@@ -75,10 +75,24 @@ def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader 
             CORSMiddleware, allow_origins=settings.cors_allow_origins, allow_methods=["GET", "POST"], allow_headers=["*"]
         )
     app.add_middleware(RequestMetricsMiddleware, metrics=lambda: state.metrics)
-    for router in (speech.router, openai.router, ops.router):
+    for router in (speech.router, openai.router, lexicon.router, ops.router):
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static")
     return app
+
+
+def runtime_options(s: Settings) -> RuntimeOptions:
+    """The engine's ONNX Runtime and stage-scheduling options from the settings."""
+    return RuntimeOptions(
+        intra_op_threads=s.intra_op_threads,
+        inter_op_threads=s.inter_op_threads,
+        llm_threads=s.llm_threads,
+        acoustic_threads=s.acoustic_threads,
+        allow_spinning=s.ort_spinning,
+        max_batch=s.max_batch,
+        acoustic_slots=s.acoustic_slots,
+        acoustic_nice=s.acoustic_nice,
+    )
 
 
 def _load(state: AppState, engine_loader: EngineLoader) -> None:
@@ -87,9 +101,11 @@ def _load(state: AppState, engine_loader: EngineLoader) -> None:
     bundle = ModelBundle.load(s.model_dir, verify_hashes=s.verify_bundle_hashes)
     if s.default_speaker not in bundle.speakers:
         raise BundleError(f"TTS_DEFAULT_SPEAKER {s.default_speaker!r} is not in the bundle; it has {', '.join(bundle.speakers)}")
-    frontend = TextFrontend.load(bundle.tokenizer_path)
-    engine = engine_loader(bundle, RuntimeOptions(intra_op_threads=s.intra_op_threads, inter_op_threads=s.inter_op_threads))
     redis_url = s.redis_url.get_secret_value() if s.redis_url else None
+    # lexicon entries live in Redis (shared by replicas) when it is configured, else in this process
+    state.lexicon_store = RedisLexiconStore(redis_url) if redis_url else None
+    frontend = TextFrontend.load(bundle.tokenizer_path, lexicon_store=state.lexicon_store)
+    engine = engine_loader(bundle, runtime_options(s))
     cache = build_audio_cache(redis_url, s.cache_max_bytes, s.cache_ttl_s)
     state.metrics.watch_cache(cache.stats)
     service = TTSService(
@@ -112,6 +128,7 @@ def _load(state: AppState, engine_loader: EngineLoader) -> None:
         cache.backend,
     )
     state.bundle, state.normalizer, state.service = bundle, frontend.normalizer_info, service
+    state.frontend = frontend
 
 
 async def _unload(state: AppState) -> None:
@@ -120,3 +137,5 @@ async def _unload(state: AppState) -> None:
     if service is not None:
         await anyio.to_thread.run_sync(service.close)
         service.cache.close()
+    if state.lexicon_store is not None:
+        state.lexicon_store.close()

@@ -1,4 +1,4 @@
-"""Optional API keys: Bearer on /v1/*, Bearer or X-API-Key elsewhere; 401 without a valid one."""
+"""Optional API keys: Bearer on /v1/*, Bearer or X-API-Key elsewhere; 401 without a valid one, 403 for admin-only work."""
 
 from __future__ import annotations
 
@@ -10,23 +10,44 @@ from starlette.requests import Request
 
 from service.api.errors import OPENAI_PREFIX
 from service.api.ratelimit import presented_key
-from service.errors import UnauthorizedError
+from service.errors import ForbiddenError, UnauthorizedError
 
 
 class ApiKeys:
-    """The configured keys (kept only as sha256 digests); an empty set turns authentication off."""
+    """The configured keys (kept only as sha256 digests); no user keys turns authentication off.
 
-    def __init__(self, keys: Sequence[str]) -> None:
-        self._digests = tuple(_digest(k) for k in keys)
+    Admin keys are accepted wherever a key is, and are the only keys `check_admin` accepts; admin checks
+    apply as soon as either list is non-empty.
+    """
+
+    def __init__(self, keys: Sequence[str], admin_keys: Sequence[str] = ()) -> None:
+        self._users = tuple(_digest(k) for k in keys)
+        self._admins = tuple(_digest(k) for k in admin_keys)
+        self._digests = self._users + self._admins
 
     @property
     def enabled(self) -> bool:
-        return bool(self._digests)
+        return bool(self._users)
 
     def check(self, request: Request) -> None:
         """Raise UnauthorizedError unless the request carries a configured key in an accepted header."""
-        if not self.enabled:
+        if self.enabled and not _matches(self._presented(request), self._digests):
+            raise UnauthorizedError("the API key is not valid")
+
+    def check_admin(self, request: Request) -> None:
+        """Raise UnauthorizedError without a known key, ForbiddenError for a valid non-admin key (no-op with no keys)."""
+        if not self._digests:
             return
+        digest = self._presented(request)
+        if _matches(digest, self._admins):
+            return
+        if _matches(digest, self._users):
+            raise ForbiddenError("this operation needs an admin API key (TTS_ADMIN_API_KEYS)")
+        raise UnauthorizedError("the API key is not valid")
+
+    @staticmethod
+    def _presented(request: Request) -> bytes:
+        """sha256 of the key in the accepted header; UnauthorizedError when there is none."""
         if request.url.path.startswith(OPENAI_PREFIX):
             key = _bearer(request)
             where = "an `Authorization: Bearer <key>` header"
@@ -35,11 +56,12 @@ class ApiKeys:
             where = "an `Authorization: Bearer <key>` or `X-API-Key: <key>` header"
         if not key:
             raise UnauthorizedError(f"an API key is required: send {where}")
-        digest = _digest(key)
-        # compare against every key so the time taken does not reveal which one matched
-        matches = [hmac.compare_digest(digest, d) for d in self._digests]
-        if not any(matches):
-            raise UnauthorizedError("the API key is not valid")
+        return _digest(key)
+
+
+def _matches(digest: bytes, digests: tuple[bytes, ...]) -> bool:
+    # compare against every key so the time taken does not reveal which one matched
+    return any([hmac.compare_digest(digest, d) for d in digests])
 
 
 def _bearer(request: Request) -> str | None:

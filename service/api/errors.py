@@ -15,6 +15,7 @@ from service.errors import (
     InvalidInputError,
     OverloadedError,
     RateLimitedError,
+    StoreUnavailableError,
     TTSError,
     UnauthorizedError,
 )
@@ -38,6 +39,7 @@ STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.OVERLOADED: (503, "server_error"),
     ErrorCode.SHUTTING_DOWN: (503, "server_error"),
     ErrorCode.NOT_READY: (503, "server_error"),
+    ErrorCode.STORE_UNAVAILABLE: (503, "server_error"),
     ErrorCode.BUNDLE_INVALID: (500, "server_error"),
     ErrorCode.ENGINE_FAILURE: (500, "server_error"),
 }
@@ -73,7 +75,7 @@ def error_body(path: str, code: ErrorCode, message: str, param: str | None = Non
 def error_headers(error: TTSError) -> dict[str, str]:
     """Retry-After on 429/503, WWW-Authenticate on 401."""
     headers: dict[str, str] = {}
-    if isinstance(error, (OverloadedError, RateLimitedError)):
+    if isinstance(error, (OverloadedError, RateLimitedError, StoreUnavailableError)):
         headers["Retry-After"] = str(error.retry_after_s)
     elif error.code in (ErrorCode.SHUTTING_DOWN, ErrorCode.NOT_READY):
         headers["Retry-After"] = "5"
@@ -99,7 +101,7 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
     assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
     first = errors[0] if errors else {}
-    loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "form")]
+    loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "form", "path")]
     param = ".".join(loc) or None
     detail = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}" for e in errors[:5])
     return error_response(request.url.path, InvalidInputError(f"invalid request: {detail}", param=param))

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from service.audio import AudioFormat
+from service.frontend.lexicon import MAX_WORD_CHARS
 
 FORMATS = [f.value for f in AudioFormat]
 _FORMAT_ENUM: dict[str, JsonValue] = {"enum": list[JsonValue](FORMATS)}
@@ -117,3 +118,90 @@ class ServiceInfo(BaseModel):
     openai_pcm_sample_rate_hz: int
     max_chars: int
     normalizer: dict[str, str]
+
+
+MAX_LEXICON_PINYIN_CHARS = 8 * MAX_WORD_CHARS  # the longest syllable (`zhuang1`) plus a separator, per character
+
+
+class LexiconEntry(BaseModel):
+    """One effective pronunciation: a built-in default or an operator entry (which overrides a default)."""
+
+    word: str = Field(description=f"1 to {MAX_WORD_CHARS} Chinese characters.")
+    pinyin: str = Field(description="Tone-numbered pinyin (tones 1-5, 5 = neutral), one syllable per character.")
+    source: Literal["default", "custom"] = Field(description="`default`: built in; `custom`: set with PUT /v1/lexicon/{word}.")
+
+
+class LexiconList(BaseModel):
+    """GET /v1/lexicon."""
+
+    object: Literal["list"] = "list"
+    version: str = Field(description="Opaque; changes on every write (it is part of the audio cache key).")
+    data: list[LexiconEntry]
+
+
+class LexiconWord(LexiconEntry):
+    """GET or PUT /v1/lexicon/{word}."""
+
+    object: Literal["lexicon.entry"] = "lexicon.entry"
+    version: str = Field(description="The lexicon version after this request.")
+
+
+class LexiconDeleted(BaseModel):
+    """DELETE /v1/lexicon/{word}."""
+
+    object: Literal["lexicon.entry.deleted"] = "lexicon.entry.deleted"
+    word: str
+    deleted: Literal[True] = True
+    version: str = Field(description="The lexicon version after this request.")
+
+
+class LexiconPut(BaseModel):
+    """PUT /v1/lexicon/{word}."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pinyin: str = Field(
+        min_length=1,
+        max_length=MAX_LEXICON_PINYIN_CHARS,
+        description="One syllable per character of the word, tone numbers 1-5 or tone marks: `chong2 qing4`, `chóng qìng`.",
+        examples=["chong2 qing4"],
+    )
+
+
+class NormalizeBody(BaseModel):
+    """POST /v1/normalize."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(min_length=1, description=f"Text to normalize, at most {OPENAI_MAX_INPUT_CHARS} characters.")
+
+
+class NormalizedSentence(BaseModel):
+    text: str = Field(description="The sentence as it will be spoken.")
+    ids: list[int] = Field(description="Whisper BPE token ids sent to the engine.")
+    tokens: int
+
+
+class LexiconRewrite(BaseModel):
+    word: str
+    pinyin: str
+    replacement: str = Field(description="Single-reading characters written in place of `word`.")
+    start: int = Field(description="Character offset in `normalized`.")
+    complete: bool = Field(description="False when some syllable has no single-reading common character.")
+
+
+class NormalizeResult(BaseModel):
+    """GET/POST /v1/normalize: what will be spoken for a text."""
+
+    text: str
+    language: str = Field(description="`zh`, `en` or `bypass`.")
+    enhanced: bool
+    normalized: str = Field(description="The whole normalized text, before sentence splitting.")
+    sentences: list[NormalizedSentence]
+    rules: list[str] = Field(description="Normalization rules that changed the text.")
+    rewrites: list[LexiconRewrite]
+    lexicon_version: str
+    token_counts: list[int]
+    total_tokens: int
+    elapsed_ms: float = Field(description="Normalization time (0 when served from the frontend cache).")
+    cache_hit: bool

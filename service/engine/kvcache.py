@@ -17,12 +17,20 @@ class KVCache:
 
     Row r holds one sequence; its first `lengths[r]` columns are valid. Active rows are always
     0..n_rows-1, so `k[i][:n_rows]` is a contiguous view the decode graph can read without a copy.
-    Capacity C (time) and rows_cap grow by doubling; a step writes one column per row in place.
+    rows_cap grows by doubling; capacity C (time) by doubling, or with `column_step` > 0 to the next
+    multiple of it: the decode graph reads all C columns of every row (masked), so at batch 8 a cache
+    kept near the longest row is ~20% faster per step than a doubled one, for one copy per
+    `column_step` steps. A step writes one column per row in place.
     Columns past a row's length are ignored by the graph but must stay finite: a masked weight of 0
     times NaN would still poison the attention output, hence zeros rather than np.empty.
     """
 
-    def __init__(self, num_layers: int, num_heads: int, head_dim: int, *, rows: int = 1, capacity: int = 64) -> None:
+    def __init__(
+        self, num_layers: int, num_heads: int, head_dim: int, *, rows: int = 1, capacity: int = 64, column_step: int = 0
+    ) -> None:
+        if column_step < 0:
+            raise ValueError("column_step must be >= 0")
+        self.column_step = column_step
         self.num_layers = num_layers
         self.num_heads = num_heads
         self.head_dim = head_dim
@@ -63,7 +71,11 @@ class KVCache:
         rows = self.n_rows if rows is None else rows
         if columns <= self.capacity and rows <= self.row_capacity:
             return
-        self._reallocate(_round_up_pow2(rows, self.row_capacity), _round_up_pow2(columns, self.capacity))
+        if self.column_step and columns > self.capacity:
+            capacity = -(-columns // self.column_step) * self.column_step
+        else:
+            capacity = _round_up_pow2(columns, self.capacity)
+        self._reallocate(_round_up_pow2(rows, self.row_capacity), capacity)
 
     def add_row(self, k: np.ndarray, v: np.ndarray) -> int:
         """Append a sequence from prefill K/V of shape (NL, H, L, DK); returns its row index."""

@@ -73,8 +73,9 @@ class DecodeBatch:
     Not thread-safe: one thread (a request's generator or a scheduler) owns a batch.
     """
 
-    def __init__(self, constants: ModelConstants, *, capacity: int = 64) -> None:
-        self.cache = KVCache(constants.llm_num_layers, constants.llm_num_heads, constants.llm_head_dim, capacity=capacity)
+    def __init__(self, constants: ModelConstants, *, capacity: int = 64, column_step: int = 64) -> None:
+        c = constants
+        self.cache = KVCache(c.llm_num_layers, c.llm_num_heads, c.llm_head_dim, capacity=capacity, column_step=column_step)
         self.requests: list[LLMRequest] = []  # requests[r].row == r
 
     def __len__(self) -> int:

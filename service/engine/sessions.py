@@ -1,11 +1,17 @@
-"""The one place that configures ONNX Runtime: RuntimeOptions -> SessionOptions -> CPU sessions."""
+"""The one place that configures ONNX Runtime: RuntimeOptions -> SessionOptions -> CPU sessions, per stage."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import ctypes
+import ctypes.util
+import os
+import threading
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
+import numpy as np
 import onnxruntime as ort
 
 from service.bundle import GRAPH_NAMES, ModelBundle
@@ -13,6 +19,7 @@ from service.errors import BundleError
 
 ExecutionMode = Literal["sequential", "parallel"]
 GraphOptimization = Literal["all", "extended", "basic", "disabled"]
+Stage = Literal["llm", "acoustic"]
 
 _EXECUTION_MODES: dict[str, ort.ExecutionMode] = {
     "sequential": ort.ExecutionMode.ORT_SEQUENTIAL,
@@ -25,78 +32,192 @@ _GRAPH_OPTIMIZATION: dict[str, ort.GraphOptimizationLevel] = {
     "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
 }
 PROVIDERS: tuple[str, ...] = ("CPUExecutionProvider",)
+# Graphs only needed to (re)build a table: opened for that call and released, so their weights do not
+# stay resident (llm_pos holds NL x D x D fp32 weights, 58 MB full-size, used once per table size).
+TRANSIENT_GRAPHS: frozenset[str] = frozenset({"llm_pos"})
+# Graphs run per token or per Euler step keep ORT's pre-packed weight copies (2x faster int8 GEMMs);
+# the others run once per request or chunk, where the second copy of their weights (40-100 MB) is not
+# worth the few milliseconds it saves.
+PREPACKED_GRAPHS: frozenset[str] = frozenset({"llm_step", "flow_estimator", "hift_decode", "hift_f0"})
+
+
+def graph_stage(name: str) -> Stage:
+    """The stage a graph belongs to: the LLM graphs, or the acoustic (flow + HiFT) ones."""
+    return "llm" if name.startswith("llm_") else "acoustic"
 
 
 @dataclass(frozen=True)
 class RuntimeOptions:
-    """ONNX Runtime settings shared by every session of one engine.
+    """Runtime settings of one engine: ONNX Runtime session options and how its two stages share the cores.
 
-    Thread budget rule: `workers * intra_op_threads <= cores` (workers = engines or synthesis threads
-    that run graphs at the same time). ORT pins one pool of `intra_op_threads` per session call; two
-    pools on one core fight for it and both slow down, so oversubscribing costs more than it gains.
-    `inter_op_threads` only matters with `execution_mode="parallel"`, which these small sequential
-    graphs do not benefit from.
+    Thread budget rule: the threads that run graphs at the same time must not exceed the cores. With the
+    batching scheduler (`max_batch > 0`) one LLM thread decodes every request while at most
+    `acoustic_slots` flow/HiFT calls run beside it, so `llm_threads + acoustic_slots * acoustic_threads`
+    is what competes for the cores. Without it, `workers * intra_op_threads <= cores`.
+    ORT pins one pool per session call; two spinning pools on one core fight for it, so spinning is only
+    worth it when a single graph runs at a time (`allow_spinning`, default off).
+    `acoustic_nice` > 0 lowers the OS priority of the threads that run flow/HiFT (their ORT pools and the
+    calling threads), so a decode step never waits for a vocoder call: the LLM takes the cores when it
+    needs them and the acoustic work fills the rest. Linux only; ignored elsewhere.
     """
 
     intra_op_threads: int = 2
     inter_op_threads: int = 1
+    llm_threads: int | None = None  # None: intra_op_threads
+    acoustic_threads: int | None = None  # None: intra_op_threads
     execution_mode: ExecutionMode = "sequential"
     graph_optimization: GraphOptimization = "all"
     enable_cpu_mem_arena: bool = True
     enable_mem_pattern: bool = True
-    # Spinning keeps idle pool threads busy-waiting for the next op: lower latency on a dedicated
-    # machine, wasted CPU when other processes share the cores.
-    allow_spinning: bool = True
+    # Spinning keeps idle pool threads busy-waiting for the next op: lower latency when one graph owns
+    # the machine, wasted CPU (and a slower neighbour) when stages or other processes share the cores.
+    allow_spinning: bool = False
     log_severity: int = 3  # 0 verbose .. 4 fatal
+    max_batch: int = 16  # LLM rows per batched decode step; 0 = no scheduler thread
+    acoustic_slots: int = 1  # flow/HiFT calls running at once; 0 = unlimited
+    acoustic_nice: int = 0  # OS niceness added to acoustic threads (0 = same priority as the LLM)
 
     def __post_init__(self) -> None:
-        if self.intra_op_threads < 1 or self.inter_op_threads < 1:
-            raise ValueError("intra_op_threads and inter_op_threads must be >= 1")
+        stage_threads = [t for t in (self.llm_threads, self.acoustic_threads) if t is not None]
+        if min(self.intra_op_threads, self.inter_op_threads, *stage_threads) < 1:
+            raise ValueError("intra_op_threads, inter_op_threads, llm_threads and acoustic_threads must be >= 1")
         if self.execution_mode not in _EXECUTION_MODES:
             raise ValueError(f"execution_mode must be one of {sorted(_EXECUTION_MODES)}")
         if self.graph_optimization not in _GRAPH_OPTIMIZATION:
             raise ValueError(f"graph_optimization must be one of {sorted(_GRAPH_OPTIMIZATION)}")
         if not 0 <= self.log_severity <= 4:
             raise ValueError("log_severity must be in 0..4")
+        if self.max_batch < 0 or self.acoustic_slots < 0 or not 0 <= self.acoustic_nice <= 19:
+            raise ValueError("max_batch and acoustic_slots must be >= 0, acoustic_nice in 0..19")
+
+    def threads_for(self, stage: Stage) -> int:
+        """Intra-op threads of the sessions of one stage."""
+        chosen = self.llm_threads if stage == "llm" else self.acoustic_threads
+        return chosen or self.intra_op_threads
 
     def max_workers(self, cores: int) -> int:
         """Largest worker count that keeps `workers * intra_op_threads <= cores` (at least 1)."""
         return max(1, cores // self.intra_op_threads)
 
 
-def make_session_options(opts: RuntimeOptions) -> ort.SessionOptions:
-    """Translate RuntimeOptions into an ort.SessionOptions (the only place ORT knobs are set)."""
+def make_session_options(opts: RuntimeOptions, graph: str | None = None) -> ort.SessionOptions:
+    """Translate RuntimeOptions into an ort.SessionOptions (the only place ORT knobs are set).
+
+    With a `graph` name the options are specialised for it: its stage's thread count; memory patterns
+    only for the LLM (flow/HiFT see a new length every chunk, so a cached pattern is never reused but
+    its buffer stays allocated); pre-packed weights only for PREPACKED_GRAPHS.
+    """
     so = ort.SessionOptions()
-    so.intra_op_num_threads = opts.intra_op_threads
+    so.intra_op_num_threads = opts.threads_for(graph_stage(graph)) if graph else opts.intra_op_threads
     so.inter_op_num_threads = opts.inter_op_threads
     so.execution_mode = _EXECUTION_MODES[opts.execution_mode]
     so.graph_optimization_level = _GRAPH_OPTIMIZATION[opts.graph_optimization]
     so.enable_cpu_mem_arena = opts.enable_cpu_mem_arena
-    so.enable_mem_pattern = opts.enable_mem_pattern
+    so.enable_mem_pattern = opts.enable_mem_pattern and (graph is None or graph_stage(graph) == "llm")
     so.log_severity_level = opts.log_severity
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if opts.allow_spinning else "0")
     so.add_session_config_entry("session.inter_op.allow_spinning", "1" if opts.allow_spinning else "0")
+    if graph is not None:
+        so.add_session_config_entry("session.disable_prepacking", "0" if graph in PREPACKED_GRAPHS else "1")
     return so
 
 
+def lower_thread_priority(nice: int) -> None:
+    """Raise the calling OS thread's niceness to at least `nice` (never lowers it; no-op off Linux)."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    tid = threading.get_native_id()
+    try:
+        if os.getpriority(os.PRIO_PROCESS, tid) < nice:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except OSError:  # not permitted in this sandbox: run at normal priority
+        return
+
+
+def release_free_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc keeps them otherwise); no-op elsewhere."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
+
+
+def _open(path: Path, so: ort.SessionOptions) -> ort.InferenceSession:
+    try:
+        return ort.InferenceSession(str(path), sess_options=so, providers=list(PROVIDERS))
+    except Exception as e:  # ORT raises several unrelated exception types for unreadable graphs
+        raise BundleError(f"{path}: ONNX Runtime cannot load this graph: {e}") from e
+
+
+class TransientSession:
+    """A graph opened for each `run` and released right after (for rarely used, large graphs)."""
+
+    def __init__(self, path: Path, so: ort.SessionOptions) -> None:
+        self.path = path
+        self._so = so
+        self._lock = threading.Lock()
+
+    def run(self, output_names: list[str] | None, feeds: Mapping[str, np.ndarray]) -> list[Any]:
+        with self._lock:
+            session = _open(self.path, self._so)
+            try:
+                return list(session.run(output_names, dict(feeds)))
+            finally:
+                del session
+                release_free_memory()
+
+
+def _open_in_thread(path: Path, so: ort.SessionOptions, nice: int) -> ort.InferenceSession:
+    """Open a session from a helper thread at niceness `nice`: ORT's pool threads inherit it."""
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        lower_thread_priority(nice)
+        try:
+            result["session"] = _open(path, so)
+        except BundleError as e:
+            result["error"] = e
+
+    worker = threading.Thread(target=target, name="ort-open")
+    worker.start()
+    worker.join()
+    if "error" in result:
+        raise result["error"]
+    session: ort.InferenceSession = result["session"]
+    return session
+
+
 def open_sessions(
-    bundle: ModelBundle, opts: RuntimeOptions | None = None, names: Iterable[str] | None = None
-) -> dict[str, ort.InferenceSession]:
+    bundle: ModelBundle,
+    opts: RuntimeOptions | None = None,
+    names: Iterable[str] | None = None,
+    *,
+    transient: Iterable[str] = (),
+) -> dict[str, Any]:
     """Open the bundle's graphs (all, or `names`) on the CPU provider; raises BundleError on failure.
 
-    The returned dict is keyed by graph name ("llm_decode", ...). Components take any mapping of
-    objects with ORT's `run(output_names, feeds)` method, so tests may inject their own.
+    The returned dict is keyed by graph name ("llm_step", ...). Each stage gets its own thread count;
+    graphs named in `transient` become TransientSession objects (opened per call). Components take any
+    mapping of objects with ORT's `run(output_names, feeds)` method, so tests may inject their own.
     """
     opts = opts or RuntimeOptions()
-    so = make_session_options(opts)
     wanted = tuple(names) if names is not None else GRAPH_NAMES
-    sessions: dict[str, ort.InferenceSession] = {}
+    lazy = set(transient)
+    sessions: dict[str, Any] = {}
     for name in wanted:
         if name not in bundle.manifest.graphs:
             raise BundleError(f"{bundle.root}: manifest has no graph '{name}'")
+        so = make_session_options(opts, name)
         path = bundle.graph_path(name)
-        try:
-            sessions[name] = ort.InferenceSession(str(path), sess_options=so, providers=list(PROVIDERS))
-        except Exception as e:  # ORT raises several unrelated exception types for unreadable graphs
-            raise BundleError(f"{path}: ONNX Runtime cannot load this graph: {e}") from e
+        if name in lazy:
+            sessions[name] = TransientSession(path, so)
+        elif graph_stage(name) == "acoustic" and opts.acoustic_nice > 0:
+            sessions[name] = _open_in_thread(path, so, opts.acoustic_nice)
+        else:
+            sessions[name] = _open(path, so)
+    release_free_memory()
     return sessions

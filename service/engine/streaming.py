@@ -31,6 +31,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,6 +41,7 @@ from service.bundle import ModelConstants
 from service.engine.dsp import fade_in_out, interpolate_linear
 from service.engine.flow import FlowCache, FlowRunner
 from service.engine.hift import HiFTNoise, HiFTRunner, draw_hift_noise
+from service.engine.scheduler import Pacer
 
 DEFAULT_FIRST_HOP_S = 0.6  # seconds of speech tokens before the first chunk (plus the 20-token overlap)
 
@@ -253,11 +255,13 @@ def stream_sentence(
     first_hop: int,
     n_timesteps: int | None = None,
     cancel: threading.Event | None = None,
+    pace: Pacer | None = None,
 ) -> Iterator[SpeechChunk]:
     """Stream one sentence: pull tokens, vocode every `hop + overlap` of them, finalize with the rest.
 
     Stops silently (no final chunk) when `cancel` is set; it is checked after every token, so at most
     the chunk in progress finishes. `llm_s` of a chunk is the time spent waiting for its new tokens.
+    With `pace`, every flow/HiFT call waits for the request's turn at the shared AcousticGate.
     """
     c = t2w.constants
     check_first_hop(first_hop, c)
@@ -265,12 +269,14 @@ def stream_sentence(
     for tok in _timed(tokens, clock, cancel):
         buf.append(tok)
         if len(buf) >= hop + c.token_overlap_len:
-            wav = t2w(buf[: hop + c.token_overlap_len], embedding, state, noise, finalize=False, n_timesteps=n_timesteps)
+            with _turn(pace):
+                wav = t2w(buf[: hop + c.token_overlap_len], embedding, state, noise, finalize=False, n_timesteps=n_timesteps)
+            _delivered(pace, wav.audio)
             yield SpeechChunk(wav.audio, False, clock.take(), wav.flow_s, wav.hift_s)
-            buf = buf[hop:]
+            del buf[:hop]
             hop = _next_hop(hop, c)
     if not _cancelled(cancel):
-        yield _finalize(buf, embedding, t2w, state, noise, clock.take(), 1.0, n_timesteps)
+        yield _finalize(buf, embedding, t2w, state, noise, clock.take(), 1.0, n_timesteps, pace)
 
 
 def whole_sentence(
@@ -282,12 +288,13 @@ def whole_sentence(
     speed: float = 1.0,
     n_timesteps: int | None = None,
     cancel: threading.Event | None = None,
+    pace: Pacer | None = None,
 ) -> Iterator[SpeechChunk]:
     """Non-stream path: collect every token, then one flow and one HiFT call (with `speed`). Yields 0 or 1 chunk."""
     clock = _Stopwatch()
     buf = list(_timed(tokens, clock, cancel))
     if not _cancelled(cancel):
-        yield _finalize(buf, embedding, t2w, t2w.new_state(), noise, clock.take(), speed, n_timesteps)
+        yield _finalize(buf, embedding, t2w, t2w.new_state(), noise, clock.take(), speed, n_timesteps, pace)
 
 
 def _finalize(
@@ -299,11 +306,23 @@ def _finalize(
     llm_s: float,
     speed: float,
     n_timesteps: int | None,
+    pace: Pacer | None,
 ) -> SpeechChunk:
     if not buf:  # nothing generated (e.g. max_tokens=0): an empty final chunk keeps the sentence boundary
         return SpeechChunk(np.zeros(0, dtype=np.float32), True, llm_s, 0.0, 0.0)
-    wav = t2w(buf, embedding, state, noise, finalize=True, speed=speed, n_timesteps=n_timesteps)
+    with _turn(pace):
+        wav = t2w(buf, embedding, state, noise, finalize=True, speed=speed, n_timesteps=n_timesteps)
+    _delivered(pace, wav.audio)
     return SpeechChunk(wav.audio, True, llm_s, wav.flow_s, wav.hift_s)
+
+
+def _turn(pace: Pacer | None) -> AbstractContextManager[None]:
+    return pace.turn() if pace is not None else nullcontext()
+
+
+def _delivered(pace: Pacer | None, audio: np.ndarray) -> None:
+    if pace is not None:
+        pace.delivered(audio.size)
 
 
 def _next_hop(hop: int, c: ModelConstants) -> int:

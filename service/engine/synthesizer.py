@@ -15,7 +15,8 @@ from service.bundle import ModelBundle
 from service.engine.flow import FlowRunner
 from service.engine.hift import HiFTRunner
 from service.engine.llm import LLMRunner
-from service.engine.sessions import RuntimeOptions, open_sessions
+from service.engine.scheduler import AcousticGate, BatchScheduler, Pacer
+from service.engine.sessions import TRANSIENT_GRAPHS, RuntimeOptions, open_sessions
 from service.engine.streaming import (
     GeneratorNoise,
     NoiseSource,
@@ -99,7 +100,8 @@ class Synthesizer:
     """The engine: owns the sessions of one bundle; every request's state lives in its own generator.
 
     Thread-safe: sessions and runners are shared read-only, so several threads may iterate
-    different `synthesize` generators at once (keep threads x intra-op threads <= cores).
+    different `synthesize` generators at once. With a BatchScheduler as `llm`, their decode steps are
+    batched on its thread and the calling threads only do flow/HiFT work, `gate` deciding whose turn it is.
     """
 
     def __init__(
@@ -109,6 +111,7 @@ class Synthesizer:
         *,
         llm: TokenGenerator | None = None,
         first_hop_tokens: int | None = None,
+        gate: AcousticGate | None = None,
     ) -> None:
         c = bundle.constants
         self.bundle = bundle
@@ -117,13 +120,31 @@ class Synthesizer:
         self.llm: TokenGenerator = llm if llm is not None else LLMRunner(sessions, c)
         self.token2wav = Token2Wav(FlowRunner(sessions, c), HiFTRunner(sessions, c), c)
         self.first_hop_tokens = default_first_hop(c) if first_hop_tokens is None else first_hop_tokens
+        self.gate = gate
+        self.scheduler = llm if isinstance(llm, BatchScheduler) else None
         check_first_hop(self.first_hop_tokens, c)
 
     @classmethod
     def load(cls, bundle: ModelBundle | str | Path, runtime: RuntimeOptions | None = None) -> Synthesizer:
-        """Load a bundle (or take a loaded one) and open its ONNX Runtime sessions."""
+        """Load a bundle (or take a loaded one), open its sessions and start the stage scheduling `runtime` asks for.
+
+        `runtime.max_batch` > 0 starts a BatchScheduler thread (call `close()` to stop it);
+        `acoustic_slots` > 0 or `acoustic_nice` > 0 puts flow/HiFT calls behind an AcousticGate.
+        """
         loaded = bundle if isinstance(bundle, ModelBundle) else ModelBundle.load(bundle)
-        return cls(loaded, open_sessions(loaded, runtime))
+        runtime = runtime or RuntimeOptions()
+        sessions = open_sessions(loaded, runtime, transient=TRANSIENT_GRAPHS)
+        runner = LLMRunner(sessions, loaded.constants)
+        llm = BatchScheduler(runner, max_batch=runtime.max_batch) if runtime.max_batch > 0 else None
+        gate = None
+        if runtime.acoustic_slots > 0 or runtime.acoustic_nice > 0:
+            gate = AcousticGate(runtime.acoustic_slots, nice=runtime.acoustic_nice)
+        return cls(loaded, sessions, llm=llm or runner, gate=gate)
+
+    def close(self) -> None:
+        """Stop the scheduler thread, if this synthesizer has one (requests still decoding fail)."""
+        if self.scheduler is not None:
+            self.scheduler.close()
 
     def synthesize(
         self,
@@ -144,7 +165,7 @@ class Synthesizer:
             raise EmptyTextError("nothing to synthesize: no sentences, or an empty sentence")
         plan = self._plan(options)
         llm_rng, noise_rng = _request_rngs(options.seed)
-        return self._sentences(texts, embedding, plan, llm_rng, GeneratorNoise(noise_rng), cancel)
+        return self._sentences(texts, embedding, plan, llm_rng, GeneratorNoise(noise_rng), cancel, self._pacer())
 
     def synthesize_tokens(
         self,
@@ -169,9 +190,12 @@ class Synthesizer:
             raise InvalidInputError(f"speech tokens must be in 0..{limit - 1}", param="speech_tokens")
         plan = self._plan(options)
         source = noise if noise is not None else GeneratorNoise(_request_rngs(options.seed)[1])
-        return self._chunks(iter(tokens), embedding, 0, True, plan, source, cancel)
+        return self._chunks(iter(tokens), embedding, 0, True, plan, source, cancel, self._pacer())
 
     # ---- internals -----------------------------------------------------------------------------
+    def _pacer(self) -> Pacer | None:
+        return Pacer(self.gate, self.sample_rate) if self.gate is not None else None
+
     def _embedding(self, speaker: str) -> np.ndarray:
         try:
             return self.bundle.speakers[speaker]
@@ -202,12 +226,13 @@ class Synthesizer:
         llm_rng: np.random.Generator,
         noise: NoiseSource,
         cancel: threading.Event | None,
+        pace: Pacer | None,
     ) -> Iterator[AudioChunk]:
         for index, ids in enumerate(texts):
             if cancel is not None and cancel.is_set():
                 return
             tokens = self.llm.generate(ids, embedding, llm_rng, cancel=cancel)
-            yield from self._chunks(tokens, embedding, index, index == len(texts) - 1, plan, noise, cancel)
+            yield from self._chunks(tokens, embedding, index, index == len(texts) - 1, plan, noise, cancel, pace)
 
     def _chunks(
         self,
@@ -218,15 +243,16 @@ class Synthesizer:
         plan: _Plan,
         noise: NoiseSource,
         cancel: threading.Event | None,
+        pace: Pacer | None,
     ) -> Iterator[AudioChunk]:
-        t2w = self.token2wav
+        t2w, steps = self.token2wav, plan.n_timesteps
         pieces: Iterator[SpeechChunk]
         if plan.stream:
             pieces = stream_sentence(
-                tokens, embedding, t2w, noise, first_hop=plan.first_hop, n_timesteps=plan.n_timesteps, cancel=cancel
+                tokens, embedding, t2w, noise, first_hop=plan.first_hop, n_timesteps=steps, cancel=cancel, pace=pace
             )
         else:
-            pieces = whole_sentence(tokens, embedding, t2w, noise, speed=plan.speed, n_timesteps=plan.n_timesteps, cancel=cancel)
+            pieces = whole_sentence(tokens, embedding, t2w, noise, speed=plan.speed, n_timesteps=steps, cancel=cancel, pace=pace)
         for piece in pieces:
             timings = StageTimings(llm_s=piece.llm_s, flow_s=piece.flow_s, hift_s=piece.hift_s)
             yield AudioChunk(piece.audio, index, piece.is_last and last_sentence, timings)

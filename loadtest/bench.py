@@ -1,0 +1,204 @@
+"""`make bench`: build the full-size random-init bundles once, measure everything with a 2-thread budget, write the report.
+
+Parts (each in its own process, so peak RSS is per configuration):
+  quality      int8/int4 decode-step deviation and flow mel error vs fp32 (and 5 vs 10 Euler steps)
+  single       single-stream RTF and per-stage seconds, 250 forced tokens, fp32/int8/int4, 10 and 5 flow steps
+  reference    the PyTorch reference pipeline on the same weights (see bench_reference.py)
+  latency      streaming first-chunk latency of a ~15-character sentence at concurrency 1
+  concurrency  1/2/4/8 closed-loop streaming clients in-process
+  http         the same through a real uvicorn server on a free loopback port
+Results go to docs/benchmarks/results.json, docs/benchmarks/summary.png and the generated part of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "2")  # the 2-thread budget, also for the calibration SGEMM
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from loadtest.bench_report import write_report  # noqa: E402
+
+PYTHON = sys.executable
+FULL_CONFIG = REPO / "export" / "configs" / "cosyvoice-300m-sft.yaml"
+SCHEMES = ("int8", "int4")
+PARTS = ("quality", "single", "reference", "latency", "concurrency", "http")
+
+
+def bundle_dirs(models: Path) -> dict[str, Path]:
+    return {"fp32": models / "full-random"} | {s: models / f"full-random-{s}" for s in SCHEMES}
+
+
+def _stale(path: Path, scheme: str) -> bool:
+    """A quantized bundle written with another precision plan than the current export code's."""
+    from export.quantize import precision_plan
+    from service.bundle import ModelBundle
+
+    graphs = ModelBundle.load(path).manifest.graphs
+    wanted = precision_plan(scheme)  # type: ignore[arg-type]
+    return any(g.precision != wanted.get(name, "fp32") for name, g in graphs.items())
+
+
+def ensure_bundles(models: Path) -> dict[str, Path]:
+    """Export the fp32 random-init bundle (and its quantized twins) unless they exist; cached under `models`."""
+    dirs = bundle_dirs(models)
+    if not (dirs["fp32"] / "manifest.json").is_file():
+        src = models / ".full-random-src"
+        src.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(FULL_CONFIG, src / "cosyvoice.yaml")
+        cmd = [PYTHON, "export/export_onnx.py", "--model-dir", str(src), "--out", str(dirs["fp32"]), "--random-init"]
+        cmd += [arg for s in SCHEMES for arg in ("--quantize", s)]
+        log(f"building full-size random-init bundles: {' '.join(cmd)}")
+        subprocess.run(cmd, cwd=REPO, check=True)
+    for scheme in SCHEMES:
+        path = dirs[scheme]
+        if (path / "manifest.json").is_file() and not _stale(path, scheme):
+            continue
+        log(f"writing {path} ({scheme})")
+        from export.bundle_writer import _staging_dir, publish
+        from export.quantize import write_quantized_bundle
+        from service.bundle import ModelBundle
+
+        tmp = _staging_dir(path, "partial")
+        write_quantized_bundle(dirs["fp32"], tmp, ModelBundle.load(dirs["fp32"]).manifest, scheme)  # type: ignore[arg-type]
+        publish(tmp, path)
+    return dirs
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def run_json(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run a benchmark worker; its last stdout line is its JSON result."""
+    log(" ".join(Path(c).name if c == PYTHON else c for c in cmd))
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True, check=True)
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["load_avg_after"] = os.getloadavg()[0]
+    result["elapsed_s"] = time.perf_counter() - t0
+    return result
+
+
+def machine_state() -> dict[str, Any]:
+    """What the host could do in this minute: 2-thread SGEMM rate and memory read bandwidth, load average."""
+    a = np.random.default_rng(0).random((1024, 1024), dtype=np.float32)
+    big = np.ones(64 << 20, dtype=np.float64)  # 512 MB: streams from DRAM
+    gemm, read = [], []
+    for _ in range(5):
+        t = time.perf_counter()
+        a @ a
+        gemm.append(2 * 1024**3 / (time.perf_counter() - t) / 1e9)
+        t = time.perf_counter()
+        big.sum()
+        read.append(big.nbytes / (time.perf_counter() - t) / 1e9)
+    return {"load_avg_1m": os.getloadavg()[0], "sgemm_gflops": float(np.median(gemm)), "read_gb_s": float(np.median(read))}
+
+
+def engine(mode: str, bundle: Path, *extra: str) -> list[str]:
+    return [PYTHON, "loadtest/bench_engine.py", mode, str(bundle), *extra]
+
+
+def part_quality(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
+    return run_json([PYTHON, "loadtest/bench_quality.py", str(dirs["fp32"]), *(str(dirs[s]) for s in SCHEMES), "--steps", "5"])
+
+
+def part_single(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
+    out = []
+    for precision in ("fp32", *SCHEMES):
+        for steps in (10, 5):
+            cmd = engine("single", dirs[precision], "--reps", str(args.reps), "--n-timesteps", str(steps))
+            out.append(run_json(cmd) | {"label": precision})
+    return out
+
+
+def part_reference(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
+    # Passive OpenMP waits: with spinning workers torch slows down ~10x whenever another process shares
+    # the two cores (measured on this machine); the engine's ORT pools do not spin either.
+    env = os.environ | {"OMP_WAIT_POLICY": "PASSIVE"}
+    cmd = [PYTHON, "loadtest/bench_reference.py", "--tokens", "250", "--text-tokens", "48", "--reps", str(args.reference_reps)]
+    return run_json(cmd, env=env)
+
+
+def part_latency(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
+    out = []
+    for precision, steps in (("int8", 10), ("int8", 5), ("fp32", 10), ("int4", 10)):
+        cmd = engine("latency", dirs[precision], "--text", "short", "--tokens", "200", "--reps", str(2 * args.reps + 1))
+        out.append(run_json([*cmd, "--n-timesteps", str(steps)]) | {"label": precision})
+    return out
+
+
+def part_concurrency(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
+    out = []
+    for steps in (10, 5):
+        cmd = engine("concurrency", dirs["int8"], "--text", "short", "--tokens", "200", "--n-timesteps", str(steps))
+        out.append(run_json([*cmd, "--levels", *map(str, args.levels), "--per-client", str(args.per_client)]))
+    return out
+
+
+def part_http(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
+    cmd = [PYTHON, "loadtest/bench_http.py", "load", str(dirs["int8"]), "--levels", *map(str, args.levels)]
+    return run_json([*cmd, "--per-client", str(args.per_client)])
+
+
+RUNNERS = {
+    "quality": part_quality,
+    "single": part_single,
+    "reference": part_reference,
+    "latency": part_latency,
+    "concurrency": part_concurrency,
+    "http": part_http,
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", type=Path, default=REPO / "models", help="where the full-size bundles are cached")
+    p.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks", help="JSON and PNG directory")
+    p.add_argument("--doc", type=Path, default=REPO / "docs" / "benchmarks.md")
+    p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    p.add_argument("--reps", type=int, default=3, help="repetitions of each single-stream measurement")
+    p.add_argument("--reference-reps", type=int, default=1)
+    p.add_argument("--levels", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--per-client", type=int, default=2)
+    p.add_argument("--merge", action="store_true", help="keep earlier results of parts not run now")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    dirs = ensure_bundles(args.models)
+    results_path = args.out / "results.json"
+    results: dict[str, Any] = json.loads(results_path.read_text()) if args.merge and results_path.is_file() else {}
+    results["machine"] = {
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "before": machine_state(),
+    }
+    for part in args.parts:
+        results[part] = RUNNERS[part](dirs, args)
+        results["machine"]["after_" + part] = machine_state()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results_path.write_text(json.dumps(results, indent=1) + "\n")
+    write_report(results, args.out / "summary.png", args.doc)
+    log(f"wrote {results_path}, {args.out / 'summary.png'} and {args.doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

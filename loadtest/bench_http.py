@@ -1,0 +1,169 @@
+"""Benchmark over HTTP: a real uvicorn server process on a free loopback port, closed-loop streaming clients.
+
+`serve` runs the app (create_app) with the engine forced to a fixed token count (random-init weights never
+emit EOS); `load` starts that server, drives 1/2/4/8 clients through POST /tts (stream, pcm), and reports
+first-chunk p50/p95, aggregate audio seconds per wall second, failures and the server's peak RSS as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from loadtest.bench_engine import SHORT_TEXT, SHORT_TOKENS, ForcedLength, Run, closed_loop, load_summary
+
+REPO = Path(__file__).resolve().parents[1]
+PCM_BYTES_PER_S = 2 * 22050  # /tts pcm: int16 mono at the model's 22,050 Hz
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve(args: argparse.Namespace) -> None:
+    """Run the service app in this process (blocks) with every request forced to `args.tokens` tokens."""
+    import uvicorn
+
+    from service.api.app import create_app
+    from service.bundle import ModelBundle
+    from service.engine.sessions import RuntimeOptions
+    from service.engine.synthesizer import Synthesizer
+    from service.settings import Settings
+
+    settings = Settings(_env_file=None, model_dir=args.bundle, port=args.port)  # type: ignore[call-arg]
+
+    def forced(bundle: ModelBundle, runtime: RuntimeOptions) -> Synthesizer:
+        synth = Synthesizer.load(bundle, runtime)
+        synth.llm = ForcedLength(synth.llm, args.tokens)
+        return synth
+
+    uvicorn.run(create_app(settings, engine_loader=forced), host="127.0.0.1", port=args.port, log_level="warning")
+
+
+def server_env(workers: int, n_timesteps: int | None, extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TTS_")}
+    env |= {
+        "TTS_WORKERS": str(workers),
+        "TTS_QUEUE_MAX": str(workers),
+        "TTS_RATE_LIMIT_PER_MINUTE": "0",
+        "TTS_CACHE_MAX_BYTES": "0",
+        "TTS_LOG_LEVEL": "warning",
+        "TTS_N_TIMESTEPS": str(n_timesteps or ""),
+    }
+    return env | extra
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError("server not ready in time")
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def stream_request(client: httpx.Client, seed: int) -> Run:
+    """One streamed /tts request: first audio bytes latency and audio seconds received."""
+    t0 = time.perf_counter()
+    first = None
+    received = 0
+    try:
+        body = {"text": SHORT_TEXT, "stream": True, "format": "pcm", "seed": seed}
+        with client.stream("POST", "/tts", json=body) as resp:
+            if resp.status_code != 200:
+                raise RuntimeError(f"HTTP {resp.status_code}")
+            for piece in resp.iter_bytes():
+                if piece and first is None:
+                    first = time.perf_counter() - t0
+                received += len(piece)
+    except Exception as e:  # counted as a failure
+        print(f"request failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return Run(time.perf_counter() - t0, 0.0, float("nan"), 0.0, 0.0, 0.0, failed=True)
+    wall = time.perf_counter() - t0
+    return Run(wall, received / PCM_BYTES_PER_S, first if first is not None else wall, 0.0, 0.0, 0.0)
+
+
+def load(args: argparse.Namespace) -> dict[str, Any]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    extra = dict(kv.split("=", 1) for kv in args.env)
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "serve",
+        str(args.bundle),
+        "--port",
+        str(port),
+        "--tokens",
+        str(args.tokens),
+    ]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=server_env(max(args.levels), args.n_timesteps, extra))
+    try:
+        wait_ready(url, proc)
+        rss_ready = peak_rss_mb(proc.pid)
+        levels = []
+        with httpx.Client(base_url=url, timeout=httpx.Timeout(600.0)) as client:
+            stream_request(client, 0)  # warm-up
+            for n in args.levels:
+                runs, wall = closed_loop(n, args.per_client, lambda seed: stream_request(client, seed))
+                levels.append(load_summary(n, runs, wall))
+                print(json.dumps(levels[-1]), file=sys.stderr, flush=True)
+        return {"levels": levels, "server_rss_ready_mb": rss_ready, "server_peak_rss_mb": peak_rss_mb(proc.pid), "env": extra}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("mode", choices=["serve", "load"])
+    p.add_argument("bundle", type=Path)
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--tokens", type=int, default=SHORT_TOKENS)
+    p.add_argument("--levels", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--per-client", type=int, default=2)
+    p.add_argument("--n-timesteps", type=int)
+    p.add_argument("--env", nargs="*", default=[], help="extra TTS_*=value settings for the server")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.mode == "serve":
+        serve(args)
+        return 0
+    result = load(args) | {"bundle": str(args.bundle), "tokens": args.tokens, "n_timesteps": args.n_timesteps}
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

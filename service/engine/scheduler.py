@@ -1,0 +1,328 @@
+"""Stage scheduling: continuous batching of LLM decode steps on one thread, and a deadline-ordered gate for flow/HiFT."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from service.engine.llm import DecodeBatch, LLMRequest, LLMRunner
+from service.engine.sessions import lower_thread_priority
+from service.errors import EngineError, ShuttingDownError, TTSError
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.05  # how often a waiting consumer looks at its cancel event
+_END = None
+
+
+@dataclass(eq=False)
+class _Job:
+    """One request handed to the scheduler thread; `out` carries token lists, then None or an exception."""
+
+    text_ids: list[int]
+    embedding: np.ndarray
+    rng: np.random.Generator
+    min_tokens: int | None
+    max_tokens: int | None
+    out: queue.SimpleQueue[list[int] | BaseException | None] = field(default_factory=queue.SimpleQueue)
+    abandoned: threading.Event = field(default_factory=threading.Event)
+    sent: int = 0
+
+    def deliver(self, request: LLMRequest) -> None:
+        """Pass on the tokens chosen since the last delivery; end the stream once the request finished."""
+        if len(request.tokens) > self.sent:
+            self.out.put(request.tokens[self.sent :])
+            self.sent = len(request.tokens)
+        if request.finished:
+            self.out.put(_END)
+
+    def fail(self, error: BaseException) -> None:
+        self.out.put(error)
+
+
+@dataclass
+class SchedulerStats:
+    """Counters of one scheduler (read without a lock: approximate while it runs)."""
+
+    steps: int = 0
+    rows: int = 0  # sum of batch sizes over all steps
+    prefills: int = 0
+    max_rows: int = 0
+
+    @property
+    def mean_batch(self) -> float:
+        return self.rows / self.steps if self.steps else 0.0
+
+
+class TokenStream(Iterator[int]):
+    """The consumer side of one scheduled request: iterate for tokens; `close()` (or dropping it) leaves the batch."""
+
+    def __init__(self, job: _Job, scheduler: BatchScheduler, cancel: threading.Event | None) -> None:
+        self._job = job
+        self._scheduler = scheduler
+        self._cancel = cancel
+        self._buffer: deque[int] = deque()
+        self._done = False
+
+    def __iter__(self) -> TokenStream:
+        return self
+
+    def __next__(self) -> int:
+        while not self._buffer:
+            if self._done:
+                raise StopIteration
+            item = self._wait()
+            if item is _END:
+                self._done = True
+            elif isinstance(item, BaseException):
+                self.close()
+                raise item
+            else:
+                self._buffer.extend(item)
+        return self._buffer.popleft()
+
+    def _wait(self) -> list[int] | BaseException | None:
+        while True:
+            if self._cancel is not None and self._cancel.is_set():
+                self.close()
+                return _END
+            try:
+                return self._job.out.get(timeout=_POLL_S if self._cancel is not None else None)
+            except queue.Empty:
+                continue
+
+    def close(self) -> None:
+        """Stop: the scheduler drops the request before its next step (no-op once it has finished)."""
+        if not self._job.abandoned.is_set():
+            self._job.abandoned.set()
+            self._scheduler.wake()
+        self._done = True
+        self._buffer.clear()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class BatchScheduler:
+    """Continuous batching: one thread runs the decode steps of all active requests as one `llm_step` call.
+
+    A request joins after its prefill (run on the same thread, between steps) and leaves on EOS, its max
+    length, or when its consumer cancels or drops its TokenStream; the others keep their KV rows. It is
+    a TokenGenerator (what the Synthesizer needs from the LLM), safe to call from any number of threads.
+    """
+
+    def __init__(self, runner: LLMRunner, *, max_batch: int = 16, name: str = "llm-scheduler") -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
+        self.runner = runner
+        self.max_batch = max_batch
+        self.stats = SchedulerStats()
+        self._cond = threading.Condition()
+        self._pending: deque[_Job] = deque()
+        self._closed = False
+        self._jobs: dict[LLMRequest, _Job] = {}
+        self._idle_cache_bytes = runner.new_batch().cache.nbytes()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # ---- consumer side -------------------------------------------------------------------------
+    def generate(
+        self,
+        text_ids: Sequence[int],
+        embedding: np.ndarray,
+        rng: np.random.Generator,
+        *,
+        min_tokens: int | None = None,
+        max_tokens: int | None = None,
+        cancel: threading.Event | None = None,
+    ) -> TokenStream:
+        """Queue a request (its prefill starts at once) and return its token stream.
+
+        The scheduler thread owns `rng` until the stream ends. Raises ShuttingDownError after `close()`.
+        """
+        job = _Job(list(map(int, text_ids)), np.asarray(embedding, dtype=np.float32), rng, min_tokens, max_tokens)
+        with self._cond:
+            if self._closed:
+                raise ShuttingDownError("the LLM scheduler is stopped")
+            self._pending.append(job)
+            self._cond.notify()
+        return TokenStream(job, self, cancel)
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the thread; streams still waiting end with ShuttingDownError."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+
+    @property
+    def active(self) -> int:
+        """Requests in the batch or waiting for their prefill."""
+        return len(self._jobs) + len(self._pending)
+
+    # ---- scheduler thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        batch = self.runner.new_batch()
+        while True:
+            admitted = self._next_admissions(len(batch))
+            if admitted is None:
+                break
+            for job in admitted:
+                self._admit(job, batch)
+            self._drop_abandoned(batch)
+            if len(batch):
+                self._step(batch)
+            elif batch.cache.nbytes() > self._idle_cache_bytes and not self._pending:
+                batch = self.runner.new_batch()  # idle: give the grown KV buffers back
+        self._shutdown(batch)
+
+    def _next_admissions(self, in_batch: int) -> list[_Job] | None:
+        """Wait for work; returns the jobs to prefill now ([] when only decoding), None when closed."""
+        with self._cond:
+            while not self._closed and not self._pending and not self._jobs:
+                self._cond.wait()
+            if self._closed:
+                return None
+            room = max(0, self.max_batch - in_batch)
+            return [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
+
+    def _admit(self, job: _Job, batch: DecodeBatch) -> None:
+        if job.abandoned.is_set():
+            return
+        try:
+            request = self.runner.start(
+                job.text_ids, job.embedding, job.rng, min_tokens=job.min_tokens, max_tokens=job.max_tokens
+            )
+        except TTSError as e:
+            job.fail(e)
+            return
+        except Exception as e:  # an ORT failure concerns this request only
+            log.exception("LLM prefill failed")
+            job.fail(EngineError(f"LLM prefill failed: {type(e).__name__}"))
+            return
+        self.stats.prefills += 1
+        job.deliver(request)
+        if not request.finished:
+            batch.add(request)
+            with self._cond:
+                self._jobs[request] = job
+
+    def _drop_abandoned(self, batch: DecodeBatch) -> None:
+        for request in [r for r in batch.requests if self._jobs[r].abandoned.is_set()]:
+            request.finish("cancelled")
+            batch.remove(request)
+            with self._cond:
+                del self._jobs[request]
+
+    def _step(self, batch: DecodeBatch) -> None:
+        rows = list(batch.requests)
+        try:
+            done = self.runner.step(batch)
+        except Exception as e:  # the batch is in an unknown state: fail its requests, keep serving others
+            log.exception("batched LLM decode step failed (%d rows)", len(rows))
+            self._fail_all(batch, rows, f"LLM decode failed: {type(e).__name__}")
+            return
+        self.stats.steps += 1
+        self.stats.rows += len(rows)
+        self.stats.max_rows = max(self.stats.max_rows, len(rows))
+        for request in rows:
+            self._jobs[request].deliver(request)
+        with self._cond:
+            for request in done:
+                del self._jobs[request]
+
+    def _fail_all(self, batch: DecodeBatch, rows: list[LLMRequest], message: str) -> None:
+        for request in rows:
+            batch.remove(request)
+            with self._cond:
+                job = self._jobs.pop(request)
+            job.fail(EngineError(message))
+
+    def _shutdown(self, batch: DecodeBatch) -> None:
+        with self._cond:
+            jobs = list(self._jobs.values()) + list(self._pending)
+            self._jobs.clear()
+            self._pending.clear()
+        for request in list(batch.requests):
+            batch.remove(request)
+        for job in jobs:
+            job.fail(ShuttingDownError("the LLM scheduler stopped"))
+
+
+class AcousticGate:
+    """Lets at most `slots` flow/HiFT calls run at once; waiting calls go earliest deadline first.
+
+    A call's deadline is when its listener runs out of audio: the request's arrival plus the audio it
+    has already received. A new request's first chunk therefore overtakes the next chunk of a request
+    that is seconds ahead, and no stream starves. `slots=0` admits everyone at once. `nice` > 0 lowers
+    the priority of the threads that pass through (the LLM thread keeps the cores when it needs them).
+    """
+
+    def __init__(self, slots: int = 1, *, nice: int = 0) -> None:
+        if slots < 0:
+            raise ValueError("slots must be >= 0")
+        self.slots = slots
+        self.nice = nice
+        self._cond = threading.Condition()
+        self._busy = 0
+        self._waiting: list[tuple[float, int]] = []
+        self._tickets = itertools.count()
+
+    @contextmanager
+    def slot(self, deadline: float) -> Iterator[None]:
+        """Hold one slot for the duration of the block (waits while all are busy and earlier deadlines wait)."""
+        lower_thread_priority(self.nice)
+        if self.slots == 0:
+            yield
+            return
+        ticket = (deadline, next(self._tickets))
+        with self._cond:
+            heapq.heappush(self._waiting, ticket)
+            while self._busy >= self.slots or self._waiting[0] != ticket:
+                self._cond.wait()
+            heapq.heappop(self._waiting)
+            self._busy += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._busy -= 1
+                self._cond.notify_all()
+
+
+class Pacer:
+    """Per-request deadline keeping for the AcousticGate: arrival time plus audio seconds delivered so far."""
+
+    def __init__(self, gate: AcousticGate, sample_rate: int, start: float | None = None) -> None:
+        self.gate = gate
+        self.sample_rate = sample_rate
+        self.start = time.monotonic() if start is None else start
+        self.audio_s = 0.0
+
+    @property
+    def deadline(self) -> float:
+        return self.start + self.audio_s
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        """Run one acoustic call when the gate gives this request its turn."""
+        with self.gate.slot(self.deadline):
+            yield
+
+    def delivered(self, samples: int) -> None:
+        self.audio_s += samples / self.sample_rate

@@ -1,0 +1,173 @@
+"""deploy/k8s: every manifest validates offline against the Kubernetes schemas and agrees with the app and the image."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import kubernetes_validate
+import pytest
+import yaml
+from deploy_servers import drain_timeout_s
+
+from service.api.app import create_app
+from service.settings import Settings, unknown_env_vars
+
+REPO = Path(__file__).resolve().parents[1]
+K8S = REPO / "deploy" / "k8s"
+# The oldest still-common release and the newest the validator ships: the manifests use only stable APIs.
+KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
+APP_LABELS = {"app.kubernetes.io/name": "cosyvoice-lite", "app.kubernetes.io/component": "api"}
+DRAIN_TIMEOUT_S = drain_timeout_s()
+
+Manifest = dict[str, Any]
+
+
+def load_manifests() -> list[tuple[str, Manifest]]:
+    docs = []
+    for path in sorted(K8S.glob("*.yaml")):
+        docs += [(path.name, doc) for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) if doc]
+    return docs
+
+
+MANIFESTS = load_manifests()
+
+
+def one(kind: str, name: str) -> Manifest:
+    found = [doc for _, doc in MANIFESTS if doc["kind"] == kind and doc["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+    return found[0]
+
+
+def api_container() -> Manifest:
+    return one("Deployment", "cosyvoice-lite")["spec"]["template"]["spec"]["containers"][0]
+
+
+def settings_env() -> dict[str, str]:
+    return dict(one("ConfigMap", "cosyvoice-lite-settings")["data"])
+
+
+def cpu_cores(quantity: str) -> float:
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def dockerfile_value(pattern: str) -> str:
+    match = re.search(pattern, (REPO / "docker" / "Dockerfile").read_text(encoding="utf-8"), re.M)
+    assert match, f"docker/Dockerfile has no match for {pattern}"
+    return match.group(1)
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize(("file", "doc"), MANIFESTS, ids=[f"{f}:{d['kind']}" for f, d in MANIFESTS])
+def test_manifest_is_valid_against_the_kubernetes_schema(file: str, doc: Manifest, version: str) -> None:
+    kubernetes_validate.validate(doc, version, strict=True)  # raises ValidationError with the failing path
+
+
+def test_the_validator_rejects_a_broken_manifest() -> None:
+    broken = copy.deepcopy(one("Deployment", "cosyvoice-lite"))
+    broken["spec"]["template"]["spec"]["containers"][0]["resources"]["limit"] = {"cpu": "2"}  # typo: limits
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSIONS[-1], strict=True)
+
+
+def test_every_required_kind_is_there() -> None:
+    kinds = {(doc["kind"], doc["metadata"]["name"]) for _, doc in MANIFESTS}
+    for required in [
+        ("Deployment", "cosyvoice-lite"),
+        ("Service", "cosyvoice-lite"),
+        ("HorizontalPodAutoscaler", "cosyvoice-lite"),
+        ("ConfigMap", "cosyvoice-lite-settings"),
+        ("Deployment", "cosyvoice-redis"),
+        ("Service", "cosyvoice-redis"),
+    ]:
+        assert required in kinds
+
+
+def test_configmap_holds_only_valid_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = settings_env()
+    assert unknown_env_vars(env) == [], "a ConfigMap key is not a TTS_* setting"
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]  # raises on any out-of-bounds value
+    limits = api_container()["resources"]["limits"]
+    assert settings.workers * settings.intra_op_threads <= cpu_cores(limits["cpu"]), "workers x threads <= cores"
+    assert str(settings.model_dir) == dockerfile_value(r"TTS_MODEL_DIR=(\S+)"), "the image serves the bundle from there"
+
+
+def test_redis_url_points_at_the_redis_service() -> None:
+    url = urlparse(settings_env()["TTS_REDIS_URL"])
+    redis_service = one("Service", "cosyvoice-redis")
+    assert url.hostname == redis_service["metadata"]["name"]
+    assert url.port in {p["port"] for p in redis_service["spec"]["ports"]}
+    redis_pod = one("Deployment", "cosyvoice-redis")["spec"]["template"]["metadata"]["labels"]
+    assert redis_service["spec"]["selector"].items() <= redis_pod.items()
+
+
+def test_deployment_probes_ports_and_resources() -> None:
+    deployment = one("Deployment", "cosyvoice-lite")
+    pod = deployment["spec"]["template"]
+    container = api_container()
+    port = next(p for p in container["ports"] if p["name"] == "http")
+    assert port["containerPort"] == int(settings_env()["TTS_PORT"]) == int(dockerfile_value(r"^EXPOSE (\d+)"))
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["startupProbe"]["httpGet"]["path"] == "/healthz"
+    for kind in ("requests", "limits"):
+        assert {"cpu", "memory"} <= container["resources"][kind].keys()
+    assert deployment["spec"]["selector"]["matchLabels"] == APP_LABELS and pod["metadata"]["labels"].items() >= APP_LABELS.items()
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
+def test_pods_run_as_the_image_user_and_have_time_to_drain() -> None:
+    pod = one("Deployment", "cosyvoice-lite")["spec"]["template"]["spec"]
+    uid, gid = dockerfile_value(r"^USER (\d+):(\d+)"), dockerfile_value(r"^USER \d+:(\d+)")
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert str(pod["securityContext"]["runAsUser"]) == uid and str(pod["securityContext"]["runAsGroup"]) == gid
+    pre_stop_s = int(api_container()["lifecycle"]["preStop"]["exec"]["command"][-1])
+    assert pod["terminationGracePeriodSeconds"] > pre_stop_s + DRAIN_TIMEOUT_S
+
+
+def test_service_and_hpa_target_the_deployment() -> None:
+    service = one("Service", "cosyvoice-lite")
+    assert service["spec"]["selector"] == APP_LABELS
+    assert {p["targetPort"] for p in service["spec"]["ports"]} == {"http"}
+    hpa = one("HorizontalPodAutoscaler", "cosyvoice-lite")["spec"]
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "cosyvoice-lite"}
+    assert 2 <= hpa["minReplicas"] < hpa["maxReplicas"]
+    assert [m["resource"]["name"] for m in hpa["metrics"]] == ["cpu"], "CPU utilization needs the cpu request above"
+
+
+def app_paths(tiny_bundle: Path) -> set[str]:
+    """Every documented path of the app plus the web page and its static files (the model is not loaded)."""
+    app = create_app(Settings(model_dir=tiny_bundle, _env_file=None))  # type: ignore[call-arg]
+    return set(app.openapi()["paths"]) | {"/", "/static/index.html", "/docs", "/openapi.json"}
+
+
+def ingress_routes(path: str) -> bool:
+    rules = one("Ingress", "cosyvoice-lite")["spec"]["rules"]
+    for entry in (p for rule in rules for p in rule["http"]["paths"]):
+        prefix = entry["path"].rstrip("/")
+        if path == entry["path"] or (entry["pathType"] == "Prefix" and path.startswith(prefix + "/")):
+            return True
+    return False
+
+
+def test_ingress_routes_every_public_path_but_not_metrics(tiny_bundle: Path) -> None:
+    paths = app_paths(tiny_bundle)
+    assert "/metrics" in paths and not ingress_routes("/metrics")
+    public = paths - {"/metrics"}
+    assert {p for p in public if not ingress_routes(p.replace("{", "x").replace("}", ""))} == set()
+
+
+def test_ingress_matches_the_nginx_rules() -> None:
+    notes = one("Ingress", "cosyvoice-lite")["metadata"]["annotations"]
+    conf = (REPO / "nginx" / "nginx.conf").read_text(encoding="utf-8")
+    prefix = "nginx.ingress.kubernetes.io/"
+    assert notes[prefix + "proxy-buffering"] == "off"
+    assert int(notes[prefix + "proxy-read-timeout"]) >= 120
+    body_size = re.search(r"client_max_body_size (\S+);", conf)
+    assert body_size and notes[prefix + "proxy-body-size"] == body_size.group(1)
+    assert int(settings_env()["TTS_MAX_BODY_BYTES"]) == 64 * 1024 == int(body_size.group(1).rstrip("k")) * 1024

@@ -1,0 +1,206 @@
+"""Real nginx (nginx/nginx.conf) in front of two app processes sharing a real Redis: streaming, faults, drain."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from deploy_servers import LoadDriver, NginxServer, Outcome, drain_timeout_s, mixed_texts, start_apps, tts_request
+from servers import AppServer, RedisServer, wait_until
+
+pytestmark = pytest.mark.integration
+
+APP_ENV = {
+    "TTS_INTRA_OP_THREADS": "1",  # two replicas x 1 thread on a 2-core machine
+    "TTS_TRUSTED_PROXIES": "127.0.0.1/32",
+    "TTS_RATE_LIMIT_PER_MINUTE": "100000",  # on (kept in Redis) but never reached by these tests
+}
+LONG_TEXT = "第一句话在这里。第二句话也在这里。第三句话还在这里。第四句话就在这里。第五句话最后在这里。第六句话真的结束了。"
+DRAIN_TIMEOUT_S = drain_timeout_s()
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def apps(tmp_path_factory: pytest.TempPathFactory, tiny_bundle: Path, redis_server: RedisServer) -> Iterator[list[AppServer]]:
+    workdir = tmp_path_factory.mktemp("apps")
+    env = {**APP_ENV, "TTS_REDIS_URL": redis_server.url}
+    pair = [AppServer(workdir, tiny_bundle, env, name=name) for name in ("app-a", "app-b")]
+    try:
+        start_apps(pair)
+        yield pair
+    finally:
+        for app in pair:
+            app.stop()
+            app.dump_log()
+
+
+@pytest.fixture(scope="module")
+def nginx(tmp_path_factory: pytest.TempPathFactory, apps: list[AppServer]) -> Iterator[NginxServer]:
+    server = NginxServer(tmp_path_factory.mktemp("nginx"), [app.port for app in apps])
+    server.start()
+    yield server
+    server.stop()
+    print(server.error_log())
+
+
+def test_stream_arrives_unbuffered_through_nginx(nginx: NginxServer) -> None:
+    arrivals: list[tuple[float, int]] = []
+    t0 = time.monotonic()
+    body = {"text": LONG_TEXT * 2, "format": "pcm", "stream": True, "seed": 3}
+    with httpx.stream("POST", nginx.base_url + "/tts", json=body, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        assert "content-length" not in response.headers
+        assert response.headers.get("transfer-encoding") == "chunked"
+        for chunk in response.iter_raw():
+            arrivals.append((time.monotonic() - t0, len(chunk)))
+    first, total = arrivals[0][0], arrivals[-1][0]
+    print(f"first audio bytes after {first * 1000:.0f} ms, stream ended after {total * 1000:.0f} ms, {len(arrivals)} reads")
+    assert total > 1.0, "the stream should last long enough for the check to mean something"
+    assert first < 0.5 * total, "nginx held the audio back until the stream ended"
+    assert len({round(t, 1) for t, _ in arrivals}) >= 3, "audio arrived in one burst instead of sentence by sentence"
+
+
+def test_metrics_are_not_public_and_big_bodies_stop_at_nginx(nginx: NginxServer, apps: list[AppServer]) -> None:
+    assert httpx.get(nginx.base_url + "/metrics", timeout=10).status_code == 403
+    assert httpx.get(apps[0].base_url + "/metrics", timeout=10).status_code == 200
+    assert httpx.get(nginx.base_url + "/healthz", timeout=10).json() == {"status": "ok"}
+    too_big = {"text": "长" * 40_000}  # 120 KB of UTF-8, over client_max_body_size 64k
+    response = httpx.post(nginx.base_url + "/tts", json=too_big, timeout=10)
+    assert response.status_code == 413
+    assert "nginx" in response.text.lower(), "the body should have been refused by nginx, not by a replica"
+
+
+def test_per_ip_limit_answers_429_with_retry_after(nginx: NginxServer) -> None:
+    with httpx.Client(base_url=nginx.base_url, timeout=10) as client:
+        answers = [client.get("/healthz") for _ in range(60)]  # > rate 10/s + burst 20, in well under a second
+    limited = [r for r in answers if r.status_code == 429]
+    assert {r.status_code for r in answers} == {200, 429}
+    assert all(r.headers.get("retry-after") == "1" and r.json()["error"]["code"] == "rate_limited" for r in limited)
+    time.sleep(2.5)  # the bucket refills at 10/s: leave it full for the next tests
+
+
+def test_redis_stopped_under_load_fails_no_request(nginx: NginxServer, redis_server: RedisServer, apps: list[AppServer]) -> None:
+    driver = LoadDriver(nginx.base_url, 4, lambda i: tts_request(i % 2 == 0, mixed_texts(f"红{i}"))).start()
+    result = driver.result
+    try:
+        result.wait_completed_after(time.monotonic(), 2)
+        t_down = time.monotonic()
+        redis_server.kill()
+        result.wait_completed_after(t_down, 4)
+        readiness = httpx.get(apps[0].base_url + "/readyz", timeout=30)
+    finally:
+        redis_server.start()
+    result.wait_completed_after(time.monotonic(), 2)
+    driver.stop()
+    print(result.summary(), f"; {len(result.completed_after(t_down))} succeeded after Redis went down")
+    assert result.failures() == []
+    assert readiness.status_code == 200 and readiness.json()["status"] == "degraded"
+
+
+def test_killed_replica_fails_no_request_that_had_not_started(nginx: NginxServer, apps: list[AppServer]) -> None:
+    victim = apps[1]
+    driver = LoadDriver(nginx.base_url, 4, lambda i: tts_request(i % 2 == 0, mixed_texts(f"杀{i}"))).start()
+    result = driver.result
+    try:
+        result.wait_completed_after(time.monotonic(), 6)  # both replicas busy
+        t_kill = time.monotonic()
+        victim.kill()
+        result.wait_completed_after(t_kill, 6)  # the surviving replica carries the load
+    finally:
+        driver.stop()
+        start_apps([victim])  # back to two replicas for the next test
+    handed_over = [line for line in nginx.error_log().splitlines() if f"127.0.0.1:{victim.port}" in line and "[error]" in line]
+    print(result.summary(), f"; {len(handed_over)} nginx upstream errors for the killed replica:", *handed_over[:4], sep="\n")
+    assert [o for o in result.failures() if not o.started] == []
+    assert handed_over, "nginx never saw the killed replica fail: the test did not exercise the hand-over"
+
+
+def test_sigterm_drains_in_flight_streams_and_refuses_new_ones(nginx: NginxServer, apps: list[AppServer]) -> None:
+    target = apps[0]
+    # One stream under way and one queued behind it (TTS_WORKERS=1): both were accepted before SIGTERM.
+    streams = [
+        StreamReader(target.base_url, "四句话的流。" + LONG_TEXT[:24]),
+        StreamReader(target.base_url, "排队的请求。" + LONG_TEXT[:8]),
+    ]
+    for stream in streams:
+        stream.thread.start()
+        time.sleep(0.05)
+    wait_until(lambda: streams[0].first_byte.is_set() or streams[0].done.is_set(), 30, "first bytes of the stream")
+    driver = LoadDriver(nginx.base_url, 2, lambda i: tts_request(i % 2 == 0, mixed_texts(f"停{i}"))).start()
+    assert target.proc is not None
+    target.proc.send_signal(signal.SIGTERM)
+    t_term = time.monotonic()
+    assert not any(s.done.is_set() for s in streams), f"a stream ended before SIGTERM: {[s.outcome for s in streams]}"
+    # Requests sent between the signal and its handling are still served; after "Shutting down" none may be.
+    wait_until(lambda: "Shutting down" in target.log_text(), 10, "uvicorn to handle SIGTERM")
+    time.sleep(0.2)
+    refused = new_request_refused(target.base_url)
+    for stream in streams:
+        stream.thread.join(DRAIN_TIMEOUT_S + 5)
+    exited = wait_exit(target, DRAIN_TIMEOUT_S + 5) - t_term
+    driver.result.wait_completed_after(time.monotonic(), 2)  # the other replica serves new requests
+    result = driver.stop()
+    print(f"streams: {[s.outcome for s in streams]}; exit {exited:.1f} s after SIGTERM; nginx load: {result.summary()}")
+    assert refused, "a new request was accepted after SIGTERM had been handled"
+    assert all(s.outcome is not None and s.outcome.ok and s.outcome.n_bytes > 22_050 for s in streams)
+    assert all(s.outcome is not None and s.outcome.t_end - t_term < DRAIN_TIMEOUT_S for s in streams)
+    assert exited < DRAIN_TIMEOUT_S + 5
+    assert result.failures() == [], "requests through nginx should have moved to the other replica"
+
+
+class StreamReader:
+    """One streaming request in a background thread; `first_byte` is set when the first audio arrives."""
+
+    def __init__(self, base_url: str, text: str) -> None:
+        self.first_byte = threading.Event()
+        self.done = threading.Event()
+        self.outcome: Outcome | None = None
+        self._url, self._text = base_url + "/tts", text
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        out = Outcome("stream", time.monotonic())
+        try:
+            body = {"text": self._text, "format": "pcm", "stream": True, "seed": 5}
+            with httpx.stream("POST", self._url, json=body, timeout=60) as response:
+                out.status, out.started = response.status_code, response.status_code == 200
+                for chunk in response.iter_bytes():
+                    out.n_bytes += len(chunk)
+                    self.first_byte.set()
+        except httpx.HTTPError as e:
+            out.error = f"{type(e).__name__}: {e}"
+        out.t_end = time.monotonic()
+        self.outcome = out
+        self.done.set()
+
+
+def new_request_refused(base_url: str) -> bool:
+    """True when a new request to a draining app is refused (connection refused, or 503 with Retry-After)."""
+    try:
+        response = httpx.post(base_url + "/tts", json={"text": "新的请求。"}, timeout=5)
+    except httpx.ConnectError:
+        return True
+    return response.status_code == 503 and "retry-after" in response.headers
+
+
+def wait_exit(app: AppServer, timeout_s: float) -> float:
+    """Monotonic time at which the process had exited (inf if it did not within `timeout_s`)."""
+    assert app.proc is not None
+    try:
+        app.proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return float("inf")
+    return time.monotonic()

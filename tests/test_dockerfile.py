@@ -1,0 +1,282 @@
+"""docker/Dockerfile without a Docker engine: its install steps are the README's, and replaying the runtime stage works."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from deploy_servers import ProcessInDir
+from servers import LOOPBACK, free_port, wait_until
+
+REPO = Path(__file__).resolve().parents[1]
+DOCKERFILE = REPO / "docker" / "Dockerfile"
+INSTALL_COMMAND = re.compile(r"^(\S*python3?(\.\d+)? -m venv |\S*python3?(\.\d+)? -m pip install |\S*pip3? install )")
+# RUN steps of the runtime stage that are not install steps: checked, but not replayed (they change the system).
+SYSTEM_COMMANDS = ("groupadd ", "useradd ")
+# Secrets, virtualenvs, checkpoints, bytecode and other bundles must never reach the Docker daemon.
+KEPT_OUT_OF_CONTEXT = (
+    ".env",
+    ".venv/bin/python",
+    ".git/HEAD",
+    "pretrained_models/x/llm.pt",
+    "service/__pycache__/a.pyc",
+    "models/big/x",
+)
+
+
+@dataclass
+class Stage:
+    base: str
+    name: str | None
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def args(self, keyword: str) -> list[str]:
+        return [rest for kw, rest in self.instructions if kw == keyword]
+
+
+@dataclass
+class Dockerfile:
+    global_args: dict[str, str]
+    stages: list[Stage]
+
+    def resolve(self, name: str) -> Stage:
+        """The stage `COPY --from=name` reads: follows `FROM <other stage> AS name` aliases."""
+        found = [s for s in self.stages if s.name == name]
+        assert len(found) == 1, f"no stage named {name}"
+        stage = found[0]
+        return self.resolve(stage.base) if not stage.instructions and stage.base != "scratch" else stage
+
+    @property
+    def runtime(self) -> Stage:
+        return self.stages[-1]  # `docker build` without --target builds the last stage
+
+
+def expand(text: str, values: dict[str, str]) -> str:
+    """Docker's $VAR / ${VAR} substitution (unknown variables become empty, as in Docker)."""
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: values.get(m.group(1) or m.group(2), ""), text)
+
+
+def parse_dockerfile(text: str) -> Dockerfile:
+    """Instructions per stage, continuation lines joined, comments dropped (enough for this Dockerfile's syntax)."""
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    joined = re.sub(r"\\\n\s*", "", "\n".join(lines))
+    global_args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for line in filter(None, (raw.strip() for raw in joined.splitlines())):
+        keyword, _, rest = line.partition(" ")
+        keyword, rest = keyword.upper(), rest.strip()
+        if keyword == "FROM":
+            parts = rest.split()
+            stages.append(Stage(expand(parts[0], global_args), parts[2] if len(parts) == 3 else None))
+        elif not stages and keyword == "ARG":
+            name, _, default = rest.partition("=")
+            global_args[name] = default
+        else:
+            stages[-1].instructions.append((keyword, rest))
+    return Dockerfile(global_args, stages)
+
+
+DOCKER = parse_dockerfile(DOCKERFILE.read_text(encoding="utf-8"))
+
+
+def run_commands(stage: Stage) -> list[str]:
+    return [c.strip() for run in stage.args("RUN") for c in run.split("&&")]
+
+
+def install_commands(stage: Stage) -> list[str]:
+    return [c for c in run_commands(stage) if INSTALL_COMMAND.match(c)]
+
+
+def readme_install_commands() -> list[str]:
+    """Install commands of the README code block that installs requirements-lite.txt."""
+    blocks = re.findall(r"```[a-z]*\n(.*?)```", (REPO / "README.md").read_text(encoding="utf-8"), re.S)
+    found = [
+        [line.strip() for line in block.splitlines() if INSTALL_COMMAND.match(line.strip())]
+        for block in blocks
+        if "-r requirements-lite.txt" in block
+    ]
+    assert len(found) == 1, "the README should document the install commands in one code block (see its deployment section)"
+    return found[0]
+
+
+def make_install_commands() -> list[str]:
+    """What `make run` executes to install (its .venv/.lite prerequisite), as `make -n` prints it."""
+    env = {k: v for k, v in os.environ.items() if k not in {"PY", "VENV", "MAKEFLAGS", "MAKELEVEL"}}
+    out = subprocess.run(["make", "-n", "-B", ".venv/.lite"], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    return [line.strip() for line in out.stdout.splitlines() if INSTALL_COMMAND.match(line.strip())]
+
+
+def glob_regex(glob: str) -> re.Pattern[str]:
+    """A .dockerignore glob: `*` and `?` stay within one path element, `**` spans any number of them."""
+    out, i = "", 0
+    while i < len(glob):
+        if glob.startswith("**/", i):
+            out, i = out + "(?:.*/)?", i + 3
+        elif glob.startswith("**", i):
+            out, i = out + ".*", i + 2
+        else:
+            out, i = out + {"*": "[^/]*", "?": "[^/]"}.get(glob[i], re.escape(glob[i])), i + 1
+    return re.compile(out + r"\Z")
+
+
+def dockerignored(path: str, patterns: list[str]) -> bool:
+    """Docker's rule: the last pattern that matches the path or one of its parent directories decides."""
+    parts = path.strip("/").split("/")
+    candidates = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    ignored = False
+    for pattern in patterns:
+        regex = glob_regex(pattern.removeprefix("!").strip("/"))
+        if any(regex.match(c) for c in candidates):
+            ignored = not pattern.startswith("!")
+    return ignored
+
+
+def ignore_patterns() -> list[str]:
+    lines = (REPO / ".dockerignore").read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def copy_pairs(copy_args: str) -> list[tuple[str, str]]:
+    """(build-context source, destination) of one COPY; `--from=<stage>` is followed back to the context files."""
+    words = [w for w in copy_args.split() if not w.startswith(("--chown", "--chmod", "--link"))]
+    if not words[0].startswith("--from="):
+        *sources, dest = words
+        return [(source, dest) for source in sources]
+    stage_path, dest = words[1].rstrip("/"), words[2]
+    source_stage = DOCKER.resolve(words[0].removeprefix("--from="))
+    made = [pair for args in source_stage.args("COPY") for pair in copy_pairs(args)]
+    return [(source, dest) for source, made_at in made if made_at.rstrip("/") == stage_path]
+
+
+def test_runtime_install_steps_are_exactly_the_readme_install_steps() -> None:
+    docker = install_commands(DOCKER.runtime)
+    assert any("-r requirements-lite.txt" in c for c in docker), "the runtime stage does not install requirements-lite.txt"
+    assert docker == readme_install_commands(), "docker/Dockerfile and the README install differently"
+    assert docker == make_install_commands(), "docker/Dockerfile and `make run` install differently"
+
+
+def test_runtime_stage_is_slim_torch_free_and_non_root() -> None:
+    runtime = DOCKER.runtime
+    assert re.fullmatch(r"python:3\.11-slim(-\w+)?", runtime.base), runtime.base
+    assert all(INSTALL_COMMAND.match(c) or c.startswith(SYSTEM_COMMANDS) for c in run_commands(runtime)), run_commands(runtime)
+    assert not any("torch" in c or "requirements-export" in c for c in run_commands(runtime))
+    assert not re.search(r"^torch\b", (REPO / "requirements-lite.txt").read_text(encoding="utf-8"), re.M)
+    assert runtime.args("USER")[-1].split(":")[0] not in {"root", "0"}
+    assert "/healthz" in runtime.args("HEALTHCHECK")[-1]
+    assert json.loads(runtime.args("CMD")[-1]) == ["python", "-m", "service.api"]
+
+
+def test_torch_is_installed_only_in_the_optional_export_stage() -> None:
+    installing = [s.name for s in DOCKER.stages if any("requirements-export.txt" in c for c in install_commands(s))]
+    assert installing == ["export"]
+    assert DOCKER.global_args["MODEL"] == "tiny", "the default image bakes in the committed tiny bundle"
+    assert copy_pairs("--from=model /bundle models/default") == [("models/tiny", "models/default")]
+
+
+def test_every_copied_path_exists_and_is_in_the_build_context() -> None:
+    patterns = ignore_patterns()
+    for stage in DOCKER.stages:
+        for source, _ in (pair for args in stage.args("COPY") for pair in copy_pairs(args)):
+            assert (REPO / source).exists(), f"COPY {source}: no such file"
+            assert not dockerignored(source, patterns), f"COPY {source}: excluded by .dockerignore"
+    assert not dockerignored("service/api/static/index.html", patterns)
+    for kept_out in KEPT_OUT_OF_CONTEXT:
+        assert dockerignored(kept_out, patterns), f"{kept_out} would be sent to the Docker daemon"
+
+
+@dataclass
+class ImageReplay:
+    """The runtime stage replayed in a scratch directory that stands for the image's `/`."""
+
+    root: Path
+    env: dict[str, str]
+    workdir: Path
+
+    def remap(self, value: str) -> str:
+        """Absolute image paths (/app/...) -> the scratch directory."""
+        return re.sub(r"(?<![\w.])/(?=app\b)", str(self.root) + "/", value)
+
+
+def replay_runtime_stage(root: Path) -> ImageReplay:
+    """WORKDIR, ENV, COPY (honouring .dockerignore) and the install RUN steps of the runtime stage, in order."""
+    replay = ImageReplay(root, {"PATH": os.environ["PATH"], "HOME": str(root)}, root)
+    patterns = ignore_patterns()
+    for keyword, rest in DOCKER.runtime.instructions:
+        if keyword == "WORKDIR":
+            replay.workdir = Path(replay.remap(rest))
+            replay.workdir.mkdir(parents=True, exist_ok=True)
+        elif keyword == "ENV":
+            for item in shlex.split(rest):
+                name, _, value = item.partition("=")
+                replay.env[name] = replay.remap(expand(value, replay.env))
+        elif keyword == "COPY":
+            for source, dest in copy_pairs(rest):
+                copy_context(source, replay.workdir, dest, patterns)
+        elif keyword == "RUN" and INSTALL_COMMAND.match(rest):
+            subprocess.run(["sh", "-c", rest], cwd=replay.workdir, env=replay.env, check=True, timeout=600)
+    return replay
+
+
+def copy_context(source: str, workdir: Path, dest: str, patterns: list[str]) -> None:
+    """COPY semantics for one source: a file lands in `dest` (a directory if it ends in /), a directory's contents too."""
+    src = REPO / source
+    target = workdir / dest
+    if src.is_file():
+        target = target / src.name if dest.endswith("/") or dest == "." else target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+        return
+    for path in sorted(p for p in src.rglob("*") if p.is_file()):
+        inner = path.relative_to(src).as_posix()
+        if not dockerignored(f"{source.rstrip('/')}/{inner}", patterns):
+            (target / inner).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target / inner)
+
+
+def ready(port: int) -> bool:
+    try:
+        return httpx.get(f"http://{LOOPBACK}:{port}/readyz", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def healthcheck(env: dict[str, str]) -> int:
+    """Exit code of the Dockerfile's HEALTHCHECK command (shell form), run with the image's environment."""
+    command = DOCKER.runtime.args("HEALTHCHECK")[-1].split(" CMD ", 1)[1]
+    return subprocess.run(["sh", "-c", command], env=env, timeout=30, capture_output=True).returncode
+
+
+@pytest.mark.integration
+def test_replayed_image_installs_serves_and_passes_its_healthcheck(tmp_path: Path) -> None:
+    replay = replay_runtime_stage(tmp_path / "image")
+    python = shutil.which("python", path=replay.env["PATH"])
+    assert python and python.startswith(str(replay.root)), "the image's PATH should find the venv's python first"
+    version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True)
+    assert version.stdout.strip() == DOCKER.runtime.base.split(":")[1].split("-")[0], "replayed with another Python"
+    no_torch = subprocess.run([python, "-c", "import torch"], capture_output=True, text=True, cwd=replay.workdir)
+    assert "No module named 'torch'" in no_torch.stderr
+    subprocess.run([python, "-m", "pip", "check"], check=True, capture_output=True, cwd=replay.workdir)
+
+    port = free_port()
+    env = {**replay.env, "TTS_HOST": LOOPBACK, "TTS_PORT": str(port)}
+    app = ProcessInDir("image-app", json.loads(DOCKER.runtime.args("CMD")[-1]), tmp_path / "app.log", env, replay.workdir)
+    try:
+        app.start()
+        wait_until(lambda: ready(port) or not app.alive(), 120, "the replayed image's app", interval_s=0.2)
+        assert app.alive(), app.log_text()
+        assert str(replay.workdir / "models" / "default") in app.log_text(), "the app should serve the baked-in bundle"
+        assert healthcheck(env) == 0
+        speech = httpx.post(f"http://{LOOPBACK}:{port}/tts", json={"text": "镜像测试。"}, timeout=60)
+        assert speech.status_code == 200 and speech.content[:4] == b"RIFF"
+    finally:
+        app.stop()
+        app.dump_log()
+    assert healthcheck(env) != 0, "the healthcheck should fail once the app is gone"

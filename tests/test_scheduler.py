@@ -1,0 +1,286 @@
+"""Continuous batching (BatchScheduler) and the acoustic gate on the tiny bundle: equality, join/leave, cancel, no deadlock."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.bundle import ModelBundle
+from service.engine.kvcache import KVCache
+from service.engine.llm import LLM_GRAPHS, DecodeBatch, LLMRunner
+from service.engine.scheduler import AcousticGate, BatchScheduler, Pacer
+from service.engine.sessions import RuntimeOptions, open_sessions
+from service.engine.synthesizer import SynthesisOptions, Synthesizer
+from service.errors import EngineError, ShuttingDownError
+
+TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def bundle(tiny_bundle: Path) -> ModelBundle:
+    return ModelBundle.load(tiny_bundle)
+
+
+@pytest.fixture(scope="module")
+def runner(bundle: ModelBundle) -> LLMRunner:
+    return LLMRunner(open_sessions(bundle, RuntimeOptions(intra_op_threads=1), names=LLM_GRAPHS), bundle.constants)
+
+
+@pytest.fixture
+def scheduler(runner: LLMRunner) -> Iterator[BatchScheduler]:
+    s = BatchScheduler(runner, max_batch=4)
+    yield s
+    s.close()
+
+
+def _inputs(runner: LLMRunner, n_text: int, seed: int) -> tuple[list[int], np.ndarray]:
+    g = np.random.default_rng(seed)
+    return g.integers(0, 50000, size=n_text).tolist(), g.standard_normal(runner.constants.spk_embed_dim).astype(np.float32)
+
+
+def _run_threads(targets: list[Any]) -> None:
+    threads = [threading.Thread(target=t) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT_S)
+    assert not any(t.is_alive() for t in threads), "a consumer is stuck (deadlock?)"
+
+
+def _wait_idle(s: BatchScheduler) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while s.active:
+        assert time.monotonic() < deadline, f"scheduler still has {s.active} requests"
+        time.sleep(0.01)
+
+
+def test_batched_tokens_equal_unbatched(runner: LLMRunner, scheduler: BatchScheduler) -> None:
+    """Sampled requests of different lengths decoded together give the tokens each gives alone."""
+    cases = [(_inputs(runner, n, 30 + n), limit) for n, limit in ((4, 25), (9, 40), (2, 12), (6, 33), (3, 18), (7, 29))]
+    alone = [list(runner.generate(ids, emb, np.random.default_rng(k), max_tokens=m)) for k, ((ids, emb), m) in enumerate(cases)]
+    got: dict[int, list[int]] = {}
+
+    def consume(k: int) -> None:
+        (ids, emb), m = cases[k]
+        got[k] = list(scheduler.generate(ids, emb, np.random.default_rng(k), max_tokens=m))
+
+    _run_threads([lambda k=k: consume(k) for k in range(len(cases))])
+    assert [got[k] for k in range(len(cases))] == alone
+    assert scheduler.stats.max_rows > 1, "requests were never decoded in the same step"
+    assert scheduler.stats.max_rows <= scheduler.max_batch
+    assert scheduler.stats.prefills == len(cases)
+
+
+def test_rows_join_and_leave_between_steps(runner: LLMRunner, scheduler: BatchScheduler) -> None:
+    """A late request joins a running batch; short requests leave while long ones keep decoding."""
+    ids, emb = _inputs(runner, 5, 2)
+    first = scheduler.generate(ids, emb, np.random.default_rng(0), min_tokens=60, max_tokens=60)
+    head = [next(first) for _ in range(10)]  # the first request is decoding
+    late = list(scheduler.generate(ids, emb, np.random.default_rng(1), min_tokens=7, max_tokens=7))
+    rest = list(first)
+    assert len(late) == 7 and len(head) + len(rest) == 60
+    assert head + rest == list(runner.generate(ids, emb, np.random.default_rng(0), min_tokens=60, max_tokens=60))
+    _wait_idle(scheduler)
+
+
+def test_cancel_ends_one_stream_and_spares_the_others(runner: LLMRunner, scheduler: BatchScheduler) -> None:
+    ids, emb = _inputs(runner, 4, 3)
+    cancel = threading.Event()
+    results: dict[str, list[int]] = {}
+
+    def cancelled() -> None:
+        out = []
+        for tok in scheduler.generate(ids, emb, np.random.default_rng(0), min_tokens=500, max_tokens=500, cancel=cancel):
+            out.append(tok)
+            if len(out) == 5:
+                cancel.set()
+        results["cancelled"] = out
+
+    def full() -> None:
+        results["full"] = list(scheduler.generate(ids, emb, np.random.default_rng(1), min_tokens=40, max_tokens=40))
+
+    _run_threads([cancelled, full])
+    assert 5 <= len(results["cancelled"]) < 500
+    assert results["full"] == list(runner.generate(ids, emb, np.random.default_rng(1), min_tokens=40, max_tokens=40))
+    _wait_idle(scheduler)
+
+
+def test_dropped_stream_leaves_the_batch(runner: LLMRunner, scheduler: BatchScheduler) -> None:
+    ids, emb = _inputs(runner, 4, 4)
+    stream = scheduler.generate(ids, emb, np.random.default_rng(0), min_tokens=1000, max_tokens=1000)
+    assert len([next(stream) for _ in range(3)]) == 3
+    stream.close()
+    assert list(stream) == []
+    _wait_idle(scheduler)
+    assert scheduler.stats.steps < 1000
+
+
+def test_many_consumers_with_cancels_never_deadlock(runner: LLMRunner) -> None:
+    scheduler = BatchScheduler(runner, max_batch=3)  # fewer rows than consumers: some wait for a free row
+    counts: dict[int, int] = {}
+    try:
+
+        def consume(k: int) -> None:
+            ids, emb = _inputs(runner, 3 + k % 4, k)
+            cancel = threading.Event()
+            n = 0
+            for _ in scheduler.generate(ids, emb, np.random.default_rng(k), min_tokens=20, max_tokens=20 + k, cancel=cancel):
+                n += 1
+                if k % 3 == 0 and n == 4:
+                    cancel.set()
+            counts[k] = n
+
+        _run_threads([lambda k=k: consume(k) for k in range(12)])
+        _wait_idle(scheduler)
+    finally:
+        scheduler.close()
+    assert all(counts[k] == (4 if k % 3 == 0 else 20 + k) for k in range(12)), counts
+
+
+def test_close_ends_waiting_streams_and_refuses_new_ones(runner: LLMRunner) -> None:
+    scheduler = BatchScheduler(runner, max_batch=2)
+    ids, emb = _inputs(runner, 4, 5)
+    stream = scheduler.generate(ids, emb, np.random.default_rng(0), min_tokens=100_000, max_tokens=100_000)
+    next(stream)
+    scheduler.close()
+    with pytest.raises(ShuttingDownError):
+        for _ in stream:
+            pass
+    with pytest.raises(ShuttingDownError):
+        scheduler.generate(ids, emb, np.random.default_rng(0))
+
+
+class _FailingOnce(LLMRunner):
+    """The tiny runner, except that the first batched step raises like a broken ONNX Runtime call."""
+
+    failed = False
+
+    def step(self, batch: DecodeBatch) -> list[Any]:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("simulated ORT failure")
+        return super().step(batch)
+
+
+def test_a_failed_step_fails_its_batch_and_the_scheduler_keeps_serving(runner: LLMRunner, bundle: ModelBundle) -> None:
+    sessions = open_sessions(bundle, RuntimeOptions(intra_op_threads=1), names=LLM_GRAPHS)
+    scheduler = BatchScheduler(_FailingOnce(sessions, bundle.constants), max_batch=2)
+    ids, emb = _inputs(runner, 4, 6)
+    try:
+        with pytest.raises(EngineError):
+            list(scheduler.generate(ids, emb, np.random.default_rng(0), min_tokens=10, max_tokens=10))
+        again = list(scheduler.generate(ids, emb, np.random.default_rng(0), min_tokens=10, max_tokens=10))
+    finally:
+        scheduler.close()
+    assert again == list(runner.generate(ids, emb, np.random.default_rng(0), min_tokens=10, max_tokens=10))
+
+
+def test_column_step_growth_keeps_the_cache_near_the_longest_row() -> None:
+    cache = KVCache(1, 1, 2, capacity=4, column_step=4)
+    first = np.arange(6, dtype=np.float32).reshape(1, 1, 3, 2)
+    cache.add_row(first, first)
+    capacities = []
+    for step in range(10):  # lengths 4 .. 13
+        col = np.full((1, 1, 1, 2), 100.0 + step, np.float32)
+        cache.append(col, col)
+        capacities.append(cache.capacity)
+    assert capacities == [4, 8, 8, 8, 8, 12, 12, 12, 12, 16]  # next multiple of 4, not the next power of 2
+    k, _ = cache.row_view(0)
+    np.testing.assert_array_equal(k[0, 0, :3], first[0, 0])
+    np.testing.assert_array_equal(k[0, 0, 3:, 0], 100.0 + np.arange(10))
+
+
+# ---------------------------------------------------------------------------------------------
+# Acoustic gate
+
+
+def test_gate_serves_waiters_earliest_deadline_first() -> None:
+    gate = AcousticGate(1)
+    order: list[float] = []
+    holding = threading.Event()
+    release = threading.Event()
+
+    def holder() -> None:
+        with gate.slot(0.0):
+            holding.set()
+            release.wait(TIMEOUT_S)
+
+    def waiter(deadline: float) -> None:
+        with gate.slot(deadline):
+            order.append(deadline)
+
+    first = threading.Thread(target=holder)
+    first.start()
+    holding.wait(TIMEOUT_S)
+    waiters = [threading.Thread(target=waiter, args=(d,)) for d in (3.0, 1.0, 2.0)]
+    for w in waiters:
+        w.start()
+    deadline = time.monotonic() + TIMEOUT_S
+    while len(gate._waiting) < 3:  # all three queued behind the holder
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    release.set()
+    for t in [first, *waiters]:
+        t.join(TIMEOUT_S)
+    assert order == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("slots", [1, 2, 0])
+def test_gate_bounds_concurrent_calls(slots: int) -> None:
+    gate = AcousticGate(slots)
+    lock = threading.Lock()
+    running = [0]
+    peak = [0]
+
+    def work() -> None:
+        for _ in range(5):
+            with gate.slot(time.monotonic()):
+                with lock:
+                    running[0] += 1
+                    peak[0] = max(peak[0], running[0])
+                time.sleep(0.002)
+                with lock:
+                    running[0] -= 1
+
+    _run_threads([work] * 6)
+    assert peak[0] == slots if slots else peak[0] >= 2
+
+
+def test_pacer_deadline_moves_with_delivered_audio() -> None:
+    pacer = Pacer(AcousticGate(1), sample_rate=100, start=10.0)
+    assert pacer.deadline == 10.0
+    pacer.delivered(250)
+    assert pacer.deadline == pytest.approx(12.5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthesizer with the scheduler
+
+
+def test_scheduled_synthesizer_matches_the_direct_one(bundle: ModelBundle) -> None:
+    direct = Synthesizer.load(bundle, RuntimeOptions(intra_op_threads=1, max_batch=0, acoustic_slots=0))
+    batched = Synthesizer.load(bundle, RuntimeOptions(intra_op_threads=1, max_batch=4, acoustic_slots=1))
+    sentences = [[15947, 1002, 13], [40, 716, 13]]
+    try:
+        assert isinstance(batched.llm, BatchScheduler) and not isinstance(direct.llm, BatchScheduler)
+        for opts in (SynthesisOptions(seed=3), SynthesisOptions(seed=4, stream=True, first_hop_tokens=21)):
+            want = [c.audio for c in direct.synthesize(sentences, direct.speakers[0], opts)]
+            got: dict[int, list[np.ndarray]] = {}
+
+            def run(k: int, opts: SynthesisOptions = opts, out: dict[int, list[np.ndarray]] = got) -> None:
+                out[k] = [c.audio for c in batched.synthesize(sentences, batched.speakers[0], opts)]
+
+            _run_threads([lambda k=k: run(k) for k in range(3)])
+            for k in range(3):
+                assert len(got[k]) == len(want)
+                for a, b in zip(got[k], want, strict=True):
+                    np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    finally:
+        batched.close()
+        direct.close()

@@ -1,0 +1,109 @@
+"""Per-stage ONNX Runtime configuration: threads, memory patterns, pre-packing, transient graphs, and the settings wiring."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.api.app import runtime_options
+from service.bundle import ModelBundle
+from service.engine.llm import LLMRunner
+from service.engine.sessions import (
+    PREPACKED_GRAPHS,
+    TRANSIENT_GRAPHS,
+    RuntimeOptions,
+    TransientSession,
+    graph_stage,
+    lower_thread_priority,
+    make_session_options,
+    open_sessions,
+)
+from service.engine.synthesizer import Synthesizer
+from service.settings import Settings
+
+
+def test_stages_get_their_own_thread_counts() -> None:
+    opts = RuntimeOptions(intra_op_threads=2, llm_threads=1, acoustic_threads=3)
+    assert make_session_options(opts, "llm_step").intra_op_num_threads == 1
+    assert make_session_options(opts, "flow_estimator").intra_op_num_threads == 3
+    assert make_session_options(opts, "hift_decode").intra_op_num_threads == 3
+    assert make_session_options(RuntimeOptions(intra_op_threads=2), "llm_step").intra_op_num_threads == 2
+    assert [graph_stage(g) for g in ("llm_encoder", "flow_lr", "hift_f0")] == ["llm", "acoustic", "acoustic"]
+
+
+def test_memory_patterns_and_prepacking_follow_the_graph() -> None:
+    opts = RuntimeOptions()
+    assert make_session_options(opts, "llm_step").enable_mem_pattern
+    assert not make_session_options(opts, "flow_estimator").enable_mem_pattern  # a new length every chunk
+    for graph in ("llm_step", "flow_estimator", "llm_encoder", "flow_encoder"):
+        disabled = make_session_options(opts, graph).get_session_config_entry("session.disable_prepacking") == "1"
+        assert disabled == (graph not in PREPACKED_GRAPHS)
+    assert make_session_options(opts).get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+@pytest.mark.parametrize(
+    "bad", [{"llm_threads": 0}, {"acoustic_threads": 0}, {"max_batch": -1}, {"acoustic_slots": -1}, {"acoustic_nice": 20}]
+)
+def test_runtime_options_reject_bad_stage_values(bad: dict[str, int]) -> None:
+    with pytest.raises(ValueError):
+        RuntimeOptions(**bad)  # type: ignore[arg-type]
+
+
+def test_position_graph_is_transient_and_builds_the_same_table(tiny_bundle: Path) -> None:
+    bundle = ModelBundle.load(tiny_bundle)
+    opts = RuntimeOptions(intra_op_threads=1)
+    names = ("llm_encoder", "llm_embed", "llm_pos", "llm_step")
+    resident = LLMRunner(open_sessions(bundle, opts, names), bundle.constants, position_rows=32)
+    transient_sessions = open_sessions(bundle, opts, names, transient=TRANSIENT_GRAPHS)
+    assert isinstance(transient_sessions["llm_pos"], TransientSession)
+    lazy = LLMRunner(transient_sessions, bundle.constants, position_rows=32)
+    np.testing.assert_array_equal(lazy.positions.table(32), resident.positions.table(32))
+    np.testing.assert_array_equal(lazy.positions.table(100), resident.positions.table(100))  # regrown on demand
+
+
+def test_settings_reach_the_runtime_options() -> None:
+    s = Settings(  # type: ignore[call-arg]
+        _env_file=None,
+        intra_op_threads=2,
+        llm_threads=1,
+        acoustic_threads=2,
+        max_batch=3,
+        acoustic_slots=2,
+        acoustic_nice=5,
+        ort_spinning=True,
+    )
+    opts = runtime_options(s)
+    assert (opts.threads_for("llm"), opts.threads_for("acoustic")) == (1, 2)
+    assert (opts.max_batch, opts.acoustic_slots, opts.acoustic_nice, opts.allow_spinning) == (3, 2, 5, True)
+
+
+def test_load_builds_the_scheduling_the_options_ask_for(tiny_bundle: Path) -> None:
+    plain = Synthesizer.load(tiny_bundle, RuntimeOptions(intra_op_threads=1, max_batch=0, acoustic_slots=0))
+    assert plain.scheduler is None and plain.gate is None
+    batched = Synthesizer.load(tiny_bundle, RuntimeOptions(intra_op_threads=1, max_batch=5, acoustic_slots=2))
+    try:
+        assert batched.scheduler is not None and batched.scheduler.max_batch == 5
+        assert batched.gate is not None and batched.gate.slots == 2
+    finally:
+        batched.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="per-thread niceness is Linux only")
+def test_lower_thread_priority_affects_only_the_calling_thread() -> None:
+    seen: dict[str, int] = {}
+
+    def worker() -> None:
+        lower_thread_priority(7)
+        lower_thread_priority(3)  # never raises the priority back
+        seen["worker"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen["worker"] == max(7, before)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
