@@ -1,4 +1,4 @@
-"""Weight quantization of a finished fp32 bundle: dynamic INT8 MatMuls, or 4-bit MatMulNBits for the LLM decode step."""
+"""Weight quantization of a finished fp32 bundle: dynamic INT8 MatMuls, int8 lookup tables, 4-bit decode-step MatMuls."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from typing import Literal
 import numpy as np
 import onnx
 import onnxruntime as ort
+from onnx import helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from service.bundle import MANIFEST_NAME, Manifest, ModelConstants, sha256_file
+from service.bundle import MANIFEST_NAME, Manifest, ModelConstants, relative_pe, sha256_file
 
 Scheme = Literal["int8", "int4"]
 
@@ -27,6 +28,10 @@ INT8_GRAPHS = ("llm_encoder", "llm_step", "flow_encoder", "flow_estimator")
 INT4_GRAPHS = ("llm_step",)
 INT4_BLOCK_SIZE = 128  # fewer scales than 32 and faster here (docs/benchmarks.md)
 INT4_ACCURACY_LEVEL = 4  # int8 activations x int4 weights on VNNI; levels 0/1 compute in fp32 (2x slower)
+# Graphs whose lookup tables (text 51866 x 512, speech 4096 x 1024 and 4096 x 512: 130 MB fp32) are kept as
+# int8 rows with one scale per row: a lookup reads a few rows, so this costs no time and saves ~100 MB.
+EMBEDDING_GRAPHS = ("llm_encoder", "llm_embed", "flow_encoder")
+MIN_TABLE_VALUES = 1 << 18  # smaller Gather tables stay fp32
 
 
 def quantize_graph(src: Path, dst: Path) -> None:
@@ -62,9 +67,55 @@ def quantize_graph_4bit(src: Path, dst: Path, block_size: int = INT4_BLOCK_SIZE)
     quantizer.model.save_model_to_file(str(dst), False)
 
 
+def _int8_table(model: onnx.ModelProto, node: onnx.NodeProto, table: np.ndarray) -> list[onnx.NodeProto]:
+    """Replace Gather(table, ids) by Gather(int8 rows) * Gather(row scales); returns the nodes to insert."""
+    name, ids, out = node.input[0], node.input[1], node.output[0]
+    peak = np.abs(table).max(axis=1, keepdims=True)
+    scale = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
+    rows = np.clip(np.rint(table / scale), -127, 127).astype(np.int8)
+    q, s = f"{name}.rows_int8", f"{name}.row_scale"  # names no quantizer or exporter produces
+    model.graph.initializer.extend([numpy_helper.from_array(rows, q), numpy_helper.from_array(scale, s)])
+    return [
+        helper.make_node("Gather", [q, ids], [f"{out}.rows_int8"], axis=0),
+        helper.make_node("Cast", [f"{out}.rows_int8"], [f"{out}.rows"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Gather", [s, ids], [f"{out}.row_scale"], axis=0),
+        helper.make_node("Mul", [f"{out}.rows", f"{out}.row_scale"], [out]),
+    ]
+
+
+def quantize_embeddings(path: Path, min_values: int = MIN_TABLE_VALUES) -> list[str]:
+    """Rewrite `path` so its large fp32 lookup tables (2-D initializers read only by Gather on axis 0) are int8 rows.
+
+    Symmetric per row: row = int8 * (max|row| / 127). Returns the names of the tables it converted.
+    """
+    model = onnx.load(str(path))
+    graph = model.graph
+    tables = {i.name: i for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT and len(i.dims) == 2}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    nodes, done = [], []
+    for node in graph.node:
+        name = node.input[0] if node.op_type == "Gather" and node.input else ""
+        axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
+        if name in tables and axis == 0 and len(readers[name]) == 1 and np.prod(tables[name].dims) >= min_values:
+            nodes.extend(_int8_table(model, node, numpy_helper.to_array(tables[name])))
+            graph.initializer.remove(tables[name])
+            done.append(name)
+        else:
+            nodes.append(node)
+    if done:
+        del graph.node[:]
+        graph.node.extend(nodes)
+        onnx.checker.check_model(model)
+        onnx.save(model, str(path))
+    return done
+
+
 def precision_plan(scheme: Scheme) -> dict[str, str]:
     """Graph name -> precision it gets under `scheme` (graphs not listed are copied as fp32)."""
-    plan = dict.fromkeys(INT8_GRAPHS, "int8")
+    plan = dict.fromkeys((*INT8_GRAPHS, *EMBEDDING_GRAPHS), "int8")
     if scheme == "int4":
         plan.update(dict.fromkeys(INT4_GRAPHS, "int4"))
     return plan
@@ -80,12 +131,14 @@ def write_quantized_bundle(src_dir: Path, dst_dir: Path, manifest: Manifest, sch
         precision = plan.get(name)
         if precision == "int4":
             quantize_graph_4bit(src, dst)
-        elif precision == "int8":
+        elif name in INT8_GRAPHS:
             quantize_graph(src, dst)
         else:
             shutil.copy2(src, dst)
-            continue
-        graphs[name] = replace(entry, sha256=sha256_file(dst), precision=precision)
+        if name in EMBEDDING_GRAPHS:
+            quantize_embeddings(dst)
+        if precision is not None:
+            graphs[name] = replace(entry, sha256=sha256_file(dst), precision=precision)
     for name in manifest.files:
         shutil.copy2(src_dir / name, dst_dir / name)
     new = replace(manifest, graphs=graphs, precision=scheme, model=f"{manifest.model}-{scheme}")
@@ -134,9 +187,7 @@ def step_deviation(
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, constants.speech_token_size, (1, 2 * tokens))
     (x,) = _step_session(fp32_dir / "llm_embed.onnx").run(["x"], {"token": ids})
-    arg = np.arange(0, constants.llm_model_dim, 2, dtype=np.float32) * np.float32(-np.log(10000.0) / constants.llm_model_dim)
-    angle = np.arange(2 * tokens + 1, dtype=np.float32)[:, None] * np.exp(arg.astype(np.float64)).astype(np.float32)
-    pe = np.stack([np.sin(angle), np.cos(angle)], axis=-1).reshape(angle.shape[0], -1).astype(np.float32)
+    pe = relative_pe(2 * tokens + 1, constants.llm_model_dim)
     (pos,) = _step_session(fp32_dir / "llm_pos.onnx").run(["pos"], {"pe": pe})
     want = _decode_logp(_step_session(fp32_dir / "llm_step.onnx"), x, pos, constants)
     got = _decode_logp(_step_session(quant_dir / "llm_step.onnx"), x, pos, constants)

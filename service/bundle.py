@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,25 @@ def expand_io_names(names: tuple[str, ...], num_layers: int) -> list[str]:
         else:
             out.append(name)
     return out
+
+
+def relative_pe(rows: int, dim: int) -> np.ndarray:
+    """Positional rows of the bundle contract: espnet sinusoids (rows, dim) float32 for relative distances 0..rows-1.
+
+    Row r: `pe[r, 2j] = sin(r * w_j)`, `pe[r, 2j+1] = cos(r * w_j)`, `w_j = exp(2j * -(ln(10000)/dim))`; angles are
+    float32 products as in torch. The exp is taken in float64 and rounded to float32: that equals torch's float32 exp
+    on all but 2-3 of 512 frequencies (numpy's float32 exp differs on ~200), so pe stays within 4e-6 of torch for
+    r < 100 and 3e-5 for r < 1000. The exporter (llm_pos inputs) and the engine build rows with this one function.
+    """
+    if dim % 2:
+        raise ValueError(f"positional dimension must be even, got {dim}")
+    exponent = np.arange(0, dim, 2, dtype=np.float32) * np.float32(-(math.log(10000.0) / dim))
+    w = np.exp(exponent.astype(np.float64)).astype(np.float32)
+    angle = np.arange(rows, dtype=np.float32)[:, None] * w[None, :]
+    pe = np.empty((rows, dim), dtype=np.float32)
+    pe[:, 0::2] = np.sin(angle)
+    pe[:, 1::2] = np.cos(angle)
+    return pe
 
 
 @dataclass(frozen=True)
@@ -111,7 +131,7 @@ class GraphEntry:
 
     file: str
     sha256: str
-    precision: str  # "fp32" or "int8"
+    precision: str  # "fp32", "int8" or "int4" (4-bit weight-only MatMulNBits)
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     opset: int = 13

@@ -30,6 +30,14 @@ class Settings(BaseSettings):
     host: str = Field(default="127.0.0.1", description="Address `python -m service.api` binds to.")
     port: int = Field(default=8000, ge=1, le=65535, description="TCP port `python -m service.api` listens on.")
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level of the service.")
+    drain_timeout_s: int = Field(
+        default=10,
+        ge=1,
+        le=600,
+        description="After SIGTERM, seconds in-flight requests get to finish while new ones are refused; keep the "
+        "orchestrator's grace period (Kubernetes terminationGracePeriodSeconds, `docker stop -t`) above it plus any "
+        "preStop delay.",
+    )
 
     # model and engine
     model_dir: Path = Field(default=Path("models/tiny"), description="Model bundle directory (manifest.json, graphs, speakers).")

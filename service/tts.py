@@ -256,6 +256,18 @@ class TTSService:
         with self._lock:
             return self._admitted - self._running, self._running
 
+    def queue_full(self) -> bool:
+        """True while one more job would be refused (every worker busy, queue full). Cheap; any thread may call it."""
+        with self._lock:
+            return self._admitted >= self.capacity
+
+    def overloaded(self) -> OverloadedError:
+        """The error a request gets while the queue is full (Retry-After: `retry_after_s`)."""
+        return OverloadedError(
+            f"all {self.workers} synthesis workers are busy and the queue is full; retry shortly",
+            retry_after_s=self.retry_after_s,
+        )
+
     def submit(self, request: SpeechRequest) -> SpeechJob:
         """Prepare, look up the cache, else start a job. Raises the request's TTSError before any audio exists."""
         prepared = self.prepare(request)
@@ -343,10 +355,7 @@ class TTSService:
             if self._closing:
                 raise ShuttingDownError("the service is shutting down")
             if self._admitted >= self.capacity:
-                raise OverloadedError(
-                    f"all {self.workers} synthesis workers are busy and the queue is full; retry shortly",
-                    retry_after_s=self.retry_after_s,
-                )
+                raise self.overloaded()
             self._admitted += 1
             self._jobs.add(job)
             job.admitted_at = time.monotonic()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from servers import RedisServer
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = (REPO.parent / "shared" / "reference").resolve()
@@ -31,3 +33,13 @@ def tiny_bundle() -> Path:
     if not (TINY_BUNDLE / "manifest.json").is_file():
         pytest.fail(f"{TINY_BUNDLE} is missing: run `make models/tiny`")
     return TINY_BUNDLE
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A real redis-server on a free loopback port for one test module, stopped by PID afterwards."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+    server.dump_log()

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,23 +16,19 @@ import httpx
 import pytest
 from servers import LOOPBACK, REPO, AppServer, ManagedProcess, free_port, port_open, wait_until
 
+from service.settings import Settings
+
 NGINX_CONF = REPO / "nginx" / "nginx.conf"
-ENTRY_POINT = REPO / "service" / "api" / "__main__.py"
 UPSTREAM_BLOCK = re.compile(r"(upstream\s+tts_app\s*\{)(.*?)(\})", re.S)
 SERVER_LINE = re.compile(r"^(\s*)server\s+\S+(.*);\s*$", re.M)
 LISTEN_LINE = re.compile(r"^(\s*)listen\s+\S+;\s*$", re.M)
 
 
-def drain_timeout_s() -> float:
-    """How long the app lets in-flight requests finish after SIGTERM (uvicorn's timeout_graceful_shutdown)."""
-    match = re.search(r"timeout_graceful_shutdown=([\w.]+)", ENTRY_POINT.read_text(encoding="utf-8"))
-    assert match, f"{ENTRY_POINT} no longer passes timeout_graceful_shutdown to uvicorn"
-    value = match.group(1)
-    if value.replace(".", "").isdigit():
-        return float(value)
-    from service.settings import Settings
-
-    return float(Settings.model_fields[value.removeprefix("settings.")].default)
+def drain_timeout_s(env: Mapping[str, str]) -> int:
+    """How long an app started with the TTS_* variables `env` (see servers.app_env) lets in-flight requests
+    finish after SIGTERM: its TTS_DRAIN_TIMEOUT_S, else the setting's default."""
+    value = env.get("TTS_DRAIN_TIMEOUT_S")
+    return int(value) if value else int(Settings.model_fields["drain_timeout_s"].default)
 
 
 def render_site_config(template: str, upstream_ports: Sequence[int], listen_port: int) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from servers import AppServer, RedisServer, metric_value
+from servers import AppServer, RedisServer, metric_value  # redis_server: conftest.py
 
 pytestmark = pytest.mark.integration
 
@@ -27,15 +27,6 @@ CACHE_ERRORS = "tts_cache_errors_total"
 
 def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
-    server.dump_log()
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -10,9 +11,12 @@ from urllib.parse import urlparse
 
 import kubernetes_validate
 import pytest
+import uvicorn
 import yaml
 from deploy_servers import drain_timeout_s
+from pydantic import ValidationError
 
+from service.api import __main__ as entry_point
 from service.api.app import create_app
 from service.settings import Settings, unknown_env_vars
 
@@ -21,7 +25,6 @@ K8S = REPO / "deploy" / "k8s"
 # The oldest still-common release and the newest the validator ships: the manifests use only stable APIs.
 KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 APP_LABELS = {"app.kubernetes.io/name": "cosyvoice-lite", "app.kubernetes.io/component": "api"}
-DRAIN_TIMEOUT_S = drain_timeout_s()
 
 Manifest = dict[str, Any]
 
@@ -127,7 +130,22 @@ def test_pods_run_as_the_image_user_and_have_time_to_drain() -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert str(pod["securityContext"]["runAsUser"]) == uid and str(pod["securityContext"]["runAsGroup"]) == gid
     pre_stop_s = int(api_container()["lifecycle"]["preStop"]["exec"]["command"][-1])
-    assert pod["terminationGracePeriodSeconds"] > pre_stop_s + DRAIN_TIMEOUT_S
+    assert "TTS_DRAIN_TIMEOUT_S" in settings_env(), "the drain the grace period is sized for is set, not implied"
+    assert pod["terminationGracePeriodSeconds"] > pre_stop_s + drain_timeout_s(settings_env())
+
+
+def test_the_entry_point_drains_for_tts_drain_timeout_s(monkeypatch: pytest.MonkeyPatch, tiny_bundle: Path) -> None:
+    served: dict[str, Any] = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: served.update(options))
+    for key in [k for k in os.environ if k.startswith("TTS_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("TTS_MODEL_DIR", str(tiny_bundle))
+    monkeypatch.setenv("TTS_DRAIN_TIMEOUT_S", "17")
+    entry_point.main()
+    assert served["timeout_graceful_shutdown"] == 17
+    monkeypatch.setenv("TTS_DRAIN_TIMEOUT_S", "0")
+    with pytest.raises(ValidationError):
+        entry_point.main()
 
 
 def test_service_and_hpa_target_the_deployment() -> None:

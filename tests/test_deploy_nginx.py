@@ -22,7 +22,7 @@ APP_ENV = {
     "TTS_RATE_LIMIT_PER_MINUTE": "100000",  # on (kept in Redis) but never reached by these tests
 }
 LONG_TEXT = "第一句话在这里。第二句话也在这里。第三句话还在这里。第四句话就在这里。第五句话最后在这里。第六句话真的结束了。"
-DRAIN_TIMEOUT_S = drain_timeout_s()
+DRAIN_TIMEOUT_S = drain_timeout_s(APP_ENV)  # the apps' TTS_DRAIN_TIMEOUT_S (the default unless APP_ENV sets it)
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +122,7 @@ def test_killed_replica_fails_no_request_that_had_not_started(nginx: NginxServer
     finally:
         driver.stop()
         start_apps([victim])  # back to two replicas for the next test
+        rejoin(nginx, victim)
     handed_over = [line for line in nginx.error_log().splitlines() if f"127.0.0.1:{victim.port}" in line and "[error]" in line]
     print(result.summary(), f"; {len(handed_over)} nginx upstream errors for the killed replica:", *handed_over[:4], sep="\n")
     assert [o for o in result.failures() if not o.started] == []
@@ -159,6 +160,23 @@ def test_sigterm_drains_in_flight_streams_and_refuses_new_ones(nginx: NginxServe
     assert all(s.outcome is not None and s.outcome.t_end - t_term < DRAIN_TIMEOUT_S for s in streams)
     assert exited < DRAIN_TIMEOUT_S + 5
     assert result.failures() == [], "requests through nginx should have moved to the other replica"
+
+
+def rejoin(nginx: NginxServer, app: AppServer, timeout_s: float = 40.0) -> None:
+    """Send requests through nginx until the restarted `app` has answered one. nginx keeps a replica that failed
+    out of the group until fail_timeout has passed and then a request to it has succeeded; without this the next
+    test could find only one replica in the group (and none once it stops that one)."""
+
+    def served() -> int:
+        return app.log_text(tail_chars=1 << 30).count('"GET /healthz HTTP/1.1" 200')
+
+    before = served()
+
+    def answered() -> bool:
+        httpx.get(nginx.base_url + "/healthz", timeout=5)
+        return served() > before
+
+    wait_until(answered, timeout_s, f"nginx to route to {app.name} again", interval_s=0.25)
 
 
 class StreamReader:

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from service.bundle import ModelBundle, ModelConstants
+from service.bundle import relative_pe as espnet_pe
 from service.engine.kvcache import KVCache
 from service.engine.llm import LLM_GRAPHS, LLMRunner
-from service.engine.positions import PositionTable, espnet_pe
+from service.engine.positions import PositionTable
 from service.engine.sessions import RuntimeOptions, make_session_options, open_sessions
 from service.errors import BundleError, InvalidInputError
 

@@ -75,7 +75,7 @@ def test_int8_bundle_is_a_second_bundle(tmp_path: Path, ref_dir: Path) -> None:
     fp32, int8 = ModelBundle.load(tmp_path / "q"), ModelBundle.load(tmp_path / "q-int8", verify_hashes=True)
     assert fp32.manifest.precision == "fp32" and int8.manifest.precision == "int8"
     quantized = {n for n, g in int8.manifest.graphs.items() if g.precision == "int8"}
-    assert quantized == {"llm_encoder", "llm_step", "flow_encoder", "flow_estimator"}
+    assert quantized == {"llm_encoder", "llm_embed", "llm_step", "flow_encoder", "flow_estimator"}
 
 
 @pytest.mark.parametrize("missing", ["llm.pt", "spk2info.pt", "cosyvoice.yaml"])

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from servers import AppServer, RedisServer, metric_value
+from servers import AppServer, RedisServer, metric_value  # redis_server: conftest.py
 
 from service.cache import DEFAULT_LEXICON_PREFIX, LEXICON_UNREAD_VERSION, LEXICON_WRITE_RETRY_AFTER_S, RedisLexiconStore
 from service.errors import StoreUnavailableError
@@ -87,15 +87,6 @@ def test_store_reads_fall_back_and_writes_fail_when_redis_is_down(own_redis: Red
 
 
 # ---- two app instances -----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
-    server.dump_log()
 
 
 @pytest.fixture(scope="module")

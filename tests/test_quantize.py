@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import pytest
 
-from export.quantize import INT4_BLOCK_SIZE, step_deviation, write_quantized_bundle
+from export.quantize import INT4_BLOCK_SIZE, quantize_embeddings, step_deviation, write_quantized_bundle
 from service.bundle import ModelBundle
 from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import SynthesisOptions, Synthesizer
@@ -35,8 +35,8 @@ def test_int4_changes_only_the_decode_step(quantized: dict[str, Path]) -> None:
     precisions = {n: g.precision for n, g in bundle.manifest.graphs.items()}
     assert bundle.manifest.precision == "int4" and bundle.manifest.model.endswith("-int4")
     assert precisions["llm_step"] == "int4"
-    assert {n for n, p in precisions.items() if p == "int8"} == {"llm_encoder", "flow_encoder", "flow_estimator"}
-    assert all(precisions[n] == "fp32" for n in ("llm_embed", "llm_pos", "flow_lr", "hift_f0", "hift_source", "hift_decode"))
+    assert {n for n, p in precisions.items() if p == "int8"} == {"llm_encoder", "llm_embed", "flow_encoder", "flow_estimator"}
+    assert all(precisions[n] == "fp32" for n in ("llm_pos", "flow_lr", "hift_f0", "hift_source", "hift_decode"))
 
 
 def test_int4_step_uses_4bit_blocks_with_int8_compute(quantized: dict[str, Path]) -> None:
@@ -66,3 +66,20 @@ def test_int4_bundle_synthesizes(quantized: dict[str, Path]) -> None:
     chunks = list(synth.synthesize([[15947, 1002, 13]], synth.speakers[0], SynthesisOptions(seed=0)))
     audio = np.concatenate([c.audio for c in chunks])
     assert audio.size > 0 and np.isfinite(audio).all() and chunks[-1].is_final
+
+
+def test_lookup_tables_become_int8_rows_with_row_scales(tiny_bundle: Path, tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    path = tmp_path / "llm_embed.onnx"
+    path.write_bytes((tiny_bundle / "llm_embed.onnx").read_bytes())
+    assert quantize_embeddings(path) == ["model.speech_embedding.weight"]
+    assert quantize_embeddings(path) == []  # nothing left to convert
+    tables = {i.name: i for i in onnx.load(str(path)).graph.initializer}
+    assert tables["model.speech_embedding.weight.rows_int8"].data_type == onnx.TensorProto.INT8
+    tokens = np.arange(0, 4096, 7, dtype=np.int64).reshape(1, -1)
+    want = ort.InferenceSession(str(tiny_bundle / "llm_embed.onnx")).run(None, {"token": tokens})[0]
+    got = ort.InferenceSession(str(path)).run(None, {"token": tokens})[0]
+    row_peak = np.abs(want).max(axis=-1, keepdims=True)
+    assert np.all(np.abs(got - want) <= row_peak / 254 + 1e-7)  # half a quantization step per row
+    assert np.abs(got - want).max() > 0

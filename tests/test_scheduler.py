@@ -200,9 +200,9 @@ def test_column_step_growth_keeps_the_cache_near_the_longest_row() -> None:
 # Acoustic gate
 
 
-def test_gate_serves_waiters_earliest_deadline_first() -> None:
-    gate = AcousticGate(1)
-    order: list[float] = []
+def _queue_behind_a_holder(gate: AcousticGate, calls: list[tuple[float, bool]]) -> list[tuple[float, bool]]:
+    """Hold the only slot, queue `calls` (deadline, first chunk?), release; returns the order they ran in."""
+    order: list[tuple[float, bool]] = []
     holding = threading.Event()
     release = threading.Event()
 
@@ -211,24 +211,34 @@ def test_gate_serves_waiters_earliest_deadline_first() -> None:
             holding.set()
             release.wait(TIMEOUT_S)
 
-    def waiter(deadline: float) -> None:
-        with gate.slot(deadline):
-            order.append(deadline)
+    def waiter(deadline: float, first: bool) -> None:
+        with gate.slot(deadline, first=first):
+            order.append((deadline, first))
 
-    first = threading.Thread(target=holder)
-    first.start()
+    hold = threading.Thread(target=holder)
+    hold.start()
     holding.wait(TIMEOUT_S)
-    waiters = [threading.Thread(target=waiter, args=(d,)) for d in (3.0, 1.0, 2.0)]
+    waiters = [threading.Thread(target=waiter, args=call) for call in calls]
     for w in waiters:
         w.start()
     deadline = time.monotonic() + TIMEOUT_S
-    while len(gate._waiting) < 3:  # all three queued behind the holder
+    while len(gate._waiting) < len(calls):  # all queued behind the holder
         assert time.monotonic() < deadline
         time.sleep(0.005)
     release.set()
-    for t in [first, *waiters]:
+    for t in [hold, *waiters]:
         t.join(TIMEOUT_S)
-    assert order == [1.0, 2.0, 3.0]
+    return order
+
+
+def test_gate_serves_waiters_earliest_deadline_first() -> None:
+    order = _queue_behind_a_holder(AcousticGate(1), [(3.0, False), (1.0, False), (2.0, False)])
+    assert [d for d, _ in order] == [1.0, 2.0, 3.0]
+
+
+def test_gate_serves_first_chunks_before_overdue_streams() -> None:
+    order = _queue_behind_a_holder(AcousticGate(1), [(1.0, False), (9.0, True), (5.0, True), (0.5, False)])
+    assert order == [(5.0, True), (9.0, True), (0.5, False), (1.0, False)]
 
 
 @pytest.mark.parametrize("slots", [1, 2, 0])

@@ -16,6 +16,7 @@ from service.engine.sessions import (
     PREPACKED_GRAPHS,
     TRANSIENT_GRAPHS,
     RuntimeOptions,
+    ShrinkingSession,
     TransientSession,
     graph_stage,
     lower_thread_priority,
@@ -63,6 +64,18 @@ def test_position_graph_is_transient_and_builds_the_same_table(tiny_bundle: Path
     lazy = LLMRunner(transient_sessions, bundle.constants, position_rows=32)
     np.testing.assert_array_equal(lazy.positions.table(32), resident.positions.table(32))
     np.testing.assert_array_equal(lazy.positions.table(100), resident.positions.table(100))  # regrown on demand
+
+
+def test_acoustic_sessions_give_back_their_arena_and_compute_the_same(tiny_bundle: Path) -> None:
+    bundle = ModelBundle.load(tiny_bundle)
+    names = ["flow_lr", "llm_embed"]
+    shrinking = open_sessions(bundle, RuntimeOptions(intra_op_threads=1), names)
+    plain = open_sessions(bundle, RuntimeOptions(intra_op_threads=1, shrink_acoustic_arenas=False), names)
+    assert isinstance(shrinking["flow_lr"], ShrinkingSession) and not isinstance(shrinking["llm_embed"], ShrinkingSession)
+    assert not isinstance(plain["flow_lr"], ShrinkingSession)
+    x = np.random.default_rng(0).standard_normal((1, bundle.constants.n_mels, 40)).astype(np.float32)
+    for _ in range(2):  # the second call runs on a shrunk arena
+        np.testing.assert_array_equal(shrinking["flow_lr"].run(["mu"], {"x": x})[0], plain["flow_lr"].run(["mu"], {"x": x})[0])
 
 
 def test_settings_reach_the_runtime_options() -> None:

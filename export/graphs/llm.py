@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,24 +12,9 @@ from torch import Tensor, nn
 
 from export.modules.llm import TransformerLM
 from export.onnx_io import ExportedGraph, export_graph
-from service.bundle import GRAPH_IO, expand_io_names
+from service.bundle import GRAPH_IO, expand_io_names, relative_pe
 
 LLM_GRAPHS = ("llm_encoder", "llm_embed", "llm_pos", "llm_step")
-
-
-def relative_pe(rows: int, dim: int) -> np.ndarray:
-    """espnet sinusoids (rows, dim) float32 for relative distances 0..rows-1, built the way the engine builds them.
-
-    Angles are float32 products as in torch; the frequencies use a float64 exp rounded to float32, which agrees
-    with torch's float32 exp on all but a few entries (pe within 4e-6 of torch for r < 100, 3e-5 for r < 1000).
-    """
-    arg = np.arange(0, dim, 2, dtype=np.float32) * np.float32(-(math.log(10000.0) / dim))
-    div = np.exp(arg.astype(np.float64)).astype(np.float32)
-    angle = np.arange(rows, dtype=np.float32)[:, None] * div[None, :]
-    pe = np.empty((rows, dim), dtype=np.float32)
-    pe[:, 0::2] = np.sin(angle)
-    pe[:, 1::2] = np.cos(angle)
-    return pe
 
 
 class EncoderGraph(nn.Module):

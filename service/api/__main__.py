@@ -14,7 +14,11 @@ def main() -> None:
     settings = Settings()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(
-        create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level, timeout_graceful_shutdown=10
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=settings.drain_timeout_s,
     )
 
 

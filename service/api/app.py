@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
@@ -12,6 +13,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 
+from service.api.admission import AdmissionMiddleware, synthesis_routes
 from service.api.auth import ApiKeys
 from service.api.bodylimit import BodyLimitMiddleware
 from service.api.deps import AppState
@@ -70,12 +72,15 @@ def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader 
     app.state.tts = state
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    # outside the body limit (a refusal reads no body), inside CORS (browsers can read a refusal)
+    routers = (speech.router, openai.router, lexicon.router, ops.router)
+    app.add_middleware(AdmissionMiddleware, state=state, routes=synthesis_routes(*routers))
     if settings.cors_allow_origins:
         app.add_middleware(
             CORSMiddleware, allow_origins=settings.cors_allow_origins, allow_methods=["GET", "POST"], allow_headers=["*"]
         )
     app.add_middleware(RequestMetricsMiddleware, metrics=lambda: state.metrics)
-    for router in (speech.router, openai.router, lexicon.router, ops.router):
+    for router in routers:
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static")
     return app
@@ -120,6 +125,10 @@ def _load(state: AppState, engine_loader: EngineLoader) -> None:
         observer=state.metrics,
     )
     service.probe(s.warmup_text, s.default_speaker)
+    # What is loaded now lives until shutdown: keep it out of the cyclic GC, whose full passes over the text
+    # frontend's dictionaries (~300k objects, 100-200 ms with the GIL held) otherwise stall the event loop.
+    gc.collect()
+    gc.freeze()
     log.info(
         "model %s loaded from %s: %d speakers, cache %s; ready",
         bundle.manifest.model,
@@ -133,6 +142,7 @@ def _load(state: AppState, engine_loader: EngineLoader) -> None:
 
 async def _unload(state: AppState) -> None:
     state.closing = True
+    gc.unfreeze()  # what this app held may now be collected
     service = state.service
     if service is not None:
         await anyio.to_thread.run_sync(service.close)

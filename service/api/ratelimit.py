@@ -69,14 +69,17 @@ def presented_key(request: Request) -> str | None:
 
 
 class RateLimit:
-    """A slowapi Limiter (memory storage, or Redis shared by replicas) applied through a sync dependency.
+    """A slowapi Limiter (memory storage, or Redis shared by replicas) with one bucket per client for all synthesis.
 
-    The check runs in FastAPI's thread pool (it is a plain `def`), so a slow Redis never blocks the
-    event loop. If Redis fails, slowapi falls back to in-memory counting instead of failing requests.
+    The admission middleware calls `check` before the body is read: on the event loop with memory storage,
+    in a worker thread with Redis (`remote`), so a slow Redis never blocks the loop. slowapi marks a request
+    it has counted, so the route's dependency calling `check` again does not count it twice. If Redis fails,
+    slowapi falls back to in-memory counting instead of failing requests.
     """
 
     def __init__(self, per_minute: int, identity: ClientIdentity, storage_uri: str | None) -> None:
         self.enabled = per_minute > 0
+        self.remote = storage_uri is not None  # counters live in Redis: a check may wait on the network
         self.limit = f"{per_minute}/minute"
         self.limiter = Limiter(
             key_func=identity,

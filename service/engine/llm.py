@@ -105,6 +105,15 @@ class DecodeBatch:
         request.row = -1
 
 
+def position_table(pos_session: Any, constants: ModelConstants, rows: int = 512) -> PositionTable:
+    """The projected position table of the decoder, built now with the `llm_pos` graph (and regrown with it)."""
+
+    def project(pe: np.ndarray) -> np.ndarray:
+        return pos_session.run(["pos"], {"pe": pe})[0]
+
+    return PositionTable(project, constants.llm_model_dim, rows=rows)
+
+
 class LLMRunner:
     """Runs the four LLM graphs; owns the shared position table, not any request state.
 
@@ -115,7 +124,14 @@ class LLMRunner:
     long as each DecodeBatch is driven by one thread at a time.
     """
 
-    def __init__(self, sessions: Mapping[str, Any], constants: ModelConstants, *, position_rows: int = 512) -> None:
+    def __init__(
+        self,
+        sessions: Mapping[str, Any],
+        constants: ModelConstants,
+        *,
+        position_rows: int = 512,
+        positions: PositionTable | None = None,
+    ) -> None:
         missing = [g for g in LLM_GRAPHS if g not in sessions]
         if missing:
             raise ValueError(f"LLMRunner needs sessions for {', '.join(missing)}")
@@ -123,12 +139,8 @@ class LLMRunner:
         self.params = SamplingParams(constants.top_p, constants.top_k, constants.win_size, constants.tau_r)
         self._encoder = sessions["llm_encoder"]
         self._embed = sessions["llm_embed"]
-        self._pos = sessions["llm_pos"]
         self._step = sessions["llm_step"]
-        self.positions = PositionTable(self._project, constants.llm_model_dim, rows=position_rows)
-
-    def _project(self, pe: np.ndarray) -> np.ndarray:
-        return self._pos.run(["pos"], {"pe": pe})[0]
+        self.positions = positions or position_table(sessions["llm_pos"], constants, position_rows)
 
     # ---- building requests -------------------------------------------------------------------
     def encode(self, text_ids: Sequence[int], embedding: np.ndarray) -> np.ndarray:

@@ -2,31 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable
 
 import numpy as np
 
-
-def espnet_pe(rows: int, dim: int) -> np.ndarray:
-    """Sinusoids for relative distances 0..rows-1, shape (rows, dim) float32.
-
-    Row r: `pe[r, 2j] = sin(r * w_j)`, `pe[r, 2j+1] = cos(r * w_j)`, `w_j = exp(2j * -(ln(10000)/dim))`,
-    with float32 exponent, frequency and angle as in the official torch table. The exp itself is taken
-    in float64 and rounded: that equals torch's float32 exp on all but 2-3 of 512 frequencies, where
-    numpy's float32 exp differs on ~200 (each 1-ulp frequency error grows with r in the angle).
-    """
-    if dim % 2:
-        raise ValueError(f"positional dimension must be even, got {dim}")
-    exponent = np.arange(0, dim, 2, dtype=np.float32) * np.float32(-(math.log(10000.0) / dim))
-    w = np.exp(exponent.astype(np.float64)).astype(np.float32)
-    angle = np.arange(rows, dtype=np.float32)[:, None] * w[None, :]
-    pe = np.empty((rows, dim), dtype=np.float32)
-    pe[:, 0::2] = np.sin(angle)
-    pe[:, 1::2] = np.cos(angle)
-    return pe
-
+from service.bundle import relative_pe
 
 # Maps pe (R, D) float32 to the per-layer projection (NL, H, R, DK): a call of the `llm_pos` graph.
 Projector = Callable[[np.ndarray], np.ndarray]
@@ -46,7 +27,7 @@ class PositionTable:
         self._pos = self._build(max(1, rows))
 
     def _build(self, rows: int) -> np.ndarray:
-        pos = np.ascontiguousarray(self._project(espnet_pe(rows, self._dim)), dtype=np.float32)
+        pos = np.ascontiguousarray(self._project(relative_pe(rows, self._dim)), dtype=np.float32)
         if pos.ndim != 4 or pos.shape[2] != rows:
             raise ValueError(f"llm_pos returned shape {pos.shape}, expected (NL, H, {rows}, DK)")
         return pos

@@ -265,12 +265,14 @@ class BatchScheduler:
 
 
 class AcousticGate:
-    """Lets at most `slots` flow/HiFT calls run at once; waiting calls go earliest deadline first.
+    """Lets at most `slots` flow/HiFT calls run at once; first chunks go first, then earliest deadline first.
 
     A call's deadline is when its listener runs out of audio: the request's arrival plus the audio it
-    has already received. A new request's first chunk therefore overtakes the next chunk of a request
-    that is seconds ahead, and no stream starves. `slots=0` admits everyone at once. `nice` > 0 lowers
-    the priority of the threads that pass through (the LLM thread keeps the cores when it needs them).
+    has already received, so a stream that is seconds ahead yields to one about to stall. Calls for a
+    request's first audio come before all others (in arrival order): under overload every running
+    stream is behind, and plain EDF would make a newcomer wait until they all finished, while a
+    listener who has heard nothing yet is the worst off. `slots=0` admits everyone at once. `nice` > 0
+    lowers the priority of the threads that pass through (the LLM thread keeps the cores when it needs them).
     """
 
     def __init__(self, slots: int = 1, *, nice: int = 0) -> None:
@@ -280,17 +282,17 @@ class AcousticGate:
         self.nice = nice
         self._cond = threading.Condition()
         self._busy = 0
-        self._waiting: list[tuple[float, int]] = []
+        self._waiting: list[tuple[int, float, int]] = []
         self._tickets = itertools.count()
 
     @contextmanager
-    def slot(self, deadline: float) -> Iterator[None]:
-        """Hold one slot for the duration of the block (waits while all are busy and earlier deadlines wait)."""
+    def slot(self, deadline: float, *, first: bool = False) -> Iterator[None]:
+        """Hold one slot for the duration of the block (waits while all are busy or a more urgent call waits)."""
         lower_thread_priority(self.nice)
         if self.slots == 0:
             yield
             return
-        ticket = (deadline, next(self._tickets))
+        ticket = (0 if first else 1, deadline, next(self._tickets))
         with self._cond:
             heapq.heappush(self._waiting, ticket)
             while self._busy >= self.slots or self._waiting[0] != ticket:
@@ -320,8 +322,8 @@ class Pacer:
 
     @contextmanager
     def turn(self) -> Iterator[None]:
-        """Run one acoustic call when the gate gives this request its turn."""
-        with self.gate.slot(self.deadline):
+        """Run one acoustic call when the gate gives this request its turn (first audio counts as urgent)."""
+        with self.gate.slot(self.deadline, first=self.audio_s == 0.0):
             yield
 
     def delivered(self, samples: int) -> None:

@@ -76,6 +76,9 @@ class RuntimeOptions:
     max_batch: int = 16  # LLM rows per batched decode step; 0 = no scheduler thread
     acoustic_slots: int = 1  # flow/HiFT calls running at once; 0 = unlimited
     acoustic_nice: int = 0  # OS niceness added to acoustic threads (0 = same priority as the LLM)
+    # Return a flow/HiFT session's unused arena memory after each call: their activation peaks (HiFT ~120 MB
+    # for 5 s of audio) then do not stay resident side by side; measured at no cost in speed.
+    shrink_acoustic_arenas: bool = True
 
     def __post_init__(self) -> None:
         stage_threads = [t for t in (self.llm_threads, self.acoustic_threads) if t is not None]
@@ -171,6 +174,18 @@ class TransientSession:
                 release_free_memory()
 
 
+class ShrinkingSession:
+    """An InferenceSession whose CPU arena gives back its free chunks after every `run`."""
+
+    def __init__(self, session: ort.InferenceSession) -> None:
+        self.session = session
+        self._options = ort.RunOptions()
+        self._options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+
+    def run(self, output_names: list[str] | None, feeds: Mapping[str, np.ndarray]) -> list[Any]:
+        return list(self.session.run(output_names, dict(feeds), self._options))
+
+
 def _open_in_thread(path: Path, so: ort.SessionOptions, nice: int) -> ort.InferenceSession:
     """Open a session from a helper thread at niceness `nice`: ORT's pool threads inherit it."""
     result: dict[str, Any] = {}
@@ -213,11 +228,12 @@ def open_sessions(
             raise BundleError(f"{bundle.root}: manifest has no graph '{name}'")
         so = make_session_options(opts, name)
         path = bundle.graph_path(name)
+        acoustic = graph_stage(name) == "acoustic"
         if name in lazy:
             sessions[name] = TransientSession(path, so)
-        elif graph_stage(name) == "acoustic" and opts.acoustic_nice > 0:
-            sessions[name] = _open_in_thread(path, so, opts.acoustic_nice)
-        else:
-            sessions[name] = _open(path, so)
+            continue
+        session = _open_in_thread(path, so, opts.acoustic_nice) if acoustic and opts.acoustic_nice > 0 else _open(path, so)
+        shrink = acoustic and opts.shrink_acoustic_arenas and opts.enable_cpu_mem_arena
+        sessions[name] = ShrinkingSession(session) if shrink else session
     release_free_memory()
     return sessions

@@ -14,7 +14,7 @@ import numpy as np
 from service.bundle import ModelBundle
 from service.engine.flow import FlowRunner
 from service.engine.hift import HiFTRunner
-from service.engine.llm import LLMRunner
+from service.engine.llm import LLMRunner, position_table
 from service.engine.scheduler import AcousticGate, BatchScheduler, Pacer
 from service.engine.sessions import TRANSIENT_GRAPHS, RuntimeOptions, open_sessions
 from service.engine.streaming import (
@@ -133,8 +133,13 @@ class Synthesizer:
         """
         loaded = bundle if isinstance(bundle, ModelBundle) else ModelBundle.load(bundle)
         runtime = runtime or RuntimeOptions()
+        # The table is built before the big graphs are opened, so llm_pos's transient memory is reused
+        # by them instead of adding to the peak.
+        positions = position_table(
+            open_sessions(loaded, runtime, ["llm_pos"], transient=TRANSIENT_GRAPHS)["llm_pos"], loaded.constants
+        )
         sessions = open_sessions(loaded, runtime, transient=TRANSIENT_GRAPHS)
-        runner = LLMRunner(sessions, loaded.constants)
+        runner = LLMRunner(sessions, loaded.constants, positions=positions)
         llm = BatchScheduler(runner, max_batch=runtime.max_batch) if runtime.max_batch > 0 else None
         gate = None
         if runtime.acoustic_slots > 0 or runtime.acoustic_nice > 0:
