@@ -141,11 +141,18 @@ def part_latency(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
     return out
 
 
+CONCURRENCY_SETUPS = (  # (label, flow steps, extra engine options)
+    ("int8, 10 steps", 10, ()),
+    ("int8, 5 steps", 5, ()),
+    ("int8, 10 steps, acoustic 1 thread x 2 slots", 10, ("--acoustic-threads", "1", "--acoustic-slots", "2")),
+)
+
+
 def part_concurrency(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
     out = []
-    for steps in (10, 5):
-        cmd = engine("concurrency", dirs["int8"], "--text", "short", "--tokens", "200", "--n-timesteps", str(steps))
-        out.append(run_json([*cmd, "--levels", *map(str, args.levels), "--per-client", str(args.per_client)]))
+    for label, steps, extra in CONCURRENCY_SETUPS:
+        cmd = engine("concurrency", dirs["int8"], "--text", "short", "--tokens", "200", "--n-timesteps", str(steps), *extra)
+        out.append(run_json([*cmd, "--levels", *map(str, args.levels), "--per-client", str(args.per_client)]) | {"label": label})
     return out
 
 

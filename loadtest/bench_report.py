@@ -83,10 +83,14 @@ def _load_rows(name: str, levels: list[dict[str, Any]], rss: float) -> list[list
     return rows
 
 
+def _setup(r: dict[str, Any]) -> str:
+    return str(r.get("label") or f"int8, {r['n_timesteps']} steps")
+
+
 def concurrency_lines(results: dict[str, Any]) -> list[str]:
     rows = []
     for r in results.get("concurrency", []):
-        rows += _load_rows(f"in-process, int8, {r['n_timesteps']} steps", r["levels"], r["peak_rss_mb"])
+        rows += _load_rows(f"in-process, {_setup(r)}", r["levels"], r["peak_rss_mb"])
     http = results.get("http")
     if http:
         steps = http.get("n_timesteps") or 10
@@ -143,7 +147,7 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
 
 def _load_targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     out: list[tuple[str, str, bool | None]] = []
-    runs = [(f"in-process, {r['n_timesteps']} steps", r["levels"]) for r in results.get("concurrency", [])]
+    runs = [(f"in-process, {_setup(r)}", r["levels"]) for r in results.get("concurrency", [])]
     if results.get("http"):
         runs.append((f"HTTP, {results['http'].get('n_timesteps') or 10} steps", results["http"]["levels"]))
     for name, levels in runs:
@@ -174,6 +178,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     labels, rtfs = [], []
@@ -185,12 +190,14 @@ def plot(results: dict[str, Any], path: Path) -> None:
         rtfs.append(r["median"]["rtf"])
     axes[0].bar(labels, rtfs, color=["#999"] + ["#3a7"] * (len(rtfs) - 1) if results.get("reference") else "#3a7")
     axes[0].set_yscale("log")
+    axes[0].yaxis.set_major_formatter(ScalarFormatter())
+    axes[0].yaxis.set_minor_formatter(ScalarFormatter())
     axes[0].axhline(1.0, color="k", lw=0.8, ls="--")
     axes[0].set_title("single stream RTF (lower is better)")
     axes[0].tick_params(axis="x", rotation=45)
-    series = [(f"in-process/{r['n_timesteps']}", r["levels"]) for r in results.get("concurrency", [])]
+    series = [(f"in-process {_setup(r).removeprefix('int8, ')}", r["levels"]) for r in results.get("concurrency", [])]
     if results.get("http"):
-        series.append(("HTTP/10", results["http"]["levels"]))
+        series.append(("HTTP 10 steps", results["http"]["levels"]))
     for name, levels in series:
         clients = [lv["clients"] for lv in levels]
         axes[1].plot(clients, [lv["audio_per_wall"] for lv in levels], marker="o", label=name)
@@ -202,6 +209,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
     axes[2].set(title="first audio latency s (int8)", xlabel="concurrent streams")
     for ax in axes[1:]:
         ax.set_xscale("log", base=2)
+        ax.set_xticks([lv["clients"] for lv in series[0][1]] if series else [1])
+        ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
