@@ -254,7 +254,7 @@ def test_gate_bounds_concurrent_calls(slots: int) -> None:
                 with lock:
                     running[0] += 1
                     peak[0] = max(peak[0], running[0])
-                time.sleep(0.002)
+                time.sleep(0.01)
                 with lock:
                     running[0] -= 1
 
