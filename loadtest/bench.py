@@ -133,11 +133,21 @@ def part_reference(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
     return run_json(cmd, env=env)
 
 
+LATENCY_SETUPS = (  # (label, bundle, flow steps, extra engine options)
+    ("int8", "int8", 10, ()),
+    ("int8", "int8", 5, ()),
+    ("fp32", "fp32", 10, ()),
+    ("int4", "int4", 10, ()),
+    # the schedule before first-audio priority and the 21-token first hop, measured in the same run
+    ("int8, no first-audio priority", "int8", 10, ("--first-hop", "30", "--no-first-audio-priority")),
+)
+
+
 def part_latency(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
     out = []
-    for precision, steps in (("int8", 10), ("int8", 5), ("fp32", 10), ("int4", 10)):
+    for label, precision, steps, extra in LATENCY_SETUPS:
         cmd = engine("latency", dirs[precision], "--text", "short", "--tokens", "200", "--reps", str(2 * args.reps + 1))
-        out.append(run_json([*cmd, "--n-timesteps", str(steps)]) | {"label": precision})
+        out.append(run_json([*cmd, "--n-timesteps", str(steps), *extra]) | {"label": label})
     return out
 
 

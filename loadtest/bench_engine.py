@@ -72,6 +72,7 @@ def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
         acoustic_slots=args.acoustic_slots,
         acoustic_nice=args.acoustic_nice,
         allow_spinning=args.spinning,
+        first_audio_priority=not args.no_first_audio_priority,
     )
 
 
@@ -142,7 +143,7 @@ def mode_single(synth: Synthesizer, ids: list[int], args: argparse.Namespace) ->
 
 def mode_latency(synth: Synthesizer, ids: list[int], args: argparse.Namespace) -> dict[str, Any]:
     """Streamed requests one after another at concurrency 1: first-chunk latency."""
-    options = SynthesisOptions(seed=0, stream=True, n_timesteps=args.n_timesteps)
+    options = SynthesisOptions(seed=0, stream=True, n_timesteps=args.n_timesteps, first_hop_tokens=args.first_hop)
     run_once(synth, ids, SynthesisOptions(seed=0, stream=True, n_timesteps=1))
     return summarize([run_once(synth, ids, options) for _ in range(args.reps)])
 
@@ -195,7 +196,8 @@ def mode_concurrency(synth: Synthesizer, ids: list[int], args: argparse.Namespac
     for n in args.levels:
 
         def request(seed: int) -> Run:
-            return run_once(synth, ids, SynthesisOptions(seed=seed, stream=True, n_timesteps=args.n_timesteps))
+            opts = SynthesisOptions(seed=seed, stream=True, n_timesteps=args.n_timesteps, first_hop_tokens=args.first_hop)
+            return run_once(synth, ids, opts)
 
         runs, wall = closed_loop(n, args.per_client, request)
         levels.append(load_summary(n, runs, wall))
@@ -223,6 +225,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--acoustic-slots", type=int, default=1)
     p.add_argument("--acoustic-nice", type=int, default=0)
     p.add_argument("--spinning", action="store_true")
+    p.add_argument("--no-first-audio-priority", action="store_true")
+    p.add_argument("--first-hop", type=int, help="first streaming hop in tokens (engine default when omitted)")
     return p.parse_args(argv)
 
 
@@ -245,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         "tokens": args.tokens,
         "text_tokens": len(ids),
         "n_timesteps": args.n_timesteps or manifest.constants.n_timesteps,
+        "first_chunk_tokens": (args.first_hop or synth.first_hop_tokens) + manifest.constants.token_overlap_len,
         "runtime": asdict(runtime_options(args)),
         "load_s": load_s,
         "rss_after_load_mb": rss_loaded,

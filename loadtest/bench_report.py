@@ -69,7 +69,8 @@ def latency_lines(results: dict[str, Any]) -> list[str]:
         first = f"{_f(ref['median']['first_chunk_s'], 1)} ({detail})"
         rows.append(["PyTorch reference, official schedule (120 tokens)", "10", first])
     for r in results.get("latency", []):
-        rows.append([f"ours, {r['label']}, first chunk 50 tokens", str(r["n_timesteps"]), _spread(r, "first_chunk_s")])
+        size = f"first chunk {r['first_chunk_tokens']} tokens" if "first_chunk_tokens" in r else "first chunk 50 tokens"
+        rows.append([f"ours, {r['label']}, {size}", str(r["n_timesteps"]), _spread(r, "first_chunk_s")])
     title = "### Streaming first audio: ~15-character sentence (18 text tokens, 200 forced tokens), concurrency 1"
     return [title, "", *_table(["pipeline", "flow steps", "first audio s, median (min–max)"], rows)]
 
@@ -138,10 +139,13 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         out.append(("first audio ≤ 1.0 s p50, ~15 characters, int8, 10 steps", f"{_f(first)} s", first <= 1.0))
     out += _load_targets(results)
     rss = [r["peak_rss_mb"] for r in single if r.get("label") == "int8"]
-    if results.get("http"):
-        rss.append(results["http"]["server_peak_rss_mb"])
     if rss:
-        out.append(("int8 process RSS ≤ 1.0 GB (peak)", f"{max(rss) / MB_PER_GB:.2f} GB", max(rss) <= MB_PER_GB))
+        peak = max(rss)
+        out.append(("int8 process RSS ≤ 1.0 GB (peak, single stream)", f"{peak / MB_PER_GB:.2f} GB", peak <= MB_PER_GB))
+    if results.get("http"):
+        peak = results["http"]["server_peak_rss_mb"]
+        name = "int8 process RSS ≤ 1.0 GB (peak of the HTTP server under 1-8 streams)"
+        out.append((name, f"{peak / MB_PER_GB:.2f} GB", peak <= MB_PER_GB))
     return out
 
 

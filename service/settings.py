@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     acoustic_nice: int = Field(
         default=0, ge=0, le=19, description="OS niceness of flow/HiFT threads so LLM steps never wait behind them; 0 = off."
     )
+    first_audio_priority: bool = Field(
+        default=True,
+        description="Pause LLM decoding while a request's first chunk is vocoded, unless a request waits for tokens.",
+    )
     ort_spinning: bool = Field(
         default=False, description="Let idle ONNX Runtime threads spin (only worth it when one graph owns the cores)."
     )

@@ -19,9 +19,7 @@ SCRIPT = REPO / "export" / "export_onnx.py"
 
 
 def run_export(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=600, cwd=REPO
-    )
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=600, cwd=REPO)
 
 
 @pytest.fixture(scope="module")

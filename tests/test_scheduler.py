@@ -16,6 +16,7 @@ from service.engine.kvcache import KVCache
 from service.engine.llm import LLM_GRAPHS, DecodeBatch, LLMRunner
 from service.engine.scheduler import AcousticGate, BatchScheduler, Pacer
 from service.engine.sessions import RuntimeOptions, open_sessions
+from service.engine.streaming import ChunkJob, GeneratorNoise
 from service.engine.synthesizer import SynthesisOptions, Synthesizer
 from service.errors import EngineError, ShuttingDownError
 
@@ -294,3 +295,122 @@ def test_scheduled_synthesizer_matches_the_direct_one(bundle: ModelBundle) -> No
     finally:
         batched.close()
         direct.close()
+
+
+def test_scheduler_pauses_while_yield_to_holds_unless_a_consumer_waits(runner: LLMRunner) -> None:
+    """With yield_to True, no step runs for a request nobody is reading; a blocked consumer resumes decoding."""
+    urgent = threading.Event()
+    s = BatchScheduler(runner, max_batch=4, yield_to=urgent.is_set)
+    try:
+        ids, emb = _inputs(runner, 5, 7)
+        alone = list(runner.generate(ids, emb, np.random.default_rng(3), min_tokens=300, max_tokens=300))
+        urgent.set()
+        stream = s.generate(ids, emb, np.random.default_rng(3), min_tokens=300, max_tokens=300)
+        got = [next(stream)]  # waiting for the first token: the consumer's wait lets the step run
+        time.sleep(0.1)
+        steps = s.stats.steps
+        time.sleep(0.3)  # nobody reads: the scheduler must not decode ahead
+        assert s.stats.steps <= steps + 1, "decoded tokens nobody waited for while yield_to was True"
+        assert s.stats.pauses > 0 and steps < 299
+        got += list(stream)  # reading again (consumer blocked) makes it decode to the end
+        assert got == alone
+        urgent.clear()
+    finally:
+        s.close()
+
+
+def test_gate_reports_first_audio_calls_while_they_run() -> None:
+    gate = AcousticGate(1)
+    assert not gate.first_audio_running()
+    with gate.slot(1.0, first=True):
+        assert gate.first_audio_running()
+    assert not gate.first_audio_running()
+    with gate.slot(1.0):
+        assert not gate.first_audio_running()
+    unlimited = AcousticGate(0)
+    with unlimited.slot(1.0, first=True):
+        assert unlimited.first_audio_running()
+    assert not unlimited.first_audio_running()
+
+
+def _pool_behind_a_holder(gate: AcousticGate, calls: list[tuple[str, int]], fail_key: str | None = None) -> Any:
+    """Queue pooled calls (key, payload) behind a slot holder, release it; returns (results, batches run)."""
+    batches: list[list[int]] = []
+    results: dict[int, Any] = {}
+    holding, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with gate.slot(0.0):
+            holding.set()
+            release.wait(TIMEOUT_S)
+
+    def execute(payloads: list[int]) -> Iterator[int]:
+        batches.append(list(payloads))
+        for p in payloads:
+            if fail_key is not None and p < 0:
+                raise ValueError("boom")
+            yield p * 10
+
+    def caller(key: str, payload: int) -> None:
+        try:
+            results[payload] = gate.pooled(float(abs(payload)), key, payload, execute)
+        except ValueError as e:
+            results[payload] = e
+
+    hold = threading.Thread(target=holder)
+    hold.start()
+    holding.wait(TIMEOUT_S)
+    threads = [threading.Thread(target=caller, args=call) for call in calls]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + TIMEOUT_S
+    while len(gate._waiting) < len(calls):
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    release.set()
+    _run_threads([])
+    for t in [hold, *threads]:
+        t.join(TIMEOUT_S)
+    assert not any(t.is_alive() for t in threads)
+    return results, batches
+
+
+def test_gate_pools_waiting_calls_with_the_same_key_into_one_run() -> None:
+    gate = AcousticGate(1)
+    results, batches = _pool_behind_a_holder(gate, [("a", 1), ("b", 2), ("a", 3), ("a", 4), ("b", 5)])
+    assert results == {1: 10, 2: 20, 3: 30, 4: 40, 5: 50}
+    assert sorted(map(sorted, batches)) == [[1, 3, 4], [2, 5]]  # one run per key, not one per caller
+    assert not gate.first_audio_running() and not gate._waiting and not gate._pooled
+
+
+def test_gate_pooled_error_reaches_every_caller_of_the_group() -> None:
+    gate = AcousticGate(1)
+    results, batches = _pool_behind_a_holder(gate, [("a", 1), ("a", -2), ("a", 3)], fail_key="a")
+    assert len(batches) == 1
+    assert results[1] == 10  # delivered before the failure
+    assert isinstance(results[-2], ValueError) and isinstance(results[3], ValueError)
+    with gate.slot(0.0):  # the slot was given back
+        pass
+
+
+def test_first_chunks_batched_equal_one_by_one(bundle: ModelBundle) -> None:
+    """Token2Wav.first_chunks on three requests matches three separate non-final calls (audio and caches)."""
+    synth = Synthesizer.load(bundle, RuntimeOptions(intra_op_threads=1, max_batch=0, acoustic_slots=0))
+    t2w = synth.token2wav
+    g = np.random.default_rng(5)
+    tokens = [tuple(int(t) for t in g.integers(0, 4096, size=41)) for _ in range(3)]
+    emb = [bundle.speakers[s] for s in synth.speakers[:1]] * 3
+
+    def jobs() -> list[ChunkJob]:
+        return [ChunkJob(tokens[k], emb[k], t2w.new_state(), GeneratorNoise(np.random.default_rng(k)), 10) for k in range(3)]
+
+    alone_jobs, pooled_jobs = jobs(), jobs()
+    alone = [t2w(j.tokens, j.embedding, j.state, j.noise, finalize=False, n_timesteps=10) for j in alone_jobs]
+    pooled = list(t2w.first_chunks(pooled_jobs))
+    for a, b, ja, jb in zip(alone, pooled, alone_jobs, pooled_jobs, strict=True):
+        assert a.audio.size and a.audio.shape == b.audio.shape
+        np.testing.assert_allclose(b.audio, a.audio, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(jb.state.mel_overlap, ja.state.mel_overlap, atol=1e-5, rtol=0)
+        np.testing.assert_array_equal(jb.state.flow_cache.z, ja.state.flow_cache.z)
+    with pytest.raises(ValueError, match="equal token counts"):
+        list(t2w.first_chunks([*jobs()[:1], ChunkJob(tokens[0][:30], emb[0], t2w.new_state(), GeneratorNoise(g), 10)]))

@@ -187,7 +187,7 @@ def test_hop_growth_follows_stream_scale_factor() -> None:
 
 def test_first_hop_must_exceed_overlap() -> None:
     c = ModelConstants()
-    assert default_first_hop(c) == 30
+    assert default_first_hop(c) == c.token_overlap_len + 1 == 21
     with pytest.raises(ValueError, match="first_hop_tokens"):
         _windows(c, 100, c.token_overlap_len)
 

@@ -133,11 +133,11 @@ def test_stream_yields_first_chunk_before_last_sentence_starts(bundle: ModelBund
     synth = Synthesizer(bundle, sessions, llm=llm)
     gen = synth.synthesize([[1], [2], [3]], "中文男", SynthesisOptions(stream=True, seed=0))
     first = next(gen)
-    assert llm.counts == [50]  # first hop 30 + overlap 20; sentences 1 and 2 not started
+    assert llm.counts == [41]  # first hop 21 + overlap 20; sentences 1 and 2 not started
     assert first.sentence_index == 0 and not first.is_final and len(first.audio) > 0
     rest = list(gen)
     per_sentence = [sum(1 for ch in [first, *rest] if ch.sentence_index == i) for i in range(3)]
-    assert per_sentence == [3, 3, 3]  # token windows [0, 50), [30, 150), final [130, 160)
+    assert per_sentence == [3, 3, 3]  # token windows [0, 41), [21, 141), final [121, 160)
     assert [ch.is_final for ch in rest].count(True) == 1 and rest[-1].is_final
 
 
@@ -157,7 +157,7 @@ def test_cancel_stops_within_a_chunk(bundle: ModelBundle, sessions: Mapping[str,
         got.append(ch)
         cancel.set()
     assert len(got) == 1 and not got[0].is_final
-    assert llm.counts == [50]
+    assert llm.counts == [41]
 
 
 def test_validation_happens_before_any_work(bundle: ModelBundle, sessions: Mapping[str, Any]) -> None:

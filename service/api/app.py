@@ -97,6 +97,7 @@ def runtime_options(s: Settings) -> RuntimeOptions:
         max_batch=s.max_batch,
         acoustic_slots=s.acoustic_slots,
         acoustic_nice=s.acoustic_nice,
+        first_audio_priority=s.first_audio_priority,
     )
 
 

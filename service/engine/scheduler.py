@@ -9,9 +9,10 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -22,7 +23,11 @@ from service.errors import EngineError, ShuttingDownError, TTSError
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.05  # how often a waiting consumer looks at its cancel event
+_YIELD_POLL_S = 0.005  # how often a paused scheduler re-checks yield_to (it is also woken by waiting consumers)
 _END = None
+_MISSING = object()
+P = TypeVar("P")
+R = TypeVar("R")
 
 
 @dataclass(eq=False)
@@ -37,6 +42,7 @@ class _Job:
     out: queue.SimpleQueue[list[int] | BaseException | None] = field(default_factory=queue.SimpleQueue)
     abandoned: threading.Event = field(default_factory=threading.Event)
     sent: int = 0
+    waiting: bool = False  # its consumer is blocked until the next tokens arrive
 
     def deliver(self, request: LLMRequest) -> None:
         """Pass on the tokens chosen since the last delivery; end the stream once the request finished."""
@@ -58,6 +64,7 @@ class SchedulerStats:
     rows: int = 0  # sum of batch sizes over all steps
     prefills: int = 0
     max_rows: int = 0
+    pauses: int = 0  # polls spent yielding the cores (see BatchScheduler.yield_to)
 
     @property
     def mean_batch(self) -> float:
@@ -92,14 +99,27 @@ class TokenStream(Iterator[int]):
         return self._buffer.popleft()
 
     def _wait(self) -> list[int] | BaseException | None:
-        while True:
-            if self._cancel is not None and self._cancel.is_set():
-                self.close()
-                return _END
-            try:
-                return self._job.out.get(timeout=_POLL_S if self._cancel is not None else None)
-            except queue.Empty:
-                continue
+        job = self._job
+        if self._cancel is not None and self._cancel.is_set():
+            self.close()
+            return _END
+        try:
+            return job.out.get_nowait()
+        except queue.Empty:
+            pass
+        job.waiting = True
+        self._scheduler.wake()  # a paused scheduler must serve a consumer that waits for tokens
+        try:
+            while True:
+                if self._cancel is not None and self._cancel.is_set():
+                    self.close()
+                    return _END
+                try:
+                    return job.out.get(timeout=_POLL_S if self._cancel is not None else None)
+                except queue.Empty:
+                    continue
+        finally:
+            job.waiting = False
 
     def close(self) -> None:
         """Stop: the scheduler drops the request before its next step (no-op once it has finished)."""
@@ -119,13 +139,25 @@ class BatchScheduler:
     A request joins after its prefill (run on the same thread, between steps) and leaves on EOS, its max
     length, or when its consumer cancels or drops its TokenStream; the others keep their KV rows. It is
     a TokenGenerator (what the Synthesizer needs from the LLM), safe to call from any number of threads.
+
+    `yield_to` (e.g. AcousticGate.first_audio_running) lets more urgent work have the cores: while it
+    returns True and no consumer is blocked waiting for tokens and no prefill is queued, the thread
+    pauses between decode steps instead of decoding tokens nobody is waiting for yet.
     """
 
-    def __init__(self, runner: LLMRunner, *, max_batch: int = 16, name: str = "llm-scheduler") -> None:
+    def __init__(
+        self,
+        runner: LLMRunner,
+        *,
+        max_batch: int = 16,
+        name: str = "llm-scheduler",
+        yield_to: Callable[[], bool] | None = None,
+    ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.runner = runner
         self.max_batch = max_batch
+        self.yield_to = yield_to
         self.stats = SchedulerStats()
         self._cond = threading.Condition()
         self._pending: deque[_Job] = deque()
@@ -185,11 +217,21 @@ class BatchScheduler:
             for job in admitted:
                 self._admit(job, batch)
             self._drop_abandoned(batch)
-            if len(batch):
+            if len(batch) and self._yielding():
+                self.stats.pauses += 1
+                with self._cond:
+                    self._cond.wait(_YIELD_POLL_S)
+            elif len(batch):
                 self._step(batch)
             elif batch.cache.nbytes() > self._idle_cache_bytes and not self._pending:
                 batch = self.runner.new_batch()  # idle: give the grown KV buffers back
         self._shutdown(batch)
+
+    def _yielding(self) -> bool:
+        """True while `yield_to` asks for the cores and no consumer or queued prefill needs the LLM now."""
+        if self.yield_to is None or self._pending or not self.yield_to():
+            return False
+        return not any(job.waiting for job in list(self._jobs.values()))
 
     def _next_admissions(self, in_batch: int) -> list[_Job] | None:
         """Wait for work; returns the jobs to prefill now ([] when only decoding), None when closed."""
@@ -264,6 +306,40 @@ class BatchScheduler:
             job.fail(ShuttingDownError("the LLM scheduler stopped"))
 
 
+@dataclass(eq=False)
+class _Pooled:
+    """One caller of AcousticGate.pooled: its payload, and the result another thread may produce for it."""
+
+    key: Hashable
+    payload: Any
+    taken: bool = False  # some caller holds a slot and runs this payload
+    result: Any = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+def _deliver(group: list[_Pooled], results: Iterable[Any]) -> None:
+    """Hand results to their callers as they come; whoever got none gets the error (or a RuntimeError)."""
+    error: BaseException | None = None
+    try:
+        it = iter(results)
+        for member in group:
+            member.result = next(it, _MISSING)
+            if member.result is _MISSING:
+                raise RuntimeError("the pooled call returned fewer results than it was given payloads")
+            member.done.set()
+    except BaseException as e:  # passed to every caller still waiting, re-raised here if not an Exception
+        error = e
+    if error is None:
+        return
+    for member in group:
+        if not member.done.is_set():
+            member.error = error if isinstance(error, Exception) else RuntimeError("pooled call interrupted")
+            member.done.set()
+    if not isinstance(error, Exception):
+        raise error
+
+
 class AcousticGate:
     """Lets at most `slots` flow/HiFT calls run at once; first chunks go first, then earliest deadline first.
 
@@ -282,7 +358,9 @@ class AcousticGate:
         self.nice = nice
         self._cond = threading.Condition()
         self._busy = 0
+        self._first_busy = 0
         self._waiting: list[tuple[int, float, int]] = []
+        self._pooled: dict[tuple[int, float, int], _Pooled] = {}
         self._tickets = itertools.count()
 
     @contextmanager
@@ -290,7 +368,13 @@ class AcousticGate:
         """Hold one slot for the duration of the block (waits while all are busy or a more urgent call waits)."""
         lower_thread_priority(self.nice)
         if self.slots == 0:
-            yield
+            with self._cond:
+                self._first_busy += first
+            try:
+                yield
+            finally:
+                with self._cond:
+                    self._first_busy -= first
             return
         ticket = (0 if first else 1, deadline, next(self._tickets))
         with self._cond:
@@ -299,12 +383,70 @@ class AcousticGate:
                 self._cond.wait()
             heapq.heappop(self._waiting)
             self._busy += 1
+            self._first_busy += first
         try:
             yield
         finally:
             with self._cond:
                 self._busy -= 1
+                self._first_busy -= first
                 self._cond.notify_all()
+
+    def pooled(
+        self, deadline: float, key: Hashable, payload: P, execute: Callable[[list[P]], Iterable[R]], *, max_group: int = 16
+    ) -> R:
+        """A first-audio call that may run together with other waiting ones: returns `execute`'s result for `payload`.
+
+        The caller queues like `slot(first=True)`. Whoever gets the slot takes every waiting pooled call
+        with an equal `key` (up to `max_group`, in queue order), runs `execute` once on all their payloads
+        and hands each caller its result as soon as `execute` yields it; the others never take a slot.
+        An exception from `execute` is raised in every caller of the group still without a result.
+        """
+        lower_thread_priority(self.nice)
+        me = _Pooled(key, payload)
+        ticket = (0, deadline, next(self._tickets))
+        with self._cond:
+            if self.slots:
+                heapq.heappush(self._waiting, ticket)
+                self._pooled[ticket] = me
+                while not me.taken and (self._busy >= self.slots or self._waiting[0] != ticket):
+                    self._cond.wait()
+            group = [] if me.taken else self._take_group(ticket, me, max_group)
+            if group:
+                self._busy += 1
+                self._first_busy += 1
+                self._cond.notify_all()  # the callers just taken stop waiting for a slot
+        if group:
+            try:
+                _deliver(group, execute([g.payload for g in group]))
+            finally:
+                with self._cond:
+                    self._busy -= 1
+                    self._first_busy -= 1
+                    self._cond.notify_all()
+        me.done.wait()
+        if me.error is not None:
+            raise me.error
+        return cast(R, me.result)
+
+    def _take_group(self, ticket: tuple[int, float, int], me: _Pooled, max_group: int) -> list[_Pooled]:
+        """With the lock held: `me` plus the waiting pooled calls of its key, all marked taken and unqueued."""
+        self._pooled.pop(ticket, None)
+        me.taken = True
+        mates = sorted(t for t, p in self._pooled.items() if p.key == me.key)[: max(0, max_group - 1)]
+        group = [me]
+        for t in mates:
+            mate = self._pooled.pop(t)
+            mate.taken = True
+            group.append(mate)
+        gone = {ticket, *mates}
+        self._waiting = [t for t in self._waiting if t not in gone]
+        heapq.heapify(self._waiting)
+        return group
+
+    def first_audio_running(self) -> bool:
+        """True while a call for some request's first audio holds a slot (read without the lock)."""
+        return self._first_busy > 0
 
 
 class Pacer:
@@ -325,6 +467,10 @@ class Pacer:
         """Run one acoustic call when the gate gives this request its turn (first audio counts as urgent)."""
         with self.gate.slot(self.deadline, first=self.audio_s == 0.0):
             yield
+
+    def pooled(self, key: Hashable, payload: P, execute: Callable[[list[P]], Iterable[R]]) -> R:
+        """This request's first-audio call, possibly run together with other requests' (AcousticGate.pooled)."""
+        return self.gate.pooled(self.deadline, key, payload, execute)
 
     def delivered(self, samples: int) -> None:
         self.audio_s += samples / self.sample_rate

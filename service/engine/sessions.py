@@ -76,6 +76,9 @@ class RuntimeOptions:
     max_batch: int = 16  # LLM rows per batched decode step; 0 = no scheduler thread
     acoustic_slots: int = 1  # flow/HiFT calls running at once; 0 = unlimited
     acoustic_nice: int = 0  # OS niceness added to acoustic threads (0 = same priority as the LLM)
+    # While a request's first chunk is vocoded, the scheduler pauses decoding unless a consumer waits for
+    # tokens: the first audio then gets both cores instead of sharing them with tokens nobody needs yet.
+    first_audio_priority: bool = True
     # Return a flow/HiFT session's unused arena memory after each call: their activation peaks (HiFT ~120 MB
     # for 5 s of audio) then do not stay resident side by side; measured at no cost in speed.
     shrink_acoustic_arenas: bool = True

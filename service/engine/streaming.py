@@ -4,26 +4,33 @@ Chunking follows the official `CosyVoiceModel.tts`: a chunk is vocoded once `hop
 buffered; the first `hop` are consumed and the last `overlap` (20) tokens start the next chunk. The only
 change is the size of the first hop. Officially every hop is `token_hop_len` (100), so the first audio
 waits for 120 tokens (2.4 s of speech) plus one flow and one HiFT call. Here the first hop defaults to
-`DEFAULT_FIRST_HOP_S` seconds of tokens (30 tokens at 50 Hz, so the first chunk has 50 tokens), and
-later hops follow the official schedule (`token_hop_len`, scaled by `stream_scale_factor` up to
-`token_max_hop_len`). With `first_hop_tokens = token_hop_len`, every boundary matches the official run.
+the smallest one that keeps the overlap frame-aligned, `overlap + 1` = 21 tokens (the first chunk has
+41 tokens), and later hops follow the official schedule (`token_hop_len`, scaled by
+`stream_scale_factor` up to `token_max_hop_len`). With `first_hop_tokens = token_hop_len`, every
+boundary matches the official run.
 
 A non-final chunk must have more than `2 * overlap` tokens. Only then does the length regulator map
 the last `overlap` tokens to exactly `mel_overlap_len` (34) frames, which is what the mel cross-fade
 and the flow cache assume. So the first hop must be at least `overlap + 1` tokens.
 
+Why the smallest: measured on the full-size int8 model (2 cores), the first audio is about 0.4 s of
+decoding plus 0.45 s of flow plus 0.08 s of HiFT with a 41-token first chunk, against 0.55 + 0.7 + 0.13 s
+with 50 tokens; flow calls this small are overhead bound, so every frame saved counts. And since all
+first chunks have the same length, the first chunks of concurrent requests are vocoded in one batched
+flow call (`Token2Wav.first_chunks`, pooled at the AcousticGate).
+
 What the smaller first hop costs:
 * At most one more chunk per sentence, so 20 more tokens through the flow (34 frames) and 20 more mel
   frames through HiFT. For a 10 s sentence (500 tokens) that is 600 instead of 580 flow tokens and 960
   instead of 940 vocoded frames, i.e. 2-4% more acoustic work.
-* The first chunk carries little audio. With the default (50 tokens -> 86 frames, minus 34 held for the
-  cross-fade, minus 20 held for the vocoder cache) it is 32 frames = 8192 samples = 0.37 s. The second
-  chunk needs 100 more tokens, so it arrives about 2 s x RTF later (RTF = the engine's real-time
-  factor). A client that starts playing at once hears a gap of about 2 s x RTF - 0.37 s unless it
-  buffers. The official schedule has the same kind of gap once RTF exceeds about 0.9.
+* The first chunk carries little audio: 41 tokens -> 70 frames, minus 34 held for the cross-fade, minus
+  20 held for the vocoder cache = 16 frames = 4096 samples = 0.19 s. The second chunk needs 100 more
+  tokens, so it arrives about 2 s x RTF later (RTF = the engine's real-time factor). A client that
+  starts playing at once hears a gap unless it buffers; the official schedule has the same kind of gap
+  once RTF exceeds about 0.9.
 * The look-ahead does not change. Every chunk still has 20 tokens of right context at the flow and
-  20 mel frames at the vocoder. The flow encoder of the first chunk attends over 50 tokens instead of
-  120, so the first 0.6 s are generated with less context.
+  20 mel frames at the vocoder. The flow encoder of the first chunk attends over 41 tokens instead of
+  120, so the first 0.4 s are generated with less context.
 """
 
 from __future__ import annotations
@@ -42,8 +49,6 @@ from service.engine.dsp import fade_in_out, interpolate_linear
 from service.engine.flow import FlowCache, FlowRunner
 from service.engine.hift import HiFTNoise, HiFTRunner, draw_hift_noise
 from service.engine.scheduler import Pacer
-
-DEFAULT_FIRST_HOP_S = 0.6  # seconds of speech tokens before the first chunk (plus the 20-token overlap)
 
 
 class NoiseSource(Protocol):
@@ -137,6 +142,17 @@ class SpeechChunk:
     hift_s: float
 
 
+@dataclass(frozen=True)
+class ChunkJob:
+    """One non-final token2wav call as data, so another thread may run it (batched with others of equal length)."""
+
+    tokens: tuple[int, ...]
+    embedding: np.ndarray
+    state: SentenceState
+    noise: NoiseSource
+    n_timesteps: int | None
+
+
 class Token2Wav:
     """Official v1 `token2wav`: flow with cache, mel cross-fade, HiFT with mel/source cache, speech cross-fade."""
 
@@ -170,10 +186,44 @@ class Token2Wav:
         if speed != 1.0 and not (finalize and state.fresh):
             raise ValueError("speed != 1 is only supported for a whole sentence in one finalize call")
         t0 = time.perf_counter()
-        c = self.constants
-        z = noise.flow_noise(c.n_mels, self.flow.mel_frames(len(tokens)))
-        mel, state.flow_cache = self.flow.inference(np.asarray(tokens), embedding, z, state.flow_cache, n_timesteps)
+        mu, spks, z = self._prepare(tokens, embedding, state, noise)
+        mel = self.flow.solve(mu, spks, z, self.flow.steps(n_timesteps))
+        return self._after_flow(mel, state, noise, finalize, speed, time.perf_counter() - t0)
+
+    def first_chunks(self, jobs: Sequence[ChunkJob]) -> Iterator[WavChunk]:
+        """Non-final chunks of several requests with equal token counts and steps (first chunks: fresh states).
+
+        The flow solver runs once for all of them (`FlowRunner.solve_many`), then each is vocoded in
+        turn and yielded at once, so the first request's audio is not held back by the others' HiFT.
+        Each result equals its own `__call__(..., finalize=False)` up to float rounding.
+        """
+        if not jobs:
+            return
+        t0 = time.perf_counter()
+        steps = {self.flow.steps(job.n_timesteps) for job in jobs}
+        if len(steps) != 1 or len({len(job.tokens) for job in jobs}) != 1:
+            raise ValueError("first_chunks needs jobs with equal token counts and flow steps")
+        prepared = [self._prepare(job.tokens, job.embedding, job.state, job.noise) for job in jobs]
+        mus, spks, zs = zip(*prepared, strict=True)
+        mels = self.flow.solve_many(mus, spks, zs, steps.pop())
+        flow_s = time.perf_counter() - t0
+        for job, mel in zip(jobs, mels, strict=True):
+            yield self._after_flow(mel, job.state, job.noise, False, 1.0, flow_s)
+
+    def _prepare(
+        self, tokens: Sequence[int] | np.ndarray, embedding: np.ndarray, state: SentenceState, noise: NoiseSource
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Draw z, run the flow's encoder half and move the flow cache forward; (mu, spks, z) for the solver."""
+        z = noise.flow_noise(self.constants.n_mels, self.flow.mel_frames(len(tokens)))
+        mu, spks, z, state.flow_cache = self.flow.prepare(np.asarray(tokens), embedding, z, state.flow_cache)
+        return mu, spks, z
+
+    def _after_flow(
+        self, mel: np.ndarray, state: SentenceState, noise: NoiseSource, finalize: bool, speed: float, flow_s: float
+    ) -> WavChunk:
+        """Mel cross-fade, HiFT with its caches and the speech cross-fade; non-final calls hold back the overlap tail."""
         t1 = time.perf_counter()
+        c = self.constants
         if state.mel_overlap.shape[-1]:
             mel = fade_in_out(mel, state.mel_overlap, self.mel_window)
         cache_source = np.zeros(0, dtype=np.float32)
@@ -191,7 +241,7 @@ class Token2Wav:
             n = c.source_cache_len
             state.hift = HiFTCache(mel=mel[:, -c.mel_cache_len :], source=src[-n:], speech=wav[-n:])
             wav = wav[:-n]
-        return WavChunk(audio=wav, flow_s=t1 - t0, hift_s=time.perf_counter() - t1)
+        return WavChunk(audio=wav, flow_s=flow_s, hift_s=time.perf_counter() - t1)
 
     def _vocode(
         self, mel: np.ndarray, cache_source: np.ndarray, state: SentenceState, noise: NoiseSource
@@ -204,8 +254,8 @@ class Token2Wav:
 
 
 def default_first_hop(constants: ModelConstants) -> int:
-    """Engine default for the first hop: DEFAULT_FIRST_HOP_S of tokens, at least overlap + 1."""
-    return max(constants.token_overlap_len + 1, round(DEFAULT_FIRST_HOP_S * constants.token_rate_hz))
+    """Engine default for the first hop: the smallest that keeps the overlap frame-aligned (overlap + 1)."""
+    return constants.token_overlap_len + 1
 
 
 def check_first_hop(first_hop: int, constants: ModelConstants) -> None:
@@ -261,7 +311,8 @@ def stream_sentence(
 
     Stops silently (no final chunk) when `cancel` is set; it is checked after every token, so at most
     the chunk in progress finishes. `llm_s` of a chunk is the time spent waiting for its new tokens.
-    With `pace`, every flow/HiFT call waits for the request's turn at the shared AcousticGate.
+    With `pace`, every flow/HiFT call waits for the request's turn at the shared AcousticGate, and the
+    first chunk is pooled: whichever request gets the slot vocodes every waiting first chunk with it.
     """
     c = t2w.constants
     check_first_hop(first_hop, c)
@@ -269,8 +320,13 @@ def stream_sentence(
     for tok in _timed(tokens, clock, cancel):
         buf.append(tok)
         if len(buf) >= hop + c.token_overlap_len:
-            with _turn(pace):
-                wav = t2w(buf[: hop + c.token_overlap_len], embedding, state, noise, finalize=False, n_timesteps=n_timesteps)
+            chunk = tuple(buf[: hop + c.token_overlap_len])
+            if pace is not None and state.fresh:  # first chunks all have the same length: vocode them together
+                job = ChunkJob(chunk, embedding, state, noise, n_timesteps)
+                wav = pace.pooled((len(chunk), t2w.flow.steps(n_timesteps)), job, t2w.first_chunks)
+            else:
+                with _turn(pace):
+                    wav = t2w(chunk, embedding, state, noise, finalize=False, n_timesteps=n_timesteps)
             _delivered(pace, wav.audio)
             yield SpeechChunk(wav.audio, False, clock.take(), wav.flow_s, wav.hift_s)
             del buf[:hop]

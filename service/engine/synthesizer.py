@@ -129,7 +129,8 @@ class Synthesizer:
         """Load a bundle (or take a loaded one), open its sessions and start the stage scheduling `runtime` asks for.
 
         `runtime.max_batch` > 0 starts a BatchScheduler thread (call `close()` to stop it);
-        `acoustic_slots` > 0 or `acoustic_nice` > 0 puts flow/HiFT calls behind an AcousticGate.
+        `acoustic_slots` > 0 or `acoustic_nice` > 0 puts flow/HiFT calls behind an AcousticGate;
+        `first_audio_priority` pauses decoding (when no request waits for tokens) while a first chunk is vocoded.
         """
         loaded = bundle if isinstance(bundle, ModelBundle) else ModelBundle.load(bundle)
         runtime = runtime or RuntimeOptions()
@@ -140,10 +141,13 @@ class Synthesizer:
         )
         sessions = open_sessions(loaded, runtime, transient=TRANSIENT_GRAPHS)
         runner = LLMRunner(sessions, loaded.constants, positions=positions)
-        llm = BatchScheduler(runner, max_batch=runtime.max_batch) if runtime.max_batch > 0 else None
         gate = None
         if runtime.acoustic_slots > 0 or runtime.acoustic_nice > 0:
             gate = AcousticGate(runtime.acoustic_slots, nice=runtime.acoustic_nice)
+        llm = None
+        if runtime.max_batch > 0:
+            yield_to = gate.first_audio_running if gate is not None and runtime.first_audio_priority else None
+            llm = BatchScheduler(runner, max_batch=runtime.max_batch, yield_to=yield_to)
         return cls(loaded, sessions, llm=llm or runner, gate=gate)
 
     def close(self) -> None:

@@ -1,4 +1,4 @@
-"""Text frontend: text -> normalized sentences with whisper BPE ids; pure Python (tiktoken, wetext, jieba, pypinyin)."""
+"""Text frontend: text -> normalized sentences with whisper BPE ids (tiktoken, wetext, inflect; jieba and pypinyin data)."""
 
 from service.frontend.frontend import FrontendOptions, NormalizeReport, Sentence, TextFrontend
 from service.frontend.lexicon import DEFAULT_ENTRIES, InMemoryLexiconStore, Lexicon, LexiconStore, parse_entry

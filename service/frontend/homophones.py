@@ -2,18 +2,59 @@
 
 from __future__ import annotations
 
+import importlib.util
+import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
-from pypinyin.contrib.tone_convert import to_tone3
-from pypinyin.pinyin_dict import pinyin_dict
+# Tone-marked letters as base letter + tone number (ü is written v, as in tone-numbered pinyin).
+_TONE_MARKS = {
+    "ā": "a1", "á": "a2", "ǎ": "a3", "à": "a4",
+    "ē": "e1", "é": "e2", "ě": "e3", "è": "e4",
+    "ī": "i1", "í": "i2", "ǐ": "i3", "ì": "i4",
+    "ō": "o1", "ó": "o2", "ǒ": "o3", "ò": "o4",
+    "ū": "u1", "ú": "u2", "ǔ": "u3", "ù": "u4",
+    "ǖ": "v1", "ǘ": "v2", "ǚ": "v3", "ǜ": "v4",
+    "ń": "n2", "ň": "n3", "ǹ": "n4",
+    "m\u0304": "m1", "ḿ": "m2", "m\u0300": "m4",  # m̄ and m̀ have no precomposed form
+    "ê\u0304": "ê1", "ế": "ê2", "ê\u030c": "ê3", "ề": "ê4",
+}  # fmt: skip
+_TONE_MARK = re.compile("|".join(sorted(_TONE_MARKS, key=len, reverse=True)))
+_DIGIT = re.compile(r"\d")
 
 
 def tone3(syllable: str) -> str:
-    """Tone-mark or tone-number pinyin -> lower-case tone-number form with 5 for neutral (`lǜ` -> lv4, `ma` -> ma5)."""
-    s = syllable.strip().lower().replace("ü", "v").replace("u:", "v")
-    s = str(to_tone3(s, neutral_tone_with_five=True))
-    return s if s[-1:].isdigit() else s + "5"
+    """Tone-mark or tone-number pinyin -> lower-case tone-number form with 5 for neutral (`lǜ` -> lv4, `ma` -> ma5).
+
+    The first tone number found is kept and moved to the end; a "5" anywhere counts as no tone. Agrees with
+    pypinyin's `to_tone3(s, neutral_tone_with_five=True)` on every well-formed syllable; anything else comes out
+    as a string that is not a valid syllable either way.
+    """
+    s = syllable.strip().lower().replace("ü", "v").replace("u:", "v").replace("5", "")
+    s = _TONE_MARK.sub(lambda m: _TONE_MARKS[m.group()], s)
+    tones = _DIGIT.findall(s)
+    return _DIGIT.sub("", s) + (tones[0] if tones else "5")
+
+
+def pinyin_readings() -> dict[int, str]:
+    """pypinyin's per-character data: code point -> comma-separated tone-marked readings ("zhōng,zhòng").
+
+    Only pypinyin's `pinyin_dict.py` is run, under a private name: importing any pypinyin module would run the
+    package `__init__`, which loads its ~55 MB phrase dictionary that nothing here uses.
+    """
+    package = importlib.util.find_spec("pypinyin")
+    if package is None or not package.submodule_search_locations:
+        raise ModuleNotFoundError("pypinyin is not installed")
+    path = Path(next(iter(package.submodule_search_locations))) / "pinyin_dict.py"
+    spec = importlib.util.spec_from_file_location("_cosyvoice_pinyin_dict", path)
+    if spec is None or spec.loader is None:
+        raise ModuleNotFoundError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    readings: dict[int, str] = module.pinyin_dict
+    return readings
 
 
 def gb2312_level(ch: str) -> int:
@@ -38,9 +79,10 @@ class HomophoneTable:
     def build(cls, char_frequency: Mapping[str, int]) -> HomophoneTable:
         """Index pypinyin's character data; candidates are GB2312 hanzi, level 1 first, then by `char_frequency`."""
         readings: dict[str, tuple[str, ...]] = {}
-        for code, marks in pinyin_dict.items():
+        # Interned: some 1,500 distinct syllables are shared by 21k characters (~1 MB less resident).
+        for code, marks in pinyin_readings().items():
             if 0x4E00 <= code <= 0x9FFF:
-                readings[chr(code)] = tuple(dict.fromkeys(tone3(m) for m in marks.split(",")))
+                readings[chr(code)] = tuple(dict.fromkeys(sys.intern(tone3(m)) for m in marks.split(",")))
         groups: dict[str, list[str]] = {}
         for ch, syls in readings.items():
             # Rare characters are left out: the LLM has seen too little of them to read them reliably.

@@ -1,16 +1,14 @@
-"""Lexicon rewriting: jieba segmentation (HMM off) and homophone substitution so each word reads as listed."""
+"""Lexicon rewriting: jieba-equivalent segmentation (HMM off) and homophone substitution so each word reads as listed."""
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import jieba
-
 from service.frontend.homophones import HomophoneTable
 from service.frontend.lexicon import MAX_WORD_CHARS, LexiconSnapshot
+from service.frontend.segment import Segmenter
 
 
 @dataclass(frozen=True)
@@ -25,7 +23,7 @@ class Rewrite:
 
 
 def _lexicon_pieces(token: str, entries: Mapping[str, str]) -> list[str]:
-    """Split one jieba token around the lexicon words inside it (leftmost-longest), e.g. 重庆市 -> 重庆|市."""
+    """Split one segmenter token around the lexicon words inside it (leftmost-longest), e.g. 重庆市 -> 重庆|市."""
     if token in entries or len(token) < 3:
         return [token]
     pieces: list[str] = []
@@ -44,24 +42,20 @@ def _lexicon_pieces(token: str, entries: Mapping[str, str]) -> list[str]:
 
 
 class LexiconRewriter:
-    """Owns a private jieba.Tokenizer kept in step with the lexicon; thread-safe."""
+    """Owns a private Segmenter (jieba's dictionary) kept in step with the lexicon; thread-safe."""
 
-    def __init__(self, table: HomophoneTable, tokenizer: jieba.Tokenizer) -> None:
+    def __init__(self, table: HomophoneTable, segmenter: Segmenter) -> None:
         self._table = table
-        self._jieba = tokenizer
+        self._segmenter = segmenter
         self._lock = threading.Lock()
         self._version: str | None = None
-        self._added: dict[str, int] = {}  # lexicon word -> jieba frequency it had before we added it
+        self._added: dict[str, int] = {}  # lexicon word -> dictionary frequency it had before we added it
 
     @classmethod
     def create(cls) -> LexiconRewriter:
-        """A private jieba.Tokenizer on jieba's bundled dictionary, and a homophone table ranked by its frequencies."""
-        # jieba attaches its own DEBUG-level stderr handler and narrates every dictionary load; keep it quiet.
-        logging.getLogger("jieba").setLevel(logging.WARNING)
-        tokenizer = jieba.Tokenizer()
-        tokenizer.initialize()
-        char_frequency = {w: int(f) for w, f in tokenizer.FREQ.items() if len(w) == 1}
-        return cls(HomophoneTable.build(char_frequency), tokenizer)
+        """A private Segmenter on jieba's bundled dictionary, and a homophone table ranked by its frequencies."""
+        segmenter = Segmenter.load()
+        return cls(HomophoneTable.build(segmenter.char_frequencies()), segmenter)
 
     @property
     def syllables(self) -> frozenset[str]:
@@ -69,12 +63,12 @@ class LexiconRewriter:
         return self._table.syllables
 
     def rewrite(self, text: str, lexicon: LexiconSnapshot) -> tuple[str, list[Rewrite]]:
-        """Replace every lexicon word jieba cuts out of `text`; the text keeps its length."""
+        """Replace every lexicon word the segmenter cuts out of `text` (as jieba would); the text keeps its length."""
         if not lexicon.entries:
             return text, []
         with self._lock:
             self._sync(lexicon)
-            words = list(self._jieba.cut(text, HMM=False))
+            words = self._segmenter.cut(text)
         out: list[str] = []
         rewrites: list[Rewrite] = []
         pos = 0
@@ -101,13 +95,13 @@ class LexiconRewriter:
         return "".join(chars), complete
 
     def _sync(self, lexicon: LexiconSnapshot) -> None:
-        """Make jieba's dictionary hold exactly the lexicon's words (restoring what they had before)."""
+        """Make the segmenter's dictionary hold exactly the lexicon's words (restoring what they had before)."""
         if lexicon.version == self._version:
             return
         for word in [w for w in self._added if w not in lexicon.entries]:
-            self._jieba.add_word(word, self._added.pop(word))
+            self._segmenter.add_word(word, self._added.pop(word))
         for word in lexicon.entries:
             if word not in self._added:
-                self._added[word] = self._jieba.FREQ.get(word, 0)
-                self._jieba.add_word(word)
+                self._added[word] = self._segmenter.frequency(word)
+                self._segmenter.add_word(word)
         self._version = lexicon.version
