@@ -300,7 +300,7 @@ def test_scheduled_synthesizer_matches_the_direct_one(bundle: ModelBundle) -> No
 def test_scheduler_pauses_while_yield_to_holds_unless_a_consumer_waits(runner: LLMRunner) -> None:
     """With yield_to True, no step runs for a request nobody is reading; a blocked consumer resumes decoding."""
     urgent = threading.Event()
-    s = BatchScheduler(runner, max_batch=4, yield_to=urgent.is_set)
+    s = BatchScheduler(runner, max_batch=4, yield_to=urgent.is_set, urgent_tokens=1000)
     try:
         ids, emb = _inputs(runner, 5, 7)
         alone = list(runner.generate(ids, emb, np.random.default_rng(3), min_tokens=300, max_tokens=300))
@@ -414,3 +414,30 @@ def test_first_chunks_batched_equal_one_by_one(bundle: ModelBundle) -> None:
         np.testing.assert_array_equal(jb.state.flow_cache.z, ja.state.flow_cache.z)
     with pytest.raises(ValueError, match="equal token counts"):
         list(t2w.first_chunks([*jobs()[:1], ChunkJob(tokens[0][:30], emb[0], t2w.new_state(), GeneratorNoise(g), 10)]))
+
+
+def test_paused_scheduler_serves_only_consumers_still_waiting_for_their_first_audio(runner: LLMRunner) -> None:
+    """Past `urgent_tokens`, a waiting consumer does not end the pause; it resumes once yield_to turns False."""
+    urgent = threading.Event()
+    s = BatchScheduler(runner, max_batch=4, yield_to=urgent.is_set, urgent_tokens=10)
+    try:
+        ids, emb = _inputs(runner, 5, 8)
+        alone = list(runner.generate(ids, emb, np.random.default_rng(4), min_tokens=40, max_tokens=40))
+        urgent.set()
+        stream = s.generate(ids, emb, np.random.default_rng(4), min_tokens=40, max_tokens=40)
+        got = [next(stream) for _ in range(10)]  # its first 10 tokens are urgent: served despite the pause
+        done = threading.Event()
+
+        def rest() -> None:
+            got.extend(stream)
+            done.set()
+
+        reader = threading.Thread(target=rest)
+        reader.start()
+        assert not done.wait(0.3), "decoded past urgent_tokens while yield_to was True"
+        urgent.clear()
+        assert done.wait(TIMEOUT_S)
+        reader.join(TIMEOUT_S)
+        assert got == alone
+    finally:
+        s.close()

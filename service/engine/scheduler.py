@@ -141,8 +141,10 @@ class BatchScheduler:
     a TokenGenerator (what the Synthesizer needs from the LLM), safe to call from any number of threads.
 
     `yield_to` (e.g. AcousticGate.first_audio_running) lets more urgent work have the cores: while it
-    returns True and no consumer is blocked waiting for tokens and no prefill is queued, the thread
-    pauses between decode steps instead of decoding tokens nobody is waiting for yet.
+    returns True the thread pauses between decode steps, unless a prefill is queued or a consumer is
+    blocked waiting for one of its first `urgent_tokens` tokens (those it needs for its own first audio).
+    A consumer waiting for later tokens already has audio and waits: a listener who has heard nothing
+    yet is worse off.
     """
 
     def __init__(
@@ -152,12 +154,14 @@ class BatchScheduler:
         max_batch: int = 16,
         name: str = "llm-scheduler",
         yield_to: Callable[[], bool] | None = None,
+        urgent_tokens: int = 0,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.runner = runner
         self.max_batch = max_batch
         self.yield_to = yield_to
+        self.urgent_tokens = urgent_tokens
         self.stats = SchedulerStats()
         self._cond = threading.Condition()
         self._pending: deque[_Job] = deque()
@@ -228,10 +232,10 @@ class BatchScheduler:
         self._shutdown(batch)
 
     def _yielding(self) -> bool:
-        """True while `yield_to` asks for the cores and no consumer or queued prefill needs the LLM now."""
+        """True while `yield_to` asks for the cores and no queued prefill or first-audio consumer needs the LLM now."""
         if self.yield_to is None or self._pending or not self.yield_to():
             return False
-        return not any(job.waiting for job in list(self._jobs.values()))
+        return not any(job.waiting and job.sent < self.urgent_tokens for job in list(self._jobs.values()))
 
     def _next_admissions(self, in_batch: int) -> list[_Job] | None:
         """Wait for work; returns the jobs to prefill now ([] when only decoding), None when closed."""

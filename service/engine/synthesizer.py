@@ -16,7 +16,7 @@ from service.engine.flow import FlowRunner
 from service.engine.hift import HiFTRunner
 from service.engine.llm import LLMRunner, position_table
 from service.engine.scheduler import AcousticGate, BatchScheduler, Pacer
-from service.engine.sessions import TRANSIENT_GRAPHS, RuntimeOptions, open_sessions
+from service.engine.sessions import TRANSIENT_GRAPHS, RuntimeOptions, limit_malloc_arenas, open_sessions, release_free_memory
 from service.engine.streaming import (
     GeneratorNoise,
     NoiseSource,
@@ -134,6 +134,7 @@ class Synthesizer:
         """
         loaded = bundle if isinstance(bundle, ModelBundle) else ModelBundle.load(bundle)
         runtime = runtime or RuntimeOptions()
+        limit_malloc_arenas(runtime.malloc_arenas)
         # The table is built before the big graphs are opened, so llm_pos's transient memory is reused
         # by them instead of adding to the peak.
         positions = position_table(
@@ -147,7 +148,8 @@ class Synthesizer:
         llm = None
         if runtime.max_batch > 0:
             yield_to = gate.first_audio_running if gate is not None and runtime.first_audio_priority else None
-            llm = BatchScheduler(runner, max_batch=runtime.max_batch, yield_to=yield_to)
+            urgent = default_first_hop(loaded.constants) + loaded.constants.token_overlap_len  # a first chunk's tokens
+            llm = BatchScheduler(runner, max_batch=runtime.max_batch, yield_to=yield_to, urgent_tokens=urgent)
         return cls(loaded, sessions, llm=llm or runner, gate=gate)
 
     def close(self) -> None:
@@ -174,7 +176,7 @@ class Synthesizer:
             raise EmptyTextError("nothing to synthesize: no sentences, or an empty sentence")
         plan = self._plan(options)
         llm_rng, noise_rng = _request_rngs(options.seed)
-        return self._sentences(texts, embedding, plan, llm_rng, GeneratorNoise(noise_rng), cancel, self._pacer())
+        return _trimmed(self._sentences(texts, embedding, plan, llm_rng, GeneratorNoise(noise_rng), cancel, self._pacer()))
 
     def synthesize_tokens(
         self,
@@ -199,7 +201,7 @@ class Synthesizer:
             raise InvalidInputError(f"speech tokens must be in 0..{limit - 1}", param="speech_tokens")
         plan = self._plan(options)
         source = noise if noise is not None else GeneratorNoise(_request_rngs(options.seed)[1])
-        return self._chunks(iter(tokens), embedding, 0, True, plan, source, cancel, self._pacer())
+        return _trimmed(self._chunks(iter(tokens), embedding, 0, True, plan, source, cancel, self._pacer()))
 
     # ---- internals -----------------------------------------------------------------------------
     def _pacer(self) -> Pacer | None:
@@ -267,6 +269,18 @@ class Synthesizer:
             yield AudioChunk(piece.audio, index, piece.is_last and last_sentence, timings)
             if cancel is not None and cancel.is_set():
                 return
+
+
+def _trimmed(chunks: Iterator[AudioChunk]) -> Iterator[AudioChunk]:
+    """The chunks; once the request ends (done, failed, cancelled or dropped), freed heap goes back to the OS.
+
+    Without it glibc keeps the pages of each request's freed activations and the resident size creeps
+    up by 20-40 MB per request; the trim costs ~5 ms, after the last chunk has been handed over.
+    """
+    try:
+        yield from chunks
+    finally:
+        release_free_memory()
 
 
 def _request_rngs(seed: int | None) -> tuple[np.random.Generator, np.random.Generator]:
