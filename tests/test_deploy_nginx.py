@@ -140,6 +140,8 @@ def test_sigterm_drains_in_flight_streams_and_refuses_new_ones(nginx: NginxServe
         stream.thread.start()
         time.sleep(0.05)
     wait_until(lambda: streams[0].first_byte.is_set() or streams[0].done.is_set(), 30, "first bytes of the stream")
+    # On a loaded machine the second client may not have connected yet: SIGTERM only once the app holds both.
+    wait_until(lambda: jobs_accepted(target.base_url) >= 2 or streams[1].done.is_set(), 30, "the queued request to arrive")
     driver = LoadDriver(nginx.base_url, 2, lambda i: tts_request(i % 2 == 0, mixed_texts(f"停{i}"))).start()
     assert target.proc is not None
     target.proc.send_signal(signal.SIGTERM)
@@ -203,6 +205,16 @@ class StreamReader:
         out.t_end = time.monotonic()
         self.outcome = out
         self.done.set()
+
+
+def jobs_accepted(base_url: str) -> float:
+    """Synthesis jobs the app holds (running on a worker or queued for one), from its /metrics."""
+    text = httpx.get(base_url + "/metrics", timeout=5).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(("tts_queue_depth ", "tts_jobs_running ")):
+            total += float(line.split()[1])
+    return total
 
 
 def new_request_refused(base_url: str) -> bool:
