@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from loadtest.bench_engine import ForcedLength
 from service.bundle import ModelBundle
 from service.engine.kvcache import KVCache
 from service.engine.llm import LLM_GRAPHS, DecodeBatch, LLMRunner
@@ -441,3 +442,25 @@ def test_paused_scheduler_serves_only_consumers_still_waiting_for_their_first_au
         assert got == alone
     finally:
         s.close()
+
+
+def test_only_a_requests_first_audio_is_pooled(bundle: ModelBundle) -> None:
+    """Later sentences of a stream start with a fresh state but are not first audio: they take a normal turn."""
+    synth = Synthesizer.load(bundle, RuntimeOptions(intra_op_threads=1, max_batch=4, acoustic_slots=1))
+    try:
+        assert synth.gate is not None
+        pooled: list[int] = []
+        original = synth.gate.pooled
+
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            pooled.append(1)
+            return original(*args, **kwargs)
+
+        synth.gate.pooled = spy  # type: ignore[method-assign]
+        opts = SynthesisOptions(seed=2, stream=True)
+        synth.llm = ForcedLength(synth.llm, 60)
+        chunks = list(synth.synthesize([[15947, 1002, 13], [40, 716, 13]], synth.speakers[0], opts))
+        assert sum(1 for c in chunks if c.sentence_index == 1) >= 2  # sentence 2 was streamed in chunks too
+        assert pooled == [1]
+    finally:
+        synth.close()

@@ -321,7 +321,7 @@ def stream_sentence(
         buf.append(tok)
         if len(buf) >= hop + c.token_overlap_len:
             chunk = tuple(buf[: hop + c.token_overlap_len])
-            if pace is not None and state.fresh:  # first chunks all have the same length: vocode them together
+            if pace is not None and state.fresh and pace.audio_s == 0.0:  # first audio: pooled with other requests'
                 job = ChunkJob(chunk, embedding, state, noise, n_timesteps)
                 wav = pace.pooled((len(chunk), t2w.flow.steps(n_timesteps)), job, t2w.first_chunks)
             else:
