@@ -464,3 +464,38 @@ def test_only_a_requests_first_audio_is_pooled(bundle: ModelBundle) -> None:
         assert pooled == [1]
     finally:
         synth.close()
+
+
+@pytest.mark.parametrize("waiter_first", [True, False])
+def test_long_call_steps_aside_for_first_audio_only(waiter_first: bool) -> None:
+    """Between its steps a call hands the slot to a waiting first-audio call, then resumes; others wait for its end."""
+    gate = AcousticGate(1)
+    events: list[str] = []
+    started = threading.Event()
+
+    def long_call() -> None:
+        with gate.slot(0.0) as step_aside:
+            started.set()
+            for i in range(30):
+                events.append(f"step{i}")
+                time.sleep(0.01)
+                step_aside()
+        events.append("long done")
+
+    def waiter() -> None:
+        with gate.slot(-1.0, first=waiter_first):
+            events.append("waiter")
+
+    long = threading.Thread(target=long_call)
+    long.start()
+    started.wait(TIMEOUT_S)
+    time.sleep(0.05)
+    _run_threads([waiter])
+    long.join(TIMEOUT_S)
+    at = events.index("waiter")
+    if waiter_first:
+        assert 0 < at < events.index("step29"), events
+        assert events[-1] == "long done"
+    else:
+        assert events[at - 1] == "long done", events
+    assert gate._busy == 0 and not gate._waiting

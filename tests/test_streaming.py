@@ -160,6 +160,7 @@ class FakeT2W(Token2Wav):
         finalize: bool,
         speed: float = 1.0,
         n_timesteps: int | None = None,
+        between_steps: Any = None,
     ) -> WavChunk:
         self.windows.append(list(tokens))
         return WavChunk(np.asarray(tokens, dtype=np.float32), 0.0, 0.0)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,16 +82,29 @@ class FlowRunner:
         (mu,) = self._lr.run(["mu"], {"x": x[None]})
         return np.asarray(mu[0], dtype=np.float32)
 
-    def solve(self, mu: np.ndarray, spks: np.ndarray, z: np.ndarray, n_timesteps: int) -> np.ndarray:
+    def solve(
+        self,
+        mu: np.ndarray,
+        spks: np.ndarray,
+        z: np.ndarray,
+        n_timesteps: int,
+        between_steps: Callable[[], None] | None = None,
+    ) -> np.ndarray:
         """Euler integration of the CFM ODE from noise z to a mel (n_mels, M), classifier-free guided.
 
         Each step runs the estimator once with a batch of 2: row 0 conditioned on (mu, spks), row 1 with
-        both zeroed; the velocity is (1 + cfg_rate) * v_cond - cfg_rate * v_uncond.
+        both zeroed; the velocity is (1 + cfg_rate) * v_cond - cfg_rate * v_uncond. `between_steps`, if
+        given, runs between two steps (the caller may let more urgent work have the cores there).
         """
-        return self.solve_many([mu], [spks], [z], n_timesteps)[0]
+        return self.solve_many([mu], [spks], [z], n_timesteps, between_steps)[0]
 
     def solve_many(
-        self, mus: Sequence[np.ndarray], spkss: Sequence[np.ndarray], zs: Sequence[np.ndarray], n_timesteps: int
+        self,
+        mus: Sequence[np.ndarray],
+        spkss: Sequence[np.ndarray],
+        zs: Sequence[np.ndarray],
+        n_timesteps: int,
+        between_steps: Callable[[], None] | None = None,
     ) -> list[np.ndarray]:
         """`solve` for k requests of the same length at once: one estimator call of batch 2k per Euler step.
 
@@ -127,6 +140,8 @@ class FlowRunner:
             t = t + dt
             if step < n_timesteps:
                 dt = t_span[step + 1] - t
+                if between_steps is not None:
+                    between_steps()
         return [row.astype(np.float32) for row in x]
 
     def prepare(

@@ -344,6 +344,10 @@ def _deliver(group: list[_Pooled], results: Iterable[Any]) -> None:
         raise error
 
 
+def _never_step_aside() -> None:
+    """step_aside of a gate without slots: nobody waits, so there is nobody to make room for."""
+
+
 class AcousticGate:
     """Lets at most `slots` flow/HiFT calls run at once; first chunks go first, then earliest deadline first.
 
@@ -368,33 +372,54 @@ class AcousticGate:
         self._tickets = itertools.count()
 
     @contextmanager
-    def slot(self, deadline: float, *, first: bool = False) -> Iterator[None]:
-        """Hold one slot for the duration of the block (waits while all are busy or a more urgent call waits)."""
+    def slot(self, deadline: float, *, first: bool = False) -> Iterator[Callable[[], None]]:
+        """Hold one slot for the duration of the block (waits while all are busy or a more urgent call waits).
+
+        The block receives a `step_aside()` callable for long calls that run in steps (the flow's Euler
+        steps): between two steps it hands the slot to a waiting first-audio call, if there is one, and
+        returns once this call's turn has come again. A listener who has heard nothing then waits for one
+        estimator step, not for a whole middle chunk. It does nothing in a first-audio call itself.
+        """
         lower_thread_priority(self.nice)
         if self.slots == 0:
             with self._cond:
                 self._first_busy += first
             try:
-                yield
+                yield _never_step_aside
             finally:
                 with self._cond:
                     self._first_busy -= first
             return
         ticket = (0 if first else 1, deadline, next(self._tickets))
         with self._cond:
-            heapq.heappush(self._waiting, ticket)
-            while self._busy >= self.slots or self._waiting[0] != ticket:
-                self._cond.wait()
-            heapq.heappop(self._waiting)
-            self._busy += 1
+            self._acquire(ticket)
             self._first_busy += first
+
+        def step_aside() -> None:
+            if first or not self._waiting or self._waiting[0][0] != 0:  # unlocked peek: a stale answer costs one step
+                return
+            with self._cond:
+                if not self._waiting or self._waiting[0][0] != 0:
+                    return
+                self._busy -= 1
+                self._cond.notify_all()
+                self._acquire(ticket)
+
         try:
-            yield
+            yield step_aside
         finally:
             with self._cond:
                 self._busy -= 1
                 self._first_busy -= first
                 self._cond.notify_all()
+
+    def _acquire(self, ticket: tuple[int, float, int]) -> None:
+        """With the lock held: queue `ticket`, wait until it is first and a slot is free, take the slot."""
+        heapq.heappush(self._waiting, ticket)
+        while self._busy >= self.slots or self._waiting[0] != ticket:
+            self._cond.wait()
+        heapq.heappop(self._waiting)
+        self._busy += 1
 
     def pooled(
         self, deadline: float, key: Hashable, payload: P, execute: Callable[[list[P]], Iterable[R]], *, max_group: int = 16
@@ -467,10 +492,13 @@ class Pacer:
         return self.start + self.audio_s
 
     @contextmanager
-    def turn(self) -> Iterator[None]:
-        """Run one acoustic call when the gate gives this request its turn (first audio counts as urgent)."""
-        with self.gate.slot(self.deadline, first=self.audio_s == 0.0):
-            yield
+    def turn(self) -> Iterator[Callable[[], None]]:
+        """Run one acoustic call when the gate gives this request its turn (first audio counts as urgent).
+
+        The block gets the slot's `step_aside` (see AcousticGate.slot) to call between solver steps.
+        """
+        with self.gate.slot(self.deadline, first=self.audio_s == 0.0) as step_aside:
+            yield step_aside
 
     def pooled(self, key: Hashable, payload: P, execute: Callable[[list[P]], Iterable[R]]) -> R:
         """This request's first-audio call, possibly run together with other requests' (AcousticGate.pooled)."""

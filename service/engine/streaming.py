@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
@@ -177,17 +177,19 @@ class Token2Wav:
         finalize: bool,
         speed: float = 1.0,
         n_timesteps: int | None = None,
+        between_steps: Callable[[], None] | None = None,
     ) -> WavChunk:
         """Audio for `tokens`, updating `state` in place. Non-final calls hold back the overlap tail.
 
         `speed` != 1 stretches the mel to max(1, int(frames / speed)) and needs a fresh state with finalize=True
-        (the official code allows it only on the non-stream path).
+        (the official code allows it only on the non-stream path). `between_steps` is called between two
+        Euler steps of the flow (the AcousticGate's step_aside).
         """
         if speed != 1.0 and not (finalize and state.fresh):
             raise ValueError("speed != 1 is only supported for a whole sentence in one finalize call")
         t0 = time.perf_counter()
         mu, spks, z = self._prepare(tokens, embedding, state, noise)
-        mel = self.flow.solve(mu, spks, z, self.flow.steps(n_timesteps))
+        mel = self.flow.solve(mu, spks, z, self.flow.steps(n_timesteps), between_steps)
         return self._after_flow(mel, state, noise, finalize, speed, time.perf_counter() - t0)
 
     def first_chunks(self, jobs: Sequence[ChunkJob]) -> Iterator[WavChunk]:
@@ -325,8 +327,8 @@ def stream_sentence(
                 job = ChunkJob(chunk, embedding, state, noise, n_timesteps)
                 wav = pace.pooled((len(chunk), t2w.flow.steps(n_timesteps)), job, t2w.first_chunks)
             else:
-                with _turn(pace):
-                    wav = t2w(chunk, embedding, state, noise, finalize=False, n_timesteps=n_timesteps)
+                with _turn(pace) as step_aside:
+                    wav = t2w(chunk, embedding, state, noise, finalize=False, n_timesteps=n_timesteps, between_steps=step_aside)
             _delivered(pace, wav.audio)
             yield SpeechChunk(wav.audio, False, clock.take(), wav.flow_s, wav.hift_s)
             del buf[:hop]
@@ -366,13 +368,13 @@ def _finalize(
 ) -> SpeechChunk:
     if not buf:  # nothing generated (e.g. max_tokens=0): an empty final chunk keeps the sentence boundary
         return SpeechChunk(np.zeros(0, dtype=np.float32), True, llm_s, 0.0, 0.0)
-    with _turn(pace):
-        wav = t2w(buf, embedding, state, noise, finalize=True, speed=speed, n_timesteps=n_timesteps)
+    with _turn(pace) as step_aside:
+        wav = t2w(buf, embedding, state, noise, finalize=True, speed=speed, n_timesteps=n_timesteps, between_steps=step_aside)
     _delivered(pace, wav.audio)
     return SpeechChunk(wav.audio, True, llm_s, wav.flow_s, wav.hift_s)
 
 
-def _turn(pace: Pacer | None) -> AbstractContextManager[None]:
+def _turn(pace: Pacer | None) -> AbstractContextManager[Callable[[], None] | None]:
     return pace.turn() if pace is not None else nullcontext()
 
 
