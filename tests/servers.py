@@ -12,7 +12,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -303,3 +304,21 @@ class DevToolsPage:
     def screenshot(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(base64.b64decode(self.send("Page.captureScreenshot", format="png")["data"]))
+
+
+@contextmanager
+def running_apps(
+    apps: Sequence[AppServer], start: Callable[[Sequence[AppServer]], None] | None = None
+) -> Iterator[Sequence[AppServer]]:
+    """Start `apps` (one by one, or with `start`), yield them, then stop each and print its log."""
+    try:
+        if start is None:
+            for app in apps:
+                app.start()
+        else:
+            start(apps)
+        yield apps
+    finally:
+        for app in apps:
+            app.stop()
+            app.dump_log()

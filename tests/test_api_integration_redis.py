@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from servers import AppServer, RedisServer, metric_value  # redis_server: conftest.py
+from servers import AppServer, RedisServer, metric_value, running_apps  # redis_server: conftest.py
 
 pytestmark = pytest.mark.integration
 
@@ -40,14 +40,8 @@ def apps(
     }
     workdir = tmp_path_factory.mktemp("apps")
     pair = (AppServer(workdir, tiny_bundle, env, name="app-a"), AppServer(workdir, tiny_bundle, env, name="app-b"))
-    try:
-        for app in pair:
-            app.start()
+    with running_apps(pair):
         yield pair
-    finally:
-        for app in pair:
-            app.stop()
-            app.dump_log()
 
 
 def speak(app: AppServer, key: str, text: str) -> httpx.Response:

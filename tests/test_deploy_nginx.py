@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from deploy_servers import LoadDriver, NginxServer, Outcome, drain_timeout_s, mixed_texts, start_apps, tts_request
-from servers import AppServer, RedisServer, wait_until
+from servers import AppServer, RedisServer, running_apps, wait_until  # redis_server: conftest.py
 
 pytestmark = pytest.mark.integration
 
@@ -26,25 +26,12 @@ DRAIN_TIMEOUT_S = drain_timeout_s(APP_ENV)  # the apps' TTS_DRAIN_TIMEOUT_S (the
 
 
 @pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def apps(tmp_path_factory: pytest.TempPathFactory, tiny_bundle: Path, redis_server: RedisServer) -> Iterator[list[AppServer]]:
     workdir = tmp_path_factory.mktemp("apps")
     env = {**APP_ENV, "TTS_REDIS_URL": redis_server.url}
     pair = [AppServer(workdir, tiny_bundle, env, name=name) for name in ("app-a", "app-b")]
-    try:
-        start_apps(pair)
+    with running_apps(pair, start_apps):
         yield pair
-    finally:
-        for app in pair:
-            app.stop()
-            app.dump_log()
 
 
 @pytest.fixture(scope="module")

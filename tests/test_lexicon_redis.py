@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from servers import AppServer, RedisServer, metric_value  # redis_server: conftest.py
+from servers import AppServer, RedisServer, metric_value, running_apps  # redis_server: conftest.py
 
 from service.cache import DEFAULT_LEXICON_PREFIX, LEXICON_UNREAD_VERSION, LEXICON_WRITE_RETRY_AFTER_S, RedisLexiconStore
 from service.errors import StoreUnavailableError
@@ -102,14 +102,8 @@ def apps(
     }
     workdir = tmp_path_factory.mktemp("apps")
     pair = (AppServer(workdir, tiny_bundle, env, name="lex-a"), AppServer(workdir, tiny_bundle, env, name="lex-b"))
-    try:
-        for app in pair:
-            app.start()
+    with running_apps(pair):
         yield pair
-    finally:
-        for app in pair:
-            app.stop()
-            app.dump_log()
 
 
 def normalize(app: AppServer, text: str = TEXT) -> dict[str, Any]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -147,32 +148,35 @@ def lower_thread_priority(nice: int) -> None:
 _M_ARENA_MAX = -8  # glibc mallopt parameter number (malloc.h)
 
 
+@functools.cache
+def _glibc_function(name: str) -> Callable[..., int] | None:
+    """A glibc malloc function, looked up once (find_library runs `ldconfig` in a subprocess); None elsewhere."""
+    path = ctypes.util.find_library("c")
+    if path is None:
+        return None
+    try:
+        function: Callable[..., int] = getattr(ctypes.CDLL(path), name)
+    except (OSError, AttributeError):
+        return None
+    return function
+
+
 def limit_malloc_arenas(arenas: int) -> None:
     """Cap glibc's per-thread malloc arenas for this process (0: leave the default, 8 x cores; no-op elsewhere).
 
     Every thread that allocates (service workers, ORT pools) otherwise gets its own arena, and each keeps
     its freed pages: under 8 concurrent streams the default arenas cost ~150 MB of resident memory.
     """
-    name = ctypes.util.find_library("c")
-    if arenas <= 0 or name is None:
-        return
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(_M_ARENA_MAX, arenas)
+    mallopt = _glibc_function("mallopt") if arenas > 0 else None
+    if mallopt is not None:
+        mallopt(_M_ARENA_MAX, arenas)
 
 
 def release_free_memory() -> None:
     """Hand freed heap pages back to the OS (glibc keeps them otherwise); no-op elsewhere."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return
-    try:
-        trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):
-        return
-    trim(0)
+    trim = _glibc_function("malloc_trim")
+    if trim is not None:
+        trim(0)
 
 
 def _open(path: Path, so: ort.SessionOptions) -> ort.InferenceSession:
