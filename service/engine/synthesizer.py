@@ -130,7 +130,8 @@ class Synthesizer:
 
         `runtime.max_batch` > 0 starts a BatchScheduler thread (call `close()` to stop it);
         `acoustic_slots` > 0 or `acoustic_nice` > 0 puts flow/HiFT calls behind an AcousticGate;
-        `first_audio_priority` pauses decoding (when no request waits for tokens) while a first chunk is vocoded.
+        `first_audio_priority` pauses decoding while a first chunk is vocoded (unless a request still waits for
+        the tokens of its own first chunk).
         """
         loaded = bundle if isinstance(bundle, ModelBundle) else ModelBundle.load(bundle)
         runtime = runtime or RuntimeOptions()
