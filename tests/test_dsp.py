@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.engine.dsp import fade_in_out, hann_window, interpolate_linear, istft, stft
+from service.engine.dsp import StreamingStretch, fade_in_out, hann_window, interpolate_linear, istft, stft
 
 N_FFT, HOP = 16, 4
 
@@ -149,3 +149,41 @@ def test_dsp_matches_torch_ops() -> None:
     rnd = (rng.standard_normal((1, 9, 300)) + 1j * rng.standard_normal((1, 9, 300))).astype(np.complex64)
     ref_y = torch.istft(torch.from_numpy(rnd), N_FFT, HOP, N_FFT, window=torch.from_numpy(w)).numpy()
     np.testing.assert_allclose(istft(rnd, N_FFT, HOP, w), ref_y, atol=1e-5)
+
+
+@pytest.mark.parametrize("speed", [0.25, 0.5, 0.8, 1.25, 1.5, 2.0, 4.0])
+def test_streaming_stretch_equals_one_global_resize(speed: float) -> None:
+    """Fed in any pieces, the stretch gives max(1, int(n / speed)) frames read at (j + 0.5) * speed - 0.5."""
+    rng = np.random.default_rng(int(speed * 100))
+    for _ in range(25):
+        x = rng.standard_normal((3, int(rng.integers(1, 300)))).astype(np.float32)
+        cuts = sorted(int(c) for c in rng.integers(0, x.shape[-1], size=int(rng.integers(0, 6))))
+        stretch, pieces, prev = StreamingStretch(speed), [], 0
+        for cut in cuts:
+            pieces.append(stretch.push(x[:, prev:cut], final=False))
+            prev = cut
+        pieces.append(stretch.push(x[:, prev:], final=True))
+        got = np.concatenate(pieces, axis=-1)
+        n = x.shape[-1]
+        size = max(1, int(n / speed))
+        pos = np.maximum((np.arange(size) + 0.5) * speed - 0.5, 0.0)
+        i0 = np.minimum(pos.astype(np.int64), n - 1)
+        i1 = np.minimum(i0 + 1, n - 1)
+        expected = x[:, i0] * (1 - pos + i0) + x[:, i1] * (pos - i0)
+        assert got.shape == (3, size)
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_streaming_stretch_matches_interpolate_when_the_scale_is_exact() -> None:
+    x = np.random.default_rng(0).standard_normal((2, 120)).astype(np.float32)
+    stretch = StreamingStretch(1.5)
+    got = np.concatenate([stretch.push(x[:, :50], final=False), stretch.push(x[:, 50:], final=True)], axis=-1)
+    np.testing.assert_allclose(got, interpolate_linear(x, 80), atol=1e-6)  # 120 / 80 = 1.5 exactly
+
+
+def test_streaming_stretch_holds_back_at_most_one_frame() -> None:
+    stretch = StreamingStretch(0.5)
+    out = stretch.push(np.ones((1, 10), dtype=np.float32), final=False)
+    assert out.shape[-1] >= 20 - 2  # 10 frames at half speed: 20, minus what waits for the next frame
+    with pytest.raises(ValueError):
+        StreamingStretch(0.0)

@@ -14,7 +14,7 @@ from service.bundle import ModelBundle
 from service.engine.hift import HiFTNoise
 from service.engine.llm import LLMRunner
 from service.engine.sessions import RuntimeOptions, open_sessions
-from service.engine.streaming import ReplayNoise
+from service.engine.streaming import MIN_FIRST_AUDIO_FRAMES, ReplayNoise, first_hop_for_speed
 from service.engine.synthesizer import AudioChunk, SynthesisOptions, Synthesizer
 from service.errors import EmptyTextError, InvalidInputError, UnknownSpeakerError
 
@@ -141,11 +141,45 @@ def test_stream_yields_first_chunk_before_last_sentence_starts(bundle: ModelBund
     assert [ch.is_final for ch in rest].count(True) == 1 and rest[-1].is_final
 
 
-def test_stream_with_speed_falls_back_to_one_chunk_per_sentence(bundle: ModelBundle, sessions: Mapping[str, Any]) -> None:
-    synth = Synthesizer(bundle, sessions, llm=FakeLLM(130))
-    chunks = list(synth.synthesize([[1], [2]], "中文男", SynthesisOptions(stream=True, speed=1.25, seed=0)))
-    frames = bundle.constants.tokens_to_mel_frames(130)
-    assert [len(ch.audio) for ch in chunks] == [int(frames / 1.25) * 256] * 2
+def test_stream_with_speed_streams_chunk_by_chunk(bundle: ModelBundle, sessions: Mapping[str, Any]) -> None:
+    """speed != 1 keeps streaming: same chunk schedule and first-chunk tokens as speed 1, audio 1/speed as long."""
+    runs = {}
+    for speed in (1.0, 1.25, 0.8):
+        llm = CountingLLM(FakeLLM(260))
+        synth = Synthesizer(bundle, sessions, llm=llm)
+        chunks = []
+        for ch in synth.synthesize([[1]], "中文男", SynthesisOptions(stream=True, speed=speed, seed=0)):
+            if not chunks:
+                first_tokens = llm.counts[0]  # tokens decoded before the first audio existed
+            chunks.append(ch)
+        runs[speed] = (first_tokens, [len(ch.audio) for ch in chunks])
+    hop = bundle.constants.mel_hop_samples
+    base_first, base_sizes = runs[1.0]
+    for speed in (1.25, 0.8):
+        first_tokens, sizes = runs[speed]
+        assert first_tokens == base_first  # first audio waits for no more tokens than at speed 1
+        assert len(sizes) == len(base_sizes) > 2 and all(n > 0 for n in sizes)
+        assert sum(sizes) == int(sum(base_sizes) / hop / speed) * hop  # the official frame count, int(frames / speed)
+        assert sizes[0] != base_sizes[0]
+
+
+def test_stream_with_high_speed_grows_the_first_hop(bundle: ModelBundle, sessions: Mapping[str, Any]) -> None:
+    c = bundle.constants
+    llm = CountingLLM(FakeLLM(300))
+    synth = Synthesizer(bundle, sessions, llm=llm)
+    it = synth.synthesize([[1]], "中文男", SynthesisOptions(stream=True, speed=2.0, seed=0))
+    first = next(it)
+    assert llm.counts[0] == first_hop_for_speed(synth.first_hop_tokens, 2.0, c) + c.token_overlap_len
+    assert first.audio.size >= MIN_FIRST_AUDIO_FRAMES * c.mel_hop_samples
+    it.close()
+
+
+def test_short_sentence_with_speed_is_the_official_whole_sentence(bundle: ModelBundle, sessions: Mapping[str, Any]) -> None:
+    synth = Synthesizer(bundle, sessions, llm=FakeLLM(30))  # shorter than a first chunk: one finalize call
+    options = {"speed": 1.5, "seed": 3}
+    streamed = _audio(list(synth.synthesize([[1]], "中文男", SynthesisOptions(stream=True, **options))))
+    whole = _audio(list(synth.synthesize([[1]], "中文男", SynthesisOptions(stream=False, **options))))
+    np.testing.assert_array_equal(streamed, whole)
 
 
 def test_cancel_stops_within_a_chunk(bundle: ModelBundle, sessions: Mapping[str, Any]) -> None:

@@ -91,3 +91,55 @@ def fade_in_out(fade_in: np.ndarray, fade_out: np.ndarray, window: np.ndarray) -
     head = fade_in[..., :n].astype(np.float64) * window[:n] + fade_out[..., -n:].astype(np.float64) * window[n:]
     out[..., :n] = head.astype(np.float32)
     return out
+
+
+class StreamingStretch:
+    """Linear tempo change of a mel fed in pieces along its last axis: frames out = frames in / speed.
+
+    Output frame j is read at input position `(j + 0.5) * speed - 0.5` (clamped to the available range),
+    the rule of `interpolate_linear` with the scale fixed to `speed` instead of `n_in / size`, so the
+    concatenated outputs equal one resize of the whole input up to that scale difference (under one
+    frame over a sentence). A frame is emitted once both neighbours of its position have arrived, so
+    a non-final piece holds back at most one output frame; `final=True` flushes the rest and brings
+    the total to `max(1, int(n_in / speed))`, the official frame count.
+    """
+
+    def __init__(self, speed: float) -> None:
+        if not speed > 0:
+            raise ValueError(f"speed must be positive, got {speed}")
+        self.speed = float(speed)
+        self._tail: np.ndarray | None = None  # input frames still needed, starting at global index _base
+        self._base = 0
+        self._emitted = 0
+
+    def push(self, x: np.ndarray, *, final: bool) -> np.ndarray:
+        """Stretched frames made available by `x` (..., n) float32; after `final` the object is spent."""
+        buf = x if self._tail is None else np.concatenate([self._tail, x], axis=-1)
+        n_in = self._base + buf.shape[-1]  # input frames seen so far
+        if final:
+            end = max(self._emitted, 1 if n_in > 0 else 0, int(n_in / self.speed))
+        else:  # frames whose right neighbour (floor(pos) + 1) has arrived
+            end = max(self._emitted, int(np.floor((n_in - 1 + 0.5) / self.speed - 0.5)) + 1)
+            while end > self._emitted and int(self._position(end - 1)) + 1 > n_in - 1:
+                end -= 1
+        out = self._read(buf, self._emitted, end, n_in)
+        self._emitted = end
+        keep = min(int(self._position(end)), n_in - 1) if n_in else 0  # first input frame the next output needs
+        keep = max(keep, self._base)
+        self._tail = buf[..., keep - self._base :]
+        self._base = keep
+        return out
+
+    def _position(self, j: float) -> float:
+        return max((j + 0.5) * self.speed - 0.5, 0.0)
+
+    def _read(self, buf: np.ndarray, start: int, end: int, n_in: int) -> np.ndarray:
+        if end <= start:
+            return np.zeros((*buf.shape[:-1], 0), dtype=np.float32)
+        pos = np.maximum((np.arange(start, end, dtype=np.float64) + 0.5) * self.speed - 0.5, 0.0)
+        i0 = np.minimum(pos.astype(np.int64), n_in - 1)
+        i1 = np.minimum(i0 + 1, n_in - 1)
+        lam = (pos - i0).astype(np.float32)
+        xf = buf.astype(np.float32, copy=False)
+        a, b = xf[..., i0 - self._base], xf[..., i1 - self._base]
+        return (a * (np.float32(1.0) - lam) + b * lam).astype(np.float32)

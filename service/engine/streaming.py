@@ -45,7 +45,7 @@ from typing import Protocol
 import numpy as np
 
 from service.bundle import ModelConstants
-from service.engine.dsp import fade_in_out, interpolate_linear
+from service.engine.dsp import StreamingStretch, fade_in_out, interpolate_linear
 from service.engine.flow import FlowCache, FlowRunner
 from service.engine.hift import HiFTNoise, HiFTRunner, draw_hift_noise
 from service.engine.scheduler import Pacer
@@ -116,6 +116,7 @@ class SentenceState:
     flow_cache: FlowCache
     mel_overlap: np.ndarray  # (n_mels, 0 or mel_overlap_len)
     hift: HiFTCache | None = None
+    stretch: StreamingStretch | None = None  # tempo change of a streamed sentence (speed != 1)
 
     @property
     def fresh(self) -> bool:
@@ -163,9 +164,14 @@ class Token2Wav:
         self.mel_window = np.hamming(2 * constants.mel_overlap_len)
         self.speech_window = np.hamming(2 * constants.source_cache_len)
 
-    def new_state(self) -> SentenceState:
+    def new_state(self, speed: float = 1.0) -> SentenceState:
+        """Fresh caches for one sentence; `speed` != 1 streams with a tempo change (see StreamingStretch)."""
         n_mels = self.constants.n_mels
-        return SentenceState(flow_cache=FlowCache.empty(n_mels), mel_overlap=np.zeros((n_mels, 0), dtype=np.float32))
+        return SentenceState(
+            flow_cache=FlowCache.empty(n_mels),
+            mel_overlap=np.zeros((n_mels, 0), dtype=np.float32),
+            stretch=StreamingStretch(speed) if speed != 1.0 else None,
+        )
 
     def __call__(
         self,
@@ -182,8 +188,9 @@ class Token2Wav:
         """Audio for `tokens`, updating `state` in place. Non-final calls hold back the overlap tail.
 
         `speed` != 1 stretches the mel to max(1, int(frames / speed)) and needs a fresh state with finalize=True
-        (the official code allows it only on the non-stream path). `between_steps` is called between two
-        Euler steps of the flow (the AcousticGate's step_aside).
+        (the official code allows it only on the non-stream path). A streamed sentence changes its tempo
+        through the state instead (`new_state(speed)`). `between_steps` is called between two Euler steps of
+        the flow (the AcousticGate's step_aside).
         """
         if speed != 1.0 and not (finalize and state.fresh):
             raise ValueError("speed != 1 is only supported for a whole sentence in one finalize call")
@@ -228,17 +235,23 @@ class Token2Wav:
         c = self.constants
         if state.mel_overlap.shape[-1]:
             mel = fade_in_out(mel, state.mel_overlap, self.mel_window)
+        whole = finalize and state.fresh  # the whole sentence in one call: the official path, speed included
+        if state.stretch is not None:
+            speed = state.stretch.speed
+        if not finalize:
+            state.mel_overlap = mel[:, -c.mel_overlap_len :]
+            mel = mel[:, : -c.mel_overlap_len]
+        if state.stretch is not None and not whole:  # streamed tempo change, before the vocoder's mel cache
+            mel = state.stretch.push(mel, final=finalize)
         cache_source = np.zeros(0, dtype=np.float32)
         if state.hift is not None:
             mel = np.concatenate([state.hift.mel, mel], axis=-1)
             cache_source = state.hift.source
         if finalize:
-            if speed != 1.0:
+            if whole and speed != 1.0:
                 mel = interpolate_linear(mel, max(1, int(mel.shape[-1] / speed)))
             wav = self._vocode(mel, cache_source, state, noise)[0]
         else:
-            state.mel_overlap = mel[:, -c.mel_overlap_len :]
-            mel = mel[:, : -c.mel_overlap_len]
             wav, src = self._vocode(mel, cache_source, state, noise)
             n = c.source_cache_len
             state.hift = HiFTCache(mel=mel[:, -c.mel_cache_len :], source=src[-n:], speech=wav[-n:])
@@ -258,6 +271,29 @@ class Token2Wav:
 def default_first_hop(constants: ModelConstants) -> int:
     """Engine default for the first hop: the smallest that keeps the overlap frame-aligned (overlap + 1)."""
     return constants.token_overlap_len + 1
+
+
+MIN_FIRST_AUDIO_FRAMES = 8  # mel frames (93 ms) a streamed first chunk must yield after a tempo change
+
+
+def first_hop_for_speed(first_hop: int, speed: float, constants: ModelConstants) -> int:
+    """The smallest first hop >= `first_hop` whose first chunk still yields audio after a tempo change.
+
+    The vocoder holds back `mel_cache_len` (20) frames of every non-final chunk, counted after the
+    stretch. At speed 1 the default first chunk (41 tokens, 36 frames past the overlap) yields 16
+    frames; a faster tempo shrinks it (at 1.8x to nothing), so the hop grows until the stretched first
+    chunk yields MIN_FIRST_AUDIO_FRAMES. With the official constants the default first hop (21) is kept
+    up to speed 1.28; it is 25 at 1.5, 33 at 2.0 and 65 at 4.0 (the OpenAI maximum). Slower tempos
+    never need more.
+    """
+    c = constants
+    hop = first_hop
+    while True:
+        body = c.tokens_to_mel_frames(hop + c.token_overlap_len) - c.mel_overlap_len
+        probe = StreamingStretch(speed).push(np.zeros((1, body), dtype=np.float32), final=False)
+        if probe.shape[-1] >= c.mel_cache_len + MIN_FIRST_AUDIO_FRAMES or speed <= 1.0:
+            return hop
+        hop += 1
 
 
 def check_first_hop(first_hop: int, constants: ModelConstants) -> None:
@@ -305,11 +341,15 @@ def stream_sentence(
     noise: NoiseSource,
     *,
     first_hop: int,
+    speed: float = 1.0,
     n_timesteps: int | None = None,
     cancel: threading.Event | None = None,
     pace: Pacer | None = None,
 ) -> Iterator[SpeechChunk]:
     """Stream one sentence: pull tokens, vocode every `hop + overlap` of them, finalize with the rest.
+
+    `speed` != 1 changes the tempo chunk by chunk (StreamingStretch between the flow and the vocoder's
+    mel cache); pass a first hop from `first_hop_for_speed` so that the first chunk still carries audio.
 
     Stops silently (no final chunk) when `cancel` is set; it is checked after every token, so at most
     the chunk in progress finishes. `llm_s` of a chunk is the time spent waiting for its new tokens.
@@ -318,7 +358,7 @@ def stream_sentence(
     """
     c = t2w.constants
     check_first_hop(first_hop, c)
-    state, buf, hop, clock = t2w.new_state(), [], first_hop, _Stopwatch()
+    state, buf, hop, clock = t2w.new_state(speed), [], first_hop, _Stopwatch()
     for tok in _timed(tokens, clock, cancel):
         buf.append(tok)
         if len(buf) >= hop + c.token_overlap_len:

@@ -24,6 +24,7 @@ from service.engine.streaming import (
     Token2Wav,
     check_first_hop,
     default_first_hop,
+    first_hop_for_speed,
     stream_sentence,
     whole_sentence,
 )
@@ -49,9 +50,10 @@ class TokenGenerator(Protocol):
 class SynthesisOptions:
     """Per-request options; None means the model or engine default.
 
-    speed: tempo factor; the mel is stretched to int(frames / speed) before the vocoder. Like the
-        official code this needs a whole sentence in one vocoder call, so `stream=True` with
-        speed != 1 falls back to one chunk per sentence.
+    speed: tempo factor; the mel is stretched to int(frames / speed) before the vocoder. Without
+        streaming this is the official whole-sentence resize; with `stream=True` each chunk's mel is
+        stretched as it comes (service.engine.dsp.StreamingStretch), so streaming keeps its first-audio
+        latency (the first hop grows a few tokens above speed 1.28, see first_hop_for_speed).
     seed: same seed, same options and same input give the same audio; None draws fresh entropy.
     stream: True yields chunks of `hop + overlap` tokens as the LLM produces them; False yields one
         chunk per sentence.
@@ -228,7 +230,9 @@ class Synthesizer:
             raise InvalidInputError(
                 f"first_hop_tokens must be > {c.token_overlap_len} (the token overlap), got {first_hop}", param="first_hop_tokens"
             )
-        return _Plan(options.stream and options.speed == 1.0, float(options.speed), first_hop, options.n_timesteps)
+        if options.stream:
+            first_hop = first_hop_for_speed(first_hop, options.speed, c)
+        return _Plan(options.stream, float(options.speed), first_hop, options.n_timesteps)
 
     def _sentences(
         self,
@@ -260,8 +264,9 @@ class Synthesizer:
         t2w, steps = self.token2wav, plan.n_timesteps
         pieces: Iterator[SpeechChunk]
         if plan.stream:
+            hop, speed = plan.first_hop, plan.speed
             pieces = stream_sentence(
-                tokens, embedding, t2w, noise, first_hop=plan.first_hop, n_timesteps=steps, cancel=cancel, pace=pace
+                tokens, embedding, t2w, noise, first_hop=hop, speed=speed, n_timesteps=steps, cancel=cancel, pace=pace
             )
         else:
             pieces = whole_sentence(tokens, embedding, t2w, noise, speed=plan.speed, n_timesteps=steps, cancel=cancel, pace=pace)
