@@ -54,6 +54,18 @@ class ExportOptions:
     quantize: str | None = None  # None or "int8"
     tokenizer: Path | None = None
     model_name: str = "CosyVoice-300M-SFT"
+    test_model: bool = False  # a miniature random-weight checkpoint (models/tiny): marked so in the manifest
+
+    @property
+    def random_weights(self) -> bool:
+        return self.random_init or self.test_model
+
+    def description(self) -> str:
+        if self.test_model:
+            return "Miniature model with random weights in the official layout, for tests and CI; its audio is noise."
+        if self.random_init:
+            return "Full-size architecture with seeded random weights, for benchmarks; its audio is noise."
+        return f"{self.model_name} exported from the official checkpoint."
 
 
 @dataclass
@@ -192,6 +204,9 @@ def _write_bundle(cfg: CosyVoiceConfig, models: Models, opts: ExportOptions, tmp
             "random_init": str(opts.random_init).lower(),
             "seed": str(opts.seed),
         },
+        random_weights=opts.random_weights,
+        test_model=opts.test_model,
+        description=opts.description(),
     )
     (tmp / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")
     return manifest

@@ -31,6 +31,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also write OUT-int8 (dynamic INT8 LLM/flow weights) and/or OUT-int4 (4-bit LLM decode step); repeatable",
     )
     p.add_argument("--random-init", action="store_true", help="seeded random weights from cosyvoice.yaml alone (benchmarks)")
+    p.add_argument(
+        "--test-model",
+        action="store_true",
+        help="mark the bundle as a random-weight test model (manifest test_model/random_weights; the service warns)",
+    )
+    p.add_argument("--model-name", default="CosyVoice-300M-SFT", help="model id in the manifest (default CosyVoice-300M-SFT)")
     p.add_argument("--verify", action="store_true", help="check every graph against the torch modules in onnxruntime")
     p.add_argument("--tolerance", type=float, default=1e-4, help="max abs error allowed by --verify (default 1e-4)")
     p.add_argument("--seed", type=int, default=0, help="seed for --random-init weights and speakers (default 0)")
@@ -60,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         tolerance=args.tolerance,
         quantize="int8" if "int8" in args.quantize else None,
         tokenizer=args.tokenizer,
+        model_name=args.model_name,
+        test_model=args.test_model,
     )
     try:
         report = run_export(opts)

@@ -149,6 +149,20 @@ class Manifest:
     source_files: dict[str, str] = field(default_factory=dict)  # checkpoint file name -> sha256
     files: dict[str, str] = field(default_factory=dict)  # bundle file (non-graph) -> sha256
     exporter: dict[str, str] = field(default_factory=dict)  # tool versions, random_init, seed
+    random_weights: bool = False  # the weights were not trained: the audio is noise
+    test_model: bool = False  # a miniature model for tests and CI, not for speech
+    description: str = ""  # one sentence for people: what this model is
+
+    @property
+    def warning(self) -> str | None:
+        """What to tell a user of a model whose audio is noise (None for a trained model)."""
+        if not (self.random_weights or self.test_model):
+            return None
+        kind = "a test model" if self.test_model else "a benchmark model"
+        return (
+            f"{self.model} is {kind} with random weights: its audio is noise, not speech. "
+            "Export an official CosyVoice checkpoint for real speech (see the README)."
+        )
 
     def to_json(self) -> str:
         """Serialize deterministically (sorted keys, no timestamps) so exports are reproducible."""
@@ -176,6 +190,10 @@ class Manifest:
                 source_files=dict(data.get("source_files", {})),
                 files=dict(data.get("files", {})),
                 exporter=dict(data.get("exporter", {})),
+                # bundles written before these keys existed say it in exporter.random_init
+                random_weights=bool(data.get("random_weights", data.get("exporter", {}).get("random_init") == "true")),
+                test_model=bool(data.get("test_model", False)),
+                description=str(data.get("description", "")),
             )
         except BundleError:
             raise

@@ -91,6 +91,8 @@ def synth_command(args: argparse.Namespace) -> int:
     seconds = total / synthesizer.sample_rate
     rtf = f"{elapsed / seconds:.2f}" if seconds else "n/a"
     print(f"wrote {args.out}: {len(sentences)} sentence(s), {total} samples = {seconds:.2f} s in {elapsed:.2f} s (RTF {rtf})")
+    if bundle.manifest.warning:
+        print(f"warning: {bundle.manifest.warning}", file=sys.stderr)
     return EXIT_OK
 
 

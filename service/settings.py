@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 ENV_PREFIX = "TTS_"
@@ -24,7 +24,9 @@ def _split_csv(value: object) -> object:
 class Settings(BaseSettings):
     """Everything the service can be configured with. Read only by the app factory and the entry point."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_file=".env", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_file=".env", extra="ignore", frozen=True, populate_by_name=True
+    )
 
     # server
     host: str = Field(default="127.0.0.1", description="Address `python -m service.api` binds to.")
@@ -43,7 +45,11 @@ class Settings(BaseSettings):
     model_dir: Path = Field(default=Path("models/tiny"), description="Model bundle directory (manifest.json, graphs, speakers).")
     verify_bundle_hashes: bool = Field(default=False, description="Check every bundle file's sha256 at start (slower start).")
     intra_op_threads: int = Field(
-        default=2, ge=1, le=64, description="ONNX Runtime intra-op threads per session; keep workers x this <= cores."
+        default=2,
+        ge=1,
+        le=64,
+        description="CPU threads of each ONNX Runtime session (set it to the cores you give the process); with "
+        "TTS_MAX_BATCH = 0 every concurrent request runs its own sessions: keep TTS_CONCURRENT_REQUESTS x this <= cores.",
     )
     inter_op_threads: int = Field(default=1, ge=1, le=64, description="ONNX Runtime inter-op threads per session.")
     llm_threads: int | None = Field(
@@ -56,7 +62,7 @@ class Settings(BaseSettings):
         default=16,
         ge=0,
         le=256,
-        description="Requests decoded together by the LLM scheduler thread (continuous batching); 0 = each worker decodes alone.",
+        description="Rows the LLM scheduler thread decodes together (continuous batching); 0 = each request decodes alone.",
     )
     acoustic_slots: int = Field(
         default=1, ge=0, le=64, description="Flow/HiFT calls allowed at once (earliest deadline first); 0 = unlimited."
@@ -82,15 +88,18 @@ class Settings(BaseSettings):
     )
 
     # concurrency and limits
-    workers: int = Field(
-        default=1,
+    concurrent_requests: int = Field(
+        default=8,
         ge=1,
-        le=64,
-        description="Synthesis worker threads (requests synthesized at the same time). With TTS_MAX_BATCH > 0 they share "
-        "one LLM thread and TTS_ACOUSTIC_SLOTS flow/HiFT slots, so more workers than cores is fine.",
+        le=256,
+        validation_alias=AliasChoices("TTS_CONCURRENT_REQUESTS", "TTS_WORKERS"),
+        description="Requests synthesized at the same time (one thread each). With TTS_MAX_BATCH > 0 (the default) "
+        "their LLM steps are batched on one scheduler thread and their flow/HiFT calls take turns at "
+        "TTS_ACOUSTIC_SLOTS, so this is not a thread budget: CPU threads are set by TTS_INTRA_OP_THREADS. "
+        "TTS_WORKERS is the old name and still read.",
     )
     queue_max: int = Field(
-        default=8, ge=0, le=1024, description="Requests allowed to wait for a worker; beyond this: 503 at once."
+        default=8, ge=0, le=1024, description="Requests allowed to wait for a synthesis slot; beyond this: 503 at once."
     )
     retry_after_s: int = Field(default=2, ge=1, le=3600, description="Retry-After sent with 503 when the queue is full.")
     max_chars: int = Field(
@@ -166,7 +175,10 @@ class Settings(BaseSettings):
         return int(value) if isinstance(value, str) and value.strip().isdigit() else value
 
 
+RENAMED = {"TTS_WORKERS": "TTS_CONCURRENT_REQUESTS"}  # old name -> new name; the old one is still read
+
+
 def unknown_env_vars(environ: Mapping[str, str]) -> list[str]:
     """TTS_* variables that match no setting (typos); the entry point and app factory log them."""
-    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
+    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields} | set(RENAMED)
     return sorted(k for k in environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in known)

@@ -207,9 +207,10 @@ class SpeechJob:
 
 
 class TTSService:
-    """Validates and prepares requests, serves cache hits, and runs synthesis on `workers` threads.
+    """Validates and prepares requests, serves cache hits, and synthesizes up to `concurrency` of them at once.
 
-    At most `workers + queue_max` jobs are admitted; one more is refused at once with OverloadedError.
+    Each running job has a thread of its own; with a batching engine their LLM steps are decoded together.
+    At most `concurrency + queue_max` jobs are admitted; one more is refused at once with OverloadedError.
     """
 
     def __init__(
@@ -219,7 +220,7 @@ class TTSService:
         cache: AudioCache,
         *,
         bundle_sha256: str,
-        workers: int = 1,
+        concurrency: int = 1,
         queue_max: int = 8,
         retry_after_s: int = 1,
         n_timesteps: int | None = None,
@@ -229,12 +230,12 @@ class TTSService:
         self.engine = engine
         self.cache = cache
         self.bundle_sha256 = bundle_sha256
-        self.workers = workers
-        self.capacity = workers + queue_max
+        self.concurrency = concurrency
+        self.capacity = concurrency + queue_max
         self.retry_after_s = retry_after_s
         self.n_timesteps = n_timesteps
         self.observer = observer or SynthesisObserver()
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tts-worker")
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="tts-worker")
         self._lock = threading.Lock()
         self._admitted = 0
         self._running = 0
@@ -257,14 +258,14 @@ class TTSService:
             return self._admitted - self._running, self._running
 
     def queue_full(self) -> bool:
-        """True while one more job would be refused (every worker busy, queue full). Cheap; any thread may call it."""
+        """True while one more job would be refused (every slot busy, queue full). Cheap; any thread may call it."""
         with self._lock:
             return self._admitted >= self.capacity
 
     def overloaded(self) -> OverloadedError:
         """The error a request gets while the queue is full (Retry-After: `retry_after_s`)."""
         return OverloadedError(
-            f"all {self.workers} synthesis workers are busy and the queue is full; retry shortly",
+            f"all {self.concurrency} synthesis slots are busy and the queue is full; retry shortly",
             retry_after_s=self.retry_after_s,
         )
 

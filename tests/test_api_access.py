@@ -128,3 +128,9 @@ def test_unknown_tts_variables_are_reported_at_start(
     with caplog.at_level(logging.WARNING, logger="service.api.app"):
         create_app(make_settings(tiny_bundle))
     assert any("TTS_MODLE_DIR" in r.getMessage() for r in caplog.records)
+
+
+def test_a_random_weight_model_is_announced_at_start(tiny_bundle: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="service.api.app"), TestClient(create_app(make_settings(tiny_bundle))):
+        pass
+    assert any("random weights: its audio is noise" in r.getMessage() for r in caplog.records)

@@ -131,7 +131,7 @@ def service_for() -> Iterator[ServiceFactory]:
     def build(workers: int = 1, queue_max: int = 0, retry_after_s: int = 7) -> TTSService:
         service = TTSService(
             OneSentence(), engine, MemoryAudioCache(0), bundle_sha256="0" * 64,
-            workers=workers, queue_max=queue_max, retry_after_s=retry_after_s,
+            concurrency=workers, queue_max=queue_max, retry_after_s=retry_after_s,
         )  # fmt: skip
         services.append(service)
         return service
@@ -156,7 +156,7 @@ def test_a_full_queue_is_refused_without_reading_the_body_with_the_error_table_b
     native = asyncio.run(call(app, "/tts"))
     openai_shape = asyncio.run(call(app, "/v1/audio/speech"))
     official = asyncio.run(call(app, "/inference_sft", method="GET"))
-    message = "all 1 synthesis workers are busy and the queue is full; retry shortly"
+    message = "all 1 synthesis slots are busy and the queue is full; retry shortly"
     for answer in (native, openai_shape, official):
         assert (answer.status, answer.headers["retry-after"], answer.body_read) == (503, "7", False)
     assert native.json() == {"error": {"code": "overloaded", "message": message, "param": None}}

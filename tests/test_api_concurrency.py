@@ -120,7 +120,7 @@ def wait_for(check: object, timeout_s: float = 10.0) -> None:
 
 
 def test_full_queue_is_refused_at_once_with_retry_after(tiny_bundle: Path) -> None:
-    app, engines = gated_app(tiny_bundle, workers=1, queue_max=1, retry_after_s=7)
+    app, engines = gated_app(tiny_bundle, concurrent_requests=1, queue_max=1, retry_after_s=7)
     with LiveServer(app) as live, httpx.Client(base_url=live.url, timeout=60) as client:
         engine = engines[0]
         engine.gate.clear()
@@ -156,7 +156,7 @@ def test_full_queue_is_refused_at_once_with_retry_after(tiny_bundle: Path) -> No
 
 
 def test_client_disconnect_cancels_the_synthesis_within_one_chunk(tiny_bundle: Path) -> None:
-    app, engines = gated_app(tiny_bundle, workers=1)
+    app, engines = gated_app(tiny_bundle, concurrent_requests=1)
     with LiveServer(app) as live, httpx.Client(base_url=live.url, timeout=60) as client:
         engine = engines[0]
         engine.gate.clear()
@@ -203,7 +203,7 @@ def test_three_sentence_stream_delivers_its_first_bytes_well_before_the_end(tiny
 
 
 def test_client_leaving_before_a_whole_file_is_ready_cancels_it(tiny_bundle: Path) -> None:
-    app, engines = gated_app(tiny_bundle, workers=1)
+    app, engines = gated_app(tiny_bundle, concurrent_requests=1)
     with LiveServer(app) as live:
         engine = engines[0]
         engine.gate.clear()

@@ -38,6 +38,7 @@ def test_synth_writes_a_16_bit_mono_wav_and_a_seed_repeats_it(repo_root: Path, t
         )
         assert proc.returncode == 0, proc.stderr
         assert f"wrote {out}" in proc.stdout
+        assert "random weights: its audio is noise" in proc.stderr  # the tiny test model says what it is
     params, audio = read_wav(outs[0])
     assert (params.nchannels, params.sampwidth, params.framerate) == (1, 2, 22050)
     # The random-weight LLM does not emit EOS for this seed, so it stops at max_len = 20 * T_txt tokens.

@@ -96,8 +96,24 @@ def test_configmap_holds_only_valid_settings(monkeypatch: pytest.MonkeyPatch) ->
         monkeypatch.setenv(key, value)
     settings = Settings(_env_file=None)  # type: ignore[call-arg]  # raises on any out-of-bounds value
     limits = api_container()["resources"]["limits"]
-    assert settings.workers * settings.intra_op_threads <= cpu_cores(limits["cpu"]), "workers x threads <= cores"
+    assert settings.intra_op_threads <= cpu_cores(limits["cpu"]), "one session's threads fit the pod's CPUs"
+    assert settings.max_batch > 0, "concurrent requests share one batched LLM thread"
     assert str(settings.model_dir) == dockerfile_value(r"TTS_MODEL_DIR=(\S+)"), "the image serves the bundle from there"
+
+
+CONCURRENCY_KEYS = ("concurrent_requests", "max_batch", "acoustic_slots", "intra_op_threads", "queue_max")
+
+
+def test_concurrency_settings_are_the_service_defaults() -> None:
+    """What the ConfigMap ships is what Settings, the Dockerfile (which sets none of them) and the README say."""
+    env = settings_env()
+    defaults = Settings.model_fields
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    for name in CONCURRENCY_KEYS:
+        key = "TTS_" + name.upper()
+        assert env.get(key) == str(defaults[name].default), f"{key} differs from the Settings default"
+        assert key not in dockerfile, f"the Dockerfile overrides {key}"
+    assert "TTS_WORKERS" not in env
 
 
 def test_redis_url_points_at_the_redis_service() -> None:

@@ -118,7 +118,7 @@ def test_killed_replica_fails_no_request_that_had_not_started(nginx: NginxServer
 
 def test_sigterm_drains_in_flight_streams_and_refuses_new_ones(nginx: NginxServer, apps: list[AppServer]) -> None:
     target = apps[0]
-    # One stream under way and one queued behind it (TTS_WORKERS=1): both were accepted before SIGTERM.
+    # One stream under way and one queued behind it (TTS_CONCURRENT_REQUESTS=1): both were accepted before SIGTERM.
     streams = [
         StreamReader(target.base_url, "四句话的流。" + LONG_TEXT[:24]),
         StreamReader(target.base_url, "排队的请求。" + LONG_TEXT[:8]),

@@ -21,7 +21,7 @@ REQUESTS_PER_USER = 4
 RATE_LIMIT_PER_MINUTE = 2  # per client IP: each user's 3rd and 4th request are over it
 REJECTION_BUDGET_S = 0.100
 APP_ENV = {
-    "TTS_WORKERS": "1",
+    "TTS_CONCURRENT_REQUESTS": "1",
     "TTS_QUEUE_MAX": "2",
     "TTS_INTRA_OP_THREADS": "2",  # 1 worker x 2 threads = the 2 cores
     "TTS_RATE_LIMIT_PER_MINUTE": str(RATE_LIMIT_PER_MINUTE),

@@ -22,10 +22,17 @@ def run_export(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=600, cwd=REPO)
 
 
+def tiny_model_name() -> str:
+    """The model id `make models/tiny` gives the committed bundle (TINY_NAME in the Makefile)."""
+    match = re.search(r"^TINY_NAME\s*:?=\s*(\S+)", (REPO / "Makefile").read_text(), re.MULTILINE)
+    assert match, "the Makefile names the tiny model (TINY_NAME)"
+    return match.group(1)
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory, ref_dir: Path) -> Path:
     out = tmp_path_factory.mktemp("bundle") / "tiny"
-    proc = run_export("--model-dir", ref_dir, "--out", out, "--verify")
+    proc = run_export("--model-dir", ref_dir, "--out", out, "--verify", "--test-model", "--model-name", tiny_model_name())
     assert proc.returncode == 0, proc.stderr
     assert "ok" in proc.stdout and "FAIL" not in proc.stdout
     return out
@@ -56,6 +63,12 @@ def test_export_reproduces_committed_tiny_bundle(exported: Path, tiny_bundle: Pa
         assert sha256_file(exported / name) == sha256_file(tiny_bundle / name), name
 
 
+def test_tiny_bundle_says_it_is_a_random_weight_test_model(tiny_bundle: Path) -> None:
+    manifest = ModelBundle.load(tiny_bundle).manifest
+    assert manifest.test_model and manifest.random_weights and manifest.model == tiny_model_name()
+    assert "random" in manifest.description and manifest.warning and "noise" in manifest.warning
+
+
 def test_random_init_needs_only_the_yaml(tmp_path: Path, ref_dir: Path) -> None:
     src = tmp_path / "cfg"
     src.mkdir()
@@ -64,6 +77,7 @@ def test_random_init_needs_only_the_yaml(tmp_path: Path, ref_dir: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     bundle = ModelBundle.load(tmp_path / "b")
     assert bundle.manifest.exporter["random_init"] == "true"
+    assert bundle.manifest.random_weights and not bundle.manifest.test_model and bundle.manifest.warning
     assert "中文女" in bundle.speakers
 
 
@@ -72,6 +86,7 @@ def test_int8_bundle_is_a_second_bundle(tmp_path: Path, ref_dir: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     fp32, int8 = ModelBundle.load(tmp_path / "q"), ModelBundle.load(tmp_path / "q-int8", verify_hashes=True)
     assert fp32.manifest.precision == "fp32" and int8.manifest.precision == "int8"
+    assert not fp32.manifest.random_weights and fp32.manifest.warning is None  # a checkpoint is trained unless marked
     quantized = {n for n, g in int8.manifest.graphs.items() if g.precision == "int8"}
     assert quantized == {"llm_encoder", "llm_embed", "llm_step", "flow_encoder", "flow_estimator"}
 

@@ -31,10 +31,23 @@ def test_defaults_serve_the_tiny_bundle_on_loopback() -> None:
 def test_environment_variables_use_the_tts_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TTS_PORT", "9123")
     monkeypatch.setenv("TTS_MODEL_DIR", "/models/full")
-    monkeypatch.setenv("TTS_WORKERS", "2")
+    monkeypatch.setenv("TTS_CONCURRENT_REQUESTS", "2")
     monkeypatch.setenv("TTS_OPENAI_PCM_SAMPLE_RATE_HZ", "22050")
     s = make()
-    assert (s.port, s.model_dir, s.workers, s.openai_pcm_sample_rate_hz) == (9123, Path("/models/full"), 2, 22050)
+    assert (s.port, s.model_dir, s.concurrent_requests, s.openai_pcm_sample_rate_hz) == (9123, Path("/models/full"), 2, 22050)
+
+
+def test_old_workers_variable_is_still_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TTS_WORKERS", "3")
+    assert make().concurrent_requests == 3
+    assert unknown_env_vars({"TTS_WORKERS": "3"}) == []
+
+
+def test_defaults_batch_concurrent_requests() -> None:
+    """The shipped defaults synthesize several requests at once with the batching scheduler on."""
+    s = Settings(_env_file=None)  # type: ignore[call-arg]
+    assert s.concurrent_requests >= 4 and s.max_batch >= s.concurrent_requests
+    assert s.acoustic_slots >= 1 and s.first_audio_priority
 
 
 def test_lists_are_comma_separated_and_keys_are_secret(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -57,7 +70,8 @@ def test_empty_redis_url_means_no_redis(monkeypatch: pytest.MonkeyPatch) -> None
     [
         ("port", 0),
         ("port", 70000),
-        ("workers", 0),
+        ("concurrent_requests", 0),
+        ("concurrent_requests", 1000),
         ("queue_max", -1),
         ("max_chars", 0),
         ("max_chars", 1_000_000),

@@ -26,7 +26,7 @@ class AdmissionMiddleware:
 
     In the order the routes would: API key (401), rate limit (429 + Retry-After), model loading or
     shutting down (503), then capacity (503 + Retry-After): refused while the service's queue is full or
-    while `workers + queue_max` synthesis requests are already in progress here (counted from arrival,
+    while `concurrent_requests + queue_max` synthesis requests are already in progress here (counted from arrival,
     so a burst is refused before any of it reaches body parsing, the text frontend or the queue).
     The bodies are the ones the error table gives. A request let through meets every check of its route
     again (validation, text, speaker, queue), and is charged to the rate limit only once.

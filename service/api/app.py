@@ -28,7 +28,7 @@ from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import Synthesizer
 from service.errors import BundleError
 from service.frontend import TextFrontend
-from service.settings import Settings, unknown_env_vars
+from service.settings import RENAMED, Settings, unknown_env_vars
 from service.tts import Engine, TTSService
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,9 @@ def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader 
     settings = settings or Settings()
     for name in unknown_env_vars(os.environ):
         log.warning("ignoring unknown setting %s (not a TTS_* setting; see the README settings table)", name)
+    for old, new in RENAMED.items():
+        if old in os.environ:
+            log.warning("%s is the old name of %s; it is still read, but rename it", old, new)
     keys = ApiKeys([k.get_secret_value() for k in settings.api_keys], [k.get_secret_value() for k in settings.admin_api_keys])
     redis_url = settings.redis_url.get_secret_value() if settings.redis_url else None
     rate_limit = RateLimit(settings.rate_limit_per_minute, ClientIdentity(settings.trusted_proxies, keys.enabled), redis_url)
@@ -56,7 +59,7 @@ def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader 
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        state.stream_threads = anyio.CapacityLimiter(settings.workers + settings.queue_max + 4)
+        state.stream_threads = anyio.CapacityLimiter(settings.concurrent_requests + settings.queue_max + 4)
         await anyio.to_thread.run_sync(_load, state, engine_loader)
         try:
             yield
@@ -119,7 +122,7 @@ def _load(state: AppState, engine_loader: EngineLoader) -> None:
         engine,
         cache,
         bundle_sha256=bundle.manifest_sha256,
-        workers=s.workers,
+        concurrency=s.concurrent_requests,
         queue_max=s.queue_max,
         retry_after_s=s.retry_after_s,
         n_timesteps=s.n_timesteps,
@@ -137,6 +140,8 @@ def _load(state: AppState, engine_loader: EngineLoader) -> None:
         len(bundle.speakers),
         cache.backend,
     )
+    if bundle.manifest.warning:
+        log.warning("%s", bundle.manifest.warning)
     state.bundle, state.normalizer, state.service = bundle, frontend.normalizer_info, service
     state.frontend = frontend
 

@@ -54,7 +54,8 @@ class RuntimeOptions:
     Thread budget rule: the threads that run graphs at the same time must not exceed the cores. With the
     batching scheduler (`max_batch > 0`) one LLM thread decodes every request while at most
     `acoustic_slots` flow/HiFT calls run beside it, so `llm_threads + acoustic_slots * acoustic_threads`
-    is what competes for the cores. Without it, `workers * intra_op_threads <= cores`.
+    is what competes for the cores. Without it every concurrent request runs its own sessions:
+    `concurrent requests * intra_op_threads <= cores`.
     ORT pins one pool per session call; two spinning pools on one core fight for it, so spinning is only
     worth it when a single graph runs at a time (`allow_spinning`, default off).
     `acoustic_nice` > 0 lowers the OS priority of the threads that run flow/HiFT (their ORT pools and the
