@@ -17,6 +17,7 @@ from service.engine.hift import HiFTNoise, HiFTRunner, sine_excitation
 from service.engine.llm import LLMRunner
 from service.engine.sessions import RuntimeOptions, open_sessions
 from service.engine.streaming import ReplayNoise, SentenceState, Token2Wav, WavChunk, stream_sentence
+from service.engine.voice import FlowPrompt, LLMPrompt
 from service.frontend import TextFrontend
 
 # Acceptance thresholds (max abs error), from the fixture README: float32 CPU re-implementation with the
@@ -120,7 +121,7 @@ def verify_tokenizer(engines: Engines, path: Path) -> Iterator[Check]:
 def verify_llm(engines: Engines, npz: Any) -> Iterator[Check]:
     """Teacher-force the recorded speech tokens; log-probs of every decode position (prefill row first)."""
     for c in indices(npz, _CASE):
-        ids, emb = npz[f"case{c}_text_ids"], npz[f"case{c}_embedding"]
+        ids, emb = npz[f"case{c}_text_ids"], LLMPrompt(npz[f"case{c}_embedding"])
         if f"case{c}_prefill_lm_input" in npz.files:
             got = engines.llm.encode(ids, emb)
             yield Check("llm", f"case{c} lm_input", max_abs(got, npz[f"case{c}_prefill_lm_input"]), TOL_LLM_INPUT)
@@ -174,9 +175,9 @@ class _RecordingToken2Wav(Token2Wav):
         super().__init__(inner.flow, inner.hift, inner.constants)
         self.calls: list[tuple[list[int], bool]] = []
 
-    def __call__(self, tokens: Any, embedding: np.ndarray, state: SentenceState, noise: Any, **kw: Any) -> WavChunk:
+    def __call__(self, tokens: Any, prompt: FlowPrompt | np.ndarray, state: SentenceState, noise: Any, **kw: Any) -> WavChunk:
         self.calls.append(([int(t) for t in tokens], bool(kw.get("finalize"))))
-        return super().__call__(tokens, embedding, state, noise, **kw)
+        return super().__call__(tokens, prompt, state, noise, **kw)
 
 
 def verify_stream(engines: Engines, npz: Any) -> Iterator[Check]:
@@ -188,7 +189,7 @@ def verify_stream(engines: Engines, npz: Any) -> Iterator[Check]:
     )
     c = engines.bundle.constants
     t2w = _RecordingToken2Wav(Token2Wav(engines.flow, engines.hift, c))
-    got = list(stream_sentence(npz["tokens"].tolist(), npz["embedding"], t2w, noise, first_hop=c.token_hop_len))
+    got = list(stream_sentence(npz["tokens"].tolist(), FlowPrompt(npz["embedding"]), t2w, noise, first_hop=c.token_hop_len))
     yield Check("stream", "chunk count", abs(len(got) - len(chunks)), 0.0)
     for i in chunks:
         call_tokens, finalize = t2w.calls[i] if i < len(t2w.calls) else ([], None)

@@ -400,13 +400,13 @@ def test_first_chunks_batched_equal_one_by_one(bundle: ModelBundle) -> None:
     t2w = synth.token2wav
     g = np.random.default_rng(5)
     tokens = [tuple(int(t) for t in g.integers(0, 4096, size=41)) for _ in range(3)]
-    emb = [bundle.speakers[s] for s in synth.speakers[:1]] * 3
+    emb = [synth.voice(s).flow for s in synth.speakers[:1]] * 3
 
     def jobs() -> list[ChunkJob]:
         return [ChunkJob(tokens[k], emb[k], t2w.new_state(), GeneratorNoise(np.random.default_rng(k)), 10) for k in range(3)]
 
     alone_jobs, pooled_jobs = jobs(), jobs()
-    alone = [t2w(j.tokens, j.embedding, j.state, j.noise, finalize=False, n_timesteps=10) for j in alone_jobs]
+    alone = [t2w(j.tokens, j.prompt, j.state, j.noise, finalize=False, n_timesteps=10) for j in alone_jobs]
     pooled = list(t2w.first_chunks(pooled_jobs))
     for a, b, ja, jb in zip(alone, pooled, alone_jobs, pooled_jobs, strict=True):
         assert a.audio.size and a.audio.shape == b.audio.shape

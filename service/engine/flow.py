@@ -11,6 +11,7 @@ import numpy as np
 
 from service.bundle import ModelConstants
 from service.engine.dsp import interpolate_linear
+from service.engine.voice import FlowPrompt, as_flow_prompt
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,20 @@ class FlowCache:
     @property
     def frames(self) -> int:
         return int(self.z.shape[-1])
+
+
+@dataclass(frozen=True)
+class FlowInput:
+    """What the solver needs for one call: mu, z and cond (n_mels, P + M), spks (n_mels,), P prompt frames.
+
+    cond holds the prompt mel in its first P frames and zeros after; the solver's output loses those P frames.
+    """
+
+    mu: np.ndarray
+    spks: np.ndarray
+    z: np.ndarray
+    cond: np.ndarray
+    prompt_frames: int = 0
 
 
 def cosine_t_span(n_timesteps: int) -> np.ndarray:
@@ -68,6 +83,10 @@ class FlowRunner:
         """Mel frames the flow produces for n_tokens speech tokens."""
         return self.constants.tokens_to_mel_frames(n_tokens)
 
+    def solver_frames(self, n_tokens: int, prompt: FlowPrompt | None = None) -> int:
+        """Frames the solver integrates for n_tokens: the prompt's P frames plus mel_frames(n_tokens)."""
+        return (prompt.frames if prompt is not None else 0) + self.mel_frames(n_tokens)
+
     def encode(self, tokens: np.ndarray, embedding: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Token features h (T, n_mels) and speaker conditioning spks (n_mels,) from ids (T,) and a raw x-vector."""
         ids = np.maximum(np.asarray(tokens, dtype=np.int64), 0)[None]
@@ -75,10 +94,16 @@ class FlowRunner:
         h, spks = self._encoder.run(["h", "spks"], {"tokens": ids, "embedding": emb})
         return np.asarray(h[0], dtype=np.float32), np.asarray(spks[0], dtype=np.float32)
 
-    def mean(self, h: np.ndarray, n_frames: int) -> np.ndarray:
-        """Conditioning mean mu (n_mels, n_frames): length regulation in numpy, then the conv stack graph."""
+    def mean(self, h: np.ndarray, n_frames: int, *, prompt_h: np.ndarray | None = None, prompt_frames: int = 0) -> np.ndarray:
+        """Conditioning mean mu (n_mels, P + n_frames): length regulation in numpy, then the conv stack graph.
+
+        `prompt_h` (P_tok, C), when given, is resized to `prompt_frames` frames in front of the text part.
+        """
         c = self.constants
         x = regulate_length(h, n_frames, c.token_overlap_len, c.mel_overlap_len)
+        if prompt_h is not None and len(prompt_h):
+            head = interpolate_linear(np.ascontiguousarray(prompt_h.T, dtype=np.float32), prompt_frames)
+            x = np.concatenate([head, x], axis=-1)
         (mu,) = self._lr.run(["mu"], {"x": x[None]})
         return np.asarray(mu[0], dtype=np.float32)
 
@@ -89,14 +114,26 @@ class FlowRunner:
         z: np.ndarray,
         n_timesteps: int,
         between_steps: Callable[[], None] | None = None,
+        cond: np.ndarray | None = None,
     ) -> np.ndarray:
         """Euler integration of the CFM ODE from noise z to a mel (n_mels, M), classifier-free guided.
 
-        Each step runs the estimator once with a batch of 2: row 0 conditioned on (mu, spks), row 1 with
-        both zeroed; the velocity is (1 + cfg_rate) * v_cond - cfg_rate * v_uncond. `between_steps`, if
-        given, runs between two steps (the caller may let more urgent work have the cores there).
+        Each step runs the estimator once with a batch of 2: row 0 conditioned on (mu, spks, cond), row 1
+        with all three zeroed; the velocity is (1 + cfg_rate) * v_cond - cfg_rate * v_uncond. `cond`
+        (n_mels, M) defaults to zeros (no prompt). `between_steps`, if given, runs between two steps (the
+        caller may let more urgent work have the cores there).
         """
-        return self.solve_many([mu], [spks], [z], n_timesteps, between_steps)[0]
+        return self.solve_many([mu], [spks], [z], n_timesteps, between_steps, None if cond is None else [cond])[0]
+
+    def solve_inputs(
+        self, inputs: Sequence[FlowInput], n_timesteps: int, between_steps: Callable[[], None] | None = None
+    ) -> list[np.ndarray]:
+        """Mels (n_mels, M) of prepared calls of equal shape, solved together, each without its prompt frames."""
+        mels = self.solve_many(
+            [i.mu for i in inputs], [i.spks for i in inputs], [i.z for i in inputs], n_timesteps, between_steps,
+            [i.cond for i in inputs],
+        )  # fmt: skip
+        return [mel[:, inp.prompt_frames :] for mel, inp in zip(mels, inputs, strict=True)]
 
     def solve_many(
         self,
@@ -105,6 +142,7 @@ class FlowRunner:
         zs: Sequence[np.ndarray],
         n_timesteps: int,
         between_steps: Callable[[], None] | None = None,
+        conds: Sequence[np.ndarray] | None = None,
     ) -> list[np.ndarray]:
         """`solve` for k requests of the same length at once: one estimator call of batch 2k per Euler step.
 
@@ -123,12 +161,10 @@ class FlowRunner:
         mu_rows[:k] = np.stack(mus)
         spk_rows = np.zeros((2 * k, n_mels), dtype=np.float32)
         spk_rows[:k] = np.stack(spkss)
-        feeds = {
-            "mask": np.ones((2 * k, 1, m), dtype=np.float32),
-            "mu": mu_rows,
-            "spks": spk_rows,
-            "cond": np.zeros((2 * k, n_mels, m), dtype=np.float32),
-        }
+        cond_rows = np.zeros((2 * k, n_mels, m), dtype=np.float32)
+        if conds is not None:  # conditioned rows see the prompt mel; the unconditioned ones see zeros, as mu and spks
+            cond_rows[:k] = np.stack(conds)
+        feeds = {"mask": np.ones((2 * k, 1, m), dtype=np.float32), "mu": mu_rows, "spks": spk_rows, "cond": cond_rows}
         t_span = cosine_t_span(n_timesteps)
         x = np.stack(zs).astype(np.float32)
         t, dt = t_span[0], t_span[1] - t_span[0]
@@ -145,19 +181,38 @@ class FlowRunner:
         return [row.astype(np.float32) for row in x]
 
     def prepare(
-        self, tokens: np.ndarray, embedding: np.ndarray, noise: np.ndarray, cache: FlowCache | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, FlowCache]:
-        """Everything `inference` does before the solver: (mu, spks, z, cache for the next chunk)."""
-        h, spks = self.encode(tokens, embedding)
-        mu = self.mean(h, self.mel_frames(len(tokens)))
+        self,
+        tokens: np.ndarray,
+        prompt: FlowPrompt | np.ndarray,
+        noise: np.ndarray,
+        cache: FlowCache | None = None,
+    ) -> tuple[FlowInput, FlowCache]:
+        """Everything `inference` does before the solver: the solver's inputs and the cache for the next chunk.
+
+        `noise` is (n_mels, P + M) with P the prompt's frames (0 for a built-in speaker) and M =
+        mel_frames(len(tokens)). With a prompt, prompt ++ chunk tokens are encoded together, the prompt part
+        is resized to P frames and the chunk part regulated to M (official InterpolateRegulator.inference).
+        The cache holds z and mu of the P prompt frames and of the last mel_overlap_len frames.
+        """
+        p = as_flow_prompt(prompt)
+        n_prompt = len(p.tokens)
+        h, spks = self.encode(np.asarray([*p.tokens, *np.asarray(tokens).tolist()]), p.embedding)
+        mu = self.mean(h[n_prompt:], self.mel_frames(len(h) - n_prompt), prompt_h=h[:n_prompt], prompt_frames=p.frames)
         z = np.array(noise, dtype=np.float32, copy=True) * np.float32(self.constants.temperature)
         if z.shape != mu.shape:
             raise ValueError(f"noise shape {z.shape} does not match mu {mu.shape}")
         if cache is not None and cache.frames:
             z[:, : cache.frames] = cache.z
             mu[:, : cache.frames] = cache.mu
+        cond = np.zeros_like(mu)
+        if p.mel is not None:
+            cond[:, : p.frames] = p.mel.T
         keep = self.constants.mel_overlap_len
-        return mu, spks, z, FlowCache(z=z[:, -keep:].copy(), mu=mu[:, -keep:].copy())
+        new_cache = FlowCache(
+            z=np.concatenate([z[:, : p.frames], z[:, -keep:]], axis=-1),
+            mu=np.concatenate([mu[:, : p.frames], mu[:, -keep:]], axis=-1),
+        )
+        return FlowInput(mu, spks, z, cond, p.frames), new_cache
 
     def steps(self, n_timesteps: int | None) -> int:
         """Euler steps to run: the request's, else the bundle's."""
@@ -166,15 +221,16 @@ class FlowRunner:
     def inference(
         self,
         tokens: np.ndarray,
-        embedding: np.ndarray,
+        prompt: FlowPrompt | np.ndarray,
         noise: np.ndarray,
         cache: FlowCache | None = None,
         n_timesteps: int | None = None,
     ) -> tuple[np.ndarray, FlowCache]:
         """Mel (n_mels, M) for speech tokens (T,), M = mel_frames(T), and the cache for the next chunk.
 
-        `noise` (n_mels, M) is the initial z (standard normal times temperature). A non-empty `cache`
-        replaces the first cache.frames columns of z and mu, so overlapping streaming chunks share them.
+        `prompt` is a FlowPrompt or a built-in speaker's raw x-vector. `noise` (n_mels, P + M) is the initial
+        z (standard normal times temperature). A non-empty `cache` replaces the first cache.frames columns of
+        z and mu, so overlapping streaming chunks share them (and the prompt frames).
         """
-        mu, spks, z, new_cache = self.prepare(tokens, embedding, noise, cache)
-        return self.solve(mu, spks, z, self.steps(n_timesteps)), new_cache
+        inp, new_cache = self.prepare(tokens, prompt, noise, cache)
+        return self.solve_inputs([inp], self.steps(n_timesteps))[0], new_cache

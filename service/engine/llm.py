@@ -1,4 +1,4 @@
-"""LLM stage: text ids + speaker x-vector -> speech tokens (encoder, prefill, batched KV-cached decode)."""
+"""LLM stage: text ids + the voice's LLM prompt -> speech tokens (encoder, prefill, batched KV-cached decode)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from service.bundle import ModelConstants
 from service.engine.kvcache import KVCache
 from service.engine.positions import PositionTable
 from service.engine.sampling import SamplingParams, ras_sampling
+from service.engine.voice import LLMPrompt, as_llm_prompt
 from service.errors import InvalidInputError
 
 LLM_GRAPHS: tuple[str, ...] = ("llm_encoder", "llm_embed", "llm_pos", "llm_step")
@@ -143,15 +144,26 @@ class LLMRunner:
         self.positions = positions or position_table(sessions["llm_pos"], constants, position_rows)
 
     # ---- building requests -------------------------------------------------------------------
-    def encode(self, text_ids: Sequence[int], embedding: np.ndarray) -> np.ndarray:
-        """LM input sequence (T+3, DI) float32: [sos, speaker, encoded text, task]."""
-        ids = np.asarray(text_ids, dtype=np.int64).reshape(1, -1)
-        if ids.shape[1] == 0:
+    def encode(self, text_ids: Sequence[int], prompt: LLMPrompt | np.ndarray) -> np.ndarray:
+        """LM input sequence (L, DI) float32, official order: [sos, speaker, encoded prompt text ++ text, task,
+        prompt speech tokens]; the speaker row is left out when the prompt has no embedding (instruct).
+        `prompt` may be a built-in speaker's bare x-vector."""
+        prompt = as_llm_prompt(prompt)
+        ids = np.asarray([*prompt.prompt_text_ids, *text_ids], dtype=np.int64).reshape(1, -1)
+        if len(text_ids) == 0:
             raise InvalidInputError("text_ids is empty")
-        emb = np.asarray(embedding, dtype=np.float32).reshape(1, -1)
-        if emb.shape[1] != self.constants.spk_embed_dim:
-            raise InvalidInputError(f"speaker embedding must have {self.constants.spk_embed_dim} values, got {emb.shape[1]}")
-        return self._encoder.run(["lm_input"], {"text_ids": ids, "embedding": emb})[0][0]
+        dim = self.constants.spk_embed_dim
+        emb = np.zeros((1, dim), dtype=np.float32) if prompt.embedding is None else prompt.embedding.reshape(1, -1)
+        if emb.shape[1] != dim:
+            raise InvalidInputError(f"speaker embedding must have {dim} values, got {emb.shape[1]}")
+        lm_input = self._encoder.run(["lm_input"], {"text_ids": ids, "embedding": emb})[0][0]
+        if prompt.embedding is None:  # the slot is a row of its own: drop it (the text encoder never sees it)
+            lm_input = np.delete(lm_input, 1, axis=0)
+        if prompt.speech_tokens:
+            tokens = np.asarray(prompt.speech_tokens, dtype=np.int64)[None]
+            (speech,) = self._embed.run(["x"], {"token": tokens})
+            lm_input = np.concatenate([lm_input, speech[0]], axis=0)
+        return np.ascontiguousarray(lm_input, dtype=np.float32)
 
     def _run_step(self, x: np.ndarray, past: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """llm_step over new inputs x (B,T,DI) after the cached past -> logp (B,V), new K/V (NL,B,H,T,DK)."""
@@ -170,8 +182,8 @@ class LLMRunner:
             feeds[f"past_v_{i}"] = empty
         return feeds
 
-    def _prefilled(self, request: LLMRequest, text_ids: Sequence[int], embedding: np.ndarray) -> LLMRequest:
-        lm_input = self.encode(text_ids, embedding)
+    def _prefilled(self, request: LLMRequest, text_ids: Sequence[int], prompt: LLMPrompt | np.ndarray) -> LLMRequest:
+        lm_input = self.encode(text_ids, prompt)
         logp, k, v = self._run_step(lm_input[None], self._empty_past())
         request.prefill_len = lm_input.shape[0]
         request.prefill_kv = (k[:, 0], v[:, 0])
@@ -181,7 +193,7 @@ class LLMRunner:
     def start(
         self,
         text_ids: Sequence[int],
-        embedding: np.ndarray,
+        prompt: LLMPrompt | np.ndarray,
         rng: np.random.Generator,
         *,
         min_tokens: int | None = None,
@@ -189,7 +201,8 @@ class LLMRunner:
     ) -> LLMRequest:
         """Encode + prefill one request and sample its first token; add it to a DecodeBatch next.
 
-        Limits default to the official ratios: min = int(2 * T_txt) (EOS masked before), max = int(20 * T_txt).
+        Limits default to the official ratios: min = int(2 * T_txt) (EOS masked before), max = int(20 * T_txt),
+        where T_txt counts `text_ids` only (never the prompt text).
         """
         n = len(text_ids)
         c = self.constants
@@ -199,19 +212,19 @@ class LLMRunner:
             raise InvalidInputError("min_tokens and max_tokens must be >= 0")
         request = LLMRequest(text_len=n, min_len=min_len, max_len=max_len, rng=rng)
         if max_len == 0:
-            self.encode(text_ids, embedding)  # still validates the inputs
+            self.encode(text_ids, prompt)  # still validates the inputs
             request.finish("max_len")
             return request
-        return self._prefilled(request, text_ids, embedding)
+        return self._prefilled(request, text_ids, prompt)
 
-    def start_forced(self, text_ids: Sequence[int], embedding: np.ndarray, speech_ids: Sequence[int]) -> LLMRequest:
+    def start_forced(self, text_ids: Sequence[int], prompt: LLMPrompt | np.ndarray, speech_ids: Sequence[int]) -> LLMRequest:
         """A teacher-forced request: feeds `speech_ids` and records the N+1 log-prob rows it sees."""
         forced = np.asarray(speech_ids, dtype=np.int64).reshape(-1)
         if forced.size and (forced.min() < 0 or forced.max() >= self.constants.speech_token_size):
             raise InvalidInputError(f"speech ids must be in 0..{self.constants.speech_token_size - 1}")
         n = len(text_ids)
         request = LLMRequest(text_len=n, min_len=0, max_len=forced.size + 1, forced=forced, record=[])
-        return self._prefilled(request, text_ids, embedding)
+        return self._prefilled(request, text_ids, prompt)
 
     def new_batch(self) -> DecodeBatch:
         return DecodeBatch(self.constants)
@@ -239,7 +252,7 @@ class LLMRunner:
     def generate(
         self,
         text_ids: Sequence[int],
-        embedding: np.ndarray,
+        prompt: LLMPrompt | np.ndarray,
         rng: np.random.Generator,
         *,
         min_tokens: int | None = None,
@@ -247,12 +260,12 @@ class LLMRunner:
         cancel: threading.Event | None = None,
     ) -> Iterator[int]:
         """Speech tokens (ints in 0..speech_token_size-1) until EOS, the max length, or `cancel` is set."""
-        request = self.start(text_ids, embedding, rng, min_tokens=min_tokens, max_tokens=max_tokens)
+        request = self.start(text_ids, prompt, rng, min_tokens=min_tokens, max_tokens=max_tokens)
         yield from self._drain(request, cancel)
 
-    def teacher_force(self, text_ids: Sequence[int], embedding: np.ndarray, speech_ids: Sequence[int]) -> np.ndarray:
+    def teacher_force(self, text_ids: Sequence[int], prompt: LLMPrompt | np.ndarray, speech_ids: Sequence[int]) -> np.ndarray:
         """Log-probs (N+1, V) float32 seen at each decode position while feeding `speech_ids` (N tokens)."""
-        request = self.start_forced(text_ids, embedding, speech_ids)
+        request = self.start_forced(text_ids, prompt, speech_ids)
         for _ in self._drain(request, None):
             pass
         return np.stack(request.record or [])

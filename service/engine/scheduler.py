@@ -18,6 +18,7 @@ import numpy as np
 
 from service.engine.llm import DecodeBatch, LLMRequest, LLMRunner
 from service.engine.sessions import lower_thread_priority
+from service.engine.voice import LLMPrompt, as_llm_prompt
 from service.errors import EngineError, ShuttingDownError, TTSError
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ class _Job:
     """One request handed to the scheduler thread; `out` carries token lists, then None or an exception."""
 
     text_ids: list[int]
-    embedding: np.ndarray
+    prompt: LLMPrompt
     rng: np.random.Generator
     min_tokens: int | None
     max_tokens: int | None
@@ -175,7 +176,7 @@ class BatchScheduler:
     def generate(
         self,
         text_ids: Sequence[int],
-        embedding: np.ndarray,
+        prompt: LLMPrompt | np.ndarray,
         rng: np.random.Generator,
         *,
         min_tokens: int | None = None,
@@ -186,7 +187,7 @@ class BatchScheduler:
 
         The scheduler thread owns `rng` until the stream ends. Raises ShuttingDownError after `close()`.
         """
-        job = _Job(list(map(int, text_ids)), np.asarray(embedding, dtype=np.float32), rng, min_tokens, max_tokens)
+        job = _Job(list(map(int, text_ids)), as_llm_prompt(prompt), rng, min_tokens, max_tokens)
         with self._cond:
             if self._closed:
                 raise ShuttingDownError("the LLM scheduler is stopped")
@@ -251,9 +252,7 @@ class BatchScheduler:
         if job.abandoned.is_set():
             return
         try:
-            request = self.runner.start(
-                job.text_ids, job.embedding, job.rng, min_tokens=job.min_tokens, max_tokens=job.max_tokens
-            )
+            request = self.runner.start(job.text_ids, job.prompt, job.rng, min_tokens=job.min_tokens, max_tokens=job.max_tokens)
         except TTSError as e:
             job.fail(e)
             return

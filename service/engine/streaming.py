@@ -46,9 +46,10 @@ import numpy as np
 
 from service.bundle import ModelConstants
 from service.engine.dsp import StreamingStretch, fade_in_out, interpolate_linear
-from service.engine.flow import FlowCache, FlowRunner
+from service.engine.flow import FlowCache, FlowInput, FlowRunner
 from service.engine.hift import HiFTNoise, HiFTRunner, draw_hift_noise
 from service.engine.scheduler import Pacer
+from service.engine.voice import FlowPrompt, as_flow_prompt
 
 
 class NoiseSource(Protocol):
@@ -148,7 +149,7 @@ class ChunkJob:
     """One non-final token2wav call as data, so another thread may run it (batched with others of equal length)."""
 
     tokens: tuple[int, ...]
-    embedding: np.ndarray
+    prompt: FlowPrompt
     state: SentenceState
     noise: NoiseSource
     n_timesteps: int | None
@@ -176,7 +177,7 @@ class Token2Wav:
     def __call__(
         self,
         tokens: Sequence[int] | np.ndarray,
-        embedding: np.ndarray,
+        prompt: FlowPrompt | np.ndarray,
         state: SentenceState,
         noise: NoiseSource,
         *,
@@ -195,37 +196,41 @@ class Token2Wav:
         if speed != 1.0 and not (finalize and state.fresh):
             raise ValueError("speed != 1 is only supported for a whole sentence in one finalize call")
         t0 = time.perf_counter()
-        mu, spks, z = self._prepare(tokens, embedding, state, noise)
-        mel = self.flow.solve(mu, spks, z, self.flow.steps(n_timesteps), between_steps)
+        inp = self._prepare(tokens, as_flow_prompt(prompt), state, noise)
+        (mel,) = self.flow.solve_inputs([inp], self.flow.steps(n_timesteps), between_steps)
         return self._after_flow(mel, state, noise, finalize, speed, time.perf_counter() - t0)
 
     def first_chunks(self, jobs: Sequence[ChunkJob]) -> Iterator[WavChunk]:
-        """Non-final chunks of several requests with equal token counts and steps (first chunks: fresh states).
+        """Non-final chunks of several requests with equal solver frames and steps (first chunks: fresh states).
 
-        The flow solver runs once for all of them (`FlowRunner.solve_many`), then each is vocoded in
+        The flow solver runs once for all of them (`FlowRunner.solve_inputs`), then each is vocoded in
         turn and yielded at once, so the first request's audio is not held back by the others' HiFT.
-        Each result equals its own `__call__(..., finalize=False)` up to float rounding.
+        Each result equals its own `__call__(..., finalize=False)` up to float rounding. Requests with
+        prompts pool only with requests of the same prompt frame count and token count (`pool_key`).
         """
         if not jobs:
             return
         t0 = time.perf_counter()
         steps = {self.flow.steps(job.n_timesteps) for job in jobs}
-        if len(steps) != 1 or len({len(job.tokens) for job in jobs}) != 1:
-            raise ValueError("first_chunks needs jobs with equal token counts and flow steps")
-        prepared = [self._prepare(job.tokens, job.embedding, job.state, job.noise) for job in jobs]
-        mus, spks, zs = zip(*prepared, strict=True)
-        mels = self.flow.solve_many(mus, spks, zs, steps.pop())
+        if len(steps) != 1 or len({self.pool_key(job.tokens, job.prompt, job.n_timesteps) for job in jobs}) != 1:
+            raise ValueError("first_chunks needs jobs with equal token counts, prompt frames and flow steps")
+        prepared = [self._prepare(job.tokens, job.prompt, job.state, job.noise) for job in jobs]
+        mels = self.flow.solve_inputs(prepared, steps.pop())
         flow_s = time.perf_counter() - t0
         for job, mel in zip(jobs, mels, strict=True):
             yield self._after_flow(mel, job.state, job.noise, False, 1.0, flow_s)
 
+    def pool_key(self, tokens: Sequence[int], prompt: FlowPrompt, n_timesteps: int | None) -> tuple[int, int, int]:
+        """Chunks with equal keys have solver inputs of one shape and may be solved in one batch."""
+        return (len(tokens), prompt.frames, self.flow.steps(n_timesteps))
+
     def _prepare(
-        self, tokens: Sequence[int] | np.ndarray, embedding: np.ndarray, state: SentenceState, noise: NoiseSource
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Draw z, run the flow's encoder half and move the flow cache forward; (mu, spks, z) for the solver."""
-        z = noise.flow_noise(self.constants.n_mels, self.flow.mel_frames(len(tokens)))
-        mu, spks, z, state.flow_cache = self.flow.prepare(np.asarray(tokens), embedding, z, state.flow_cache)
-        return mu, spks, z
+        self, tokens: Sequence[int] | np.ndarray, prompt: FlowPrompt, state: SentenceState, noise: NoiseSource
+    ) -> FlowInput:
+        """Draw z, run the flow's encoder half and move the flow cache forward; the solver's inputs."""
+        z = noise.flow_noise(self.constants.n_mels, self.flow.solver_frames(len(tokens), prompt))
+        inp, state.flow_cache = self.flow.prepare(np.asarray(tokens), prompt, z, state.flow_cache)
+        return inp
 
     def _after_flow(
         self, mel: np.ndarray, state: SentenceState, noise: NoiseSource, finalize: bool, speed: float, flow_s: float
@@ -336,7 +341,7 @@ def _cancelled(cancel: threading.Event | None) -> bool:
 
 def stream_sentence(
     tokens: Iterable[int],
-    embedding: np.ndarray,
+    prompt: FlowPrompt | np.ndarray,
     t2w: Token2Wav,
     noise: NoiseSource,
     *,
@@ -358,28 +363,29 @@ def stream_sentence(
     """
     c = t2w.constants
     check_first_hop(first_hop, c)
+    prompt = as_flow_prompt(prompt)
     state, buf, hop, clock = t2w.new_state(speed), [], first_hop, _Stopwatch()
     for tok in _timed(tokens, clock, cancel):
         buf.append(tok)
         if len(buf) >= hop + c.token_overlap_len:
             chunk = tuple(buf[: hop + c.token_overlap_len])
             if pace is not None and state.fresh and pace.audio_s == 0.0:  # first audio: pooled with other requests'
-                job = ChunkJob(chunk, embedding, state, noise, n_timesteps)
-                wav = pace.pooled((len(chunk), t2w.flow.steps(n_timesteps)), job, t2w.first_chunks)
+                job = ChunkJob(chunk, prompt, state, noise, n_timesteps)
+                wav = pace.pooled(t2w.pool_key(chunk, prompt, n_timesteps), job, t2w.first_chunks)
             else:
                 with _turn(pace) as step_aside:
-                    wav = t2w(chunk, embedding, state, noise, finalize=False, n_timesteps=n_timesteps, between_steps=step_aside)
+                    wav = t2w(chunk, prompt, state, noise, finalize=False, n_timesteps=n_timesteps, between_steps=step_aside)
             _delivered(pace, wav.audio)
             yield SpeechChunk(wav.audio, False, clock.take(), wav.flow_s, wav.hift_s)
             del buf[:hop]
             hop = _next_hop(hop, c)
     if not _cancelled(cancel):
-        yield _finalize(buf, embedding, t2w, state, noise, clock.take(), 1.0, n_timesteps, pace)
+        yield _finalize(buf, prompt, t2w, state, noise, clock.take(), 1.0, n_timesteps, pace)
 
 
 def whole_sentence(
     tokens: Iterable[int],
-    embedding: np.ndarray,
+    prompt: FlowPrompt | np.ndarray,
     t2w: Token2Wav,
     noise: NoiseSource,
     *,
@@ -390,14 +396,15 @@ def whole_sentence(
 ) -> Iterator[SpeechChunk]:
     """Non-stream path: collect every token, then one flow and one HiFT call (with `speed`). Yields 0 or 1 chunk."""
     clock = _Stopwatch()
+    prompt = as_flow_prompt(prompt)
     buf = list(_timed(tokens, clock, cancel))
     if not _cancelled(cancel):
-        yield _finalize(buf, embedding, t2w, t2w.new_state(), noise, clock.take(), speed, n_timesteps, pace)
+        yield _finalize(buf, prompt, t2w, t2w.new_state(), noise, clock.take(), speed, n_timesteps, pace)
 
 
 def _finalize(
     buf: list[int],
-    embedding: np.ndarray,
+    prompt: FlowPrompt,
     t2w: Token2Wav,
     state: SentenceState,
     noise: NoiseSource,
@@ -409,7 +416,7 @@ def _finalize(
     if not buf:  # nothing generated (e.g. max_tokens=0): an empty final chunk keeps the sentence boundary
         return SpeechChunk(np.zeros(0, dtype=np.float32), True, llm_s, 0.0, 0.0)
     with _turn(pace) as step_aside:
-        wav = t2w(buf, embedding, state, noise, finalize=True, speed=speed, n_timesteps=n_timesteps, between_steps=step_aside)
+        wav = t2w(buf, prompt, state, noise, finalize=True, speed=speed, n_timesteps=n_timesteps, between_steps=step_aside)
     _delivered(pace, wav.audio)
     return SpeechChunk(wav.audio, True, llm_s, wav.flow_s, wav.hift_s)
 

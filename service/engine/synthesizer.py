@@ -1,4 +1,4 @@
-"""Synthesizer facade: sentences of text ids + a speaker -> a generator of audio chunks (LLM -> flow -> HiFT)."""
+"""Synthesizer facade: sentences of text ids + a voice -> a generator of audio chunks (LLM -> flow -> HiFT)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from service.engine.streaming import (
     stream_sentence,
     whole_sentence,
 )
+from service.engine.voice import FlowPrompt, LLMPrompt, Voice
 from service.errors import EmptyTextError, InvalidInputError, UnknownSpeakerError
 
 
@@ -37,7 +38,7 @@ class TokenGenerator(Protocol):
     def generate(
         self,
         text_ids: Sequence[int],
-        embedding: np.ndarray,
+        prompt: LLMPrompt,
         rng: np.random.Generator,
         *,
         min_tokens: int | None = None,
@@ -163,28 +164,29 @@ class Synthesizer:
     def synthesize(
         self,
         sentences: Sequence[Sequence[int]],
-        speaker: str,
+        voice: Voice | str,
         options: SynthesisOptions = SynthesisOptions(),
         cancel: threading.Event | None = None,
     ) -> Iterator[AudioChunk]:
         """Audio for each sentence of text token ids, one after another (fresh caches per sentence).
 
-        Validation errors (UnknownSpeakerError, EmptyTextError, InvalidInputError) are raised by this
-        call, before any inference. The returned generator does the work lazily; it checks `cancel`
-        after every LLM token and between chunks, and simply ends (without an is_final chunk) when set.
+        `voice` is a Voice, or the name of a built-in speaker. Validation errors (UnknownSpeakerError,
+        EmptyTextError, InvalidInputError) are raised by this call, before any inference. The returned
+        generator does the work lazily; it checks `cancel` after every LLM token and between chunks, and
+        simply ends (without an is_final chunk) when set.
         """
-        embedding = self._embedding(speaker)
+        resolved = self._resolve(voice)
         texts = [list(map(int, s)) for s in sentences]
         if not texts or any(not s for s in texts):
             raise EmptyTextError("nothing to synthesize: no sentences, or an empty sentence")
         plan = self._plan(options)
         llm_rng, noise_rng = _request_rngs(options.seed)
-        return _trimmed(self._sentences(texts, embedding, plan, llm_rng, GeneratorNoise(noise_rng), cancel, self._pacer()))
+        return _trimmed(self._sentences(texts, resolved, plan, llm_rng, GeneratorNoise(noise_rng), cancel, self._pacer()))
 
     def synthesize_tokens(
         self,
         speech_tokens: Sequence[int],
-        speaker: str,
+        voice: Voice | str,
         options: SynthesisOptions = SynthesisOptions(),
         cancel: threading.Event | None = None,
         *,
@@ -195,7 +197,7 @@ class Synthesizer:
         With the same seed, the tokens `synthesize` generated for a one-sentence input give the same
         audio here. `noise` replaces the seeded randomness (e.g. streaming.ReplayNoise with recorded draws).
         """
-        embedding = self._embedding(speaker)
+        flow = self._resolve(voice).flow
         tokens = [int(t) for t in speech_tokens]
         if not tokens:
             raise EmptyTextError("no speech tokens to vocode")
@@ -204,18 +206,28 @@ class Synthesizer:
             raise InvalidInputError(f"speech tokens must be in 0..{limit - 1}", param="speech_tokens")
         plan = self._plan(options)
         source = noise if noise is not None else GeneratorNoise(_request_rngs(options.seed)[1])
-        return _trimmed(self._chunks(iter(tokens), embedding, 0, True, plan, source, cancel, self._pacer()))
+        return _trimmed(self._chunks(iter(tokens), flow, 0, True, plan, source, cancel, self._pacer()))
 
     # ---- internals -----------------------------------------------------------------------------
     def _pacer(self) -> Pacer | None:
         return Pacer(self.gate, self.sample_rate) if self.gate is not None else None
 
-    def _embedding(self, speaker: str) -> np.ndarray:
+    def voice(self, speaker: str) -> Voice:
+        """The built-in speaker `speaker` of the bundle (UnknownSpeakerError when it has none of that name)."""
         try:
-            return self.bundle.speakers[speaker]
+            return Voice.builtin(speaker, self.bundle.speakers[speaker])
         except KeyError:
             known = ", ".join(self.speakers)
             raise UnknownSpeakerError(f"unknown speaker {speaker!r}; available: {known}", param="voice") from None
+
+    def _resolve(self, voice: Voice | str) -> Voice:
+        resolved = self.voice(voice) if isinstance(voice, str) else voice
+        dim = self.bundle.constants.spk_embed_dim
+        if resolved.flow.embedding.shape != (dim,):
+            raise InvalidInputError(f"a voice's speaker embedding must have {dim} values", param="voice")
+        if resolved.flow.mel is not None and resolved.flow.mel.shape[1:] != (self.bundle.constants.n_mels,):
+            raise InvalidInputError(f"a voice's prompt mel must have {self.bundle.constants.n_mels} bins", param="voice")
+        return resolved
 
     def _plan(self, options: SynthesisOptions) -> _Plan:
         c = self.bundle.constants
@@ -237,7 +249,7 @@ class Synthesizer:
     def _sentences(
         self,
         texts: list[list[int]],
-        embedding: np.ndarray,
+        voice: Voice,
         plan: _Plan,
         llm_rng: np.random.Generator,
         noise: NoiseSource,
@@ -247,13 +259,13 @@ class Synthesizer:
         for index, ids in enumerate(texts):
             if cancel is not None and cancel.is_set():
                 return
-            tokens = self.llm.generate(ids, embedding, llm_rng, cancel=cancel)
-            yield from self._chunks(tokens, embedding, index, index == len(texts) - 1, plan, noise, cancel, pace)
+            tokens = self.llm.generate(ids, voice.llm, llm_rng, cancel=cancel)
+            yield from self._chunks(tokens, voice.flow, index, index == len(texts) - 1, plan, noise, cancel, pace)
 
     def _chunks(
         self,
         tokens: Iterable[int],
-        embedding: np.ndarray,
+        prompt: FlowPrompt,
         index: int,
         last_sentence: bool,
         plan: _Plan,
@@ -266,10 +278,10 @@ class Synthesizer:
         if plan.stream:
             hop, speed = plan.first_hop, plan.speed
             pieces = stream_sentence(
-                tokens, embedding, t2w, noise, first_hop=hop, speed=speed, n_timesteps=steps, cancel=cancel, pace=pace
+                tokens, prompt, t2w, noise, first_hop=hop, speed=speed, n_timesteps=steps, cancel=cancel, pace=pace
             )
         else:
-            pieces = whole_sentence(tokens, embedding, t2w, noise, speed=plan.speed, n_timesteps=steps, cancel=cancel, pace=pace)
+            pieces = whole_sentence(tokens, prompt, t2w, noise, speed=plan.speed, n_timesteps=steps, cancel=cancel, pace=pace)
         for piece in pieces:
             timings = StageTimings(llm_s=piece.llm_s, flow_s=piece.flow_s, hift_s=piece.hift_s)
             yield AudioChunk(piece.audio, index, piece.is_last and last_sentence, timings)
