@@ -124,7 +124,8 @@ def write_wav(path: Path, sample_rate: int, chunks: Iterable[AudioChunk], progre
 
 def _format_check(check: Check) -> str:
     verdict = "ok" if check.ok else "FAIL"
-    return f"{check.stage:<9} {check.name:<42} max_abs_err {check.error:<10.3g} tol {check.tolerance:<8.3g} {verdict}"
+    label = f"{check.stage:<9} {check.name}"
+    return f"{label:<62} max_abs_err {check.error:<10.3g} tol {check.tolerance:<8.3g} {verdict}"
 
 
 def verify_command(args: argparse.Namespace) -> int:

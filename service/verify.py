@@ -240,4 +240,10 @@ def run_verification(
         else:
             with np.load(path) as npz:
                 emit(_STAGES[name](engines, npz))
+    from service.verify_modes import has_mode_fixtures, verify_modes  # imports this module: late
+
+    if has_mode_fixtures(Path(fixtures)):
+        emit(verify_modes(engines, Path(fixtures)))
+    else:
+        report.skipped.append("zero_shot/cross_lingual/instruct: modes_meta.json or prompts.npz not present")
     return report
