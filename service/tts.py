@@ -295,7 +295,7 @@ class TTSService:
         variant = f"{request.fmt.value};{'chunked' if request.chunked else 'file'};engine_stream={request.engine_stream}"
         key = audio_cache_key(
             bundle_sha256=self.bundle_sha256,
-            text="\n".join(s.text for s in sentences),
+            text="\n".join(_key_text(s) for s in sentences),
             speaker=request.speaker,
             speed=request.speed,
             fmt=f"{variant};n_timesteps={self.n_timesteps}",
@@ -311,7 +311,7 @@ class TTSService:
         with self._probe_lock:
             if time.monotonic() - self._last_success < max_age_s:
                 return
-            ids = [list(s.ids) for s in self.frontend.sentences(text)]
+            ids = [list(s.ids) for s in self.frontend.sentences(text) if s.ids]
             try:
                 chunks = list(
                     self.engine.synthesize(ids, speaker, self._options(SpeechRequest(text, speaker)), threading.Event())
@@ -398,17 +398,22 @@ class TTSService:
         encoder = make_encoder(req.fmt, self.sample_rate, p.sample_rate_hz) if req.chunked else None
         pieces: list[bytes] = []
         audio: list[np.ndarray] = []
-        ids = [list(s.ids) for s in p.sentences]
-        for chunk in self.engine.synthesize(ids, req.speaker, self._options(req), job.cancel_event):
+        spoken = [s for s in p.sentences if s.ids]  # a pure pause (leading silence) is not for the engine
+        lead_s = sum(s.pause_after_s for s in p.sentences if not s.ids)
+        chunks = self.engine.synthesize([list(s.ids) for s in spoken], req.speaker, self._options(req), job.cancel_event)
+        for chunk, samples in with_pauses(chunks, [s.pause_after_s for s in spoken], lead_s, self.sample_rate):
             if job.cancel_event.is_set():
                 return None
-            t.add_chunk(chunk, self.sample_rate)
-            self.observer.chunk_done()
+            if chunk is None:
+                t.audio_s += samples.size / self.sample_rate
+            else:
+                t.add_chunk(chunk, self.sample_rate)
+                self.observer.chunk_done()
             if encoder is None:
-                audio.append(chunk.audio)
+                audio.append(samples)
                 continue
             start = time.monotonic()
-            data = encoder.encode(chunk.audio)
+            data = encoder.encode(samples)
             t.encode_s += time.monotonic() - start
             if data:
                 self._hand_over(job, data, pieces)
@@ -438,6 +443,34 @@ class TTSService:
         )  # fmt: skip
         if not job.cancel_event.is_set():
             self.cache.put(job.prepared.cache_key, b"".join(pieces))
+
+
+def with_pauses(
+    chunks: Iterator[AudioChunk], pauses_s: Sequence[float], lead_s: float, sample_rate: int
+) -> Iterator[tuple[AudioChunk | None, np.ndarray]]:
+    """Engine chunks as (chunk, chunk.audio), with (None, zeros) for silence: `lead_s` before everything and
+    `pauses_s[i]` after the last chunk of sentence i (round(seconds * sample_rate) float32 zero samples)."""
+    if lead_s > 0:
+        yield None, np.zeros(round(lead_s * sample_rate), dtype=np.float32)
+    done = 0  # sentences whose pause has been placed
+    for chunk in chunks:
+        yield from _silences(pauses_s[done : chunk.sentence_index], sample_rate)
+        done = max(done, chunk.sentence_index)
+        yield chunk, chunk.audio
+        if chunk.is_final:
+            yield from _silences(pauses_s[done:], sample_rate)
+            done = len(pauses_s)
+
+
+def _silences(pauses_s: Sequence[float], sample_rate: int) -> Iterator[tuple[None, np.ndarray]]:
+    for seconds in pauses_s:
+        if seconds > 0:
+            yield None, np.zeros(round(seconds * sample_rate), dtype=np.float32)
+
+
+def _key_text(sentence: Sentence) -> str:
+    """A sentence's part of the audio cache key; a pause after it changes the key (no pause: the text alone)."""
+    return f"{sentence.text}\t{sentence.pause_after_s!r}" if sentence.pause_after_s else sentence.text
 
 
 def _join(audio: list[np.ndarray]) -> np.ndarray:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import regex
 
-from service.frontend import TextFrontend, frontend, lexicon, normalize, pipeline, rules, steps
+from service.frontend import TextFrontend, arithmetic, frontend, lexicon, markup, normalize, pauses, pipeline, roman, rules, steps
 from service.frontend.normalize import OfficialNormalizer
 from service.frontend.rules_en import en_rules
 from service.frontend.rules_zh import ZH_LATE_RULES, ZH_RULES
@@ -21,6 +21,9 @@ SIZE = 100_000
 SEEDS = (
     "1", "1,", "1.", "1-", "1:", "1%", "1 ", "a", "a.", "a@", "a-1", "v1.", "www.", "http://a", "电话1", "¥1,",
     "$1.", "1%-", " ", "\t", "😀 ", "，", "<|", "好", "儿", "。", "12345678901", "1x", "1^", "零下-", "a1", "%",
+    "**a", "*a ", "_a", "__a ", "~~a", "`a", "``", "[a](", "![a](b", "[a][", "<break ", "<break time='1", "[pause ",
+    "[pause 1", "# ", "- ", "1. ", "> ", "| a ", "|-", "---", "```\n", "<https://a", "<speak ", "第I", "Ⅲ", "Henry I",
+    "Chapter X", "1+1=", "1 + ", "-1-", "555-", "(555) ", "+1 5", "Dr. ", "A.", "Main St. ", "1 A B ",
 )  # fmt: skip
 EN_RULES = en_rules(OfficialNormalizer().number_words)  # with the memoized inflect the service uses
 BUDGET_S = 1.5  # a linear pass over 100 kB takes milliseconds; a quadratic one takes minutes
@@ -36,10 +39,10 @@ def _named_patterns() -> dict[str, Callable[[str], object]]:
     all_rules = ZH_RULES + ZH_LATE_RULES + EN_RULES
     for i, r in enumerate(all_rules):
         ops[f"rule:{i}:{r.name}"] = r.apply
-    for module in (steps, rules, normalize, pipeline, frontend, lexicon):
+    for module in (steps, rules, normalize, pipeline, frontend, lexicon, markup, pauses, arithmetic, roman):
         for name, value in vars(module).items():
             if isinstance(value, re.Pattern | regex.Pattern):
-                if name in {"_ONLY_PUNCT", "_HAN_WORD", "_SYLLABLE"}:  # used with fullmatch
+                if name in {"_ONLY_PUNCT", "_HAN_WORD", "_SYLLABLE", "_TIME", "_VALID", "_RULE_LINE", "_TABLE_SEPARATOR"}:
                     ops[f"{module.__name__}.{name}"] = value.fullmatch
                 else:
                     ops[f"{module.__name__}.{name}"] = partial(value.sub, "")
@@ -51,7 +54,8 @@ PATTERNS = _named_patterns()
 
 def test_every_module_regex_is_covered() -> None:
     names = set(PATTERNS)
-    for expected in ("steps._ONLY_PUNCT", "rules._EMOJI_BEFORE_PUNCT", "rules._CONTROL", "pipeline._SURROGATES"):
+    for expected in ("steps._ONLY_PUNCT", "rules._EMOJI_BEFORE_PUNCT", "rules._CONTROL", "pipeline._SURROGATES", "markup._STARS",
+                     "pauses._MARKER", "arithmetic._TOKEN", "roman._VALID"):  # fmt: skip
         assert f"service.frontend.{expected}" in names
     assert sum(n.startswith("rule:") for n in names) == len(ZH_RULES) + len(ZH_LATE_RULES) + len(EN_RULES)
 
@@ -74,7 +78,8 @@ def enhanced(ref_dir: Path) -> TextFrontend:
 
 
 # Inputs that wetext leaves alone (no digits survive the rules), so the whole 100 kB run stays cheap.
-PIPELINE_SEEDS = ("1", "好" + "1" * 13, "好，", "a ", "。", "😀", "，", "<", "儿", "a@b.", "重庆的行长", "好" * 7, "x" * 9)
+PIPELINE_SEEDS = ("1", "好" + "1" * 13, "好，", "a ", "。", "😀", "，", "<", "儿", "a@b.", "重庆的行长", "好" * 7, "x" * 9,
+                  "**a ", "_a_ ", "- a\n", "# a\n", "| a |\n", "> ", "```\n", "[a](b) ", "a[pause 1s]", "好<break/>")  # fmt: skip
 
 
 @pytest.mark.parametrize("seed", PIPELINE_SEEDS)

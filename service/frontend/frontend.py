@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +25,15 @@ OFFICIAL_LEXICON_VERSION = "off"
 
 @dataclass(frozen=True)
 class Sentence:
-    """One unit of synthesis: the text as it will be spoken and its whisper BPE ids."""
+    """One unit of synthesis: the text as it will be spoken, its whisper BPE ids, and the silence after its audio.
+
+    Only a pause before any text (leading silence) gives a sentence with empty `text` and `ids`: it is always the
+    first one, and it must not be sent to the engine.
+    """
 
     text: str
     ids: tuple[int, ...]
+    pause_after_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,9 @@ class NormalizeReport:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form (ids included per sentence)."""
         data = asdict(self)
-        data["sentences"] = [{"text": s.text, "ids": list(s.ids), "tokens": len(s.ids)} for s in self.sentences]
+        data["sentences"] = [
+            {"text": s.text, "ids": list(s.ids), "tokens": len(s.ids), "pause_after_s": s.pause_after_s} for s in self.sentences
+        ]
         data["token_counts"] = list(self.token_counts)
         data["total_tokens"] = sum(self.token_counts)
         return data
@@ -142,9 +149,9 @@ class TextFrontend:
         return list(normalized.pieces) if split else [normalized.joined]
 
     def sentences(self, text: str) -> list[Sentence]:
-        """Sentences ready for the engine; raises EmptyTextError when nothing speakable remains."""
+        """Sentences ready for the engine (a leading pause may come first); EmptyTextError when nothing is speakable."""
         out = list(self.normalize_report(text).sentences)
-        if not out:
+        if not any(s.ids for s in out):
             raise EmptyTextError("the text has nothing to speak after normalization", param="input")
         return out
 
@@ -177,10 +184,23 @@ class TextFrontend:
 
         def compute() -> tuple[Normalized, tuple[Sentence, ...]]:
             normalized = self._pipeline.run(text, lexicon)
-            sentences = tuple(Sentence(p, tuple(self._tokenizer.encode(p))) for p in normalized.pieces if _speakable(p))
-            return normalized, sentences
+            return normalized, self._assemble(normalized)
 
         return self._cache.get_or_compute((text, version), compute)
+
+    def _assemble(self, normalized: Normalized) -> tuple[Sentence, ...]:
+        """Speakable pieces with their ids; the pause after an unspeakable piece moves to the sentence before."""
+        pauses = normalized.pauses or (0.0,) * len(normalized.pieces)
+        out: list[Sentence] = []
+        lead = normalized.lead_pause_s
+        for piece, pause in zip(normalized.pieces, pauses, strict=True):
+            if _speakable(piece):
+                out.append(Sentence(piece, tuple(self._tokenizer.encode(piece)), pause))
+            elif out:
+                out[-1] = replace(out[-1], pause_after_s=out[-1].pause_after_s + pause)
+            else:
+                lead += pause
+        return (Sentence("", (), lead), *out) if lead > 0 else tuple(out)
 
 
 def _speakable(sentence: str) -> bool:

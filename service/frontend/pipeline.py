@@ -1,14 +1,16 @@
-"""One normalization run: route zh/en, normalize (official or enhanced), rewrite lexicon words, split, cap."""
+"""One normalization run: route zh/en, strip markup and cut at pauses (enhanced), normalize, rewrite, split, cap."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from service.frontend.enhanced import EnhancedNormalizer
 from service.frontend.lexicon import LexiconSnapshot
+from service.frontend.markup import finish_blocks, strip_markdown
 from service.frontend.normalize import OfficialNormalizer
+from service.frontend.pauses import Segment, mark_pauses, split_pauses
 from service.frontend.rewrite import LexiconRewriter, Rewrite
 from service.frontend.split import cap_tokens, split_paragraph
 from service.frontend.steps import contains_chinese, is_only_punctuation
@@ -19,13 +21,19 @@ _SURROGATES = re.compile(r"[\ud800-\udfff]")
 
 @dataclass(frozen=True)
 class Normalized:
-    """What one run produced: the language path, the whole normalized text, and the sentence pieces."""
+    """What one run produced: the language path, the whole normalized text, and the sentence pieces.
+
+    `pauses` (empty, or one per piece) holds the seconds of silence after each piece; `lead_pause_s` the
+    silence before the first one (a pause marker before any text).
+    """
 
     language: str  # "zh", "en" or "bypass"
     joined: str
     pieces: tuple[str, ...]
     rules: tuple[str, ...] = ()
     rewrites: tuple[Rewrite, ...] = ()
+    pauses: tuple[float, ...] = ()
+    lead_pause_s: float = 0.0
 
 
 def is_bypass(text: str) -> bool:
@@ -56,11 +64,14 @@ class Pipeline:
         if not text or is_bypass(text):
             return Normalized("bypass", text, (text,))
         text = text.strip()
-        if self._enhanced is not None:
-            text = self._enhanced.clean(text).strip()
-        if contains_chinese(text):
-            return self._zh(text, lexicon)
-        return self._en(text)
+        if self._enhanced is None:
+            return self._zh(text, lexicon) if contains_chinese(text) else self._en(text)
+        marked, pauses = mark_pauses(self._enhanced.clean(text))
+        stripped = strip_markdown(marked)
+        zh = contains_chinese(stripped)
+        full_stop, comma = ("。", "，") if zh else (".", ", ")
+        runs = [(finish_blocks(s.text, full_stop, comma).strip(), s) for s in split_pauses(stripped, pauses)]
+        return _combine([(self._zh(t, lexicon) if zh else self._en(t), s) for t, s in runs], "" if zh else " ")
 
     def count_tokens(self, text: str) -> int:
         return len(self._tokenizer.encode(text))
@@ -93,6 +104,32 @@ class Pipeline:
             return tuple(kept)
         capped = [c for p in kept for c in cap_tokens(p, self._max_tokens, self.count_tokens)]
         return tuple(c for c in capped if not is_only_punctuation(c))
+
+
+def _combine(runs: list[tuple[Normalized, Segment]], glue: str) -> Normalized:
+    """One result from the runs between pause markers; a pause after a run without pieces moves back a piece."""
+    if len(runs) == 1 and runs[0][1].pause_after_s == 0.0:
+        return runs[0][0]
+    pieces: list[str] = []
+    pauses: list[float] = []
+    lead = 0.0
+    rules: dict[str, None] = {}
+    rewrites: list[Rewrite] = []
+    offset = 0
+    for normalized, segment in runs:
+        pieces += normalized.pieces
+        pauses += [0.0] * len(normalized.pieces)
+        if pauses:
+            pauses[-1] += segment.pause_after_s
+        else:
+            lead += segment.pause_after_s
+        rules |= dict.fromkeys(normalized.rules)
+        rewrites += [replace(r, start=r.start + offset) for r in normalized.rewrites]
+        if normalized.joined:
+            offset += len(normalized.joined) + len(glue)
+    joined = glue.join(n.joined for n, _ in runs if n.joined)
+    language = runs[0][0].language
+    return Normalized(language, joined, tuple(pieces), tuple(rules), tuple(rewrites), tuple(pauses), lead)
 
 
 def _count(tokenizer: WhisperTokenizer, text: str) -> int:

@@ -81,3 +81,25 @@ def en_decade(digits: str) -> str:
     if tens == 0:
         return f"{en_under_100(century // 10)} thousands" if century % 10 == 0 else f"{en_under_100(century)} hundreds"
     return f"{en_under_100(century)} {_EN_TENS_PLURAL[tens]}"
+
+
+_EN_ORDINAL_WORDS = {"one": "first", "two": "second", "three": "third", "five": "fifth", "eight": "eighth", "nine": "ninth",
+                     "twelve": "twelfth"}  # fmt: skip
+
+
+def en_ordinal(cardinal: str) -> str:
+    """Ordinal of English cardinal words (`twenty-one` -> twenty-first, `forty` -> fortieth)."""
+    head, sep, last = cardinal.rpartition("-") if "-" in cardinal else cardinal.rpartition(" ")
+    if last in _EN_ORDINAL_WORDS:
+        last = _EN_ORDINAL_WORDS[last]
+    elif last.endswith("y"):
+        last = last[:-1] + "ieth"
+    else:
+        last += "th"
+    return head + sep + last
+
+
+def zh_decimal(number: str) -> str:
+    """Chinese reading of an ASCII decimal like `3.14` (三点一四) or integer (`12` -> 十二)."""
+    whole, _, frac = number.partition(".")
+    return zh_cardinal(whole) + ("点" + zh_digits(frac, yao=False) if frac else "")

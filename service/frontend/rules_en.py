@@ -1,4 +1,9 @@
-"""English (non-Chinese path) normalization fixes applied before wetext: addresses, versions, money, decades."""
+"""English (non-Chinese path) normalization fixes applied before wetext: addresses, phones, versions, money, decades.
+
+Phone numbers are read digit by digit in groups, zero as "oh" (555-0123 -> five five five, oh one two three):
+(555) 123-4567, 555-123-4567, 555.123.4567 and +1 555 123 4567, and a bare 555-0123 when its first digit
+is 2-9 (so 100-1000 stays a range; 4-digit pairs like 1990-1995 are never phones).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,10 @@ from collections.abc import Callable
 
 import regex
 
+from service.frontend.abbreviations import ABBREVIATION_RULES
+from service.frontend.arithmetic import en_arithmetic_rules
 from service.frontend.readings import en_decade, en_digits
+from service.frontend.roman import en_roman_rules
 from service.frontend.rules import Rule, rule
 
 _SYMBOLS_EN = {
@@ -63,6 +71,19 @@ def _money(words: Callable[[str], str]) -> Callable[[regex.Match[str]], str]:
     return read
 
 
+_PHONE_DIGITS = ("oh", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+def _phone(m: regex.Match[str]) -> str:
+    area = m.group("area") or m.groupdict().get("area2")
+    groups = [g for g in (area, m.group("exchange"), m.group("line")) if g]
+    spoken = [" ".join(_PHONE_DIGITS[int(d)] for d in g) for g in groups]
+    country = m.group("cc")
+    if country:
+        spoken.insert(0, "plus " + " ".join(_PHONE_DIGITS[int(d)] for d in country))
+    return ", ".join(spoken)
+
+
 def _decade(m: regex.Match[str]) -> str:
     return en_decade(m.group("num"))
 
@@ -72,6 +93,16 @@ def en_rules(words: Callable[[str], str]) -> tuple[Rule, ...]:
     return (
         rule("email", r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63}){1,8}", _address),
         rule("url", r"(?<![A-Za-z0-9])(?i:(?:https?|ftp)://|www\.)[A-Za-z0-9\-._~/?#\[\]@!$&'*+,;=%:]{1,2000}+", _address),
+        *ABBREVIATION_RULES,
+        rule(
+            "phone",
+            r"(?<![\w+.-])(?:\+(?P<cc>\d{1,3}+)[ .-]?+)?+(?:\((?P<area>\d{3})\)[ .]?+|(?P<area2>\d{3})(?P<sep>[ .-]))"
+            r"(?P<exchange>\d{3})(?(sep)(?P=sep)|[ .-])(?P<line>\d{4})(?![\w]|[.-]\d)",
+            _phone,
+        ),
+        rule("phone_local", r"(?<![\w+.-])(?P<cc>)(?P<area>)(?P<exchange>[2-9]\d{2})-(?P<line>\d{4})(?![\w]|[.-]\d)", _phone),
+        *en_arithmetic_rules(words),
+        *en_roman_rules(words),
         rule("long_digits", r"(?<![\d.])\d{12,}+(?!\.\d)", lambda m: en_digits(m.group())),
         rule("version", r"(?<![0-9A-Za-z.])(?P<v>[vV])?(?P<num>\d{1,4}(?:\.\d{1,4}){2,6})(?![0-9A-Za-z]|\.\d)", _version(words)),
         rule(

@@ -1,10 +1,12 @@
-"""Chinese normalization fixes applied before wetext: codes read digit by digit, money, ranges, versions, URLs."""
+"""Chinese normalization fixes applied before wetext: codes read digit by digit, ordinals, arithmetic, money, ranges."""
 
 from __future__ import annotations
 
 import regex
 
+from service.frontend.arithmetic import ZH_ARITHMETIC_RULES
 from service.frontend.readings import zh_cardinal, zh_digits
+from service.frontend.roman import ZH_ROMAN_RULES
 from service.frontend.rules import Rule, rule
 
 _SYMBOLS_ZH = {
@@ -83,6 +85,10 @@ ZH_RULES: tuple[Rule, ...] = (
     ),
     rule("mobile", r"(?<![\d+])(?P<cc>\+?86[- ]?)?(?P<num>1[3-9]\d{9})(?!\d)", _mobile),
     rule("long_digits", r"(?<![\d.])\d{12,}+(?!\.\d)", lambda m: zh_digits(m.group())),
+    *ZH_ARITHMETIC_RULES,
+    *ZH_ROMAN_RULES,
+    # An ordinal is read with 二, never 两 (第2名 -> 第二名, 第200名 -> 第二百名); a cardinal 2个 keeps 两.
+    rule("ordinal", r"(?<=第)\d{1,12}+(?![\d.,:])", lambda m: zh_cardinal(m.group())),
     rule("two_digit_year", r"(?<![\d.])(\d{2})年(?=\d{1,2}月)", lambda m: zh_digits(m.group(1), yao=False) + "年"),
     rule("version", r"(?<![0-9A-Za-z.])(?P<v>[vV])?(?P<num>\d{1,4}(?:\.\d{1,4}){2,6})(?![0-9A-Za-z]|\.\d)", _version),
     rule("thousands_separator", r"(?<![\d.,])\d{1,3}(?:,\d{3})++(?![\d,])", lambda m: m.group().replace(",", "")),

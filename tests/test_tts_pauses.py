@@ -1,0 +1,92 @@
+"""Pauses from the frontend become runs of zero samples in the audio, and change the audio cache key."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from service.audio import AudioFormat
+from service.cache import MemoryAudioCache
+from service.engine.synthesizer import AudioChunk, StageTimings, SynthesisOptions
+from service.frontend import Sentence
+from service.tts import SpeechRequest, TTSService
+
+RATE = 1000
+SPEAKER = "voice"
+
+
+class ScriptedFrontend:
+    """Returns fixed sentences for any text."""
+
+    lexicon_version = "v"
+
+    def __init__(self, sentences: list[Sentence]) -> None:
+        self.script = sentences
+
+    def sentences(self, text: str) -> list[Sentence]:
+        return list(self.script)
+
+
+class OnesEngine:
+    """Two chunks of ones per sentence (the second 2x as long); records the ids it was given."""
+
+    sample_rate = RATE
+    speakers: Sequence[str] = (SPEAKER,)
+
+    def __init__(self) -> None:
+        self.seen: list[list[int]] = []
+
+    def synthesize(
+        self, sentences: list[list[int]], speaker: str, options: SynthesisOptions, cancel: threading.Event
+    ) -> Iterator[AudioChunk]:
+        self.seen = sentences
+        timings = StageTimings(0.0, 0.0, 0.0)
+        for i, ids in enumerate(sentences):
+            last = i == len(sentences) - 1
+            yield AudioChunk(np.ones(len(ids) * 10, np.float32), i, False, timings)
+            yield AudioChunk(np.ones(len(ids) * 20, np.float32), i, last, timings)
+
+
+def _pcm(sentences: list[Sentence], chunked: bool = False) -> tuple[np.ndarray, OnesEngine]:
+    engine = OnesEngine()
+    service = TTSService(ScriptedFrontend(sentences), engine, MemoryAudioCache(0), bundle_sha256="0" * 64)
+    try:
+        request = SpeechRequest("x", SPEAKER, fmt=AudioFormat.PCM, chunked=chunked)
+        data = service.submit(request).read_all()
+    finally:
+        service.close()
+    return np.frombuffer(data, dtype="<i2"), engine
+
+
+def _runs(samples: np.ndarray) -> list[tuple[bool, int]]:
+    """(is_silent, length) of each run of equal silence."""
+    silent = samples == 0
+    edges = np.flatnonzero(np.diff(silent.astype(np.int8))) + 1
+    return [(bool(part[0] == 0), part.size) for part in np.split(samples, edges)]
+
+
+def test_pauses_are_zero_runs_of_the_right_length() -> None:
+    script = [Sentence("", (), 0.25), Sentence("a", (1,), 0.5), Sentence("b", (1, 2), 0.0), Sentence("c", (3,), 1.5)]
+    for chunked in (False, True):
+        pcm, engine = _pcm(script, chunked)
+        assert engine.seen == [[1], [1, 2], [3]]  # the pure pause never reaches the engine
+        assert _runs(pcm) == [(True, 250), (False, 30), (True, 500), (False, 60 + 30), (True, 1500)]
+
+
+def test_no_pause_no_silence() -> None:
+    pcm, _ = _pcm([Sentence("a", (1,)), Sentence("b", (2,))])
+    assert _runs(pcm) == [(False, 60)]
+
+
+def test_pauses_change_the_cache_key() -> None:
+    keys = []
+    for pause in (0.0, 0.5, 1.0):
+        service = TTSService(
+            ScriptedFrontend([Sentence("a", (1,), pause), Sentence("b", (2,))]), OnesEngine(), MemoryAudioCache(0),
+            bundle_sha256="0" * 64,
+        )  # fmt: skip
+        keys.append(service.prepare(SpeechRequest("x", SPEAKER)).cache_key)
+        service.close()
+    assert len(set(keys)) == 3
