@@ -460,6 +460,9 @@ def with_pauses(
         if chunk.is_final:
             yield from _silences(pauses_s[done:], sample_rate)
             done = len(pauses_s)
+        elif chunk.sentence_end:  # the silence goes out now, not with the next sentence's first audio
+            yield from _silences(pauses_s[done : chunk.sentence_index + 1], sample_rate)
+            done = chunk.sentence_index + 1
 
 
 def _silences(pauses_s: Sequence[float], sample_rate: int) -> Iterator[tuple[None, np.ndarray]]:

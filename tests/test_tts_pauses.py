@@ -11,7 +11,7 @@ from service.audio import AudioFormat
 from service.cache import MemoryAudioCache
 from service.engine.synthesizer import AudioChunk, StageTimings, SynthesisOptions
 from service.frontend import Sentence
-from service.tts import SpeechRequest, TTSService
+from service.tts import SpeechRequest, TTSService, with_pauses
 
 RATE = 1000
 SPEAKER = "voice"
@@ -35,8 +35,9 @@ class OnesEngine:
     sample_rate = RATE
     speakers: Sequence[str] = (SPEAKER,)
 
-    def __init__(self) -> None:
+    def __init__(self, marks_ends: bool = True) -> None:
         self.seen: list[list[int]] = []
+        self.marks_ends = marks_ends  # False: an engine whose chunks do not say where a sentence ends
 
     def synthesize(
         self, sentences: list[list[int]], speaker: str, options: SynthesisOptions, cancel: threading.Event
@@ -46,7 +47,7 @@ class OnesEngine:
         for i, ids in enumerate(sentences):
             last = i == len(sentences) - 1
             yield AudioChunk(np.ones(len(ids) * 10, np.float32), i, False, timings)
-            yield AudioChunk(np.ones(len(ids) * 20, np.float32), i, last, timings)
+            yield AudioChunk(np.ones(len(ids) * 20, np.float32), i, last, timings, sentence_end=self.marks_ends)
 
 
 def _pcm(sentences: list[Sentence], chunked: bool = False) -> tuple[np.ndarray, OnesEngine]:
@@ -90,3 +91,24 @@ def test_pauses_change_the_cache_key() -> None:
         keys.append(service.prepare(SpeechRequest("x", SPEAKER)).cache_key)
         service.close()
     assert len(set(keys)) == 3
+
+
+def test_silence_follows_its_sentence_at_once() -> None:
+    """The pause after sentence 0 goes out right after that sentence's last chunk, before sentence 1 is made."""
+    ids = [[1, 2], [3]]
+
+    def order(engine: OnesEngine) -> list[str]:
+        log: list[str] = []
+
+        def produced() -> Iterator[AudioChunk]:
+            for chunk in engine.synthesize(ids, SPEAKER, SynthesisOptions(), threading.Event()):
+                log.append(f"made s{chunk.sentence_index}")
+                yield chunk
+
+        for chunk, _ in with_pauses(produced(), [0.5, 0.0], 0.0, RATE):
+            log.append("sent silence" if chunk is None else f"sent s{chunk.sentence_index}")
+        return log
+
+    assert order(OnesEngine()).index("sent silence") < order(OnesEngine()).index("made s1")
+    lagging = order(OnesEngine(marks_ends=False))  # without sentence ends: the silence waits for the next sentence
+    assert lagging.index("sent silence") > lagging.index("made s1")

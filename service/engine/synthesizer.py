@@ -87,6 +87,7 @@ class AudioChunk:
     sentence_index: int
     is_final: bool  # last chunk of the whole request
     timings: StageTimings
+    sentence_end: bool = False  # last chunk of its sentence
 
 
 @dataclass(frozen=True)
@@ -284,7 +285,7 @@ class Synthesizer:
             pieces = whole_sentence(tokens, prompt, t2w, noise, speed=plan.speed, n_timesteps=steps, cancel=cancel, pace=pace)
         for piece in pieces:
             timings = StageTimings(llm_s=piece.llm_s, flow_s=piece.flow_s, hift_s=piece.hift_s)
-            yield AudioChunk(piece.audio, index, piece.is_last and last_sentence, timings)
+            yield AudioChunk(piece.audio, index, piece.is_last and last_sentence, timings, sentence_end=piece.is_last)
             if cancel is not None and cancel.is_set():
                 return
 
