@@ -149,6 +149,9 @@ class Manifest:
     source_files: dict[str, str] = field(default_factory=dict)  # checkpoint file name -> sha256
     files: dict[str, str] = field(default_factory=dict)  # bundle file (non-graph) -> sha256
     exporter: dict[str, str] = field(default_factory=dict)  # tool versions, random_init, seed
+    random_weights: bool = False  # the weights are random: the audio is noise, not speech
+    test_model: bool = False  # a miniature model for tests and CI, not the real one
+    description: str = ""  # one human sentence about the bundle
 
     def to_json(self) -> str:
         """Serialize deterministically (sorted keys, no timestamps) so exports are reproducible."""
@@ -176,11 +179,22 @@ class Manifest:
                 source_files=dict(data.get("source_files", {})),
                 files=dict(data.get("files", {})),
                 exporter=dict(data.get("exporter", {})),
+                random_weights=_flag(data, "random_weights"),
+                test_model=_flag(data, "test_model"),
+                description=str(data.get("description", "")),
             )
         except BundleError:
             raise
         except (KeyError, TypeError, ValueError) as e:
             raise BundleError(f"manifest is malformed: {type(e).__name__}: {e}") from e
+
+
+def _flag(data: dict[str, Any], key: str) -> bool:
+    """A boolean manifest key (absent = False); anything but true/false is a malformed manifest."""
+    value = data.get(key, False)
+    if not isinstance(value, bool):
+        raise BundleError(f"manifest key {key!r} must be true or false, got {value!r}")
+    return value
 
 
 def sha256_file(path: Path) -> str:
