@@ -16,6 +16,7 @@ from service.errors import UnsupportedFormatError
 
 STREAM_SIZE_UNKNOWN = 0xFFFFFFFF  # RIFF/data size of a WAV whose length is not known yet (streaming)
 OPUS_SAMPLE_RATE_HZ = 24_000  # libopus accepts 8/12/16/24/48 kHz only; 24 kHz is the nearest to 22,050
+DEFAULT_BITRATE_KBPS = 64  # MP3/Opus/AAC when the caller names none
 
 
 class AudioFormat(StrEnum):
@@ -35,13 +36,14 @@ class _Codec:
     codec: str
     media_type: str
     options: tuple[tuple[str, str], ...] = ()
+    lossy: bool = True  # takes a bitrate
 
 
 _CODECS: dict[AudioFormat, _Codec] = {
     AudioFormat.MP3: _Codec("mp3", "libmp3lame", "audio/mpeg"),
     # short Ogg pages so that a streamed Opus response starts playing within ~0.1 s
     AudioFormat.OPUS: _Codec("ogg", "libopus", "audio/ogg; codecs=opus", (("page_duration", "100000"),)),
-    AudioFormat.FLAC: _Codec("flac", "flac", "audio/flac"),
+    AudioFormat.FLAC: _Codec("flac", "flac", "audio/flac", lossy=False),
     AudioFormat.AAC: _Codec("adts", "aac", "audio/aac"),
 }
 
@@ -218,9 +220,15 @@ class _ByteSink:
 
 
 class CodecEncoder(_Rated):
-    """MP3 / Opus (Ogg) / FLAC / AAC (ADTS) through PyAV, encoded chunk by chunk."""
+    """MP3 / Opus (Ogg) / FLAC / AAC (ADTS) through PyAV, encoded chunk by chunk.
 
-    def __init__(self, fmt: AudioFormat, in_rate_hz: int, out_rate_hz: int) -> None:
+    `bitrate_kbps` applies to MP3, Opus and AAC (FLAC is lossless); encoders clamp it to what the codec allows
+    at the output rate (MP3 at 22,050 Hz: 160 kbit/s at most).
+    """
+
+    def __init__(
+        self, fmt: AudioFormat, in_rate_hz: int, out_rate_hz: int, bitrate_kbps: int = DEFAULT_BITRATE_KBPS
+    ) -> None:
         super().__init__(in_rate_hz, out_rate_hz)
         spec = _CODECS[fmt]
         self.media_type = spec.media_type
@@ -228,6 +236,8 @@ class CodecEncoder(_Rated):
         self._container = av.open(self._sink, mode="w", format=spec.container, options=dict(spec.options))
         stream = self._container.add_stream(spec.codec, rate=out_rate_hz, layout="mono")
         assert isinstance(stream, av.AudioStream)
+        if spec.lossy:
+            stream.bit_rate = bitrate_kbps * 1000
         self._stream = stream
         self._pts = 0
 
@@ -255,19 +265,23 @@ class CodecEncoder(_Rated):
             self._container.mux(packet)
 
 
-def make_encoder(fmt: AudioFormat, in_rate_hz: int, out_rate_hz: int) -> AudioEncoder:
-    """A fresh stream encoder for one response."""
+def make_encoder(
+    fmt: AudioFormat, in_rate_hz: int, out_rate_hz: int, bitrate_kbps: int = DEFAULT_BITRATE_KBPS
+) -> AudioEncoder:
+    """A fresh stream encoder for one response; `bitrate_kbps` is used by MP3, Opus and AAC only."""
     if fmt is AudioFormat.PCM:
         return PcmEncoder(in_rate_hz, out_rate_hz)
     if fmt is AudioFormat.WAV:
         return WavStreamEncoder(in_rate_hz, out_rate_hz)
-    return CodecEncoder(fmt, in_rate_hz, out_rate_hz)
+    return CodecEncoder(fmt, in_rate_hz, out_rate_hz, bitrate_kbps)
 
 
-def encode_complete(fmt: AudioFormat, audio: np.ndarray, in_rate_hz: int, out_rate_hz: int) -> bytes:
+def encode_complete(
+    fmt: AudioFormat, audio: np.ndarray, in_rate_hz: int, out_rate_hz: int, bitrate_kbps: int = DEFAULT_BITRATE_KBPS
+) -> bytes:
     """Encode a whole signal; WAV gets exact size fields, every other format is the stream encoding."""
     if fmt is AudioFormat.WAV:
         pcm = float_to_int16(resample(audio, in_rate_hz, out_rate_hz)).astype("<i2").tobytes()
         return wav_header(out_rate_hz, len(pcm) // 2) + pcm
-    encoder = make_encoder(fmt, in_rate_hz, out_rate_hz)
+    encoder = make_encoder(fmt, in_rate_hz, out_rate_hz, bitrate_kbps)
     return encoder.encode(audio) + encoder.finish()

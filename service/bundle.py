@@ -161,7 +161,7 @@ class Manifest:
         kind = "a test model" if self.test_model else "a benchmark model"
         return (
             f"{self.model} is {kind} with random weights: its audio is noise, not speech. "
-            "Export an official CosyVoice checkpoint for real speech (see the README)."
+            "Export and serve an official CosyVoice checkpoint for real speech (README: Serving the real model)."
         )
 
     def to_json(self) -> str:
@@ -191,14 +191,22 @@ class Manifest:
                 files=dict(data.get("files", {})),
                 exporter=dict(data.get("exporter", {})),
                 # bundles written before these keys existed say it in exporter.random_init
-                random_weights=bool(data.get("random_weights", data.get("exporter", {}).get("random_init") == "true")),
-                test_model=bool(data.get("test_model", False)),
+                random_weights=_flag(data, "random_weights", data.get("exporter", {}).get("random_init") == "true"),
+                test_model=_flag(data, "test_model"),
                 description=str(data.get("description", "")),
             )
         except BundleError:
             raise
         except (KeyError, TypeError, ValueError) as e:
             raise BundleError(f"manifest is malformed: {type(e).__name__}: {e}") from e
+
+
+def _flag(data: dict[str, Any], key: str, default: bool = False) -> bool:
+    """A boolean manifest key (absent = `default`); anything but true/false is a malformed manifest."""
+    value = data.get(key, default)
+    if not isinstance(value, bool):
+        raise BundleError(f"manifest key {key!r} must be true or false, got {value!r}")
+    return value
 
 
 def sha256_file(path: Path) -> str:

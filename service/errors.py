@@ -13,6 +13,7 @@ class ErrorCode(StrEnum):
     EMPTY_TEXT = "empty_text"
     UNKNOWN_SPEAKER = "unknown_speaker"
     UNSUPPORTED_FORMAT = "unsupported_format"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     UNKNOWN_MODEL = "unknown_model"
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN = "forbidden"
@@ -55,6 +56,12 @@ class UnknownSpeakerError(TTSError):
 
 class UnsupportedFormatError(TTSError):
     code = ErrorCode.UNSUPPORTED_FORMAT
+
+
+class UnsupportedMediaTypeError(TTSError):
+    """The request body is not in the media type the endpoint reads (e.g. a form body sent to a JSON endpoint)."""
+
+    code = ErrorCode.UNSUPPORTED_MEDIA_TYPE
 
 
 class UnknownModelError(TTSError):

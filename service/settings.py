@@ -112,6 +112,13 @@ class Settings(BaseSettings):
     openai_pcm_sample_rate_hz: Literal[22050, 24000] = Field(
         default=24000, description="Rate of `pcm` on /v1/audio/speech (OpenAI clients assume 24 kHz); /tts pcm stays 22,050 Hz."
     )
+    audio_bitrate_kbps: int = Field(
+        default=64,
+        ge=16,
+        le=160,
+        description="Bitrate of MP3, Opus and AAC output in kbit/s (part of the audio cache key). MP3 at 22,050 Hz "
+        "tops out at 160; the AAC encoder caps mono 22,050 Hz near 100.",
+    )
 
     # cache
     redis_url: SecretStr | None = Field(
@@ -138,6 +145,11 @@ class Settings(BaseSettings):
     )
     cors_allow_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Comma-separated origins allowed by CORS; empty = same origin only."
+    )
+    public_model_list: bool = Field(
+        default=True,
+        description="GET /v1/models, /v1/models/{id}, /v1/audio/models and /v1/audio/voices answer without an API key "
+        "(Open WebUI lists them without one); a wrong key still gets 401, and synthesis always needs a key.",
     )
 
     @field_validator("api_keys", "admin_api_keys", "trusted_proxies", "cors_allow_origins", mode="before")

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from service.audio import AudioFormat, encode_complete, make_encoder, media_type, output_sample_rate
+from service.audio import DEFAULT_BITRATE_KBPS, AudioFormat, encode_complete, make_encoder, media_type, output_sample_rate
 from service.cache import AudioCache, audio_cache_key
 from service.engine.synthesizer import AudioChunk, SynthesisOptions
 from service.errors import (
@@ -89,6 +89,7 @@ class SpeechRequest:
     engine_stream: bool = False  # stream inside a sentence too (first audio after the engine's first hop)
     chunked: bool = False  # deliver the response in pieces (else one complete file)
     pcm_rate_hz: int | None = None  # output rate of raw PCM; None = the model's
+    bitrate_kbps: int = DEFAULT_BITRATE_KBPS  # MP3/Opus/AAC only
     max_chars: int = 4096
     text_param: str = "text"  # request field names, for error messages
     speaker_param: str = "speaker"
@@ -298,7 +299,7 @@ class TTSService:
             text="\n".join(_key_text(s) for s in sentences),
             speaker=request.speaker,
             speed=request.speed,
-            fmt=f"{variant};n_timesteps={self.n_timesteps}",
+            fmt=f"{variant};n_timesteps={self.n_timesteps};kbps={request.bitrate_kbps}",
             sample_rate=rate,
             seed=request.seed,
             lexicon_version=lexicon_version,
@@ -395,7 +396,7 @@ class TTSService:
     def _produce(self, job: SpeechJob) -> list[bytes] | None:
         """Run the engine; returns the encoded pieces, or None when cancelled."""
         p, req, t = job.prepared, job.prepared.request, job.timings
-        encoder = make_encoder(req.fmt, self.sample_rate, p.sample_rate_hz) if req.chunked else None
+        encoder = make_encoder(req.fmt, self.sample_rate, p.sample_rate_hz, req.bitrate_kbps) if req.chunked else None
         pieces: list[bytes] = []
         audio: list[np.ndarray] = []
         spoken = [s for s in p.sentences if s.ids]  # a pure pause (leading silence) is not for the engine
@@ -420,7 +421,8 @@ class TTSService:
         if job.cancel_event.is_set():
             return None
         start = time.monotonic()
-        tail = encoder.finish() if encoder else encode_complete(req.fmt, _join(audio), self.sample_rate, p.sample_rate_hz)
+        rate_hz, kbps = p.sample_rate_hz, req.bitrate_kbps
+        tail = encoder.finish() if encoder else encode_complete(req.fmt, _join(audio), self.sample_rate, rate_hz, kbps)
         t.encode_s += time.monotonic() - start
         self._hand_over(job, tail, pieces)
         return pieces

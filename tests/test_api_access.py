@@ -48,9 +48,31 @@ def test_keys_are_required_on_synthesis_and_v1_but_not_on_health(keyed: TestClie
 def test_bearer_works_everywhere_and_x_api_key_outside_v1(keyed: TestClient) -> None:
     bearer, x_key = {"Authorization": f"Bearer {OTHER_KEY}"}, {"X-API-Key": OTHER_KEY}
     assert keyed.get("/v1/audio/voices", headers=bearer).status_code == 200
-    assert keyed.get("/v1/audio/voices", headers=x_key).status_code == 401, "OpenAI routes take Bearer only"
+    assert keyed.get("/v1/lexicon", headers=x_key).status_code == 401, "OpenAI routes take Bearer only"
     sft = keyed.request("GET", "/inference_sft", data={"tts_text": "你好", "spk_id": "中文女"}, headers=x_key)
     assert sft.status_code == 200
+
+
+LISTINGS = ["/v1/models", "/v1/models/tts-1", "/v1/audio/models", "/v1/audio/voices"]
+
+
+@pytest.mark.parametrize("path", LISTINGS)
+def test_model_and_voice_lists_are_public_by_default_but_synthesis_is_not(keyed: TestClient, path: str) -> None:
+    resp = keyed.get(path)
+    assert resp.status_code == 200, resp.text
+    assert keyed.get(path, headers={"Authorization": "Bearer not-a-valid-key"}).status_code == 401, "a wrong key is still wrong"
+    speech = keyed.post("/v1/audio/speech", json={"model": "tts-1", "input": "hi", "voice": "alloy"})
+    assert speech.status_code == 401 and speech.json()["error"]["code"] == "unauthorized"
+    assert keyed.get("/v1/lexicon").status_code == 401
+
+
+def test_model_and_voice_lists_need_a_key_when_not_public(tiny_bundle: Path) -> None:
+    settings = make_settings(tiny_bundle, api_keys=KEY, public_model_list=False)
+    with TestClient(create_app(settings)) as client:
+        for path in LISTINGS:
+            resp = client.get(path)
+            assert resp.status_code == 401 and resp.json()["error"]["code"] == "unauthorized", path
+            assert client.get(path, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200, path
 
 
 def test_rate_limit_is_per_key_with_retry_after(keyed: TestClient) -> None:

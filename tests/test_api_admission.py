@@ -159,7 +159,7 @@ def test_a_full_queue_is_refused_without_reading_the_body_with_the_error_table_b
     message = "all 1 synthesis slots are busy and the queue is full; retry shortly"
     for answer in (native, openai_shape, official):
         assert (answer.status, answer.headers["retry-after"], answer.body_read) == (503, "7", False)
-    assert native.json() == {"error": {"code": "overloaded", "message": message, "param": None}}
+    assert native.json() == {"error": {"code": "overloaded", "message": message, "type": "server_error", "param": None}}
     assert official.json() == native.json()
     assert openai_shape.json() == {"error": {"message": message, "type": "server_error", "param": None, "code": "overloaded"}}
     assert inner.seen == []

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from api_bundles import flagged_bundle
 from servers import AppServer, Chromium, DevToolsPage
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -16,7 +17,9 @@ TEXT = "你好，欢迎使用语音合成。今天天气很好，我们去公园
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory: pytest.TempPathFactory, tiny_bundle: Path) -> Iterator[AppServer]:
-    server = AppServer(tmp_path_factory.mktemp("browser-app"), tiny_bundle, {"TTS_RATE_LIMIT_PER_MINUTE": "0"})
+    """The tiny bundle with its manifest saying what it is (random weights, test model): the page shows a banner."""
+    bundle = flagged_bundle(tiny_bundle, tmp_path_factory.mktemp("browser-bundle") / "tiny", random_weights=True, test_model=True)
+    server = AppServer(tmp_path_factory.mktemp("browser-app"), bundle, {"TTS_RATE_LIMIT_PER_MINUTE": "0"})
     server.start()
     yield server
     server.stop()
@@ -30,7 +33,7 @@ def page(tmp_path_factory: pytest.TempPathFactory, app: AppServer) -> Iterator[D
     tab = chromium.page()
     try:
         tab.navigate(app.base_url + "/")
-        tab.wait_for("window.tts && window.tts.voicesLoaded", 20, "the voice list")
+        tab.wait_for("window.tts && window.tts.voicesLoaded && window.tts.info", 20, "the voice list and /info")
         yield tab
     finally:
         print("browser console:", tab.console)
@@ -61,11 +64,37 @@ def test_page_lists_the_bundle_voices(page: DevToolsPage) -> None:
     assert page.eval("document.getElementById('error').textContent") == ""
 
 
+def test_banner_warns_that_the_model_is_a_random_weight_test_model(page: DevToolsPage) -> None:
+    banner = page.eval(
+        "({hidden: document.getElementById('banner').hidden, text: document.getElementById('banner').textContent})"
+    )
+    assert not banner["hidden"] and "random weights" in banner["text"] and "noise" in banner["text"], banner
+
+
+def test_counter_shows_the_limit_and_speak_is_refused_over_it(page: DevToolsPage, repo_root: Path) -> None:
+    limit = page.eval("tts.maxChars")
+    assert limit == 4096
+    page.eval(f"(() => {{ const t = document.getElementById('text'); t.value = 'a'.repeat({limit + 3});"
+              " t.dispatchEvent(new Event('input')); })()")  # fmt: skip
+    state = page.eval(
+        "({count: document.getElementById('count').textContent, disabled: document.getElementById('speak').disabled})"
+    )
+    assert state["count"] == f"({limit + 3} / {limit} characters: 3 over the limit)" and state["disabled"], state
+    page.screenshot(repo_root / "test-artifacts" / "browser-over-limit.png")
+    choose(page, "wav")  # back to the normal text
+    assert page.eval("document.getElementById('count').textContent") == f"({len(TEXT)} / {limit} characters)"
+    assert page.eval("document.getElementById('speak').disabled") is False
+
+
 def test_streamed_wav_plays_through_web_audio_while_it_arrives(page: DevToolsPage, repo_root: Path) -> None:
     run = speak(page, "wav")
     page.wait_for(f"tts.runs === {run} && tts.scheduledSeconds > 0", 60, "the first scheduled samples")
-    partial = page.eval("({seconds: tts.scheduledSeconds, done: tts.done})")
+    partial = page.eval(
+        "({seconds: tts.scheduledSeconds, done: tts.done, progress: document.getElementById('progress').textContent})"
+    )
     assert not partial["done"], "the first audio was only scheduled once the whole response was in"
+    assert partial["progress"].startswith("Receiving: ") and " s of audio in " in partial["progress"], partial
+    page.screenshot(repo_root / "test-artifacts" / "browser-streaming.png")
     t1 = page.eval("tts.ctx.currentTime")
     time.sleep(0.6)
     t2 = page.eval("tts.ctx.currentTime")
@@ -99,12 +128,18 @@ def test_finished_file_plays_in_the_audio_element(page: DevToolsPage) -> None:
 
 
 def test_streamed_raw_pcm_plays_at_the_sample_rate_the_server_names(page: DevToolsPage) -> None:
+    assert page.eval("document.getElementById('player').src").startswith("blob:"), "the previous test left a wav clip"
     run = speak(page, "pcm")
+    # the new result replaces the old one at once: the previous wav clip is gone from the player
+    assert page.eval("document.getElementById('player').getAttribute('src')") is None
+    assert page.eval("document.getElementById('download').hidden") is True
     page.wait_for(f"tts.runs === {run} && (tts.done || tts.error)", 120, "the pcm response")
     state = page.eval("({error: tts.error, mode: tts.mode, bytes: tts.bytes, seconds: tts.scheduledSeconds})")
     assert state["error"] == "" and state["mode"] == "webaudio", state
     assert state["seconds"] == pytest.approx(state["bytes"] / 2 / 22050, abs=0.01)
     assert page.eval("document.getElementById('download').download") == "speech.pcm"
+    assert page.eval("document.getElementById('player').getAttribute('src')") is None, "pcm has no clip to show"
+    assert page.eval("document.getElementById('progress').textContent").startswith("Done: ")
 
 
 def test_mp3_streams_into_the_audio_element(page: DevToolsPage) -> None:

@@ -7,6 +7,7 @@ import base64
 import io
 import json
 import time
+import wave
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import av
 import numpy as np
 import pytest
 import requests
-from openai import OpenAI
+from openai import BadRequestError, OpenAI
 from servers import AppServer
 
 pytestmark = pytest.mark.integration
@@ -70,6 +71,24 @@ def test_openai_speech_create_every_format(client: OpenAI, fmt: str, reference_s
     assert len(samples) / rate == pytest.approx(reference_seconds, abs=CODEC_SLACK_S)
     assert np.abs(samples).max() > 0.01, "silence"
     assert rate in (22050, 24000, 48000)
+
+
+def test_openai_over_long_input_raises_bad_request_with_openai_envelope(client: OpenAI) -> None:
+    with pytest.raises(BadRequestError) as caught:
+        client.audio.speech.create(model="tts-1", voice="alloy", input="a" * 4097)
+    error = caught.value
+    assert error.status_code == 400 and error.code == "text_too_long" and error.param == "input"
+    assert error.type == "invalid_request_error" and "4096" in error.message
+
+
+def test_openai_wav_file_has_exact_sizes(client: OpenAI, tmp_path: Path) -> None:
+    out = tmp_path / "speech.wav"
+    response = client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format="wav")
+    response.write_to_file(out)
+    assert response.response.headers["content-disposition"] == 'inline; filename="speech.wav"'
+    with wave.open(str(out)) as w:
+        declared = w.getnframes()
+        assert declared == len(w.readframes(declared)) // 2 == (out.stat().st_size - 44) // 2 > 22050 * 0.3
 
 
 def test_openai_with_streaming_response_receives_audio_progressively(client: OpenAI) -> None:

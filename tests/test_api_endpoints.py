@@ -5,17 +5,22 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import struct
+import wave
 from collections.abc import Iterator
 from pathlib import Path
 
 import av
 import numpy as np
 import pytest
+from api_bundles import flagged_bundle
 from fastapi.testclient import TestClient
 
 from service.api import create_app
+from service.audio import AudioFormat
 from service.settings import Settings
+from service.tts import SpeechRequest
 
 FORMATS = ["wav", "pcm", "mp3", "opus", "flac", "aac"]
 TEXT = "你好，今天天气很好。"
@@ -24,6 +29,18 @@ TEXT = "你好，今天天气很好。"
 @pytest.fixture(scope="module")
 def client(tiny_bundle: Path) -> Iterator[TestClient]:
     settings = Settings(_env_file=None, model_dir=tiny_bundle, intra_op_threads=1, rate_limit_per_minute=0, max_chars=300)
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def flagged_client(tmp_path_factory: pytest.TempPathFactory, tiny_bundle: Path) -> Iterator[TestClient]:
+    """A second app: the tiny bundle with random_weights/test_model set in its manifest, and 128 kbit/s audio."""
+    flags = {"random_weights": True, "test_model": True, "description": "Tiny random-weight bundle for tests."}
+    bundle = flagged_bundle(tiny_bundle, tmp_path_factory.mktemp("flagged") / "tiny", **flags)
+    settings = Settings(
+        _env_file=None, model_dir=bundle, intra_op_threads=1, rate_limit_per_minute=0, max_chars=300, audio_bitrate_kbps=128
+    )
     with TestClient(create_app(settings)) as c:
         yield c
 
@@ -76,6 +93,43 @@ def test_models_list_our_id_and_the_openai_aliases(client: TestClient, tiny_bund
     assert missing.status_code == 404 and error_of(missing)["code"] == "unknown_model"
 
 
+def test_audio_models_serve_open_webui_and_openai_list_shapes(client: TestClient) -> None:
+    body = client.get("/v1/audio/models").json()
+    ids = [m["id"] for m in client.get("/v1/models").json()["data"]]
+    assert body["object"] == "list" and [m["id"] for m in body["data"]] == ids
+    assert body["models"] == [{"id": i, "name": i} for i in ids], "Open WebUI reads models[].id"
+    assert all(m["object"] == "model" for m in body["data"])
+
+
+def test_a_trained_bundle_carries_no_warning(tmp_path: Path, tiny_bundle: Path) -> None:
+    flags = {"random_weights": False, "test_model": False, "model": "CosyVoice-300M-SFT"}
+    bundle = flagged_bundle(tiny_bundle, tmp_path / "trained", **flags)
+    settings = Settings(_env_file=None, model_dir=bundle, intra_op_threads=1, rate_limit_per_minute=0)  # type: ignore[call-arg]
+    with TestClient(create_app(settings)) as trained:
+        info = trained.get("/info").json()
+        card = trained.get("/v1/models").json()["data"][0]
+    assert (info["random_weights"], info["test_model"], info["warning"]) == (False, False, None)
+    assert (card["random_weights"], card["test_model"], card["warning"]) == (False, False, None)
+
+
+def test_the_committed_tiny_bundle_says_it_is_noise(client: TestClient) -> None:
+    info = client.get("/info").json()
+    assert info["random_weights"] and info["test_model"] and "noise" in info["warning"]
+    assert info["model"] == "CosyVoice-300M-SFT-tiny-random"
+    assert client.get("/v1/models").json()["data"][0]["warning"] == info["warning"]
+
+
+def test_a_random_weight_test_bundle_says_so_everywhere(flagged_client: TestClient) -> None:
+    info = flagged_client.get("/info").json()
+    assert info["random_weights"] is True and info["test_model"] is True
+    assert "random weights" in info["warning"] and "noise" in info["warning"]
+    for path in ("/v1/models", "/v1/audio/models"):
+        cards = flagged_client.get(path).json()["data"]
+        assert cards and all(c["random_weights"] and c["test_model"] and c["warning"] == info["warning"] for c in cards)
+        assert cards[0]["description"] == "Tiny random-weight bundle for tests."
+    assert flagged_client.get("/v1/models/tts-1").json()["test_model"] is True
+
+
 def test_voices_are_the_bundle_speakers_in_open_webui_shape(client: TestClient, tiny_bundle: Path) -> None:
     body = client.get("/v1/audio/voices").json()
     assert body == {"voices": [{"id": s, "name": s} for s in speakers_of(tiny_bundle)]}
@@ -84,7 +138,8 @@ def test_voices_are_the_bundle_speakers_in_open_webui_shape(client: TestClient, 
 def test_info_describes_model_speakers_and_limits(client: TestClient, tiny_bundle: Path) -> None:
     info = client.get("/info").json()
     assert info["speakers"] == speakers_of(tiny_bundle) and info["sample_rate_hz"] == 22050
-    assert info["formats"] == FORMATS and info["max_chars"] == 300
+    assert info["formats"] == FORMATS and info["max_chars"] == 300 and info["openai_max_chars"] == 300
+    assert info["audio_bitrate_kbps"] == 64
     assert info["openai_voices"]["alloy"] in info["speakers"] and info["normalizer"]
 
 
@@ -95,9 +150,23 @@ def test_web_page_is_served_without_external_resources(client: TestClient) -> No
     assert "https://" not in page.text and "http://" not in page.text, "the page must not load anything from a CDN"
 
 
+def test_docs_are_served_offline(client: TestClient) -> None:
+    page = client.get("/docs")
+    assert page.status_code == 200 and "SwaggerUIBundle" in page.text
+    assert "https://" not in page.text and "http://" not in page.text, "the docs page must not load anything from a CDN"
+    assets = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert {"docs/assets/swagger-ui-bundle.js", "docs/assets/swagger-ui.css"} <= set(assets)
+    for asset in assets:
+        resp = client.get("/" + asset)
+        assert resp.status_code == 200 and len(resp.content) > 100, asset
+    assert "javascript" in client.get("/docs/assets/swagger-ui-bundle.js").headers["content-type"]
+    assert client.get("/redoc").status_code == 404, "ReDoc exists only as a CDN script"
+
+
 def test_openapi_documents_the_public_endpoints(client: TestClient) -> None:
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/tts", "/v1/audio/speech", "/v1/models", "/v1/audio/voices", "/inference_sft", "/healthz", "/readyz"} <= set(paths)
+    assert "/v1/audio/models" in paths
     assert set(paths["/inference_sft"]) == {"get", "post"}
 
 
@@ -145,6 +214,78 @@ def test_tts_stream_is_chunked_wav_with_a_streaming_header(client: TestClient) -
     assert resp.headers["x-accel-buffering"] == "no"
     assert resp.content[4:8] == b"\xff\xff\xff\xff" and resp.content[40:44] == b"\xff\xff\xff\xff"
     assert decoded_seconds(resp.content, "wav", 22050) == pytest.approx((len(resp.content) - 44) / 2 / 22050, abs=1e-3)
+
+
+def wave_frames(data: bytes) -> tuple[int, int]:
+    """(frames the header declares, frames really in the body), read with Python's wave module."""
+    with wave.open(io.BytesIO(data)) as w:
+        declared = w.getnframes()
+        return declared, len(w.readframes(declared)) // (w.getsampwidth() * w.getnchannels())
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/tts", {"text": TEXT, "seed": 31}),
+        ("/tts", {"text": TEXT, "seed": 31, "stream": False}),
+        ("/v1/audio/speech", {"model": "tts-1", "input": TEXT, "voice": "alloy", "response_format": "wav", "seed": 31}),
+        ("/v1/audio/speech", {"model": "tts-1", "input": TEXT, "voice": "alloy", "response_format": "wav", "stream": False}),
+    ],
+)
+def test_a_wav_that_is_not_streamed_has_exact_sizes(client: TestClient, path: str, body: dict[str, object]) -> None:
+    resp = client.post(path, json=body)
+    assert resp.status_code == 200 and int(resp.headers["content-length"]) == len(resp.content)
+    declared, real = wave_frames(resp.content)
+    assert declared == real == (len(resp.content) - 44) // 2 and real > 22050 * 0.3
+    assert struct.unpack("<I", resp.content[4:8])[0] == len(resp.content) - 8
+
+
+def test_a_streamed_v1_wav_keeps_the_streaming_header(client: TestClient) -> None:
+    body = {"model": "tts-1", "input": TEXT, "voice": "alloy", "response_format": "wav", "stream": True}
+    resp = client.post("/v1/audio/speech", json=body)
+    assert "content-length" not in resp.headers and resp.content[40:44] == b"\xff\xff\xff\xff"
+
+
+@pytest.mark.parametrize(
+    ("path", "kwargs", "filename"),
+    [
+        ("/tts", {"json": {"text": "你好。", "format": "flac"}}, "speech.flac"),
+        ("/tts", {"json": {"text": "你好。", "stream": True}}, "speech.wav"),
+        ("/v1/audio/speech", {"json": {"model": "tts-1", "input": "Hi.", "voice": "alloy"}}, "speech.mp3"),
+        (
+            "/v1/audio/speech",
+            {"json": {"model": "tts-1", "input": "Hi.", "voice": "alloy", "response_format": "opus"}},
+            "speech.opus",
+        ),
+        ("/inference_sft", {"data": {"tts_text": "你好。", "spk_id": "中文女"}}, "speech.pcm"),
+    ],
+)
+def test_audio_responses_name_a_file(client: TestClient, path: str, kwargs: dict[str, object], filename: str) -> None:
+    resp = client.post(path, **kwargs)  # type: ignore[arg-type]
+    assert resp.status_code == 200
+    assert resp.headers["content-disposition"] == f'inline; filename="{filename}"'
+
+
+def test_bitrate_setting_sets_the_encoded_bitrate(client: TestClient, flagged_client: TestClient) -> None:
+    """Same text and seed at the default 64 kbit/s and at 128: PyAV reads each MP3 stream's bitrate back."""
+    body = {"model": "tts-1", "input": TEXT, "voice": "alloy", "seed": 8, "response_format": "mp3"}
+    sizes = {}
+    for kbps, c in ((64, client), (128, flagged_client)):
+        data = c.post("/v1/audio/speech", json=body).content
+        with av.open(io.BytesIO(data)) as container:
+            assert container.streams.audio[0].bit_rate == kbps * 1000
+        sizes[kbps] = len(data)
+    assert sizes[128] > 1.8 * sizes[64]
+    for fmt in ("opus", "aac"):
+        low = client.post("/tts", json={"text": TEXT, "seed": 8, "format": fmt}).content
+        high = flagged_client.post("/tts", json={"text": TEXT, "seed": 8, "format": fmt}).content
+        assert len(high) > 1.3 * len(low), fmt
+
+
+def test_bitrate_is_part_of_the_cache_key(client: TestClient) -> None:
+    service = client.app.state.tts.service  # type: ignore[attr-defined]
+    keys = {service.prepare(SpeechRequest("你好。", "中文女", AudioFormat.MP3, bitrate_kbps=k)).cache_key for k in (64, 96)}
+    assert len(keys) == 2
 
 
 def test_speed_changes_the_duration(client: TestClient) -> None:
@@ -221,6 +362,7 @@ def test_inference_sft_takes_form_fields_and_returns_raw_pcm(client: TestClient,
         ("/v1/audio/speech", {"model": "tts-1", "input": "hi", "voice": "nobody"}, 400, "unknown_speaker", "voice"),
         ("/v1/audio/speech", {"model": "tts-9", "input": "hi", "voice": "alloy"}, 404, "unknown_model", "model"),
         ("/v1/audio/speech", {"model": "tts-1", "input": "", "voice": "alloy"}, 400, "empty_text", "input"),
+        ("/v1/audio/speech", {"model": "tts-1", "input": "a" * 301, "voice": "alloy"}, 400, "text_too_long", "input"),
     ],
 )
 def test_errors_use_the_status_table_and_envelopes(
@@ -230,8 +372,31 @@ def test_errors_use_the_status_table_and_envelopes(
     assert resp.status_code == status, resp.text
     err = error_of(resp)
     assert (err["code"], err["param"]) == (code, param) and err["message"]
-    if path.startswith("/v1/"):
-        assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
+    assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("path", ["/tts", "/v1/audio/speech"])
+def test_malformed_json_names_line_and_column(client: TestClient, path: str) -> None:
+    resp = client.post(
+        path, content=b'{\n  "text": "hi",\n  "input": "hi"\n  "voice": "alloy"}', headers={"content-type": "application/json"}
+    )
+    assert resp.status_code == 400
+    err = error_of(resp)
+    assert err["message"] == "invalid JSON at line 4, column 3: Expecting ',' delimiter"
+    assert err["param"] is None and err["code"] == "invalid_input"
+
+
+@pytest.mark.parametrize("path", ["/tts", "/v1/audio/speech"])
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain"])
+def test_a_body_that_is_not_json_gets_415_saying_what_to_send(client: TestClient, path: str, content_type: str) -> None:
+    resp = client.post(path, content=b"text=hi&input=hi", headers={"content-type": content_type})
+    assert resp.status_code == 415
+    err = error_of(resp)
+    assert err["code"] == "unsupported_media_type" and "Content-Type: application/json" in err["message"]
+    ok = client.post(
+        "/tts", content=json.dumps({"text": "你好。"}).encode(), headers={"content-type": "application/json; charset=utf-8"}
+    )
+    assert ok.status_code == 200
 
 
 def test_unknown_spk_id_is_json_before_any_audio(client: TestClient) -> None:

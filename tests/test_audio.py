@@ -182,3 +182,42 @@ def test_streamed_codec_output_arrives_progressively() -> None:
         sizes = [len(enc.encode(audio[i : i + 11025])) for i in range(0, len(audio), 11025)]
         tail = len(enc.finish())
         assert sum(sizes[:-1]) > tail, f"{fmt}: nothing streamed before finish: {sizes} + {tail}"
+
+
+def noisy(seconds: float, rate: int = MODEL_RATE) -> np.ndarray:
+    """A tone plus noise: enough entropy that a lossy encoder uses the bitrate it is given."""
+    rng = np.random.default_rng(3)
+    return (tone(seconds, rate) + 0.1 * rng.standard_normal(int(seconds * rate))).astype(np.float32)
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_mp3_bitrate_is_the_one_asked_for(streamed: bool) -> None:
+    audio, sizes = noisy(3.0), {}
+    for kbps in (32, 64, 128, 160):
+        if streamed:
+            encoder = make_encoder(AudioFormat.MP3, MODEL_RATE, MODEL_RATE, kbps)
+            data = encoder.encode(audio[:30000]) + encoder.encode(audio[30000:]) + encoder.finish()
+        else:
+            data = encode_complete(AudioFormat.MP3, audio, MODEL_RATE, MODEL_RATE, kbps)
+        with av.open(io.BytesIO(data)) as container:
+            assert container.streams.audio[0].bit_rate == kbps * 1000
+        sizes[kbps] = len(data)
+    # CBR: the size is the bitrate times the duration (plus a little framing)
+    assert sizes[160] / sizes[32] == pytest.approx(5.0, rel=0.05)
+
+
+@pytest.mark.parametrize(("fmt", "out_rate"), [(AudioFormat.OPUS, OPUS_SAMPLE_RATE_HZ), (AudioFormat.AAC, MODEL_RATE)])
+def test_opus_and_aac_grow_with_the_bitrate(fmt: AudioFormat, out_rate: int) -> None:
+    audio = noisy(3.0)
+    low, high = (encode_complete(fmt, audio, MODEL_RATE, out_rate, kbps) for kbps in (32, 96))
+    assert len(high) > 2 * len(low)
+    with av.open(io.BytesIO(high)) as container:
+        measured = container.bit_rate  # the container's estimate: bytes over duration
+    assert measured == pytest.approx(96_000, rel=0.2)
+
+
+def test_flac_ignores_the_bitrate() -> None:
+    audio = tone(1.0)
+    assert encode_complete(AudioFormat.FLAC, audio, MODEL_RATE, MODEL_RATE, 16) == encode_complete(
+        AudioFormat.FLAC, audio, MODEL_RATE, MODEL_RATE, 160
+    )

@@ -17,6 +17,7 @@ from service.api.admission import AdmissionMiddleware, synthesis_routes
 from service.api.auth import ApiKeys
 from service.api.bodylimit import BodyLimitMiddleware
 from service.api.deps import AppState
+from service.api.docs import install_docs
 from service.api.errors import install_error_handlers
 from service.api.metrics import Metrics, RequestMetricsMiddleware
 from service.api.ratelimit import ClientIdentity, RateLimit
@@ -71,6 +72,8 @@ def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader 
         summary="CosyVoice-300M-SFT text-to-speech on ONNX Runtime (CPU)",
         version="0.1.0",
         lifespan=lifespan,
+        docs_url=None,  # install_docs serves Swagger UI from local files
+        redoc_url=None,  # ReDoc only exists as a CDN script
     )
     app.state.tts = state
     install_error_handlers(app)
@@ -86,6 +89,7 @@ def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader 
     for router in routers:
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static")
+    install_docs(app)
     return app
 
 

@@ -29,9 +29,14 @@ class ApiKeys:
     def enabled(self) -> bool:
         return bool(self._users)
 
-    def check(self, request: Request) -> None:
-        """Raise UnauthorizedError unless the request carries a configured key in an accepted header."""
-        if self.enabled and not _matches(self._presented(request), self._digests):
+    def check(self, request: Request, *, anonymous_ok: bool = False) -> None:
+        """Raise UnauthorizedError unless the request carries a configured key in an accepted header.
+
+        `anonymous_ok`: a request without any key passes (public listings); a key that is sent must still be valid.
+        """
+        if not self.enabled or (anonymous_ok and not self._sent_key(request)):
+            return
+        if not _matches(self._presented(request), self._digests):
             raise UnauthorizedError("the API key is not valid")
 
     def check_admin(self, request: Request) -> None:
@@ -46,13 +51,17 @@ class ApiKeys:
         raise UnauthorizedError("the API key is not valid")
 
     @staticmethod
-    def _presented(request: Request) -> bytes:
+    def _sent_key(request: Request) -> str | None:
+        """The key in the header this route accepts (Bearer on /v1/*, Bearer or X-API-Key elsewhere), if any."""
+        return _bearer(request) if request.url.path.startswith(OPENAI_PREFIX) else presented_key(request)
+
+    @classmethod
+    def _presented(cls, request: Request) -> bytes:
         """sha256 of the key in the accepted header; UnauthorizedError when there is none."""
+        key = cls._sent_key(request)
         if request.url.path.startswith(OPENAI_PREFIX):
-            key = _bearer(request)
             where = "an `Authorization: Bearer <key>` header"
         else:
-            key = presented_key(request)
             where = "an `Authorization: Bearer <key>` or `X-API-Key: <key>` header"
         if not key:
             raise UnauthorizedError(f"an API key is required: send {where}")

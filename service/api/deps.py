@@ -13,7 +13,7 @@ from service.api.metrics import Metrics
 from service.api.ratelimit import RateLimit
 from service.bundle import ModelBundle
 from service.cache import RedisLexiconStore
-from service.errors import NotFoundError, NotReadyError, ShuttingDownError
+from service.errors import NotFoundError, NotReadyError, ShuttingDownError, UnsupportedMediaTypeError
 from service.frontend import Lexicon, TextFrontend
 from service.settings import Settings
 from service.tts import TTSService
@@ -93,6 +93,26 @@ async def require_api_key(request: Request, state: StateDep) -> None:
     state.keys.check(request)
 
 
+async def require_listing_key(request: Request, state: StateDep) -> None:
+    """Model and voice lists: like require_api_key, but a request without a key passes while
+    TTS_PUBLIC_MODEL_LIST is on (Open WebUI fetches them without one). A wrong key is still a 401."""
+    state.keys.check(request, anonymous_ok=state.settings.public_model_list)
+
+
+async def require_json_body(request: Request) -> None:
+    """415 unless the body is declared JSON. Runs before the body is validated, so a form body (curl -d without
+    a Content-Type header) gets a message that says what to send instead of a list of missing fields."""
+    declared = request.headers.get("content-type")
+    if declared is None:
+        return  # FastAPI reads an undeclared body as JSON
+    media = declared.split(";", 1)[0].strip().lower()
+    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        return
+    raise UnsupportedMediaTypeError(
+        f"the request body must be JSON: send `Content-Type: application/json` (this request declared {media[:100]!r})"
+    )
+
+
 def enforce_rate_limit(request: Request, state: StateDep) -> None:
     """429 with Retry-After when the caller's bucket is empty (a sync def: runs off the event loop)."""
     state.rate_limit.check(request)
@@ -100,4 +120,6 @@ def enforce_rate_limit(request: Request, state: StateDep) -> None:
 
 AUTHENTICATED = [Depends(require_api_key)]
 ADMIN = [Depends(require_admin_key)]
+LISTING = [Depends(require_listing_key)]
+JSON_BODY = [Depends(require_json_body)]
 SYNTHESIS_GUARDS = [Depends(require_api_key), Depends(enforce_rate_limit)]

@@ -30,6 +30,7 @@ STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.EMPTY_TEXT: (400, "invalid_request_error"),
     ErrorCode.UNKNOWN_SPEAKER: (400, "invalid_request_error"),
     ErrorCode.UNSUPPORTED_FORMAT: (400, "invalid_request_error"),
+    ErrorCode.UNSUPPORTED_MEDIA_TYPE: (415, "invalid_request_error"),
     ErrorCode.TEXT_TOO_LONG: (413, "invalid_request_error"),
     ErrorCode.UNKNOWN_MODEL: (404, "invalid_request_error"),
     ErrorCode.NOT_FOUND: (404, "invalid_request_error"),
@@ -44,6 +45,12 @@ STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.ENGINE_FAILURE: (500, "server_error"),
 }
 
+# OpenAI's own endpoints answer like OpenAI: over-long input is a 400 invalid_request_error (openai-python
+# raises BadRequestError for it; a 413 would surface as a bare APIStatusError). Our /v1 extensions
+# (lexicon, normalize) and the native routes keep the table above.
+OPENAI_ENDPOINTS = ("/v1/audio/", "/v1/models")
+OPENAI_STATUS: dict[ErrorCode, int] = {ErrorCode.TEXT_TOO_LONG: 400}
+
 # Framework-raised HTTP errors (unknown path, wrong method, ...) keep their status and get the nearest code.
 _HTTP_STATUS_CODES: dict[int, ErrorCode] = {401: ErrorCode.UNAUTHORIZED, 403: ErrorCode.FORBIDDEN, 404: ErrorCode.NOT_FOUND}
 
@@ -54,22 +61,28 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         400: "Invalid input (unknown speaker, bad format, bad speed, malformed body, ...)",
         401: "Missing or wrong API key",
         404: "Unknown model",
-        413: "Text or body too large",
+        413: "Text or body too large (400 on /v1/audio/speech, as OpenAI answers)",
+        415: "The body is not JSON: send `Content-Type: application/json`",
         429: "Rate limit exceeded (Retry-After)",
         503: "Queue full or not ready (Retry-After)",
     }.items()
 }
 
 
-def status_of(error: TTSError) -> int:
+def status_of(error: TTSError, path: str = "") -> int:
+    """HTTP status of `error` on `path`: the table, with OpenAI's statuses on OpenAI's own endpoints."""
+    if path.startswith(OPENAI_ENDPOINTS) and error.code in OPENAI_STATUS:
+        return OPENAI_STATUS[error.code]
     return STATUS[error.code][0]
 
 
 def error_body(path: str, code: ErrorCode, message: str, param: str | None = None) -> dict[str, Any]:
-    """OpenAI's envelope on /v1/*, `{"error": {"code", "message", "param"}}` elsewhere."""
+    """`{"error": {"message", "type", "param", "code"}}`: OpenAI's envelope on /v1/*, the same four fields elsewhere
+    (`code` first there, as before `type` was added)."""
+    kind = STATUS[code][1]
     if path.startswith(OPENAI_PREFIX):
-        return {"error": {"message": message, "type": STATUS[code][1], "param": param, "code": code.value}}
-    return {"error": {"code": code.value, "message": message, "param": param}}
+        return {"error": {"message": message, "type": kind, "param": param, "code": code.value}}
+    return {"error": {"code": code.value, "message": message, "type": kind, "param": param}}
 
 
 def error_headers(error: TTSError) -> dict[str, str]:
@@ -87,12 +100,12 @@ def error_headers(error: TTSError) -> dict[str, str]:
 def error_response(path: str, error: TTSError) -> JSONResponse:
     """The JSON response for a typed error."""
     body = error_body(path, error.code, error.message, error.param)
-    return JSONResponse(body, status_code=status_of(error), headers=error_headers(error))
+    return JSONResponse(body, status_code=status_of(error, path), headers=error_headers(error))
 
 
 async def _on_tts_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, TTSError)
-    if status_of(exc) >= 500:
+    if status_of(exc, request.url.path) >= 500:
         log.error("%s %s -> %s: %s", request.method, request.url.path, exc.code.value, exc.message)
     return error_response(request.url.path, exc)
 
@@ -101,10 +114,24 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
     assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
     first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        return error_response(request.url.path, _json_error(first, exc.body))
     loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "form", "path")]
     param = ".".join(loc) or None
     detail = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}" for e in errors[:5])
     return error_response(request.url.path, InvalidInputError(f"invalid request: {detail}", param=param))
+
+
+def _json_error(error: dict[str, Any], document: object) -> InvalidInputError:
+    """The body is not valid JSON: say where (line and column, 1-based, as Python's json module counts)."""
+    reason = str(error.get("ctx", {}).get("error", "invalid JSON"))
+    loc = error.get("loc", ())
+    pos = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else None
+    if pos is None or not isinstance(document, str):
+        return InvalidInputError(f"invalid JSON: {reason}")
+    line = document.count("\n", 0, pos) + 1
+    column = pos - document.rfind("\n", 0, pos)
+    return InvalidInputError(f"invalid JSON at line {line}, column {column}: {reason}")
 
 
 async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:

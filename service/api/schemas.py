@@ -69,6 +69,12 @@ class SpeechBody(BaseModel):
         None, max_length=OPENAI_MAX_INPUT_CHARS, description="Accepted and ignored: this model has no instruction control."
     )
     stream_format: Literal["audio", "sse"] = Field("audio", description="`sse`: speech.audio.delta / speech.audio.done events.")
+    stream: bool | None = Field(
+        None,
+        description="Extension (not in OpenAI's API): `true` sends audio as it is synthesized (chunked; WAV gets a "
+        "streaming header with unknown sizes), `false` sends the whole file with Content-Length and exact WAV sizes. "
+        "Default: WAV whole, every other format streamed. `stream_format=sse` always streams.",
+    )
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="Extension (not in OpenAI's API): same seed, same audio.")
 
     @property
@@ -76,16 +82,41 @@ class SpeechBody(BaseModel):
         return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
 
 
-class ModelCard(BaseModel):
+class ModelFacts(BaseModel):
+    """What the served bundle says about itself (its manifest); every model id is served by the same bundle."""
+
+    random_weights: bool = Field(default=False, description="The weights are random: the audio is noise, not speech.")
+    test_model: bool = Field(default=False, description="A miniature model for tests and CI, not the real CosyVoice-300M-SFT.")
+    warning: str | None = Field(default=None, description="Set when either flag is true: what that means for a listener.")
+
+
+class ModelCard(ModelFacts):
+    """OpenAI's model object, plus the served bundle's facts (extra fields are allowed in OpenAI's list)."""
+
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str
+    description: str = Field("", description="The bundle's own one-line description (manifest.json).")
 
 
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class AudioModel(BaseModel):
+    id: str
+    name: str
+
+
+class AudioModelList(BaseModel):
+    """GET /v1/audio/models: the TTS models in two shapes at once. Open WebUI reads `models` (`[{"id", "name"}]`);
+    OpenAI-style clients read `object` + `data` (model objects, as GET /v1/models)."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+    models: list[AudioModel]
 
 
 class Voice(BaseModel):
@@ -108,7 +139,7 @@ class Readiness(BaseModel):
     detail: str | None = None
 
 
-class ServiceInfo(BaseModel):
+class ServiceInfo(ModelFacts):
     model: str
     sample_rate_hz: int
     speakers: list[str]
@@ -117,6 +148,8 @@ class ServiceInfo(BaseModel):
     openai_voices: dict[str, str]
     openai_pcm_sample_rate_hz: int
     max_chars: int
+    openai_max_chars: int = Field(description="Longest `input` of /v1/audio/speech (at most 4096, and TTS_MAX_CHARS).")
+    audio_bitrate_kbps: int = Field(description="Bitrate of MP3, Opus and AAC output.")
     normalizer: dict[str, str]
 
 

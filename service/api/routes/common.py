@@ -1,4 +1,4 @@
-"""Helpers shared by the synthesis routes: submit off the event loop, response headers, audio response docs."""
+"""Helpers shared by the routes: submit off the event loop, response headers, model facts, audio response docs."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from typing import Any
 
 import anyio
 
+from service.api.deps import AppState
+from service.api.schemas import OPENAI_MAX_INPUT_CHARS, ModelFacts
 from service.audio import AudioFormat, media_type
 from service.tts import SpeechJob, SpeechRequest, TTSService
 
@@ -20,6 +22,26 @@ async def submit(service: TTSService, request: SpeechRequest) -> SpeechJob:
 def job_headers(job: SpeechJob) -> dict[str, str]:
     """X-Cache (hit/miss) and X-Sample-Rate (Hz of the audio in the body)."""
     return {"X-Cache": "hit" if job.cache_hit else "miss", "X-Sample-Rate": str(job.prepared.sample_rate_hz)}
+
+
+def audio_headers(job: SpeechJob) -> dict[str, str]:
+    """job_headers plus a file name. `inline`: a browser opening the URL plays the audio (the web page's player
+    too), while "save as" and `curl -OJ` still get `speech.<format>`."""
+    filename = f"speech.{job.prepared.request.fmt.value}"
+    return job_headers(job) | {"Content-Disposition": f'inline; filename="{filename}"'}
+
+
+def openai_max_chars(state: AppState) -> int:
+    """Longest `input` of /v1/audio/speech: OpenAI's 4096, or TTS_MAX_CHARS when that is lower."""
+    return min(OPENAI_MAX_INPUT_CHARS, state.settings.max_chars)
+
+
+def model_facts(state: AppState) -> ModelFacts:
+    """The served bundle's random-weight / test-model flags, with the manifest's warning sentence when either is set."""
+    manifest = state.bundle.manifest if state.bundle else None
+    if manifest is None or manifest.warning is None:
+        return ModelFacts()
+    return ModelFacts(random_weights=manifest.random_weights, test_model=manifest.test_model, warning=manifest.warning)
 
 
 def audio_responses(model_rate_hz: int = 22050) -> dict[int | str, dict[str, Any]]:

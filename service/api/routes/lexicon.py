@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query
 
-from service.api.deps import ADMIN, AUTHENTICATED, FrontendDep, LexiconDep, StateDep
+from service.api.deps import ADMIN, AUTHENTICATED, JSON_BODY, FrontendDep, LexiconDep, StateDep
 from service.api.schemas import (
     OPENAI_MAX_INPUT_CHARS,
     LexiconDeleted,
@@ -36,6 +36,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         403: "A valid key that is not an admin key (writes)",
         404: "No such entry",
         413: "Text too long",
+        415: "The body is not JSON: send `Content-Type: application/json`",
         503: "Not ready, or the shared lexicon store (Redis) is down for writes (Retry-After)",
     }.items()
 }
@@ -61,7 +62,11 @@ def get_entry(word: Word, lexicon: LexiconDep) -> LexiconWord:
 
 
 @router.put(
-    "/lexicon/{word}", dependencies=ADMIN, response_model=LexiconWord, responses=_ERRORS, summary="Add or replace an entry"
+    "/lexicon/{word}",
+    dependencies=[*ADMIN, *JSON_BODY],
+    response_model=LexiconWord,
+    responses=_ERRORS,
+    summary="Add or replace an entry",
 )
 def put_entry(word: Word, body: LexiconPut, lexicon: LexiconDep) -> LexiconWord:
     """Validated (one known syllable with tone 1-5 per character); every replica uses it from its next request,
@@ -92,7 +97,11 @@ def normalize_get(
 
 
 @router.post(
-    "/normalize", dependencies=AUTHENTICATED, response_model=NormalizeResult, responses=_ERRORS, summary="What will be spoken"
+    "/normalize",
+    dependencies=[*AUTHENTICATED, *JSON_BODY],
+    response_model=NormalizeResult,
+    responses=_ERRORS,
+    summary="What will be spoken",
 )
 def normalize_post(frontend: FrontendDep, state: StateDep, body: NormalizeBody) -> NormalizeResult:
     return _normalize(frontend, body.text, min(OPENAI_MAX_INPUT_CHARS, state.settings.max_chars))

@@ -1,25 +1,34 @@
-"""OpenAI-compatible routes: POST /v1/audio/speech, GET /v1/models, GET /v1/audio/voices."""
+"""OpenAI-compatible routes: POST /v1/audio/speech, GET /v1/models, /v1/audio/models, /v1/audio/voices."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from service.api.deps import AUTHENTICATED, SYNTHESIS_GUARDS, AppState, ServiceDep, StateDep
+from service.api.deps import JSON_BODY, LISTING, SYNTHESIS_GUARDS, AppState, ServiceDep, StateDep
 from service.api.errors import ERROR_RESPONSES
-from service.api.routes.common import INSTRUCTIONS_WARNING, audio_responses, job_headers, submit
+from service.api.routes.common import (
+    INSTRUCTIONS_WARNING,
+    audio_headers,
+    audio_responses,
+    job_headers,
+    model_facts,
+    openai_max_chars,
+    submit,
+)
 from service.api.schemas import (
-    OPENAI_MAX_INPUT_CHARS,
     OPENAI_MODEL_ALIASES,
     OPENAI_VOICES,
+    AudioModel,
+    AudioModelList,
     ModelCard,
     ModelList,
     SpeechBody,
     Voice,
     VoiceList,
 )
-from service.api.streaming import chunked_response, sse_response
-from service.audio import parse_format
+from service.api.streaming import chunked_response, sse_response, whole_response
+from service.audio import AudioFormat, parse_format
 from service.errors import UnknownModelError, UnknownSpeakerError
 from service.tts import SpeechRequest
 
@@ -42,56 +51,89 @@ def model_ids(state: AppState) -> list[str]:
     return [state.model_id, *OPENAI_MODEL_ALIASES]
 
 
+def streamed(body: SpeechBody, fmt: AudioFormat) -> bool:
+    """Chunked unless the caller says `stream: false`; WAV defaults to the whole file so its header has exact sizes."""
+    if body.stream_format == "sse":
+        return True
+    return body.stream if body.stream is not None else fmt is not AudioFormat.WAV
+
+
 @router.post(
     "/audio/speech",
-    dependencies=SYNTHESIS_GUARDS,
+    dependencies=[*SYNTHESIS_GUARDS, *JSON_BODY],
     response_class=Response,
     responses={**audio_responses(), **ERROR_RESPONSES},
-    summary="OpenAI text-to-speech (always streamed; `stream_format=sse` for events)",
+    summary="OpenAI text-to-speech (streamed, except WAV; `stream_format=sse` for events)",
 )
 async def speech(request: Request, body: SpeechBody, service: ServiceDep, state: StateDep) -> Response:
     """OpenAI's contract. `pcm` is int16 mono at TTS_OPENAI_PCM_SAMPLE_RATE_HZ (24,000 Hz by default,
-    resampled from the model's 22,050 Hz, as OpenAI clients assume); `instructions` is ignored."""
+    resampled from the model's 22,050 Hz, as OpenAI clients assume); `instructions` is ignored.
+    Over-long `input` is a 400 `text_too_long`, as OpenAI answers."""
     if body.model not in model_ids(state):
         raise UnknownModelError(
             f"the model {body.model!r} does not exist; use one of {', '.join(model_ids(state))}", param="model"
         )
+    fmt = parse_format(body.response_format, "response_format")
+    chunked = streamed(body, fmt)
     wanted = SpeechRequest(
         text=body.input,
         speaker=resolve_voice(body.voice_name, service.speakers),
-        fmt=parse_format(body.response_format, "response_format"),
+        fmt=fmt,
         speed=body.speed,
         seed=body.seed,
-        engine_stream=True,
-        chunked=True,
+        engine_stream=chunked,
+        chunked=chunked,
         pcm_rate_hz=state.settings.openai_pcm_sample_rate_hz,
-        max_chars=min(OPENAI_MAX_INPUT_CHARS, state.settings.max_chars),
+        bitrate_kbps=state.settings.audio_bitrate_kbps,
+        max_chars=openai_max_chars(state),
         text_param="input",
         speaker_param="voice",
     )
     job = await submit(service, wanted)
-    headers = job_headers(job) | ({"Warning": INSTRUCTIONS_WARNING} if body.instructions else {})
+    warning = {"Warning": INSTRUCTIONS_WARNING} if body.instructions else {}
     if body.stream_format == "sse":
-        return await sse_response(request, job, state, headers)
-    return await chunked_response(request, job, state, headers)
+        return await sse_response(request, job, state, job_headers(job) | warning)
+    respond = chunked_response if chunked else whole_response
+    return await respond(request, job, state, audio_headers(job) | warning)
 
 
-@router.get("/models", dependencies=AUTHENTICATED, response_model=ModelList, summary="Models (our id plus OpenAI aliases)")
+@router.get("/models", dependencies=LISTING, response_model=ModelList, summary="Models (our id plus OpenAI aliases)")
 async def list_models(state: StateDep) -> ModelList:
-    created = _created(state)
-    return ModelList(data=[ModelCard(id=m, created=created, owned_by=OWNER) for m in model_ids(state) if m])
+    """Readable without an API key while TTS_PUBLIC_MODEL_LIST is on. Every entry carries the served bundle's
+    `random_weights` / `test_model` flags (all ids are served by the same bundle)."""
+    return ModelList(data=model_cards(state))
 
 
-@router.get("/models/{model_id}", dependencies=AUTHENTICATED, response_model=ModelCard, responses=ERROR_RESPONSES)
+@router.get("/models/{model_id}", dependencies=LISTING, response_model=ModelCard, responses=ERROR_RESPONSES)
 async def get_model(model_id: str, state: StateDep) -> ModelCard:
-    if model_id not in model_ids(state):
-        raise UnknownModelError(f"the model {model_id!r} does not exist", param="model")
-    return ModelCard(id=model_id, created=_created(state), owned_by=OWNER)
+    for card in model_cards(state):
+        if card.id == model_id:
+            return card
+    raise UnknownModelError(f"the model {model_id!r} does not exist", param="model")
 
 
-@router.get("/audio/voices", dependencies=AUTHENTICATED, response_model=VoiceList, summary="Speakers (Open WebUI reads this)")
+@router.get(
+    "/audio/models", dependencies=LISTING, response_model=AudioModelList, summary="TTS models (Open WebUI reads this)"
+)
+async def list_audio_models(state: StateDep) -> AudioModelList:
+    """The same models as GET /v1/models, as `data` (OpenAI list) and as `models` (`[{"id", "name"}]`, Open WebUI)."""
+    cards = model_cards(state)
+    return AudioModelList(data=cards, models=[AudioModel(id=c.id, name=c.id) for c in cards])
+
+
+@router.get("/audio/voices", dependencies=LISTING, response_model=VoiceList, summary="Speakers (Open WebUI reads this)")
 async def list_voices(service: ServiceDep) -> VoiceList:
     return VoiceList(voices=[Voice(id=s, name=s) for s in service.speakers])
+
+
+def model_cards(state: AppState) -> list[ModelCard]:
+    """Our model id, then the OpenAI aliases, each with the bundle's facts."""
+    facts = model_facts(state).model_dump()
+    description = state.bundle.manifest.description if state.bundle else ""
+    created = _created(state)
+    return [
+        ModelCard(id=m, created=created, owned_by=OWNER, description=description, **facts) for m in model_ids(state) if m
+    ]
 
 
 def _created(state: AppState) -> int:

@@ -10,6 +10,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service.api.deps import ServiceDep, StateDep
+from service.api.routes.common import model_facts, openai_max_chars
 from service.api.schemas import FORMATS, OPENAI_VOICES, Health, Readiness, ServiceInfo
 from service.errors import NotFoundError, TTSError
 
@@ -54,6 +55,7 @@ async def metrics(state: StateDep) -> Response:
 
 @router.get("/info", response_model=ServiceInfo, summary="Model, speakers, formats and limits")
 async def info(state: StateDep, service: ServiceDep) -> ServiceInfo:
+    """Also `random_weights` / `test_model` from the bundle's manifest, and a `warning` when either is true."""
     speakers = service.speakers
     return ServiceInfo(
         model=state.model_id,
@@ -64,7 +66,10 @@ async def info(state: StateDep, service: ServiceDep) -> ServiceInfo:
         openai_voices={k: v for k, v in OPENAI_VOICES.items() if v in speakers},
         openai_pcm_sample_rate_hz=state.settings.openai_pcm_sample_rate_hz,
         max_chars=state.settings.max_chars,
+        openai_max_chars=openai_max_chars(state),
+        audio_bitrate_kbps=state.settings.audio_bitrate_kbps,
         normalizer=state.normalizer,
+        **model_facts(state).model_dump(),
     )
 
 

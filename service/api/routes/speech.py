@@ -7,9 +7,9 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import Response
 
-from service.api.deps import SYNTHESIS_GUARDS, ServiceDep, StateDep
+from service.api.deps import JSON_BODY, SYNTHESIS_GUARDS, ServiceDep, StateDep
 from service.api.errors import ERROR_RESPONSES
-from service.api.routes.common import audio_responses, job_headers, submit
+from service.api.routes.common import audio_headers, audio_responses, submit
 from service.api.schemas import TTSBody
 from service.api.streaming import chunked_response, whole_response
 from service.audio import AudioFormat, parse_format
@@ -20,7 +20,7 @@ router = APIRouter(tags=["synthesis"])
 
 @router.post(
     "/tts",
-    dependencies=SYNTHESIS_GUARDS,
+    dependencies=[*SYNTHESIS_GUARDS, *JSON_BODY],
     response_class=Response,
     responses={**audio_responses(), **ERROR_RESPONSES},
     summary="Synthesize speech (whole file, or a chunked stream with `stream: true`)",
@@ -29,6 +29,7 @@ async def tts(request: Request, body: TTSBody, service: ServiceDep, state: State
     """`stream=false`: the whole file with Content-Length. `stream=true`: chunked, starting with the first audio chunk.
 
     `pcm` is raw little-endian int16 mono at 22,050 Hz (see X-Sample-Rate); `opus` is Ogg/Opus at 24 kHz.
+    Over-long text is a 413 `text_too_long` here (400 on /v1/audio/speech, as OpenAI answers).
     """
     wanted = SpeechRequest(
         text=body.text,
@@ -38,12 +39,12 @@ async def tts(request: Request, body: TTSBody, service: ServiceDep, state: State
         seed=body.seed,
         engine_stream=body.stream,
         chunked=body.stream,
+        bitrate_kbps=state.settings.audio_bitrate_kbps,
         max_chars=state.settings.max_chars,
     )
     job = await submit(service, wanted)
-    if body.stream:
-        return await chunked_response(request, job, state, job_headers(job))
-    return await whole_response(request, job, state, job_headers(job))
+    respond = chunked_response if body.stream else whole_response
+    return await respond(request, job, state, audio_headers(job))
 
 
 _SFT_ROUTE = {
@@ -75,4 +76,4 @@ async def inference_sft(
         speaker_param="spk_id",
     )
     job = await submit(service, wanted)
-    return await chunked_response(request, job, state, job_headers(job))
+    return await chunked_response(request, job, state, audio_headers(job))
