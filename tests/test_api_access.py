@@ -1,4 +1,4 @@
-"""Access control and isolation: API keys, slowapi rate limits, trusted proxies, fail-soft Redis, two apps per process."""
+"""Access control and isolation: API keys, rate limits, trusted proxies, fail-soft Redis, two apps per process."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 from starlette.requests import Request
 
+from service.access import ClientIdentity
 from service.api import create_app
-from service.api.ratelimit import ClientIdentity
+from service.api.auth import caller_of
 from service.settings import Settings
 
 KEY = "test-key-0123456789"
@@ -97,17 +98,17 @@ def _request(peer: str, forwarded: str | None = None, headers: dict[str, str] | 
 
 def test_forwarded_for_is_believed_only_from_trusted_proxies() -> None:
     identity = ClientIdentity(["10.0.0.0/8", "192.168.1.5"], keys_enabled=False)
-    assert identity(_request("203.0.113.9", "1.2.3.4")) == "ip:203.0.113.9", "untrusted peer: header ignored"
-    assert identity(_request("10.1.2.3", "1.2.3.4")) == "ip:1.2.3.4"
-    assert identity(_request("10.1.2.3", "6.6.6.6, 1.2.3.4, 192.168.1.5")) == "ip:1.2.3.4", "right-most untrusted hop"
-    assert identity(_request("10.1.2.3")) == "ip:10.1.2.3"
+    assert identity(caller_of(_request("203.0.113.9", "1.2.3.4"))) == "ip:203.0.113.9", "untrusted peer: header ignored"
+    assert identity(caller_of(_request("10.1.2.3", "1.2.3.4"))) == "ip:1.2.3.4"
+    assert identity(caller_of(_request("10.1.2.3", "6.6.6.6, 1.2.3.4, 192.168.1.5"))) == "ip:1.2.3.4", "right-most untrusted hop"
+    assert identity(caller_of(_request("10.1.2.3"))) == "ip:10.1.2.3"
 
 
 def test_rate_limit_identity_is_the_key_only_when_keys_are_on() -> None:
     headers = {"Authorization": f"Bearer {KEY}"}
-    with_keys = ClientIdentity([], keys_enabled=True)(_request("1.1.1.1", headers=headers))
+    with_keys = ClientIdentity([], keys_enabled=True)(caller_of(_request("1.1.1.1", headers=headers)))
     assert with_keys.startswith("key:") and KEY not in with_keys
-    assert ClientIdentity([], keys_enabled=False)(_request("1.1.1.1", headers=headers)) == "ip:1.1.1.1"
+    assert ClientIdentity([], keys_enabled=False)(caller_of(_request("1.1.1.1", headers=headers))) == "ip:1.1.1.1"
 
 
 def _closed_port() -> int:
@@ -153,6 +154,6 @@ def test_unknown_tts_variables_are_reported_at_start(
 
 
 def test_a_random_weight_model_is_announced_at_start(tiny_bundle: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="service.api.app"), TestClient(create_app(make_settings(tiny_bundle))):
+    with caplog.at_level(logging.WARNING, logger="service.runtime"), TestClient(create_app(make_settings(tiny_bundle))):
         pass
     assert any("random weights: its audio is noise" in r.getMessage() for r in caplog.records)

@@ -238,7 +238,7 @@ def test_loading_and_stopping_are_refused_with_retry_after(service_for: ServiceF
     loading = asyncio.run(call(app, "/tts"))
     assert (loading.status, loading.headers["retry-after"], loading.json()["error"]["code"]) == (503, "5", "not_ready")
     state.service = service_for()
-    state.closing = True
+    state.runtime.closing = True
     stopping = asyncio.run(call(app, "/v1/audio/speech"))
     assert (stopping.status, stopping.json()["error"]["code"]) == (503, "shutting_down")
     assert inner.seen == [] and not loading.body_read and not stopping.body_read

@@ -14,11 +14,11 @@ import uvicorn
 from fastapi import FastAPI
 
 from service.api import create_app
-from service.api.app import load_synthesizer
 from service.api.deps import AppState
 from service.bundle import ModelBundle
 from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import AudioChunk, SynthesisOptions
+from service.runtime import load_synthesizer
 from service.settings import Settings
 from service.tts import Engine
 

@@ -13,10 +13,10 @@ from fastapi.testclient import TestClient
 from test_api_concurrency import LiveServer
 
 from service.api import create_app
-from service.api.app import load_synthesizer
 from service.bundle import ModelBundle
 from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import AudioChunk, SynthesisOptions
+from service.runtime import load_synthesizer
 from service.settings import Settings
 from service.tts import Engine
 

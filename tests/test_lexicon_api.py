@@ -14,8 +14,9 @@ from pydantic import SecretStr
 from servers import metric_value
 from starlette.requests import Request
 
+from service.access import ApiKeys, Caller
 from service.api import create_app
-from service.api.auth import ApiKeys
+from service.api.auth import caller_of
 from service.bundle import ModelBundle
 from service.cache import MemoryAudioCache
 from service.engine.sessions import RuntimeOptions
@@ -166,9 +167,10 @@ def test_writes_need_an_admin_key_and_reads_any_key(client: TestClient) -> None:
     assert client.post("/tts", json={"text": "你好。", "format": "pcm"}, headers={"X-API-Key": ADMIN}).status_code == 200
 
 
-def _request(headers: dict[str, str], path: str = "/v1/lexicon/x") -> Request:
+def _request(headers: dict[str, str], path: str = "/v1/lexicon/x") -> Caller:
     raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-    return Request({"type": "http", "method": "PUT", "path": path, "headers": raw, "client": ("1.2.3.4", 1), "query_string": b""})
+    scope = {"type": "http", "method": "PUT", "path": path, "headers": raw, "client": ("1.2.3.4", 1), "query_string": b""}
+    return caller_of(Request(scope))
 
 
 def test_admin_keys_alone_guard_only_writes() -> None:

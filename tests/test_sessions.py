@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.api.app import runtime_options
 from service.bundle import ModelBundle
 from service.engine.llm import LLMRunner
 from service.engine.sessions import (
@@ -24,6 +23,7 @@ from service.engine.sessions import (
     open_sessions,
 )
 from service.engine.synthesizer import Synthesizer
+from service.runtime import runtime_options
 from service.settings import Settings
 
 

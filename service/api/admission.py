@@ -10,9 +10,11 @@ from starlette.requests import Request
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.api.deps import AppState, enforce_rate_limit, get_service
+from service.api.auth import caller_of, mark_admitted
+from service.api.deps import AppState, enforce_rate_limit
 from service.api.errors import error_response
 from service.errors import TTSError
+from service.runtime import Slot
 
 
 def synthesis_routes(*routers: APIRouter) -> list[APIRoute]:
@@ -26,8 +28,9 @@ class AdmissionMiddleware:
 
     In the order the routes would: API key (401), rate limit (429 + Retry-After), model loading or
     shutting down (503), then capacity (503 + Retry-After): refused while the service's queue is full or
-    while `concurrent_requests + queue_max` synthesis requests are already in progress here (counted from arrival,
-    so a burst is refused before any of it reaches body parsing, the text frontend or the queue).
+    while `concurrent_requests + queue_max` synthesis requests are already in progress in this runtime, over any
+    transport (counted from arrival, so a burst is refused before any of it reaches body parsing, the text
+    frontend or the queue).
     The bodies are the ones the error table gives. A request let through meets every check of its route
     again (validation, text, speaker, queue), and is charged to the rate limit only once.
     """
@@ -36,7 +39,6 @@ class AdmissionMiddleware:
         self.app = app
         self.state = state
         self.routes = tuple(routes)
-        self.in_flight = 0  # guarded requests let through and not finished; touched only on the event loop
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = self._guarded(scope) if scope["type"] == "http" else None
@@ -44,16 +46,17 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
             return
         request = Request(scope)
-        error = await self._refusal(request)
-        if error is not None:
+        try:
+            slot = await self._admit(request)
+        except TTSError as error:
             scope["route"] = route  # request metrics label the refusal with its route, as the router would
             await error_response(request.url.path, error)(scope, receive, send)
             return
-        self.in_flight += 1  # no await since the capacity check: nothing else ran in between
+        mark_admitted(scope)  # the route's rate-limit dependency must not count it again
         try:
             await self.app(scope, receive, send)
         finally:
-            self.in_flight -= 1
+            slot.release()
 
     def _guarded(self, scope: Scope) -> APIRoute | None:
         for route in self.routes:
@@ -61,18 +64,12 @@ class AdmissionMiddleware:
                 return route
         return None
 
-    async def _refusal(self, request: Request) -> TTSError | None:
-        """The error this request gets now, or None to let it through."""
-        state = self.state
-        try:
-            state.keys.check(request)
-            if state.rate_limit.remote:
-                await anyio.to_thread.run_sync(state.rate_limit.check, request)
-            else:
-                state.rate_limit.check(request)  # in-memory counters: microseconds, fine on the loop
-            service = get_service(state)
-        except TTSError as e:
-            return e
-        if self.in_flight >= service.capacity or service.queue_full():
-            return service.overloaded()
-        return None
+    async def _admit(self, request: Request) -> Slot:
+        """The runtime's admission (key, rate limit, readiness, room); raises the TTSError the request gets."""
+        runtime = self.state.runtime
+        caller = caller_of(request)
+        if runtime.rate_limit.remote:
+            await anyio.to_thread.run_sync(runtime.gate.check, caller)
+        else:
+            runtime.gate.check(caller)  # in-memory counters: microseconds, fine on the loop
+        return runtime.claim()  # no await since here: nothing else ran in between

@@ -2,42 +2,68 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated
 
 import anyio
 from fastapi import Depends, Request
 
-from service.api.auth import ApiKeys
+from service.access import ApiKeys
+from service.api.auth import caller_of, was_admitted
 from service.api.metrics import Metrics
-from service.api.ratelimit import RateLimit
 from service.bundle import ModelBundle
 from service.cache import RedisLexiconStore
-from service.errors import NotFoundError, NotReadyError, ShuttingDownError, UnsupportedMediaTypeError
+from service.errors import NotFoundError, UnsupportedMediaTypeError
 from service.frontend import Lexicon, TextFrontend
+from service.runtime import Runtime
 from service.settings import Settings
 from service.tts import TTSService
 
 
 @dataclass
 class AppState:
-    """Everything one app instance owns; the lifespan fills in the model-dependent part."""
+    """What one app instance owns: the transport-neutral runtime, its HTTP metrics, and the stream threads."""
 
-    settings: Settings
+    runtime: Runtime
     metrics: Metrics
-    keys: ApiKeys
-    rate_limit: RateLimit
     stream_threads: anyio.CapacityLimiter | None = None  # threads that wait for job output (set in the lifespan)
-    service: TTSService | None = None
-    frontend: TextFrontend | None = None
-    lexicon_store: RedisLexiconStore | None = None  # closed at shutdown (None: the lexicon lives in memory)
-    bundle: ModelBundle | None = None
-    normalizer: dict[str, str] = field(default_factory=dict)
-    closing: bool = False
+
+    @property
+    def settings(self) -> Settings:
+        return self.runtime.settings
+
+    @property
+    def service(self) -> TTSService | None:
+        """The loaded service (None while loading); routes use `ServiceDep`, which also refuses while closing."""
+        return self.runtime.loaded_service
+
+    @service.setter
+    def service(self, value: TTSService) -> None:
+        self.runtime.service = value
+
+    @property
+    def bundle(self) -> ModelBundle | None:
+        return self.runtime.bundle
+
+    @property
+    def normalizer(self) -> dict[str, str]:
+        return self.runtime.normalizer
+
+    @property
+    def lexicon_store(self) -> RedisLexiconStore | None:
+        return self.runtime.lexicon_store
+
+    @property
+    def closing(self) -> bool:
+        return self.runtime.closing
+
+    @property
+    def keys(self) -> ApiKeys:
+        return self.runtime.keys
 
     @property
     def model_id(self) -> str:
-        return self.bundle.manifest.model if self.bundle else ""
+        return self.runtime.model_id
 
 
 def get_state(request: Request) -> AppState:
@@ -51,11 +77,7 @@ StateDep = Annotated[AppState, Depends(get_state)]
 
 def get_service(state: StateDep) -> TTSService:
     """The synthesis service; 503 while the model is loading or the app is stopping."""
-    if state.closing:
-        raise ShuttingDownError("the service is shutting down")
-    if state.service is None:
-        raise NotReadyError("the model is still loading")
-    return state.service
+    return state.runtime.service
 
 
 ServiceDep = Annotated[TTSService, Depends(get_service)]
@@ -63,11 +85,7 @@ ServiceDep = Annotated[TTSService, Depends(get_service)]
 
 def get_frontend(state: StateDep) -> TextFrontend:
     """The text frontend; 503 while the model is loading or the app is stopping."""
-    if state.closing:
-        raise ShuttingDownError("the service is shutting down")
-    if state.frontend is None:
-        raise NotReadyError("the model is still loading")
-    return state.frontend
+    return state.runtime.frontend
 
 
 FrontendDep = Annotated[TextFrontend, Depends(get_frontend)]
@@ -85,18 +103,18 @@ LexiconDep = Annotated[Lexicon, Depends(get_lexicon)]
 
 async def require_admin_key(request: Request, state: StateDep) -> None:
     """401 without a known key, 403 for a non-admin key, whenever TTS_API_KEYS or TTS_ADMIN_API_KEYS is set."""
-    state.keys.check_admin(request)
+    state.keys.check_admin(caller_of(request))
 
 
 async def require_api_key(request: Request, state: StateDep) -> None:
     """401 unless the request carries a configured API key (no-op when TTS_API_KEYS is empty)."""
-    state.keys.check(request)
+    state.keys.check(caller_of(request))
 
 
 async def require_listing_key(request: Request, state: StateDep) -> None:
     """Model and voice lists: like require_api_key, but a request without a key passes while
     TTS_PUBLIC_MODEL_LIST is on (Open WebUI fetches them without one). A wrong key is still a 401."""
-    state.keys.check(request, anonymous_ok=state.settings.public_model_list)
+    state.keys.check(caller_of(request), anonymous_ok=state.settings.public_model_list)
 
 
 async def require_json_body(request: Request) -> None:
@@ -114,8 +132,11 @@ async def require_json_body(request: Request) -> None:
 
 
 def enforce_rate_limit(request: Request, state: StateDep) -> None:
-    """429 with Retry-After when the caller's bucket is empty (a sync def: runs off the event loop)."""
-    state.rate_limit.check(request)
+    """429 with Retry-After when the caller's bucket is empty (a sync def: runs off the event loop).
+
+    A request the admission middleware let through was counted there already and is not counted again."""
+    if not was_admitted(request):
+        state.runtime.rate_limit.hit(state.runtime.identity(caller_of(request)))
 
 
 AUTHENTICATED = [Depends(require_api_key)]

@@ -1,0 +1,210 @@
+"""The transport-neutral application: settings -> bundle, frontend, engine, caches, stores and admission, shared by
+the HTTP app, the gRPC server and the CLI."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from service.access import ApiKeys, Caller, ClientIdentity, Gate
+from service.bundle import ModelBundle
+from service.cache import CacheStats, RedisLexiconStore, build_audio_cache
+from service.engine.sessions import RuntimeOptions
+from service.engine.synthesizer import Synthesizer
+from service.errors import BundleError, NotReadyError, ShuttingDownError
+from service.frontend import TextFrontend
+from service.ratelimit import RateLimiter
+from service.settings import Settings
+from service.tts import Engine, SynthesisObserver, TTSService
+
+log = logging.getLogger(__name__)
+
+EngineLoader = Callable[[ModelBundle, RuntimeOptions], Engine]
+
+
+def load_synthesizer(bundle: ModelBundle, runtime: RuntimeOptions) -> Engine:
+    """Default engine: the ONNX Runtime synthesizer of the bundle."""
+    return Synthesizer.load(bundle, runtime)
+
+
+def runtime_options(s: Settings) -> RuntimeOptions:
+    """The engine's ONNX Runtime and stage-scheduling options from the settings."""
+    return RuntimeOptions(
+        intra_op_threads=s.intra_op_threads,
+        inter_op_threads=s.inter_op_threads,
+        llm_threads=s.llm_threads,
+        acoustic_threads=s.acoustic_threads,
+        allow_spinning=s.ort_spinning,
+        max_batch=s.max_batch,
+        acoustic_slots=s.acoustic_slots,
+        acoustic_nice=s.acoustic_nice,
+        first_audio_priority=s.first_audio_priority,
+    )
+
+
+class Runtime:
+    """One loaded model and everything around it. Built cheaply from settings; `load()` does the heavy part.
+
+    Thread-safe: transports call `admit`, `service`, `frontend` from any thread. `observer` receives what
+    the synthesis service measures (the HTTP app passes its Prometheus metrics).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        observer: SynthesisObserver | None = None,
+        engine_loader: EngineLoader = load_synthesizer,
+    ) -> None:
+        self.settings = settings
+        self.observer = observer or SynthesisObserver()
+        self.engine_loader = engine_loader
+        s = settings
+        self.keys = ApiKeys([k.get_secret_value() for k in s.api_keys], [k.get_secret_value() for k in s.admin_api_keys])
+        self.identity = ClientIdentity(s.trusted_proxies, self.keys.enabled)
+        self.rate_limit = RateLimiter(s.rate_limit_per_minute, self.redis_url)
+        self.gate = Gate(self.keys, self.identity, self.rate_limit)
+        self.bundle: ModelBundle | None = None
+        self._service: TTSService | None = None
+        self._frontend: TextFrontend | None = None
+        self.lexicon_store: RedisLexiconStore | None = None  # None: the lexicon lives in this process
+        self.normalizer: dict[str, str] = {}
+        self.closing = False
+        self._in_flight = 0
+        self._lock = threading.Lock()
+
+    @property
+    def redis_url(self) -> str | None:
+        return self.settings.redis_url.get_secret_value() if self.settings.redis_url else None
+
+    @property
+    def model_id(self) -> str:
+        return self.bundle.manifest.model if self.bundle else ""
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def load(self) -> None:
+        """Load bundle, frontend, engine and cache, then warm up with a real synthesis (blocking; minutes at most)."""
+        s = self.settings
+        bundle = ModelBundle.load(s.model_dir, verify_hashes=s.verify_bundle_hashes)
+        if s.default_speaker not in bundle.speakers:
+            known = ", ".join(bundle.speakers)
+            raise BundleError(f"TTS_DEFAULT_SPEAKER {s.default_speaker!r} is not in the bundle; it has {known}")
+        # lexicon entries live in Redis (shared by replicas) when it is configured, else in this process
+        self.lexicon_store = RedisLexiconStore(self.redis_url) if self.redis_url else None
+        frontend = TextFrontend.load(bundle.tokenizer_path, lexicon_store=self.lexicon_store)
+        engine = self.engine_loader(bundle, runtime_options(s))
+        cache = build_audio_cache(self.redis_url, s.cache_max_bytes, s.cache_ttl_s)
+        watch_cache: Callable[[CacheStats], None] | None = getattr(self.observer, "watch_cache", None)
+        if watch_cache is not None:  # an observer that exports the cache's counters (the HTTP metrics)
+            watch_cache(cache.stats)
+        service = TTSService(
+            frontend,
+            engine,
+            cache,
+            bundle_sha256=bundle.manifest_sha256,
+            concurrency=s.concurrent_requests,
+            queue_max=s.queue_max,
+            retry_after_s=s.retry_after_s,
+            n_timesteps=s.n_timesteps,
+            observer=self.observer,
+        )
+        service.probe(s.warmup_text, s.default_speaker)
+        # What is loaded now lives until shutdown: keep it out of the cyclic GC, whose full passes over the text
+        # frontend's dictionaries (~300k objects, 100-200 ms with the GIL held) otherwise stall an event loop.
+        gc.collect()
+        gc.freeze()
+        log.info("model %s loaded from %s: %d speakers, cache %s; ready", bundle.manifest.model, s.model_dir,
+                 len(bundle.speakers), cache.backend)  # fmt: skip
+        if bundle.manifest.warning:
+            log.warning("%s", bundle.manifest.warning)
+        self.bundle, self.normalizer = bundle, frontend.normalizer_info
+        self._frontend, self._service = frontend, service
+
+    def close(self) -> None:
+        """Refuse new work, cancel running jobs, stop the engine and close the stores (blocking)."""
+        self.closing = True
+        gc.unfreeze()  # what this runtime held may now be collected
+        service = self._service
+        if service is not None:
+            service.close()
+            service.cache.close()
+        if self.lexicon_store is not None:
+            self.lexicon_store.close()
+
+    # ---- what transports use ------------------------------------------------------------------
+    @property
+    def service(self) -> TTSService:
+        """The synthesis service; NotReadyError while loading, ShuttingDownError once closing."""
+        if self.closing:
+            raise ShuttingDownError("the service is shutting down")
+        if self._service is None:
+            raise NotReadyError("the model is still loading")
+        return self._service
+
+    @service.setter
+    def service(self, value: TTSService) -> None:
+        self._service = value
+
+    @property
+    def loaded_service(self) -> TTSService | None:
+        """The service if one is loaded (closing or not), for shutdown and status pages."""
+        return self._service
+
+    @property
+    def frontend(self) -> TextFrontend:
+        if self.closing:
+            raise ShuttingDownError("the service is shutting down")
+        if self._frontend is None:
+            raise NotReadyError("the model is still loading")
+        return self._frontend
+
+    @frontend.setter
+    def frontend(self, value: TextFrontend) -> None:
+        self._frontend = value
+
+    def claim(self) -> Slot:
+        """One in-flight place for an admitted synthesis request; NotReadyError / ShuttingDownError, or the
+        service's OverloadedError (503 + Retry-After) while every place is taken or its queue is full.
+
+        Places count requests from admission to their end across every transport of this runtime, so a
+        burst is refused before any of it reaches body parsing, the text frontend or the queue.
+        """
+        service = self.service
+        with self._lock:
+            if self._in_flight >= service.capacity or service.queue_full():
+                raise service.overloaded()
+            self._in_flight += 1
+        return Slot(self)
+
+    @contextmanager
+    def admitted(self, caller: Caller) -> Iterator[None]:
+        """Blocking admission for thread-based transports: key (401), rate limit (429), readiness and room (503)."""
+        self.gate.check(caller)
+        slot = self.claim()
+        try:
+            yield
+        finally:
+            slot.release()
+
+    def _release(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+
+class Slot:
+    """An in-flight place taken by `Runtime.claim`; `release()` gives it back (idempotent)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime: Runtime | None = runtime
+
+    def release(self) -> None:
+        if self._runtime is not None:
+            self._runtime._release()
+            self._runtime = None
