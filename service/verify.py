@@ -1,4 +1,4 @@
-"""Replay reference fixtures (tokenizer, LLM, flow, HiFT, streaming) through a bundle and measure each stage's error."""
+"""Replay reference fixtures (tokenizer, LLM, flow, HiFT, streaming, prompts) through a bundle and measure each stage's error."""
 
 from __future__ import annotations
 
@@ -239,4 +239,11 @@ def run_verification(
         else:
             with np.load(path) as npz:
                 emit(_STAGES[name](engines, npz))
+    from service.verify_prompts import PROMPT_MODELS, PROMPTS_FILE, verify_prompts  # needs Check, defined above
+
+    missing = [f for f in (PROMPTS_FILE, *PROMPT_MODELS) if not (Path(fixtures) / f).is_file()]
+    if missing:
+        report.skipped.append(f"{PROMPTS_FILE}: not present" if PROMPTS_FILE in missing else f"{PROMPTS_FILE}: missing {missing}")
+    else:
+        emit(verify_prompts(Path(fixtures), runtime))
     return report

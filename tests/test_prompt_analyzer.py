@@ -188,3 +188,21 @@ def test_model_output_of_the_wrong_shape_is_an_engine_error() -> None:
         PromptAnalyzer(FixedSession(np.ones((1, 192), np.float32)), FixedSession(np.zeros((1, 1, 7), np.int64))).analyze(
             x, 16_000
         )
+
+
+def test_verify_prompts_section(ref_dir: Path, tmp_path: Path) -> None:
+    from service.verify_prompts import PROMPT_MODELS, PROMPTS_FILE, verify_prompts
+
+    checks = list(verify_prompts(ref_dir))
+    assert len(checks) == 11 * len(PROMPTS) and len({c.name for c in checks}) == len(checks)
+    assert all(c.ok for c in checks), [c for c in checks if not c.ok]
+    # the same replay against a fixture whose official mel was moved by 1e-2 must fail exactly there
+    (tmp_path / "prompts").mkdir()
+    for f in (*PROMPT_MODELS, "prompts/en_24k.wav"):
+        (tmp_path / f).write_bytes((ref_dir / f).read_bytes())
+    with np.load(ref_dir / PROMPTS_FILE) as npz:
+        arrays = {k: npz[k] for k in npz.files if k.startswith("en_24k_")}
+    arrays["en_24k_mel80"] = arrays["en_24k_mel80"] + np.float32(1e-2)
+    np.savez(tmp_path / PROMPTS_FILE, **arrays)
+    failed = [c.name for c in verify_prompts(tmp_path) if not c.ok]
+    assert failed == ["en_24k mel80 official-24k"]
