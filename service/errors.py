@@ -124,3 +124,27 @@ class EngineError(TTSError):
     """Inference failed for a reason that is not the caller's fault."""
 
     code = ErrorCode.ENGINE_FAILURE
+
+
+class PromptAudioProblem(StrEnum):
+    """Why a voice-cloning prompt recording was refused; the values are stable (`PromptAudioError.reason`)."""
+
+    EMPTY = "empty"
+    NOT_AUDIO = "not_audio"
+    CORRUPT = "corrupt"
+    TRUNCATED = "truncated"
+    SILENT = "silent"
+    TOO_SHORT = "too_short"
+    TOO_LONG = "too_long"
+    SAMPLE_RATE = "sample_rate"
+
+
+class PromptAudioError(InvalidInputError):
+    """Prompt audio that cannot be used (undecodable, silent, too short or long, unusable sample rate).
+
+    The code stays `invalid_input` (the caller's fault, HTTP 400); `reason` says which rule refused it.
+    """
+
+    def __init__(self, message: str, *, reason: PromptAudioProblem, param: str | None = "prompt_audio") -> None:
+        super().__init__(message, param=param)
+        self.reason = reason

@@ -1,4 +1,4 @@
-"""Replay reference fixtures (tokenizer, LLM, flow, HiFT, streaming) through a bundle and measure each stage's error."""
+"""Replay reference fixtures (tokenizer, LLM, flow, HiFT, streaming, prompts) through a bundle and measure each stage's error."""
 
 from __future__ import annotations
 
@@ -240,10 +240,27 @@ def run_verification(
         else:
             with np.load(path) as npz:
                 emit(_STAGES[name](engines, npz))
-    from service.verify_modes import has_mode_fixtures, verify_modes  # imports this module: late
+    _verify_voice_cloning(engines, Path(fixtures), runtime, report, emit)
+    return report
 
-    if has_mode_fixtures(Path(fixtures)):
-        emit(verify_modes(engines, Path(fixtures)))
+
+def _verify_voice_cloning(
+    engines: Engines,
+    fixtures: Path,
+    runtime: RuntimeOptions | None,
+    report: VerifyReport,
+    emit: Callable[[Iterator[Check]], None],
+) -> None:
+    """Prompt analysis (prompts.npz) and the zero-shot / cross-lingual / instruct model paths, when present."""
+    from service.verify_modes import has_mode_fixtures, verify_modes  # both import this module: late
+    from service.verify_prompts import PROMPT_MODELS, PROMPTS_FILE, verify_prompts
+
+    missing = [f for f in (PROMPTS_FILE, *PROMPT_MODELS) if not (fixtures / f).is_file()]
+    if missing:
+        report.skipped.append(f"{PROMPTS_FILE}: not present" if PROMPTS_FILE in missing else f"{PROMPTS_FILE}: missing {missing}")
+    else:
+        emit(verify_prompts(fixtures, runtime))
+    if has_mode_fixtures(fixtures):
+        emit(verify_modes(engines, fixtures))
     else:
         report.skipped.append("zero_shot/cross_lingual/instruct: modes_meta.json or prompts.npz not present")
-    return report

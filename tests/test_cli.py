@@ -96,7 +96,7 @@ def test_verify_passes_on_the_reference_fixtures(repo_root: Path, tiny_bundle: P
     proc = run_cli(repo_root, "verify", "--bundle", tiny_bundle, "--fixtures", ref_dir, "--threads", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     stages = {ln.split()[0] for ln in proc.stdout.splitlines() if ln.endswith(" ok")}
-    assert stages == {"tokenizer", "llm", "flow", "hift", "stream"}
+    assert stages == {"tokenizer", "llm", "flow", "hift", "stream", "prompt", "zero_shot", "cross_lingual", "instruct"}
     assert "FAIL" not in proc.stdout and "skipped" not in proc.stdout
 
 

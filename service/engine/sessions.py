@@ -268,3 +268,11 @@ def open_sessions(
         sessions[name] = ShrinkingSession(session) if shrink else session
     release_free_memory()
     return sessions
+
+
+def open_graph(path: Path, opts: RuntimeOptions | None = None, name: str | None = None) -> ort.InferenceSession:
+    """Open one ONNX file that is not a bundle graph (e.g. the prompt models) with the options above.
+
+    `name` picks the per-graph specialisation of `make_session_options`; raises BundleError on failure.
+    """
+    return _open(Path(path), make_session_options(opts or RuntimeOptions(), name))

@@ -1,0 +1,195 @@
+"""Prompt-audio input: decode uploaded files (PyAV) or raw int16 PCM to mono float32, refusing unusable audio."""
+
+from __future__ import annotations
+
+import io
+import math
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import av
+import numpy as np
+
+from service.errors import PromptAudioError, PromptAudioProblem
+
+MIN_SAMPLE_RATE_HZ = 16_000  # the official load_wav asserts a file rate of at least 16 kHz
+MAX_SAMPLE_RATE_HZ = 384_000  # highest rate any common recorder or codec produces
+MIN_SECONDS = 1.0
+SILENCE_PEAK = 1e-4  # peak below this (about 3 int16 steps, -80 dBFS) counts as silence
+# A declared duration (container header) is exact for PCM/FLAC but only estimated for some MP3/AAC files:
+# refuse before decoding only when it is clearly beyond the limit; the decode loop enforces the exact bound.
+_DECLARED_SLACK = 1.05
+_EXACT_LENGTH_CODECS = ("pcm_", "flac")  # codecs whose header states the exact sample count
+_WAV_STREAMING_SIZE = 0xFFFFFFFF
+_INT_SCALE = {np.dtype(np.int16): 2.0**15, np.dtype(np.int32): 2.0**31, np.dtype(np.int64): 2.0**63}
+
+
+def decode_audio(
+    data: bytes,
+    *,
+    max_seconds: float,
+    min_seconds: float = MIN_SECONDS,
+    min_sample_rate: int = MIN_SAMPLE_RATE_HZ,
+    silence_peak: float = SILENCE_PEAK,
+) -> tuple[np.ndarray, int]:
+    """Decode a WAV/FLAC/MP3/Ogg (Vorbis, Opus)/M4A (AAC) file to (mono float32 (N,), sample rate in Hz).
+
+    Channels are averaged (the official load_wav's mean); 16-bit PCM becomes int16 / 32768 exactly, other
+    integer PCM is scaled by its full range. The file's own rate is kept (no resampling). Raises
+    PromptAudioError (reason: empty, not_audio, corrupt, truncated, sample_rate, too_long, too_short, silent).
+    Length is checked against the header before decoding when the header states it, and decoding stops
+    as soon as `max_seconds` is exceeded.
+    """
+    if not data:
+        raise PromptAudioError("prompt audio is empty (0 bytes)", reason=PromptAudioProblem.EMPTY)
+    _check_wav_header(data, max_seconds, min_sample_rate)
+    try:
+        container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
+    except (av.FFmpegError, ValueError, OSError) as e:
+        raise PromptAudioError(f"prompt audio is not a readable audio file: {e}", reason=PromptAudioProblem.NOT_AUDIO) from e
+    with container:
+        if not container.streams.audio:
+            raise PromptAudioError("prompt file has no audio stream", reason=PromptAudioProblem.NOT_AUDIO)
+        stream = container.streams.audio[0]
+        rate = int(stream.codec_context.sample_rate or 0)
+        _check_rate(rate, min_sample_rate)
+        declared = _declared_seconds(container, stream)
+        if declared is not None and declared > max_seconds * _DECLARED_SLACK:
+            raise PromptAudioError(
+                f"prompt audio is {declared:.1f} s, longer than {max_seconds:g} s", reason=PromptAudioProblem.TOO_LONG
+            )
+        pieces = list(_decode_mono(container, stream, rate, max_seconds))
+    audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+    if audio.size == 0:
+        raise PromptAudioError("no audio could be decoded from the prompt file", reason=PromptAudioProblem.CORRUPT)
+    codec = stream.codec_context.name or ""
+    if declared is not None and codec.startswith(_EXACT_LENGTH_CODECS) and audio.size < math.floor(declared * rate) - 1:
+        raise PromptAudioError(
+            f"prompt file is truncated: {audio.size / rate:.3f} s decoded of {declared:.3f} s declared",
+            reason=PromptAudioProblem.TRUNCATED,
+        )
+    _check_samples(audio, rate, max_seconds=max_seconds, min_seconds=min_seconds, silence_peak=silence_peak)
+    return audio, rate
+
+
+def pcm16_to_float(
+    data: bytes,
+    *,
+    sample_rate: int = 16_000,
+    max_seconds: float,
+    min_seconds: float = MIN_SECONDS,
+    silence_peak: float = SILENCE_PEAK,
+) -> tuple[np.ndarray, int]:
+    """Raw little-endian int16 mono PCM (the official gRPC `prompt_audio`, 16 kHz) -> (float32 x / 32768, rate).
+
+    Raises PromptAudioError for empty input, an odd byte count (corrupt), an unusable rate, or audio that
+    is too long, too short or silent.
+    """
+    if not data:
+        raise PromptAudioError("prompt audio is empty (0 bytes)", reason=PromptAudioProblem.EMPTY)
+    if len(data) % 2:
+        raise PromptAudioError(f"int16 PCM needs an even byte count, got {len(data)}", reason=PromptAudioProblem.CORRUPT)
+    _check_rate(sample_rate, MIN_SAMPLE_RATE_HZ)
+    if len(data) // 2 > max_seconds * sample_rate:
+        raise PromptAudioError(
+            f"prompt audio is {len(data) / 2 / sample_rate:.1f} s, longer than {max_seconds:g} s",
+            reason=PromptAudioProblem.TOO_LONG,
+        )
+    audio = np.frombuffer(data, dtype="<i2").astype(np.float32) / np.float32(2**15)
+    _check_samples(audio, sample_rate, max_seconds=max_seconds, min_seconds=min_seconds, silence_peak=silence_peak)
+    return audio, sample_rate
+
+
+def _check_rate(rate: int, min_rate: int) -> None:
+    if not min_rate <= rate <= MAX_SAMPLE_RATE_HZ:
+        raise PromptAudioError(
+            f"prompt audio sample rate {rate} Hz is outside {min_rate}..{MAX_SAMPLE_RATE_HZ} Hz",
+            reason=PromptAudioProblem.SAMPLE_RATE,
+        )
+
+
+def _check_samples(audio: np.ndarray, rate: int, *, max_seconds: float, min_seconds: float, silence_peak: float) -> None:
+    seconds = audio.size / rate
+    if seconds > max_seconds:
+        raise PromptAudioError(f"prompt audio is longer than {max_seconds:g} s", reason=PromptAudioProblem.TOO_LONG)
+    if seconds < min_seconds:
+        raise PromptAudioError(
+            f"prompt audio is {seconds:.2f} s, shorter than {min_seconds:g} s", reason=PromptAudioProblem.TOO_SHORT
+        )
+    if not np.all(np.isfinite(audio)):
+        raise PromptAudioError("prompt audio contains NaN or infinite samples", reason=PromptAudioProblem.CORRUPT)
+    if float(np.max(np.abs(audio))) < silence_peak:
+        raise PromptAudioError("prompt audio is silent", reason=PromptAudioProblem.SILENT)
+
+
+def _check_wav_header(data: bytes, max_seconds: float, min_sample_rate: int) -> None:
+    """For RIFF/WAVE input, refuse from the header alone a bad rate, or a length beyond the limit or the bytes sent.
+
+    FFmpeg clamps a WAV's duration to the bytes present, so a cut file would otherwise pass unnoticed.
+    Chunks are walked up to `data`; a streaming size (0xFFFFFFFF or 0) declares nothing.
+    """
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return
+    offset, byte_rate = 12, 0
+    while offset + 8 <= len(data):
+        chunk, size = data[offset : offset + 4], struct.unpack_from("<I", data, offset + 4)[0]
+        if chunk == b"fmt " and size >= 16 and offset + 24 <= len(data):
+            _check_rate(struct.unpack_from("<I", data, offset + 12)[0], min_sample_rate)
+            byte_rate = struct.unpack_from("<I", data, offset + 16)[0]
+        if chunk == b"data":
+            if size in (0, _WAV_STREAMING_SIZE) or byte_rate == 0:
+                return
+            if size / byte_rate > max_seconds * _DECLARED_SLACK:
+                raise PromptAudioError(
+                    f"prompt audio is {size / byte_rate:.1f} s, longer than {max_seconds:g} s", reason=PromptAudioProblem.TOO_LONG
+                )
+            available = len(data) - offset - 8
+            if size > available:
+                raise PromptAudioError(
+                    f"prompt WAV is truncated: {available} of {size} data bytes", reason=PromptAudioProblem.TRUNCATED
+                )
+            return
+        offset += 8 + size + (size & 1)
+
+
+def _declared_seconds(container: Any, stream: Any) -> float | None:
+    """Duration the headers state (stream first, then container), or None when they state none."""
+    if stream.duration is not None and stream.time_base is not None:
+        return float(stream.duration * stream.time_base)
+    if container.duration is not None:
+        return float(container.duration) / av.time_base
+    return None
+
+
+def _decode_mono(container: Any, stream: Any, rate: int, max_seconds: float) -> Iterator[np.ndarray]:
+    """Decoded frames as mono float32 pieces; stops with TOO_LONG once more than `max_seconds` arrived."""
+    limit = max_seconds * rate
+    total = 0
+    try:
+        for frame in container.decode(stream):
+            if frame.sample_rate != rate:
+                raise PromptAudioError("prompt audio changes sample rate mid-stream", reason=PromptAudioProblem.CORRUPT)
+            piece = _frame_to_mono(frame)
+            total += piece.size
+            if total > limit:
+                raise PromptAudioError(f"prompt audio is longer than {max_seconds:g} s", reason=PromptAudioProblem.TOO_LONG)
+            yield piece
+    except (av.FFmpegError, ValueError) as e:
+        raise PromptAudioError(f"prompt audio cannot be decoded: {e}", reason=PromptAudioProblem.CORRUPT) from e
+
+
+def _frame_to_mono(frame: Any) -> np.ndarray:
+    """One decoded frame -> the mean of its channels as float32 (n,), integer samples scaled to [-1, 1)."""
+    channels = frame.layout.nb_channels
+    samples = frame.to_ndarray()
+    if not frame.format.is_planar:  # packed: (1, n * channels), interleaved
+        samples = samples.reshape(-1, channels).T
+    if samples.dtype == np.uint8:
+        values = (samples.astype(np.float64) - 128.0) / 128.0
+    elif samples.dtype in _INT_SCALE:
+        values = samples.astype(np.float64) / _INT_SCALE[samples.dtype]
+    else:
+        values = samples.astype(np.float64)
+    # float64 sum of float32 values then one rounding: equals torch's float32 channel mean for 1-2 channels
+    return values.mean(axis=0).astype(np.float32)
