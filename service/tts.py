@@ -7,7 +7,7 @@ import queue
 import threading
 import time
 import unicodedata
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -17,6 +17,7 @@ import numpy as np
 from service.audio import DEFAULT_BITRATE_KBPS, AudioFormat, encode_complete, make_encoder, media_type, output_sample_rate
 from service.cache import AudioCache, audio_cache_key
 from service.engine.synthesizer import AudioChunk, SynthesisOptions
+from service.engine.voice import Voice
 from service.errors import (
     EngineError,
     InvalidInputError,
@@ -53,9 +54,16 @@ class Engine(Protocol):
     @property
     def speakers(self) -> Sequence[str]: ...
 
+    def voice(self, speaker: str) -> Voice:
+        """The built-in speaker `speaker` (UnknownSpeakerError when there is none of that name)."""
+        ...
+
     def synthesize(
-        self, sentences: list[list[int]], speaker: str, options: SynthesisOptions, cancel: threading.Event
+        self, sentences: list[list[int]], voice: Voice, options: SynthesisOptions, cancel: threading.Event
     ) -> Iterator[AudioChunk]: ...
+
+
+VoiceResolver = Callable[[str], Voice | None]  # a saved voice by name, or None (service.voices)
 
 
 class SynthesisObserver:
@@ -82,7 +90,7 @@ class SpeechRequest:
     """One synthesis request, already validated for type and range by the API schema."""
 
     text: str
-    speaker: str
+    speaker: str  # a built-in speaker or a saved voice (by name); ignored when `voice` is given
     fmt: AudioFormat = AudioFormat.WAV
     speed: float = 1.0
     seed: int | None = None
@@ -93,6 +101,7 @@ class SpeechRequest:
     max_chars: int = 4096
     text_param: str = "text"  # request field names, for error messages
     speaker_param: str = "speaker"
+    voice: Voice | None = None  # an already resolved voice (a one-off prompt, an instruct request)
 
 
 @dataclass
@@ -139,6 +148,7 @@ class PreparedSpeech:
     media_type: str
     started: float  # time.monotonic() when the request reached the service
     frontend_s: float
+    voice: Voice
 
     @property
     def input_tokens(self) -> int:
@@ -226,9 +236,11 @@ class TTSService:
         retry_after_s: int = 1,
         n_timesteps: int | None = None,
         observer: SynthesisObserver | None = None,
+        saved_voices: VoiceResolver | None = None,
     ) -> None:
         self.frontend = frontend
         self.engine = engine
+        self.saved_voices = saved_voices
         self.cache = cache
         self.bundle_sha256 = bundle_sha256
         self.concurrency = concurrency
@@ -285,9 +297,7 @@ class TTSService:
         """Check text and speaker, run the frontend, compute the cache key (no engine work)."""
         started = time.monotonic()
         check_text(request.text, request.max_chars, request.text_param)
-        if request.speaker not in self.engine.speakers:
-            known = ", ".join(self.engine.speakers)
-            raise UnknownSpeakerError(f"unknown speaker {request.speaker!r}; known: {known}", param=request.speaker_param)
+        voice = self.resolve_voice(request)
         # read before the frontend runs: a lexicon write in between can only make the key older, never newer
         lexicon_version = self.frontend.lexicon_version
         sentences = self._sentences(request)
@@ -297,7 +307,7 @@ class TTSService:
         key = audio_cache_key(
             bundle_sha256=self.bundle_sha256,
             text="\n".join(_key_text(s) for s in sentences),
-            speaker=request.speaker,
+            speaker=voice.fingerprint,  # the numbers the audio depends on, not a name that may be reused
             speed=request.speed,
             fmt=f"{variant};n_timesteps={self.n_timesteps};kbps={request.bitrate_kbps}",
             sample_rate=rate,
@@ -305,7 +315,20 @@ class TTSService:
             lexicon_version=lexicon_version,
         )
         mtype = media_type(request.fmt, rate)
-        return PreparedSpeech(request, tuple(sentences), key, rate, mtype, started, time.monotonic() - started)
+        return PreparedSpeech(request, tuple(sentences), key, rate, mtype, started, time.monotonic() - started, voice)
+
+    def resolve_voice(self, request: SpeechRequest) -> Voice:
+        """The request's voice: given, a built-in speaker, or a saved voice (UnknownSpeakerError naming both kinds)."""
+        if request.voice is not None:
+            return request.voice
+        if request.speaker in self.engine.speakers:
+            return self.engine.voice(request.speaker)
+        saved = self.saved_voices(request.speaker) if self.saved_voices is not None else None
+        if saved is not None:
+            return saved
+        known = ", ".join(self.engine.speakers)
+        extra = " or a saved voice (GET /v1/voices)" if self.saved_voices is not None else ""
+        raise UnknownSpeakerError(f"unknown speaker {request.speaker!r}; known: {known}{extra}", param=request.speaker_param)
 
     def probe(self, text: str, speaker: str, max_age_s: float = 0.0) -> None:
         """Run a real inference unless one succeeded within `max_age_s`; raises EngineError when it fails."""
@@ -313,10 +336,9 @@ class TTSService:
             if time.monotonic() - self._last_success < max_age_s:
                 return
             ids = [list(s.ids) for s in self.frontend.sentences(text) if s.ids]
+            options = self._options(SpeechRequest(text, speaker))
             try:
-                chunks = list(
-                    self.engine.synthesize(ids, speaker, self._options(SpeechRequest(text, speaker)), threading.Event())
-                )
+                chunks = list(self.engine.synthesize(ids, self.engine.voice(speaker), options, threading.Event()))
             except TTSError:
                 raise
             except Exception as e:
@@ -401,7 +423,7 @@ class TTSService:
         audio: list[np.ndarray] = []
         spoken = [s for s in p.sentences if s.ids]  # a pure pause (leading silence) is not for the engine
         lead_s = sum(s.pause_after_s for s in p.sentences if not s.ids)
-        chunks = self.engine.synthesize([list(s.ids) for s in spoken], req.speaker, self._options(req), job.cancel_event)
+        chunks = self.engine.synthesize([list(s.ids) for s in spoken], p.voice, self._options(req), job.cancel_event)
         for chunk, samples in with_pauses(chunks, [s.pause_after_s for s in spoken], lead_s, self.sample_rate):
             if job.cancel_event.is_set():
                 return None

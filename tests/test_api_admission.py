@@ -22,6 +22,7 @@ from service.api.deps import AppState
 from service.api.routes import lexicon, openai, ops, speech
 from service.cache import MemoryAudioCache
 from service.engine.synthesizer import AudioChunk, StageTimings, SynthesisOptions
+from service.engine.voice import Voice
 from service.errors import OverloadedError
 from service.frontend import Sentence
 from service.settings import Settings
@@ -47,11 +48,14 @@ class HeldEngine:
     sample_rate = 22050
     speakers: Sequence[str] = (SPEAKER,)
 
+    def voice(self, speaker: str) -> Voice:
+        return Voice.builtin(speaker, np.ones(192, np.float32))
+
     def __init__(self) -> None:
         self.release = threading.Event()
 
     def synthesize(
-        self, sentences: list[list[int]], speaker: str, options: SynthesisOptions, cancel: threading.Event
+        self, sentences: list[list[int]], voice: Voice, options: SynthesisOptions, cancel: threading.Event
     ) -> Iterator[AudioChunk]:
         assert self.release.wait(timeout=30), "the test never released the engine"
         yield AudioChunk(np.zeros(2205, dtype=np.float32), 0, True, StageTimings(0.0, 0.0, 0.0))

@@ -18,6 +18,7 @@ from service.api.deps import AppState
 from service.bundle import ModelBundle
 from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import AudioChunk, SynthesisOptions
+from service.engine.voice import Voice
 from service.runtime import load_synthesizer
 from service.settings import Settings
 from service.tts import Engine
@@ -49,11 +50,14 @@ class GatedEngine:
     def speakers(self) -> Sequence[str]:
         return self.inner.speakers
 
+    def voice(self, speaker: str) -> Voice:
+        return self.inner.voice(speaker)
+
     def synthesize(
-        self, sentences: list[list[int]], speaker: str, options: SynthesisOptions, cancel: threading.Event
+        self, sentences: list[list[int]], voice: Voice, options: SynthesisOptions, cancel: threading.Event
     ) -> Iterator[AudioChunk]:
         self.cancels.append(cancel)
-        return self._paced(self.inner.synthesize(sentences, speaker, options, cancel))
+        return self._paced(self.inner.synthesize(sentences, voice, options, cancel))
 
     def _paced(self, chunks: Iterator[AudioChunk]) -> Iterator[AudioChunk]:
         for chunk in chunks:

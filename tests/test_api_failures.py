@@ -16,6 +16,7 @@ from service.api import create_app
 from service.bundle import ModelBundle
 from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import AudioChunk, SynthesisOptions
+from service.engine.voice import Voice
 from service.runtime import load_synthesizer
 from service.settings import Settings
 from service.tts import Engine
@@ -44,19 +45,22 @@ class FailingEngine:
     def speakers(self) -> Sequence[str]:
         return self.inner.speakers
 
+    def voice(self, speaker: str) -> Voice:
+        return self.inner.voice(speaker)
+
     def synthesize(
-        self, sentences: list[list[int]], speaker: str, options: SynthesisOptions, cancel: threading.Event
+        self, sentences: list[list[int]], voice: Voice, options: SynthesisOptions, cancel: threading.Event
     ) -> Iterator[AudioChunk]:
-        fail_at = {FAIL_AT_ONCE: 0, FAIL_LATER: 1}.get(speaker, len(sentences))
-        return self._run(sentences, speaker, options, cancel, fail_at)
+        fail_at = {FAIL_AT_ONCE: 0, FAIL_LATER: 1}.get(voice.name, len(sentences))
+        return self._run(sentences, voice, options, cancel, fail_at)
 
     def _run(
-        self, sentences: list[list[int]], speaker: str, options: SynthesisOptions, cancel: threading.Event, fail_at: int
+        self, sentences: list[list[int]], voice: Voice, options: SynthesisOptions, cancel: threading.Event, fail_at: int
     ) -> Iterator[AudioChunk]:
         for i, ids in enumerate(sentences):
             if i == fail_at:
                 raise RuntimeError("simulated ONNX Runtime failure")
-            yield from self.inner.synthesize([ids], speaker, options, cancel)
+            yield from self.inner.synthesize([ids], voice, options, cancel)
 
 
 def failing_app(bundle: Path) -> FastAPI:

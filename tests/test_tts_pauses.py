@@ -10,6 +10,7 @@ import numpy as np
 from service.audio import AudioFormat
 from service.cache import MemoryAudioCache
 from service.engine.synthesizer import AudioChunk, StageTimings, SynthesisOptions
+from service.engine.voice import Voice
 from service.frontend import Sentence
 from service.tts import SpeechRequest, TTSService, with_pauses
 
@@ -35,12 +36,15 @@ class OnesEngine:
     sample_rate = RATE
     speakers: Sequence[str] = (SPEAKER,)
 
+    def voice(self, speaker: str) -> Voice:
+        return Voice.builtin(speaker, np.ones(192, np.float32))
+
     def __init__(self, marks_ends: bool = True) -> None:
         self.seen: list[list[int]] = []
         self.marks_ends = marks_ends  # False: an engine whose chunks do not say where a sentence ends
 
     def synthesize(
-        self, sentences: list[list[int]], speaker: str, options: SynthesisOptions, cancel: threading.Event
+        self, sentences: list[list[int]], voice: Voice, options: SynthesisOptions, cancel: threading.Event
     ) -> Iterator[AudioChunk]:
         self.seen = sentences
         timings = StageTimings(0.0, 0.0, 0.0)
@@ -101,7 +105,7 @@ def test_silence_follows_its_sentence_at_once() -> None:
         log: list[str] = []
 
         def produced() -> Iterator[AudioChunk]:
-            for chunk in engine.synthesize(ids, SPEAKER, SynthesisOptions(), threading.Event()):
+            for chunk in engine.synthesize(ids, engine.voice(SPEAKER), SynthesisOptions(), threading.Event()):
                 log.append(f"made s{chunk.sentence_index}")
                 yield chunk
 
