@@ -22,6 +22,10 @@ class ErrorCode(StrEnum):
     OVERLOADED = "overloaded"
     SHUTTING_DOWN = "shutting_down"
     NOT_READY = "not_ready"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    UNSUPPORTED_CAPABILITY = "unsupported_capability"
+    VOICE_EXISTS = "voice_exists"
+    TOO_MANY_VOICES = "too_many_voices"
     STORE_UNAVAILABLE = "store_unavailable"
     BUNDLE_INVALID = "bundle_invalid"
     ENGINE_FAILURE = "engine_failure"
@@ -102,6 +106,27 @@ class ShuttingDownError(TTSError):
 
 class NotReadyError(TTSError):
     code = ErrorCode.NOT_READY
+
+
+class PayloadTooLargeError(TTSError):
+    """An upload (prompt audio) larger than the upload limit."""
+
+    code = ErrorCode.PAYLOAD_TOO_LARGE
+
+
+class UnsupportedCapabilityError(TTSError):
+    """The served model cannot do this (e.g. voice cloning without its prompt models, instruct on a non-Instruct
+    model); the message names the missing capability."""
+
+    code = ErrorCode.UNSUPPORTED_CAPABILITY
+
+
+class VoiceExistsError(TTSError):
+    code = ErrorCode.VOICE_EXISTS
+
+
+class TooManyVoicesError(TTSError):
+    code = ErrorCode.TOO_MANY_VOICES
 
 
 class StoreUnavailableError(TTSError):

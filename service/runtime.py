@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from service.access import ApiKeys, Caller, ClientIdentity, Gate
 from service.bundle import ModelBundle
 from service.cache import CacheStats, RedisLexiconStore, build_audio_cache
+from service.cloning import Voices
 from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import Synthesizer
 from service.errors import BundleError, NotReadyError, ShuttingDownError
@@ -19,6 +20,7 @@ from service.frontend import TextFrontend
 from service.ratelimit import RateLimiter
 from service.settings import Settings
 from service.tts import Engine, SynthesisObserver, TTSService
+from service.voices import AnalysisCache, DirectoryVoiceStore, RedisVoiceStore, VoiceStore
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +60,10 @@ class Runtime:
         *,
         observer: SynthesisObserver | None = None,
         engine_loader: EngineLoader = load_synthesizer,
+        reserved_voice_names: tuple[str, ...] = (),
     ) -> None:
         self.settings = settings
+        self.reserved_voice_names = reserved_voice_names  # names saved voices may not take (e.g. OpenAI's)
         self.observer = observer or SynthesisObserver()
         self.engine_loader = engine_loader
         s = settings
@@ -71,6 +75,7 @@ class Runtime:
         self._service: TTSService | None = None
         self._frontend: TextFrontend | None = None
         self.lexicon_store: RedisLexiconStore | None = None  # None: the lexicon lives in this process
+        self._voices: Voices | None = None
         self.normalizer: dict[str, str] = {}
         self.closing = False
         self._in_flight = 0
@@ -100,10 +105,12 @@ class Runtime:
         watch_cache: Callable[[CacheStats], None] | None = getattr(self.observer, "watch_cache", None)
         if watch_cache is not None:  # an observer that exports the cache's counters (the HTTP metrics)
             watch_cache(cache.stats)
+        voices = self._load_voices(bundle, frontend)
         service = TTSService(
             frontend,
             engine,
             cache,
+            saved_voices=voices.resolve,
             bundle_sha256=bundle.manifest_sha256,
             concurrency=s.concurrent_requests,
             queue_max=s.queue_max,
@@ -121,7 +128,21 @@ class Runtime:
         if bundle.manifest.warning:
             log.warning("%s", bundle.manifest.warning)
         self.bundle, self.normalizer = bundle, frontend.normalizer_info
-        self._frontend, self._service = frontend, service
+        self._frontend, self._service, self._voices = frontend, service, voices
+
+    def _load_voices(self, bundle: ModelBundle, frontend: TextFrontend) -> Voices:
+        s = self.settings
+        store: VoiceStore = RedisVoiceStore(self.redis_url) if self.redis_url else DirectoryVoiceStore(s.voices_dir)
+        return Voices.load(
+            bundle,
+            frontend,
+            store,
+            AnalysisCache(self.redis_url, ttl_s=s.cache_ttl_s),
+            runtime_options(s),
+            mel_variant=s.prompt_mel_variant,
+            max_voices=s.max_voices,
+            reserved_names=self.reserved_voice_names,
+        )
 
     def close(self) -> None:
         """Refuse new work, cancel running jobs, stop the engine and close the stores (blocking)."""
@@ -133,6 +154,9 @@ class Runtime:
             service.cache.close()
         if self.lexicon_store is not None:
             self.lexicon_store.close()
+        if self._voices is not None:
+            self._voices.store.close()
+            self._voices.cache.close()
 
     # ---- what transports use ------------------------------------------------------------------
     @property
@@ -152,6 +176,15 @@ class Runtime:
     def loaded_service(self) -> TTSService | None:
         """The service if one is loaded (closing or not), for shutdown and status pages."""
         return self._service
+
+    @property
+    def voices(self) -> Voices:
+        """Prompt analysis and saved voices; NotReadyError while loading, ShuttingDownError once closing."""
+        if self.closing:
+            raise ShuttingDownError("the service is shutting down")
+        if self._voices is None:
+            raise NotReadyError("the model is still loading")
+        return self._voices
 
     @property
     def frontend(self) -> TextFrontend:

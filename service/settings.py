@@ -102,6 +102,13 @@ class Settings(BaseSettings):
         default=8, ge=0, le=1024, description="Requests allowed to wait for a synthesis slot; beyond this: 503 at once."
     )
     retry_after_s: int = Field(default=2, ge=1, le=3600, description="Retry-After sent with 503 when the queue is full.")
+    max_upload_bytes: int = Field(
+        default=10 * MiB,
+        ge=64 * 1024,
+        le=256 * MiB,
+        description="Largest multipart upload (a voice prompt recording); beyond: 413 payload_too_large. Text bodies keep "
+        "TTS_MAX_BODY_BYTES.",
+    )
     max_chars: int = Field(
         default=4096, ge=1, le=100_000, description="Longest accepted text in characters (/v1 never exceeds 4096)."
     )
@@ -128,6 +135,19 @@ class Settings(BaseSettings):
         default=64 * MiB, ge=0, le=16_384 * MiB, description="In-process audio cache size; 0 disables it."
     )
     cache_ttl_s: int = Field(default=86_400, ge=1, le=30 * 86_400, description="Lifetime of a Redis audio cache entry.")
+
+    # voices
+    voices_dir: Path = Field(
+        default=Path("data/voices"),
+        description="Directory of saved voices when TTS_REDIS_URL is empty (created if missing; survives restarts). "
+        "With Redis, saved voices live there and every replica shares them.",
+    )
+    max_voices: int = Field(default=100, ge=1, le=10_000, description="Saved voices allowed in the store; beyond: 409.")
+    prompt_mel_variant: Literal["trained", "official-24k"] = Field(
+        default="trained",
+        description="Prompt mel of voice cloning: `trained` = from 22,050 Hz audio, the rate the flow was trained on; "
+        "`official-24k` = from 24 kHz audio as the official code does since Dec 2025 (frames 9% too fast).",
+    )
 
     # access control
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(

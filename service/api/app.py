@@ -18,8 +18,9 @@ from service.api.deps import AppState
 from service.api.docs import install_docs
 from service.api.errors import install_error_handlers
 from service.api.metrics import Metrics, RequestMetricsMiddleware
-from service.api.routes import lexicon, openai, ops, speech
+from service.api.routes import lexicon, official, openai, ops, speech, voices
 from service.api.routes.ops import STATIC_DIR
+from service.api.schemas import OPENAI_VOICES
 from service.runtime import EngineLoader, Runtime, load_synthesizer
 from service.settings import RENAMED, Settings, unknown_env_vars
 
@@ -38,7 +39,8 @@ def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader 
         if old in os.environ:
             log.warning("%s is the old name of %s; it is still read, but rename it", old, new)
     metrics = Metrics()
-    state = AppState(runtime=Runtime(settings, observer=metrics, engine_loader=engine_loader), metrics=metrics)
+    runtime = Runtime(settings, observer=metrics, engine_loader=engine_loader, reserved_voice_names=tuple(OPENAI_VOICES))
+    state = AppState(runtime=runtime, metrics=metrics)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -59,9 +61,9 @@ def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader 
     )
     app.state.tts = state
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, upload_bytes=settings.max_upload_bytes)
     # outside the body limit (a refusal reads no body), inside CORS (browsers can read a refusal)
-    routers = (speech.router, openai.router, lexicon.router, ops.router)
+    routers = (speech.router, official.router, openai.router, voices.router, lexicon.router, ops.router)
     app.add_middleware(AdmissionMiddleware, state=state, routes=synthesis_routes(*routers))
     if settings.cors_allow_origins:
         app.add_middleware(

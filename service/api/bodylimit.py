@@ -5,27 +5,31 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.errors import error_response
-from service.errors import TextTooLongError
+from service.errors import PayloadTooLargeError, TextTooLongError, TTSError
 
 
 class BodyLimitMiddleware:
-    """Reads the body up to `max_bytes` (by Content-Length when given, else by counting) and replays it.
+    """Reads the body up to its limit (by Content-Length when given, else by counting) and replays it.
 
-    Bodies here are small JSON or form documents, so holding one in memory is cheap; a body that is too
-    large is answered with 413 `text_too_long` without being read further.
+    Text bodies (JSON, forms) have `max_bytes` and a larger one is answered with 413 `text_too_long`;
+    multipart uploads (prompt recordings) have `upload_bytes` and get 413 `payload_too_large`. Either way
+    the body is not read further, and what is held in memory is bounded by the limit.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, upload_bytes: int | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.upload_bytes = upload_bytes if upload_bytes is not None else max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        upload = _is_multipart(scope)
+        limit = self.upload_bytes if upload else self.max_bytes
         declared = _content_length(scope)
-        if declared is not None and declared > self.max_bytes:
-            await self._refuse(scope, receive, send)
+        if declared is not None and declared > limit:
+            await self._refuse(scope, receive, send, limit, upload)
             return
         messages: list[Message] = []
         size = 0
@@ -35,16 +39,27 @@ class BodyLimitMiddleware:
             if message["type"] != "http.request":
                 break
             size += len(message.get("body", b""))
-            if size > self.max_bytes:
-                await self._refuse(scope, receive, send)
+            if size > limit:
+                await self._refuse(scope, receive, send, limit, upload)
                 return
             if not message.get("more_body", False):
                 break
         await self.app(scope, _replay(messages, receive), send)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        error = TextTooLongError(f"request body is larger than {self.max_bytes} bytes", param="body")
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, limit: int, upload: bool) -> None:
+        error: TTSError
+        if upload:
+            error = PayloadTooLargeError(f"the upload is larger than {limit} bytes (TTS_MAX_UPLOAD_BYTES)", param="body")
+        else:
+            error = TextTooLongError(f"request body is larger than {limit} bytes", param="body")
         await error_response(scope["path"], error)(scope, receive, send)
+
+
+def _is_multipart(scope: Scope) -> bool:
+    for name, value in scope.get("headers", []):
+        if name == b"content-type":
+            return value.split(b";", 1)[0].strip().lower() == b"multipart/form-data"
+    return False
 
 
 def _content_length(scope: Scope) -> int | None:

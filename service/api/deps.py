@@ -13,6 +13,7 @@ from service.api.auth import caller_of, was_admitted
 from service.api.metrics import Metrics
 from service.bundle import ModelBundle
 from service.cache import RedisLexiconStore
+from service.cloning import Voices
 from service.errors import NotFoundError, UnsupportedMediaTypeError
 from service.frontend import Lexicon, TextFrontend
 from service.runtime import Runtime
@@ -89,6 +90,14 @@ def get_frontend(state: StateDep) -> TextFrontend:
 
 
 FrontendDep = Annotated[TextFrontend, Depends(get_frontend)]
+
+
+def get_voices(state: StateDep) -> Voices:
+    """Prompt analysis and saved voices; 503 while the model is loading or the app is stopping."""
+    return state.runtime.voices
+
+
+VoicesDep = Annotated[Voices, Depends(get_voices)]
 
 
 def get_lexicon(frontend: FrontendDep) -> Lexicon:

@@ -5,13 +5,25 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+from fastapi import UploadFile
 
 from service.api.deps import AppState
 from service.api.schemas import OPENAI_MAX_INPUT_CHARS, ModelFacts
 from service.audio import AudioFormat, media_type
+from service.errors import PayloadTooLargeError, PromptAudioError, PromptAudioProblem
 from service.tts import SpeechJob, SpeechRequest, TTSService
 
 INSTRUCTIONS_WARNING = '299 cosyvoice-lite "instructions are ignored: CosyVoice-300M-SFT has no instruction control"'
+
+
+async def read_upload(upload: UploadFile, max_bytes: int, *, param: str = "prompt_wav") -> bytes:
+    """The uploaded file's bytes (the body limit already bounds them; this names the field when it is empty)."""
+    data = await upload.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise PayloadTooLargeError(f"{param} is larger than {max_bytes} bytes (TTS_MAX_UPLOAD_BYTES)", param=param)
+    if not data:
+        raise PromptAudioError(f"{param} is empty", reason=PromptAudioProblem.EMPTY, param=param)
+    return data
 
 
 async def submit(service: TTSService, request: SpeechRequest) -> SpeechJob:

@@ -1,0 +1,101 @@
+"""The official CosyVoice server's prompt endpoints (zero-shot, cross-lingual, instruct), wire-compatible: GET or POST
+with form fields and a multipart `prompt_wav`, raw int16 mono PCM at 22,050 Hz out, one piece per sentence."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import anyio
+from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi.responses import Response
+
+from service.api.deps import SYNTHESIS_GUARDS, ServiceDep, StateDep, VoicesDep
+from service.api.errors import ERROR_RESPONSES
+from service.api.routes.common import audio_headers, audio_responses, read_upload, submit
+from service.api.streaming import chunked_response
+from service.audio import AudioFormat
+from service.cloning import PromptAudio
+from service.engine.voice import Voice
+from service.errors import UnsupportedCapabilityError
+from service.tts import SpeechRequest
+
+router = APIRouter(tags=["official CosyVoice API"])
+
+_ROUTE = {
+    "dependencies": SYNTHESIS_GUARDS,
+    "response_class": Response,
+    "responses": {**audio_responses(), **ERROR_RESPONSES},
+}
+TtsText = Annotated[str, Form(description="Text to speak.")]
+PromptWav = Annotated[UploadFile, File(description="Prompt recording (wav, flac, mp3, ogg/opus, m4a; 1-30 s).")]
+
+
+async def _pcm_response(request: Request, service: ServiceDep, state: StateDep, text: str, voice: Voice) -> Response:
+    wanted = SpeechRequest(
+        text=text,
+        speaker=voice.name,
+        voice=voice,
+        fmt=AudioFormat.PCM,
+        chunked=True,
+        max_chars=state.settings.max_chars,
+        text_param="tts_text",
+        speaker_param="spk_id",
+    )
+    job = await submit(service, wanted)
+    return await chunked_response(request, job, state, audio_headers(job))
+
+
+@router.get("/inference_zero_shot", operation_id="inference_zero_shot_get", **_ROUTE)  # type: ignore[arg-type]
+@router.post("/inference_zero_shot", operation_id="inference_zero_shot_post", **_ROUTE)  # type: ignore[arg-type]
+async def inference_zero_shot(
+    tts_text: TtsText,
+    prompt_text: Annotated[str, Form(description="The words spoken in the prompt recording.")],
+    prompt_wav: PromptWav,
+    request: Request,
+    service: ServiceDep,
+    state: StateDep,
+    voices: VoicesDep,
+) -> Response:
+    """Clone the prompt's voice (official `inference_zero_shot`): the LLM sees the prompt text and prompt tokens."""
+    prompt = PromptAudio(await read_upload(prompt_wav, state.settings.max_upload_bytes))
+    voice = await anyio.to_thread.run_sync(lambda: voices.prompt_voice(prompt, prompt_text, name="zero-shot prompt"))
+    return await _pcm_response(request, service, state, tts_text, voice)
+
+
+@router.get("/inference_cross_lingual", operation_id="inference_cross_lingual_get", **_ROUTE)  # type: ignore[arg-type]
+@router.post("/inference_cross_lingual", operation_id="inference_cross_lingual_post", **_ROUTE)  # type: ignore[arg-type]
+async def inference_cross_lingual(
+    tts_text: TtsText, prompt_wav: PromptWav, request: Request, service: ServiceDep, state: StateDep, voices: VoicesDep
+) -> Response:
+    """Speak `tts_text` (often in another language, e.g. `<|en|>Hello.`) in the prompt's voice (official
+    `inference_cross_lingual`): the LLM sees only the speaker vector, the flow the prompt tokens and mel."""
+    prompt = PromptAudio(await read_upload(prompt_wav, state.settings.max_upload_bytes))
+    voice = await anyio.to_thread.run_sync(lambda: voices.prompt_voice(prompt, "", name="cross-lingual prompt"))
+    return await _pcm_response(request, service, state, tts_text, voice)
+
+
+@router.get("/inference_instruct", operation_id="inference_instruct_get", **_ROUTE)  # type: ignore[arg-type]
+@router.post("/inference_instruct", operation_id="inference_instruct_post", **_ROUTE)  # type: ignore[arg-type]
+async def inference_instruct(
+    tts_text: TtsText,
+    spk_id: Annotated[str, Form(description="Built-in speaker, e.g. 中文男.")],
+    instruct_text: Annotated[str, Form(description="How to speak, e.g. `A calm narrator.<|endofprompt|>`.")],
+    request: Request,
+    service: ServiceDep,
+    state: StateDep,
+    voices: VoicesDep,
+) -> Response:
+    """CosyVoice-300M-Instruct (official `inference_instruct`): a built-in speaker, styled by `instruct_text`."""
+    base = service.resolve_voice(SpeechRequest(tts_text, spk_id, speaker_param="spk_id"))
+    voice = voices.instruct_voice(base, instruct_text)
+    return await _pcm_response(request, service, state, tts_text, voice)
+
+
+@router.get("/inference_instruct2", operation_id="inference_instruct2_get", **_ROUTE)  # type: ignore[arg-type]
+@router.post("/inference_instruct2", operation_id="inference_instruct2_post", **_ROUTE)  # type: ignore[arg-type]
+async def inference_instruct2(state: StateDep) -> Response:
+    """CosyVoice2 only: answered with a 4xx naming the missing capability."""
+    raise UnsupportedCapabilityError(
+        f"inference_instruct2 needs a CosyVoice2 model; the served model {state.model_id} is CosyVoice v1 "
+        "(use /inference_instruct with a CosyVoice-300M-Instruct bundle)"
+    )

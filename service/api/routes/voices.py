@@ -1,0 +1,46 @@
+"""Saved voices: POST /v1/voices analyses a prompt recording once and stores it under a name; list, get, delete."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, File, Form, UploadFile
+
+from service.api.deps import ADMIN, LISTING, StateDep, VoicesDep
+from service.api.errors import ERROR_RESPONSES
+from service.api.routes.common import read_upload
+from service.cloning import PromptAudio
+
+router = APIRouter(prefix="/v1/voices", tags=["voices"])
+
+
+@router.post("", dependencies=ADMIN, status_code=201, responses=ERROR_RESPONSES, summary="Save a cloned voice")
+async def create_voice(
+    state: StateDep,
+    voices: VoicesDep,
+    name: Annotated[str, Form(description="Voice name: 1-64 letters, digits, '-', '_', '.'; used as `speaker` / `voice`.")],
+    audio: Annotated[UploadFile, File(description="Prompt recording, 1-30 s (wav, flac, mp3, ogg/opus, m4a).")],
+    transcript: Annotated[str, Form(description="Words spoken in the recording; empty = cross-lingual cloning.")] = "",
+) -> dict[str, Any]:
+    """Analyse the recording once (speaker vector, speech tokens, prompt mel) and store it: in Redis when
+    TTS_REDIS_URL is set (every replica sees it), else in TTS_VOICES_DIR. Needs an admin key when keys are on."""
+    prompt = PromptAudio(await read_upload(audio, state.settings.max_upload_bytes, param="audio"))
+    saved = await anyio.to_thread.run_sync(lambda: voices.save(name, prompt, transcript))
+    return saved.info()
+
+
+@router.get("", dependencies=LISTING, responses=ERROR_RESPONSES, summary="List saved voices")
+async def list_voices(voices: VoicesDep) -> dict[str, Any]:
+    found = await anyio.to_thread.run_sync(voices.store.list)
+    return {"object": "list", "data": [v.info() for v in found], "max_voices": voices.max_voices}
+
+
+@router.get("/{voice_id}", dependencies=LISTING, responses=ERROR_RESPONSES, summary="One saved voice")
+async def get_voice(voice_id: str, voices: VoicesDep) -> dict[str, Any]:
+    return (await anyio.to_thread.run_sync(voices.saved, voice_id)).info()
+
+
+@router.delete("/{voice_id}", dependencies=ADMIN, status_code=204, responses=ERROR_RESPONSES, summary="Delete a voice")
+async def delete_voice(voice_id: str, voices: VoicesDep) -> None:
+    await anyio.to_thread.run_sync(voices.delete, voice_id)

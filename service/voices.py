@@ -1,0 +1,319 @@
+"""Saved voices (analysed prompt recordings under a name) and the prompt-analysis cache: in Redis when configured,
+shared by every replica, else in a local directory (voices) or this process (analyses)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+import threading
+import time
+import unicodedata
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from service.errors import InvalidInputError, StoreUnavailableError, TooManyVoicesError, VoiceExistsError
+
+VOICE_FORMAT = 1
+MAX_NAME_CHARS = 64
+_NAME_PUNCTUATION = frozenset("-_.")
+REDIS_VOICES_KEY = "tts:voices"
+REDIS_ANALYSIS_PREFIX = "tts:prompt-analysis:"
+_REDIS_TIMEOUT_S = 0.5
+
+
+@dataclass(frozen=True, eq=False)
+class PromptFeatures:
+    """A prompt recording as the model takes it (see service.engine.prompt.PromptAnalysis), storable."""
+
+    embedding: np.ndarray  # (192,) float32 raw
+    speech_tokens: np.ndarray  # (T_tok,) int32
+    mel: np.ndarray  # (T_mel, 80) float32
+    duration_s: float
+    mel_variant: str
+
+    def to_arrays(self) -> dict[str, Any]:
+        return {"embedding": self.embedding, "speech_tokens": self.speech_tokens, "mel": self.mel}
+
+    @classmethod
+    def from_arrays(cls, arrays: Any, duration_s: float, mel_variant: str) -> PromptFeatures:
+        return cls(
+            np.asarray(arrays["embedding"], dtype=np.float32),
+            np.asarray(arrays["speech_tokens"], dtype=np.int32),
+            np.asarray(arrays["mel"], dtype=np.float32),
+            float(duration_s),
+            mel_variant,
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class SavedVoice:
+    """A named voice: its prompt features, the transcript (empty: cross-lingual cloning) and where it came from.
+
+    `models` fingerprints the prompt models that analysed it (a voice analysed by other models is refused).
+    """
+
+    name: str
+    transcript: str
+    features: PromptFeatures
+    audio_sha256: str
+    models: str
+    created_at: float = field(default_factory=time.time)
+
+    @property
+    def kind(self) -> str:
+        return "zero_shot" if self.transcript else "cross_lingual"
+
+    def info(self) -> dict[str, Any]:
+        """What listings show (no arrays)."""
+        return {
+            "id": self.name,
+            "name": self.name,
+            "kind": self.kind,
+            "transcript": self.transcript,
+            "duration_s": round(self.features.duration_s, 3),
+            "prompt_tokens": int(self.features.speech_tokens.size),
+            "mel_variant": self.features.mel_variant,
+            "created_at": self.created_at,
+        }
+
+    def to_bytes(self) -> bytes:
+        meta = {
+            "format": VOICE_FORMAT,
+            "name": self.name,
+            "transcript": self.transcript,
+            "audio_sha256": self.audio_sha256,
+            "models": self.models,
+            "created_at": self.created_at,
+            "duration_s": self.features.duration_s,
+            "mel_variant": self.features.mel_variant,
+        }
+        buf = io.BytesIO()
+        np.savez(buf, meta=np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8), **self.features.to_arrays())
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SavedVoice:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            meta = json.loads(bytes(npz["meta"]).decode("utf-8"))
+            if meta.get("format") != VOICE_FORMAT:
+                raise ValueError(f"unknown saved-voice format {meta.get('format')!r}")
+            features = PromptFeatures.from_arrays(npz, meta["duration_s"], meta["mel_variant"])
+        return cls(meta["name"], meta["transcript"], features, meta["audio_sha256"], meta["models"], meta["created_at"])
+
+
+def check_voice_name(name: str, reserved: Iterable[str] = ()) -> str:
+    """The name, NFC-normalized, if it can name a voice: 1-64 letters (any script), digits, `-`, `_`, `.`, starting
+    with a letter or digit, and not a built-in speaker or OpenAI voice name; else InvalidInputError."""
+    name = unicodedata.normalize("NFC", name)
+    ok = 0 < len(name) <= MAX_NAME_CHARS and name[0].isalnum() and all(c.isalnum() or c in _NAME_PUNCTUATION for c in name)
+    if not ok:
+        raise InvalidInputError(
+            f"a voice name has 1-{MAX_NAME_CHARS} letters, digits, '-', '_' or '.', and starts with a letter or digit",
+            param="name",
+        )
+    if name in set(reserved):
+        raise VoiceExistsError(f"{name!r} is the name of a built-in voice; choose another name", param="name")
+    return name
+
+
+class VoiceStore(Protocol):
+    """Where saved voices live. `add` raises VoiceExistsError / TooManyVoicesError and stores nothing then."""
+
+    backend: str
+
+    def list(self) -> list[SavedVoice]: ...
+
+    def get(self, name: str) -> SavedVoice | None: ...
+
+    def add(self, voice: SavedVoice, max_voices: int) -> None: ...
+
+    def delete(self, name: str) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class DirectoryVoiceStore:
+    """One file per voice in a directory that survives restarts; writes are atomic (temp file + rename)."""
+
+    backend = "directory"
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    def _path(self, name: str) -> Path:
+        # names may hold any letter: the file name is its UTF-8 hex, safe on every file system
+        return self.root / f"{name.encode('utf-8').hex()}.voice"
+
+    def list(self) -> list[SavedVoice]:
+        voices = [v for p in sorted(self.root.glob("*.voice")) if (v := self._read(p)) is not None]
+        return sorted(voices, key=lambda v: v.created_at)
+
+    def get(self, name: str) -> SavedVoice | None:
+        return self._read(self._path(name))
+
+    def add(self, voice: SavedVoice, max_voices: int) -> None:
+        with self._lock:
+            path = self._path(voice.name)
+            if path.exists():
+                raise VoiceExistsError(f"a voice named {voice.name!r} exists; delete it first", param="name")
+            if len(list(self.root.glob("*.voice"))) >= max_voices:
+                raise TooManyVoicesError(f"the store holds its maximum of {max_voices} voices (TTS_MAX_VOICES)")
+            fd, tmp = tempfile.mkstemp(dir=self.root, suffix=".partial")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(voice.to_bytes())
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+
+    def delete(self, name: str) -> bool:
+        with self._lock:
+            try:
+                self._path(name).unlink()
+            except FileNotFoundError:
+                return False
+            return True
+
+    def close(self) -> None:
+        pass
+
+    @staticmethod
+    def _read(path: Path) -> SavedVoice | None:
+        try:
+            return SavedVoice.from_bytes(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError):  # a damaged file is skipped, never served
+            return None
+
+
+_ADD_SCRIPT = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return -1 end
+if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return -2 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""
+
+
+class RedisVoiceStore:
+    """Saved voices in one Redis hash (name -> blob), shared by every replica; add is one atomic script."""
+
+    backend = "redis"
+
+    def __init__(self, url: str, key: str = REDIS_VOICES_KEY) -> None:
+        self._client = _client(url)
+        self._key = key
+        self._add = self._client.register_script(_ADD_SCRIPT)
+
+    def list(self) -> list[SavedVoice]:
+        blobs = self._call(lambda: self._client.hvals(self._key))
+        return sorted((v for b in blobs if (v := _parse(b)) is not None), key=lambda v: v.created_at)
+
+    def get(self, name: str) -> SavedVoice | None:
+        blob = self._call(lambda: self._client.hget(self._key, name))
+        return _parse(blob) if blob is not None else None
+
+    def add(self, voice: SavedVoice, max_voices: int) -> None:
+        result = self._call(lambda: self._add(keys=[self._key], args=[voice.name, voice.to_bytes(), max_voices]))
+        if result == -1:
+            raise VoiceExistsError(f"a voice named {voice.name!r} exists; delete it first", param="name")
+        if result == -2:
+            raise TooManyVoicesError(f"the store holds its maximum of {max_voices} voices (TTS_MAX_VOICES)")
+
+    def delete(self, name: str) -> bool:
+        return bool(self._call(lambda: self._client.hdel(self._key, name)))
+
+    def close(self) -> None:
+        self._client.close()
+
+    @staticmethod
+    def _call(op: Any) -> Any:
+        try:
+            return op()
+        except redis.RedisError as e:
+            raise StoreUnavailableError(f"the voice store (Redis) is unavailable: {type(e).__name__}", retry_after_s=2) from e
+
+
+class AnalysisCache:
+    """Prompt features by the hash of the audio (and the analysing models and mel variant): in Redis with a
+    TTL when configured, shared by replicas, else an LRU of `capacity` entries in this process. Failures of
+    Redis only cost a re-analysis."""
+
+    def __init__(self, redis_url: str | None, *, capacity: int = 64, ttl_s: int = 86_400) -> None:
+        self._client = _client(redis_url) if redis_url else None
+        self._ttl_s = ttl_s
+        self._capacity = capacity
+        self._memory: OrderedDict[str, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> PromptFeatures | None:
+        blob = self._read(key)
+        if blob is None:
+            return None
+        try:
+            with np.load(io.BytesIO(blob), allow_pickle=False) as npz:
+                meta = json.loads(bytes(npz["meta"]).decode("utf-8"))
+                return PromptFeatures.from_arrays(npz, meta["duration_s"], meta["mel_variant"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def put(self, key: str, features: PromptFeatures) -> None:
+        meta = json.dumps({"duration_s": features.duration_s, "mel_variant": features.mel_variant}).encode("utf-8")
+        buf = io.BytesIO()
+        np.savez(buf, meta=np.frombuffer(meta, dtype=np.uint8), **features.to_arrays())
+        blob = buf.getvalue()
+        if self._client is not None:
+            try:
+                self._client.set(REDIS_ANALYSIS_PREFIX + key, blob, ex=self._ttl_s)
+                return
+            except redis.RedisError:
+                pass  # fall through to this process's LRU
+        with self._lock:
+            self._memory[key] = blob
+            self._memory.move_to_end(key)
+            while len(self._memory) > self._capacity:
+                self._memory.popitem(last=False)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    def _read(self, key: str) -> bytes | None:
+        if self._client is not None:
+            try:
+                blob: Any = self._client.get(REDIS_ANALYSIS_PREFIX + key)
+                if blob is not None:
+                    return bytes(blob)
+            except redis.RedisError:
+                pass
+        with self._lock:
+            found = self._memory.get(key)
+            if found is not None:
+                self._memory.move_to_end(key)
+            return found
+
+
+def _client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(
+        url, socket_timeout=_REDIS_TIMEOUT_S, socket_connect_timeout=_REDIS_TIMEOUT_S, retry=Retry(NoBackoff(), 0)
+    )
+
+
+def _parse(blob: Any) -> SavedVoice | None:
+    try:
+        return SavedVoice.from_bytes(bytes(blob))
+    except (OSError, ValueError, KeyError):
+        return None
