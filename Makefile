@@ -7,7 +7,7 @@ PIP       := $(BIN)/python -m pip install -q --disable-pip-version-check
 HOST      ?= 127.0.0.1
 PORT      ?= 8000
 MODEL_DIR ?= models/tiny
-REF       ?= ../shared/reference
+REF       ?= tests/reference
 PYTEST_ARGS ?=
 
 .PHONY: run test check lint typecheck export bench bench-engine loadtest soak clean-bench

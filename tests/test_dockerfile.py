@@ -24,6 +24,7 @@ SYSTEM_COMMANDS = ("groupadd ", "useradd ")
 # Secrets, virtualenvs, checkpoints, bytecode and other bundles must never reach the Docker daemon.
 KEPT_OUT_OF_CONTEXT = (
     ".env",
+    "tests/reference/tiny/llm.pt",
     ".venv/bin/python",
     ".git/HEAD",
     "pretrained_models/x/llm.pt",
