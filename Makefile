@@ -9,6 +9,10 @@ PORT      ?= 8000
 MODEL_DIR ?= models/tiny
 REF       ?= tests/reference
 PYTEST_ARGS ?=
+# CPU-only torch wheels (pip's --extra-index-url for the installs that bring torch; docker/Dockerfile has the same ARG).
+# Without it pip on Linux takes the multi-GB CUDA build of the pinned torch. Left out, with a notice, when it does
+# not answer (pip would retry it for every package); empty = pip's configured indexes only.
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: run test check lint typecheck export bench bench-engine loadtest soak clean-bench
 
@@ -20,7 +24,7 @@ $(VENV)/.lite: requirements-lite.txt | $(BIN)/python
 	touch $@
 
 $(VENV)/.dev: requirements-lite.txt requirements-export.txt requirements-dev.txt | $(BIN)/python
-	$(PIP) -r requirements-dev.txt
+	index="$$($(BIN)/python scripts/pip_index_args.py '$(TORCH_INDEX_URL)')" && $(PIP) $$index -r requirements-dev.txt
 	touch $@ $(VENV)/.lite
 
 run: $(VENV)/.lite
