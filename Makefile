@@ -37,8 +37,9 @@ test: $(VENV)/.dev
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: $(VENV)/.dev
-	$(BIN)/ruff check service export tests loadtest scripts
+	$(BIN)/ruff check service export tests loadtest scripts $(wildcard examples)
 
+# Strict on service/ (pyproject.toml: [[tool.mypy.overrides]]).
 typecheck: $(VENV)/.dev
 	$(BIN)/mypy service
 
