@@ -1,5 +1,6 @@
 # One virtualenv (.venv) for every target. `make run` installs serving deps only (no torch);
 # `make test` installs the export/dev set (torch==2.13.0 pinned) and the test servers (redis, nginx, chromium).
+# `make test SKIP_SYSTEM_DEPS=1 PYTEST_ARGS='-m "not integration and not browser"'` needs neither root nor those servers.
 PY        ?= python3
 VENV      := .venv
 BIN       := $(VENV)/bin
@@ -7,8 +8,13 @@ PIP       := $(BIN)/python -m pip install -q --disable-pip-version-check
 HOST      ?= 127.0.0.1
 PORT      ?= 8000
 MODEL_DIR ?= models/tiny
-REF       ?= ../shared/reference
+REF       ?= tests/reference
 PYTEST_ARGS ?=
+SKIP_SYSTEM_DEPS ?=
+# CPU-only torch wheels (pip's --extra-index-url for the installs that bring torch; docker/Dockerfile has the same ARG).
+# Without it pip on Linux takes the multi-GB CUDA build of the pinned torch. Left out, with a notice, when it does
+# not answer (pip would retry it for every package); empty = pip's configured indexes only.
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: run test check lint typecheck export bench bench-engine loadtest soak clean-bench
 
@@ -20,19 +26,20 @@ $(VENV)/.lite: requirements-lite.txt | $(BIN)/python
 	touch $@
 
 $(VENV)/.dev: requirements-lite.txt requirements-export.txt requirements-dev.txt | $(BIN)/python
-	$(PIP) -r requirements-dev.txt
+	index="$$($(BIN)/python scripts/pip_index_args.py '$(TORCH_INDEX_URL)')" && $(PIP) $$index -r requirements-dev.txt
 	touch $@ $(VENV)/.lite
 
 run: $(VENV)/.lite
 	TTS_HOST=$(HOST) TTS_PORT=$(PORT) TTS_MODEL_DIR=$(MODEL_DIR) $(BIN)/python -m service.api
 
 test: $(VENV)/.dev
-	bash scripts/install_test_deps.sh
+	SKIP_SYSTEM_DEPS=$(SKIP_SYSTEM_DEPS) bash scripts/install_test_deps.sh
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: $(VENV)/.dev
-	$(BIN)/ruff check service export tests loadtest scripts
+	$(BIN)/ruff check service export tests loadtest scripts $(wildcard examples)
 
+# Strict on service/ (pyproject.toml: [[tool.mypy.overrides]]).
 typecheck: $(VENV)/.dev
 	$(BIN)/mypy service
 

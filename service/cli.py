@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     verify = sub.add_parser("verify", help="replay reference fixtures through a bundle and report errors")
     verify.add_argument("--bundle", default=DEFAULT_BUNDLE, type=Path, help=f"model bundle directory (default: {DEFAULT_BUNDLE})")
-    verify.add_argument("--fixtures", required=True, type=Path, help="fixture directory (layout of ../shared/reference/tiny)")
+    verify.add_argument("--fixtures", required=True, type=Path, help="fixture directory (layout of tests/reference/tiny)")
     verify.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (default 2)")
     return parser
 

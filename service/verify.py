@@ -218,7 +218,7 @@ def run_verification(
     runtime: RuntimeOptions | None = None,
     on_check: Callable[[Check], None] | None = None,
 ) -> VerifyReport:
-    """Replay every fixture file present in `fixtures` (layout of ../shared/reference/tiny).
+    """Replay every fixture file present in `fixtures` (layout of tests/reference/tiny).
 
     Missing files are listed in `report.skipped`; `on_check` sees each result as soon as it exists.
     """

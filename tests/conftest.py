@@ -9,7 +9,7 @@ import pytest
 from servers import RedisServer
 
 REPO = Path(__file__).resolve().parents[1]
-REFERENCE = (REPO.parent / "shared" / "reference").resolve()
+REFERENCE = REPO / "tests" / "reference"  # vendored copy of ../shared/reference (see its README.md)
 TINY_REF = REFERENCE / "tiny"
 TINY_BUNDLE = REPO / "models" / "tiny"
 
@@ -21,10 +21,16 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def ref_dir() -> Path:
-    """The tiny official checkpoint + fixtures (../shared/reference/tiny)."""
+    """The tiny official checkpoint + fixtures (tests/reference/tiny)."""
     if not TINY_REF.is_dir():
-        pytest.fail(f"reference fixtures not found at {TINY_REF} (CI clones with ../shared beside the repo)")
+        pytest.fail(f"reference fixtures not found at {TINY_REF}")
     return TINY_REF
+
+
+@pytest.fixture(scope="session")
+def full_size_shapes() -> Path:
+    """State-dict keys, shapes and dtypes of the released full-size checkpoint (JSON, one table per .pt file)."""
+    return REFERENCE / "cosyvoice-300m-sft.shapes.json"
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@ SYSTEM_COMMANDS = ("groupadd ", "useradd ")
 # Secrets, virtualenvs, checkpoints, bytecode and other bundles must never reach the Docker daemon.
 KEPT_OUT_OF_CONTEXT = (
     ".env",
+    "tests/reference/tiny/llm.pt",
     ".venv/bin/python",
     ".git/HEAD",
     "pretrained_models/x/llm.pt",
@@ -107,11 +108,17 @@ def readme_install_commands() -> list[str]:
     return found[0]
 
 
+def make_dry_run(target: str, *assignments: str) -> list[str]:
+    """The commands `make -n` prints for `target` (forced), with the given VAR=value overrides."""
+    env = {k: v for k, v in os.environ.items() if k not in {"PY", "VENV", "MAKEFLAGS", "MAKELEVEL", "TORCH_INDEX_URL"}}
+    argv = ["make", "-n", "-B", target, *assignments]
+    out = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    return [line.strip() for line in out.stdout.splitlines()]
+
+
 def make_install_commands() -> list[str]:
     """What `make run` executes to install (its .venv/.lite prerequisite), as `make -n` prints it."""
-    env = {k: v for k, v in os.environ.items() if k not in {"PY", "VENV", "MAKEFLAGS", "MAKELEVEL"}}
-    out = subprocess.run(["make", "-n", "-B", ".venv/.lite"], cwd=REPO, env=env, capture_output=True, text=True, check=True)
-    return [line.strip() for line in out.stdout.splitlines() if INSTALL_COMMAND.match(line.strip())]
+    return [line for line in make_dry_run(".venv/.lite") if INSTALL_COMMAND.match(line)]
 
 
 def glob_regex(glob: str) -> re.Pattern[str]:
@@ -179,6 +186,32 @@ def test_torch_is_installed_only_in_the_optional_export_stage() -> None:
     assert installing == ["export"]
     assert DOCKER.global_args["MODEL"] == "tiny", "the default image bakes in the committed tiny bundle"
     assert copy_pairs("--from=model /bundle models/default") == [("models/tiny", "models/default")]
+
+
+def makefile_default(name: str) -> str:
+    found = re.findall(rf"^{name}\s*\?=\s*(\S+)\s*$", (REPO / "Makefile").read_text(encoding="utf-8"), re.M)
+    assert len(found) == 1, f"the Makefile should set `{name} ?= ...` once"
+    return found[0]
+
+
+def test_torch_index_is_one_variable_shared_by_makefile_dockerfile_and_readme() -> None:
+    url = makefile_default("TORCH_INDEX_URL")
+    assert re.fullmatch(r"https://\S+/cpu", url), f"TORCH_INDEX_URL should default to a CPU wheel index, not {url}"
+
+    export = DOCKER.resolve("export")
+    assert f"TORCH_INDEX_URL={url}" in export.args("ARG"), "the export stage's ARG TORCH_INDEX_URL differs from the Makefile's"
+    assert not any("PIP_EXTRA_INDEX_URL" in env for env in export.args("ENV")), "a second, hard-coded index variable"
+    torch_install = [c for c in install_commands(export) if "requirements-export.txt" in c]
+    assert len(torch_install) == 1 and re.search(r"--extra-index-url \"?\$\{?TORCH_INDEX_URL", torch_install[0]), torch_install
+
+    other = "https://wheels.example.invalid/cpu"
+    dev_install = [line for line in make_dry_run(".venv/.dev", f"TORCH_INDEX_URL={other}") if "-r requirements-dev.txt" in line]
+    assert len(dev_install) == 1 and other in dev_install[0], "the install that brings torch does not use TORCH_INDEX_URL"
+    assert not any(url in line for line in make_dry_run(".venv/.lite")), "`make run` should not need the torch index"
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert f"TORCH_INDEX_URL ?= {url}" in readme or f"TORCH_INDEX_URL={url}" in readme, "the README should give the default"
+    assert "--build-arg TORCH_INDEX_URL=" in readme and "make export TORCH_INDEX_URL=" in readme
 
 
 def test_every_copied_path_exists_and_is_in_the_build_context() -> None:

@@ -60,12 +60,12 @@ def test_strict_load_covers_every_tiny_key(flow: MaskedDiffWithXvec, ref_dir: Pa
     assert all(flow.state_dict()[k].shape == v.shape for k, v in state.items())
 
 
-def test_full_size_keys_and_shapes_match_the_released_checkpoint(repo_root: Path) -> None:
+def test_full_size_keys_and_shapes_match_the_released_checkpoint(repo_root: Path, full_size_shapes: Path) -> None:
     cfg = load_config(repo_root / "export" / "configs" / "cosyvoice-300m-sft.yaml")
     with torch.device("meta"):
         model = MaskedDiffWithXvec(cfg.flow)
     got = {k: [list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in model.state_dict().items()}
-    shapes = json.loads((repo_root.parent / "shared" / "reference" / "cosyvoice-300m-sft.shapes.json").read_text())
+    shapes = json.loads(full_size_shapes.read_text())
     assert got == shapes["flow.pt"]
     assert len(got) == 1185
 

@@ -99,13 +99,12 @@ def test_strict_load_rejects_missing_and_clashing_keys(model: HiFTGenerator, off
         fresh.load_official_state_dict(both_styles)
 
 
-def test_full_size_keys_and_shapes(repo_root: Path) -> None:
+def test_full_size_keys_and_shapes(repo_root: Path, full_size_shapes: Path) -> None:
     cfg = load_config(repo_root / "export" / "configs" / "cosyvoice-300m-sft.yaml").hift
     with torch.device("meta"):
         hift = HiFTGenerator(cfg)
     got = {k: [list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in hift.state_dict().items()}
-    shapes_file = repo_root.parent / "shared" / "reference" / "cosyvoice-300m-sft.shapes.json"
-    want = json.loads(shapes_file.read_text(encoding="utf-8"))["hift.pt"]
+    want = json.loads(full_size_shapes.read_text(encoding="utf-8"))["hift.pt"]
     assert got == want
 
 

@@ -74,12 +74,12 @@ def test_strict_load_of_tiny_checkpoint_covers_every_key(ref_dir: Path, tiny_lm:
     assert own == _shapes(ref_dir / "shapes.json")
 
 
-def test_full_size_keys_and_shapes_match_the_released_manifest(ref_dir: Path, repo_root: Path) -> None:
+def test_full_size_keys_and_shapes_match_the_released_manifest(full_size_shapes: Path, repo_root: Path) -> None:
     cfg = load_config(repo_root / "export" / "configs" / "cosyvoice-300m-sft.yaml").llm
     with torch.device("meta"):
         model = TransformerLM(cfg)
     own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    want = _shapes(ref_dir.parent / "cosyvoice-300m-sft.shapes.json")
+    want = _shapes(full_size_shapes)
     assert own == want
     assert len(own) == 401
     assert sum(math.prod(s) for s in own.values()) == 310_718_465
