@@ -78,7 +78,7 @@ def media_type(fmt: AudioFormat, sample_rate_hz: int) -> str:
 def float_to_int16(audio: np.ndarray) -> np.ndarray:
     """float32 in [-1, 1] -> int16, as the official server does (x * 32768, truncated), clipped so it cannot wrap."""
     scaled = np.clip(np.asarray(audio, dtype=np.float32) * 32768.0, -32768.0, 32767.0)
-    return scaled.astype(np.int16)
+    return np.asarray(scaled.astype(np.int16), dtype=np.int16)
 
 
 def wav_header(sample_rate_hz: int, n_samples: int | None) -> bytes:
@@ -97,7 +97,8 @@ def resample(audio: np.ndarray, src_hz: int, dst_hz: int) -> np.ndarray:
     if src_hz == dst_hz:
         return np.asarray(audio, dtype=np.float32)
     g = math.gcd(src_hz, dst_hz)
-    return resample_poly(np.asarray(audio, dtype=np.float32), dst_hz // g, src_hz // g).astype(np.float32)
+    resampled = resample_poly(np.asarray(audio, dtype=np.float32), dst_hz // g, src_hz // g)
+    return np.asarray(resampled, dtype=np.float32)
 
 
 class StreamResampler:
@@ -139,7 +140,7 @@ class StreamResampler:
         offset = self._base * self.up // self.down
         out = y[self._emitted - offset : out_end - offset]
         self._emitted = out_end
-        return out
+        return np.asarray(out)
 
 
 class AudioEncoder(Protocol):

@@ -192,4 +192,4 @@ def _frame_to_mono(frame: Any) -> np.ndarray:
     else:
         values = samples.astype(np.float64)
     # float64 sum of float32 values then one rounding: equals torch's float32 channel mean for 1-2 channels
-    return values.mean(axis=0).astype(np.float32)
+    return np.asarray(values.mean(axis=0).astype(np.float32), dtype=np.float32)

@@ -58,7 +58,7 @@ class BodyLimitMiddleware:
 def _is_multipart(scope: Scope) -> bool:
     for name, value in scope.get("headers", []):
         if name == b"content-type":
-            return value.split(b";", 1)[0].strip().lower() == b"multipart/form-data"
+            return bool(value.split(b";", 1)[0].strip().lower() == b"multipart/form-data")
     return False
 
 

@@ -25,7 +25,7 @@ def interpolate_linear(x: np.ndarray, size: int) -> np.ndarray:
     i1 = np.minimum(i0 + 1, n_in - 1)
     lam = src - i0.astype(np.float32)
     xf = x.astype(np.float32, copy=False)
-    return (xf[..., i0] * (np.float32(1.0) - lam) + xf[..., i1] * lam).astype(np.float32)
+    return np.asarray((xf[..., i0] * (np.float32(1.0) - lam) + xf[..., i1] * lam).astype(np.float32), dtype=np.float32)
 
 
 def hann_window(n: int) -> np.ndarray:
@@ -60,7 +60,7 @@ def istft(spec: np.ndarray, n_fft: int, hop: int, window: np.ndarray) -> np.ndar
     env = _overlap_add(np.broadcast_to(window * window, (n_frames, n_fft)), hop, total)
     pad = n_fft // 2
     kept = slice(pad, total - pad)
-    return (out[..., kept] / env[kept]).astype(np.float32)
+    return np.asarray((out[..., kept] / env[kept]).astype(np.float32), dtype=np.float32)
 
 
 def _overlap_add(frames: np.ndarray, hop: int, total: int) -> np.ndarray:
@@ -142,4 +142,4 @@ class StreamingStretch:
         lam = (pos - i0).astype(np.float32)
         xf = buf.astype(np.float32, copy=False)
         a, b = xf[..., i0 - self._base], xf[..., i1 - self._base]
-        return (a * (np.float32(1.0) - lam) + b * lam).astype(np.float32)
+        return np.asarray((a * (np.float32(1.0) - lam) + b * lam).astype(np.float32), dtype=np.float32)

@@ -122,7 +122,7 @@ def slaney_mel_filters(sample_rate: int, n_fft: int, n_mels: int, fmin: float = 
     weights = np.maximum(0.0, np.minimum(rising, falling)) * (2.0 / (edges[2:] - edges[:-2]))[:, None]
     filters = weights.astype(np.float32)
     filters.setflags(write=False)
-    return filters
+    return np.asarray(filters, dtype=np.float32)
 
 
 def _kaldi_mel(f: np.ndarray) -> np.ndarray:
@@ -172,7 +172,7 @@ def kaldi_fbank(x16k: np.ndarray) -> np.ndarray:
     spectrum = np.fft.rfft(frames * povey, n=FBANK_NFFT, axis=1)
     power = spectrum.real**2 + spectrum.imag**2
     energies = power @ kaldi_mel_banks().T
-    return np.log(np.maximum(energies, FBANK_EPS)).astype(np.float32)
+    return np.asarray(np.log(np.maximum(energies, FBANK_EPS)).astype(np.float32), dtype=np.float32)
 
 
 def subtract_mean(fbank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -200,7 +200,7 @@ def whisper_log_mel(x16k: np.ndarray, n_mels: int = 128) -> np.ndarray:
     mel = slaney_mel_filters(WHISPER_RATE, WHISPER_NFFT, n_mels).astype(np.float64) @ power.T
     log_spec = np.log10(np.maximum(mel, 1e-10))
     log_spec = np.maximum(log_spec, log_spec.max() - 8.0)
-    return ((log_spec + 4.0) / 4.0).astype(np.float32)
+    return np.asarray(((log_spec + 4.0) / 4.0).astype(np.float32), dtype=np.float32)
 
 
 def prompt_mel80(x: np.ndarray, sample_rate: int = 22_050) -> np.ndarray:

@@ -48,7 +48,7 @@ class FlowInput:
 def cosine_t_span(n_timesteps: int) -> np.ndarray:
     """Time grid 1 - cos(linspace(0, 1, n + 1) * pi / 2) in float32, (n + 1,)."""
     lin = np.linspace(0.0, 1.0, n_timesteps + 1, dtype=np.float32)
-    return (np.float32(1.0) - np.cos(lin * np.float32(0.5 * math.pi))).astype(np.float32)
+    return np.asarray((np.float32(1.0) - np.cos(lin * np.float32(0.5 * math.pi))).astype(np.float32), dtype=np.float32)
 
 
 def regulate_length(h: np.ndarray, n_frames: int, edge_tokens: int, edge_frames: int) -> np.ndarray:

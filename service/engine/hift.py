@@ -88,7 +88,7 @@ class HiFTRunner:
         phase = np.sin(x[0, n_bins:])
         spec = magnitude * np.cos(phase) + 1j * (magnitude * np.sin(phase))
         wav = istft(spec, c.istft_n_fft, c.istft_hop, self._window)
-        return np.clip(wav, -c.audio_limit, c.audio_limit).astype(np.float32)
+        return np.asarray(np.clip(wav, -c.audio_limit, c.audio_limit).astype(np.float32), dtype=np.float32)
 
     def excitation(self, mel: np.ndarray, cache_source: np.ndarray, noise: HiFTNoise) -> np.ndarray:
         """Source (L,) for mel (n_mels, T); its first len(cache_source) samples are replaced by the cache."""

@@ -45,11 +45,11 @@ class KVCache:
     @property
     def capacity(self) -> int:
         """Time capacity C of every buffer (columns)."""
-        return self.k[0].shape[2]
+        return int(self.k[0].shape[2])
 
     @property
     def row_capacity(self) -> int:
-        return self.k[0].shape[0]
+        return int(self.k[0].shape[0])
 
     def nbytes(self) -> int:
         """Bytes held by all K and V buffers."""

@@ -110,7 +110,7 @@ def position_table(pos_session: Any, constants: ModelConstants, rows: int = 512)
     """The projected position table of the decoder, built now with the `llm_pos` graph (and regrown with it)."""
 
     def project(pe: np.ndarray) -> np.ndarray:
-        return pos_session.run(["pos"], {"pe": pe})[0]
+        return np.asarray(pos_session.run(["pos"], {"pe": pe})[0], dtype=np.float32)
 
     return PositionTable(project, constants.llm_model_dim, rows=rows)
 

@@ -34,7 +34,7 @@ class PositionTable:
 
     @property
     def rows(self) -> int:
-        return self._pos.shape[2]
+        return int(self._pos.shape[2])
 
     def table(self, needed: int) -> np.ndarray:
         """A table with at least `needed` rows (relative distances 0..needed-1)."""

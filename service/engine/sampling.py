@@ -22,7 +22,7 @@ def softmax(scores: np.ndarray) -> np.ndarray:
     """float32 softmax of a 1-D score vector; -inf entries get probability exactly 0."""
     s = np.asarray(scores, dtype=np.float32)
     e = np.exp(s - s.max())
-    return (e / e.sum(dtype=np.float32)).astype(np.float32, copy=False)
+    return np.asarray((e / e.sum(dtype=np.float32)).astype(np.float32, copy=False), dtype=np.float32)
 
 
 def draw_index(probs: np.ndarray, u: float) -> int:

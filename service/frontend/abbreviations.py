@@ -33,7 +33,7 @@ def _ends_sentence(m: regex.Match[str]) -> bool:
 def _spoken(table: dict[str, str], keep_period: Callable[[regex.Match[str]], bool]) -> Callable[[regex.Match[str]], str]:
     def read(m: regex.Match[str]) -> str:
         abbr = m.group("abbr")
-        return m.group("before") + table[abbr] + ("." if keep_period(m) else "")
+        return str(m.group("before") + table[abbr] + ("." if keep_period(m) else ""))
 
     return read
 

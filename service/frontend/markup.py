@@ -161,4 +161,4 @@ def _emphasis(text: str) -> str:
         text = _STARS.sub(r"\g<text>", text)
         text = _UNDERSCORES.sub(r"\g<text>", text)
         text = _STRIKE.sub(r"\g<text>", text)
-    return _STAR_RUN.sub("", text)
+    return str(_STAR_RUN.sub("", text))

@@ -58,7 +58,7 @@ def _en(words: Callable[[str], str]) -> Callable[[regex.Match[str]], str]:
         value = roman_value(numeral)
         regnal = word in _NAME_SET
         if value is None or not _allowed(numeral, regnal):
-            return m.group()
+            return str(m.group())
         spoken = words(str(value))
         return f"{word}{m.group('gap')}{'the ' + en_ordinal(spoken) if regnal else spoken}"
 

@@ -37,7 +37,7 @@ def read_address_en(address: str) -> str:
 def _address(m: regex.Match[str]) -> str:
     text = m.group()
     cut = len(text.rstrip(_URL_TAIL))
-    return read_address_en(text[:cut]) + text[cut:]
+    return str(read_address_en(text[:cut]) + text[cut:])
 
 
 def _version(words: Callable[[str], str]) -> Callable[[regex.Match[str]], str]:

@@ -36,12 +36,12 @@ def read_address_zh(address: str) -> str:
 def _address(m: regex.Match[str]) -> str:
     text = m.group()
     cut = len(text.rstrip(_URL_TAIL))
-    return read_address_zh(text[:cut]) + text[cut:]
+    return str(read_address_zh(text[:cut]) + text[cut:])
 
 
 def _code(m: regex.Match[str]) -> str:
     code = m.group("code").replace("-", "").replace(" ", "")
-    return m.group("word") + m.group("sep") + zh_digits(code.replace("+", "加"))
+    return str(m.group("word") + m.group("sep") + zh_digits(code.replace("+", "加")))
 
 
 def _mobile(m: regex.Match[str]) -> str:
@@ -52,7 +52,7 @@ def _mobile(m: regex.Match[str]) -> str:
 def _version(m: regex.Match[str]) -> str:
     parts = m.group("num").split(".")
     if _is_dotted_date(parts) and not m.group("v"):
-        return m.group()  # 2024.03.15 is a date: wetext reads it
+        return str(m.group())  # 2024.03.15 is a date: wetext reads it
     is_ip = not m.group("v") and len(parts) == 4 and all(int(p) <= 255 for p in parts)
     spoken = [zh_digits(p, yao=False) if is_ip or (len(p) > 1 and p[0] == "0") else zh_cardinal(p) for p in parts]
     return (m.group("v") or "") + "点".join(spoken)

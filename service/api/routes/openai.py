@@ -42,7 +42,7 @@ def resolve_voice(voice: str, speakers: list[str]) -> str:
         return voice
     mapped = OPENAI_VOICES.get(voice.lower())
     if mapped in speakers:
-        return mapped  # type: ignore[return-value]
+        return str(mapped)
     known = ", ".join(speakers + [v for v, s in OPENAI_VOICES.items() if s in speakers])
     raise UnknownSpeakerError(f"unknown voice {voice!r}; use one of {known}", param="voice")
 
