@@ -13,7 +13,7 @@ from service.audio import AudioFormat, media_type
 from service.errors import PayloadTooLargeError, PromptAudioError, PromptAudioProblem
 from service.tts import SpeechJob, SpeechRequest, TTSService
 
-INSTRUCTIONS_WARNING = '299 cosyvoice-lite "instructions are ignored: CosyVoice-300M-SFT has no instruction control"'
+INSTRUCTIONS_WARNING = '299 cosyvoice-lite "instructions are ignored: this model has no instruct capability"'
 
 
 async def read_upload(upload: UploadFile, max_bytes: int, *, param: str = "prompt_wav") -> bytes:

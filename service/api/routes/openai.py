@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from service.api.deps import JSON_BODY, LISTING, SYNTHESIS_GUARDS, AppState, ServiceDep, StateDep
+from service.api.deps import JSON_BODY, LISTING, SYNTHESIS_GUARDS, AppState, ServiceDep, StateDep, VoicesDep
 from service.api.errors import ERROR_RESPONSES
 from service.api.routes.common import (
     INSTRUCTIONS_WARNING,
@@ -29,22 +32,34 @@ from service.api.schemas import (
 )
 from service.api.streaming import chunked_response, sse_response, whole_response
 from service.audio import AudioFormat, parse_format
+from service.cloning import Voices
 from service.errors import UnknownModelError, UnknownSpeakerError
-from service.tts import SpeechRequest
+from service.tts import SpeechRequest, TTSService
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 OWNER = "cosyvoice-lite"
 
 
-def resolve_voice(voice: str, speakers: list[str]) -> str:
-    """Our speaker for `voice`: a speaker name as is, else the documented OpenAI voice mapping."""
-    if voice in speakers:
+def resolve_voice(voice: str, speakers: list[str], voices: Voices | None = None) -> str:
+    """Our speaker for `voice`: a speaker or saved-voice name as is, else the documented OpenAI voice mapping."""
+    if voice in speakers or (voices is not None and voices.store.get(voice) is not None):
         return voice
     mapped = OPENAI_VOICES.get(voice.lower())
     if mapped in speakers:
         return str(mapped)
     known = ", ".join(speakers + [v for v, s in OPENAI_VOICES.items() if s in speakers])
-    raise UnknownSpeakerError(f"unknown voice {voice!r}; use one of {known}", param="voice")
+    saved = " or a saved voice (GET /v1/voices)" if voices is not None else ""
+    raise UnknownSpeakerError(f"unknown voice {voice!r}; use one of {known}{saved}", param="voice")
+
+
+def instructed(wanted: SpeechRequest, instructions: str | None, service: TTSService, voices: Voices) -> SpeechRequest:
+    """On an Instruct bundle, `instructions` drive instruct mode (the voice's flow, the instructions before the
+    text); elsewhere the request is unchanged and the response says they were ignored."""
+    if not instructions or not voices.can_instruct:
+        return wanted
+    base = service.resolve_voice(wanted)
+    text = instructions if "<|endofprompt|>" in instructions else instructions.rstrip() + "<|endofprompt|>"
+    return dataclasses.replace(wanted, voice=voices.instruct_voice(base, text))
 
 
 def model_ids(state: AppState) -> list[str]:
@@ -65,9 +80,10 @@ def streamed(body: SpeechBody, fmt: AudioFormat) -> bool:
     responses={**audio_responses(), **ERROR_RESPONSES},
     summary="OpenAI text-to-speech (streamed, except WAV; `stream_format=sse` for events)",
 )
-async def speech(request: Request, body: SpeechBody, service: ServiceDep, state: StateDep) -> Response:
+async def speech(request: Request, body: SpeechBody, service: ServiceDep, state: StateDep, voices: VoicesDep) -> Response:
     """OpenAI's contract. `pcm` is int16 mono at TTS_OPENAI_PCM_SAMPLE_RATE_HZ (24,000 Hz by default,
-    resampled from the model's 22,050 Hz, as OpenAI clients assume); `instructions` is ignored.
+    resampled from the model's 22,050 Hz, as OpenAI clients assume); `voice` may name a saved voice;
+    `instructions` drive instruct mode on an Instruct bundle and are ignored (with a Warning header) elsewhere.
     Over-long `input` is a 400 `text_too_long`, as OpenAI answers."""
     if body.model not in model_ids(state):
         raise UnknownModelError(
@@ -77,7 +93,7 @@ async def speech(request: Request, body: SpeechBody, service: ServiceDep, state:
     chunked = streamed(body, fmt)
     wanted = SpeechRequest(
         text=body.input,
-        speaker=resolve_voice(body.voice_name, service.speakers),
+        speaker=await anyio.to_thread.run_sync(resolve_voice, body.voice_name, service.speakers, voices),
         fmt=fmt,
         speed=body.speed,
         seed=body.seed,
@@ -89,8 +105,9 @@ async def speech(request: Request, body: SpeechBody, service: ServiceDep, state:
         text_param="input",
         speaker_param="voice",
     )
+    wanted = await anyio.to_thread.run_sync(instructed, wanted, body.instructions, service, voices)
     job = await submit(service, wanted)
-    warning = {"Warning": INSTRUCTIONS_WARNING} if body.instructions else {}
+    warning = {"Warning": INSTRUCTIONS_WARNING} if body.instructions and wanted.voice is None else {}
     if body.stream_format == "sse":
         return await sse_response(request, job, state, job_headers(job) | warning)
     respond = chunked_response if chunked else whole_response
@@ -122,8 +139,10 @@ async def list_audio_models(state: StateDep) -> AudioModelList:
 
 
 @router.get("/audio/voices", dependencies=LISTING, response_model=VoiceList, summary="Speakers (Open WebUI reads this)")
-async def list_voices(service: ServiceDep) -> VoiceList:
-    return VoiceList(voices=[Voice(id=s, name=s) for s in service.speakers])
+async def list_voices(service: ServiceDep, voices: VoicesDep) -> VoiceList:
+    """Built-in speakers, then saved voices (POST /v1/voices)."""
+    saved = await anyio.to_thread.run_sync(voices.store.list)
+    return VoiceList(voices=[Voice(id=s, name=s) for s in [*service.speakers, *(v.name for v in saved)]])
 
 
 def model_cards(state: AppState) -> list[ModelCard]:
