@@ -66,7 +66,9 @@ class SpeechBody(BaseModel):
     response_format: str = Field("mp3", description="mp3, opus, aac, flac, wav or pcm.", json_schema_extra=_FORMAT_ENUM)
     speed: float = Field(1.0, ge=0.25, le=4.0)
     instructions: str | None = Field(
-        None, max_length=OPENAI_MAX_INPUT_CHARS, description="Instruct mode on a CosyVoice-300M-Instruct bundle; elsewhere ignored (a Warning header says so)."
+        None,
+        max_length=OPENAI_MAX_INPUT_CHARS,
+        description="Instruct mode on a CosyVoice-300M-Instruct bundle; elsewhere ignored (with a Warning header).",
     )
     stream_format: Literal["audio", "sse"] = Field("audio", description="`sse`: speech.audio.delta / speech.audio.done events.")
     stream: bool | None = Field(
