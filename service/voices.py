@@ -148,8 +148,7 @@ class DirectoryVoiceStore:
     backend = "directory"
 
     def __init__(self, root: Path) -> None:
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = Path(root)  # created by the first save, so a server that never saves a voice writes nothing
         self._lock = threading.Lock()
 
     def _path(self, name: str) -> Path:
@@ -165,6 +164,7 @@ class DirectoryVoiceStore:
 
     def add(self, voice: SavedVoice, max_voices: int) -> None:
         with self._lock:
+            self.root.mkdir(parents=True, exist_ok=True)
             path = self._path(voice.name)
             if path.exists():
                 raise VoiceExistsError(f"a voice named {voice.name!r} exists; delete it first", param="name")

@@ -147,6 +147,8 @@ class AppServer(ManagedProcess):
     def __init__(self, workdir: Path, model_dir: Path, env: Mapping[str, str] | None = None, name: str = "app") -> None:
         self.port = free_port()
         argv = [sys.executable, "-m", "service.api"]
+        # saved voices go to the test's scratch directory unless the test names a place (never the repository)
+        env = {"TTS_VOICES_DIR": str(workdir / f"{name}-voices"), **(env or {})}
         super().__init__(f"{name}:{self.port}", argv, workdir / f"{name}-{self.port}.log", app_env(model_dir, self.port, env))
 
     @property

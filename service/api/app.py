@@ -13,7 +13,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 
 from service.api.admission import AdmissionMiddleware, synthesis_routes
-from service.api.bodylimit import BodyLimitMiddleware
+from service.api.bodylimit import BodyLimitMiddleware, MultipartTTSMiddleware
 from service.api.deps import AppState
 from service.api.docs import install_docs
 from service.api.errors import install_error_handlers
@@ -65,6 +65,7 @@ def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader 
     # outside the body limit (a refusal reads no body), inside CORS (browsers can read a refusal)
     routers = (speech.router, official.router, openai.router, voices.router, lexicon.router, ops.router)
     app.add_middleware(AdmissionMiddleware, state=state, routes=synthesis_routes(*routers))
+    app.add_middleware(MultipartTTSMiddleware)  # outside admission: a multipart /tts is admitted as /tts/prompt
     if settings.cors_allow_origins:
         app.add_middleware(
             CORSMiddleware, allow_origins=settings.cors_allow_origins, allow_methods=["GET", "POST"], allow_headers=["*"]

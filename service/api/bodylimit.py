@@ -82,3 +82,16 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
         return await receive()
 
     return replay
+
+
+class MultipartTTSMiddleware:
+    """`POST /tts` with a multipart body (a one-off prompt recording) is served by `POST /tts/prompt`: one URL
+    for clients, two handlers (JSON and form) for the server. Runs before admission, which matches routes."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/tts" and scope["method"] == "POST" and _is_multipart(scope):
+            scope = dict(scope, path="/tts/prompt", raw_path=b"/tts/prompt")
+        await self.app(scope, receive, send)

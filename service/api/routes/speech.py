@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Form, Request
+import anyio
+from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import Response
 
-from service.api.deps import JSON_BODY, SYNTHESIS_GUARDS, ServiceDep, StateDep
+from service.api.deps import JSON_BODY, SYNTHESIS_GUARDS, ServiceDep, StateDep, VoicesDep
 from service.api.errors import ERROR_RESPONSES
-from service.api.routes.common import audio_headers, audio_responses, submit
-from service.api.schemas import TTSBody
+from service.api.routes.common import audio_headers, audio_responses, read_upload, submit
+from service.api.schemas import MAX_SEED, TTSBody
 from service.api.streaming import chunked_response, whole_response
 from service.audio import AudioFormat, parse_format
+from service.cloning import PromptAudio
 from service.tts import SpeechRequest
 
 router = APIRouter(tags=["synthesis"])
@@ -44,6 +46,47 @@ async def tts(request: Request, body: TTSBody, service: ServiceDep, state: State
     )
     job = await submit(service, wanted)
     respond = chunked_response if body.stream else whole_response
+    return await respond(request, job, state, audio_headers(job))
+
+
+@router.post(
+    "/tts/prompt",
+    dependencies=SYNTHESIS_GUARDS,
+    response_class=Response,
+    responses={**audio_responses(), **ERROR_RESPONSES},
+    summary="Synthesize in the voice of a one-off prompt recording (also: POST /tts with a multipart body)",
+)
+async def tts_with_prompt(
+    request: Request,
+    service: ServiceDep,
+    state: StateDep,
+    voices: VoicesDep,
+    text: Annotated[str, Form(description="Text to speak.")],
+    prompt_wav: Annotated[UploadFile, File(description="Prompt recording, 1-30 s (wav, flac, mp3, ogg/opus, m4a).")],
+    prompt_text: Annotated[str, Form(description="Words spoken in the prompt; empty = cross-lingual cloning.")] = "",
+    format: Annotated[str, Form(description="Audio format.")] = "wav",
+    speed: Annotated[float, Form(ge=0.5, le=2.0, description="Tempo factor.")] = 1.0,
+    stream: Annotated[bool, Form(description="Chunked response from the first audio chunk.")] = False,
+    seed: Annotated[int | None, Form(ge=0, le=MAX_SEED, description="Same seed + same input = same audio.")] = None,
+) -> Response:
+    """`/tts` with a voice cloned from an uploaded recording for this request only (nothing is stored; the
+    analysis is cached by the recording's hash). Save a voice with POST /v1/voices to reuse it by name."""
+    prompt = PromptAudio(await read_upload(prompt_wav, state.settings.max_upload_bytes))
+    voice = await anyio.to_thread.run_sync(lambda: voices.prompt_voice(prompt, prompt_text, name="prompt"))
+    wanted = SpeechRequest(
+        text=text,
+        speaker=voice.name,
+        voice=voice,
+        fmt=parse_format(format, "format"),
+        speed=speed,
+        seed=seed,
+        engine_stream=stream,
+        chunked=stream,
+        bitrate_kbps=state.settings.audio_bitrate_kbps,
+        max_chars=state.settings.max_chars,
+    )
+    job = await submit(service, wanted)
+    respond = chunked_response if stream else whole_response
     return await respond(request, job, state, audio_headers(job))
 
 
