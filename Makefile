@@ -51,9 +51,12 @@ OUT        ?= models/cosyvoice-300m-sft
 export: $(VENV)/.dev
 	$(BIN)/python export/export_onnx.py --model-dir $(CHECKPOINT) --out $(OUT) --verify --quantize int8
 
-# The committed tiny bundle, reproduced bit for bit from the reference checkpoint.
+# The committed tiny bundle, reproduced bit for bit from the reference checkpoint (tests/test_export_cli.py
+# re-exports with TINY_FLAGS). It declares instruct: the reference fixtures include official instruct runs on it.
+TINY_NAME  := CosyVoice-300M-SFT-tiny-random
+TINY_FLAGS := --verify --test-model --instruct --model-name $(TINY_NAME)
 models/tiny: $(VENV)/.dev
-	$(BIN)/python export/export_onnx.py --model-dir $(REF)/tiny --out models/tiny --verify --tokenizer $(REF)/tiny/multilingual.tiktoken
+	$(BIN)/python export/export_onnx.py --model-dir $(REF)/tiny --out models/tiny $(TINY_FLAGS) --tokenizer $(REF)/tiny/multilingual.tiktoken
 
 # Fragments: benchmarks (mk/bench.mk) and deployment/load tests (mk/deploy.mk).
 -include mk/*.mk

@@ -15,7 +15,8 @@ from pathlib import Path
 import onnx
 import torch
 
-from export import checkpoint
+from export import checkpoint, prompt_models
+from export.capabilities import VoicePlan, plan_voices
 from export.config import CosyVoiceConfig, load_config
 from export.graphs.flow import export_flow, verify_flow
 from export.graphs.hift import export_hift, verify_hift
@@ -53,8 +54,10 @@ class ExportOptions:
     tolerance: float = 1e-4
     quantize: str | None = None  # None or "int8"
     tokenizer: Path | None = None
-    model_name: str = "CosyVoice-300M-SFT"
+    model_name: str = checkpoint.DEFAULT_MODEL_NAME
     test_model: bool = False  # a miniature random-weight checkpoint (models/tiny): marked so in the manifest
+    instruct: bool = False  # declare the instruct capability (CosyVoice-300M-Instruct)
+    prompt_models: bool = True  # copy campplus.onnx + speech_tokenizer_v1.onnx when the checkpoint has them
 
     @property
     def random_weights(self) -> bool:
@@ -175,26 +178,24 @@ def _graph_entries(out_dir: Path, graphs: list[ExportedGraph]) -> dict[str, Grap
     return entries
 
 
-def _source_hashes(opts: ExportOptions) -> dict[str, str]:
-    names = ("cosyvoice.yaml",) if opts.random_init else checkpoint.REQUIRED_FILES
-    return {n: sha256_file(opts.model_dir / n) for n in names}
+def _source_hashes(opts: ExportOptions, plan: VoicePlan) -> dict[str, str]:
+    names = ["cosyvoice.yaml"] if opts.random_init else list(checkpoint.REQUIRED_FILES)
+    if not opts.random_init and (opts.model_dir / checkpoint.SPEAKERS_FILE).is_file():
+        names.append(checkpoint.SPEAKERS_FILE)
+    return {n: sha256_file(opts.model_dir / n) for n in names} | plan.prompt_source_hashes()
 
 
-def _write_bundle(cfg: CosyVoiceConfig, models: Models, opts: ExportOptions, tmp: Path) -> Manifest:
+def _write_bundle(cfg: CosyVoiceConfig, models: Models, opts: ExportOptions, plan: VoicePlan, tmp: Path) -> Manifest:
     graphs = export_llm(models.llm, tmp) + export_flow(models.flow, tmp) + export_hift(models.hift, tmp)
-    if opts.random_init:
-        speakers = checkpoint.random_speakers(cfg.llm.spk_embed_dim, opts.seed)
-    else:
-        speakers = checkpoint.read_speakers(opts.model_dir / "spk2info.pt", cfg.llm.spk_embed_dim)
-    write_speakers(tmp / SPEAKERS_NAME, speakers)
+    write_speakers(tmp / SPEAKERS_NAME, plan.speakers)
     shutil.copyfile(find_tokenizer(opts), tmp / TOKENIZER_NAME)
     manifest = Manifest(
         format_version=FORMAT_VERSION,
         model=opts.model_name + ("-random-init" if opts.random_init else ""),
         precision="fp32",
         constants=constants_from_config(cfg),
-        graphs=_graph_entries(tmp, graphs),
-        source_files=_source_hashes(opts),
+        graphs=_graph_entries(tmp, graphs) | prompt_models.copy_into(plan.prompt_models, tmp),
+        source_files=_source_hashes(opts, plan),
         files={n: sha256_file(tmp / n) for n in (SPEAKERS_NAME, TOKENIZER_NAME)},
         exporter={
             "exporter_version": EXPORTER_VERSION,
@@ -207,6 +208,7 @@ def _write_bundle(cfg: CosyVoiceConfig, models: Models, opts: ExportOptions, tmp
         random_weights=opts.random_weights,
         test_model=opts.test_model,
         description=opts.description(),
+        capabilities=plan.capabilities,
     )
     (tmp / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")
     return manifest
@@ -238,12 +240,21 @@ def run_export(opts: ExportOptions, log: Callable[[str], None] = print) -> Expor
         raise checkpoint.CheckpointError(f"{opts.model_dir}: missing checkpoint file(s): {', '.join(missing)}")
     cfg = load_config(opts.model_dir / "cosyvoice.yaml")
     find_tokenizer(opts)  # fail before the slow part
+    plan = plan_voices(
+        opts.model_dir,
+        cfg.llm.spk_embed_dim,
+        random_init=opts.random_init,
+        seed=opts.seed,
+        instruct=opts.instruct,
+        with_prompt_models=opts.prompt_models,
+        log=log,
+    )
     models = build_models(cfg, opts)
     report = ExportReport(out=opts.out)
     tmp = _staging_dir(opts.out, "partial")
     try:
         tmp.mkdir()
-        manifest = _write_bundle(cfg, models, opts, tmp)
+        manifest = _write_bundle(cfg, models, opts, plan, tmp)
         if opts.verify:
             report.errors = _verify(models, tmp)
             _log_errors(log, "fp32 ONNX vs torch", report.errors, opts.tolerance)

@@ -10,7 +10,12 @@ import torch
 
 from export.onnx_io import ExportError
 
-REQUIRED_FILES = ("cosyvoice.yaml", "llm.pt", "flow.pt", "hift.pt", "spk2info.pt")
+REQUIRED_FILES = ("cosyvoice.yaml", "llm.pt", "flow.pt", "hift.pt")
+# Built-in speakers: in -SFT and -Instruct; absent (or empty) in the zero-shot base CosyVoice-300M.
+SPEAKERS_FILE = "spk2info.pt"
+# The released v1 300M checkpoints; a directory with one of these names gives the bundle its model id.
+OFFICIAL_MODEL_NAMES = ("CosyVoice-300M", "CosyVoice-300M-SFT", "CosyVoice-300M-Instruct")
+DEFAULT_MODEL_NAME = "CosyVoice-300M-SFT"
 # The official SFT speakers, in the order the released spk2info.pt lists them (used for --random-init).
 OFFICIAL_SPEAKERS = ("中文女", "中文男", "日语男", "粤语女", "英文女", "英文男", "韩语女")
 _MAX_LISTED = 6
@@ -24,6 +29,17 @@ def missing_files(model_dir: Path, random_init: bool) -> list[str]:
     """Names of required checkpoint files absent from `model_dir`."""
     needed = ("cosyvoice.yaml",) if random_init else REQUIRED_FILES
     return [f for f in needed if not (model_dir / f).is_file()]
+
+
+def model_name_for(model_dir: Path) -> str:
+    """The official model id the directory is named after (any case), else DEFAULT_MODEL_NAME."""
+    name = model_dir.resolve().name.lower()
+    return next((m for m in OFFICIAL_MODEL_NAMES if m.lower() == name), DEFAULT_MODEL_NAME)
+
+
+def is_instruct_dir(model_dir: Path) -> bool:
+    """A directory named like CosyVoice-300M-Instruct (`*-Instruct`, any case) holds an instruct model."""
+    return model_dir.resolve().name.lower().endswith("-instruct")
 
 
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
@@ -77,13 +93,13 @@ def load_strict(
 
 
 def read_speakers(path: Path, embed_dim: int) -> dict[str, np.ndarray]:
-    """Convert spk2info.pt ({name: {'embedding': (1, dim)}}) into name -> float32 (dim,), order kept."""
+    """Convert spk2info.pt ({name: {'embedding': (1, dim)}}) into name -> float32 (dim,), order kept (may be empty)."""
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise CheckpointError(f"{path}: cannot read speaker table ({type(e).__name__}: {e})") from e
-    if not isinstance(data, Mapping) or not data:
-        raise CheckpointError(f"{path}: expected a non-empty dict speaker -> {{'embedding': tensor}}")
+    if not isinstance(data, Mapping):
+        raise CheckpointError(f"{path}: expected a dict speaker -> {{'embedding': tensor}}")
     out: dict[str, np.ndarray] = {}
     for name, info in data.items():
         emb = info.get("embedding") if isinstance(info, Mapping) else None

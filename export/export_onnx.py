@@ -1,4 +1,4 @@
-"""CLI: export an official CosyVoice-300M-SFT checkpoint directory to a verified ONNX model bundle."""
+"""CLI: export an official CosyVoice-300M (base, -SFT, -Instruct) checkpoint directory to a verified ONNX model bundle."""
 
 from __future__ import annotations
 
@@ -19,7 +19,10 @@ from export.onnx_io import ExportError
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="export_onnx.py",
-        description="Export CosyVoice-300M-SFT (cosyvoice.yaml, llm.pt, flow.pt, hift.pt, spk2info.pt) to an ONNX bundle.",
+        description=(
+            "Export a CosyVoice-300M, -300M-SFT or -300M-Instruct checkpoint (cosyvoice.yaml, llm.pt, flow.pt, hift.pt; "
+            "optional spk2info.pt, campplus.onnx + speech_tokenizer_v1.onnx) to an ONNX bundle."
+        ),
     )
     p.add_argument("--model-dir", required=True, type=Path, help="official checkpoint directory")
     p.add_argument("--out", required=True, type=Path, help="bundle directory to write (replaced atomically)")
@@ -36,7 +39,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="mark the bundle as a random-weight test model (manifest test_model/random_weights; the service warns)",
     )
-    p.add_argument("--model-name", default="CosyVoice-300M-SFT", help="model id in the manifest (default CosyVoice-300M-SFT)")
+    p.add_argument(
+        "--model-name",
+        help="model id in the manifest (default: the directory name if it is CosyVoice-300M, -300M-SFT or -300M-Instruct, "
+        "else CosyVoice-300M-SFT)",
+    )
+    p.add_argument(
+        "--instruct",
+        action="store_true",
+        help="declare the instruct capability (on by itself for a directory named *-Instruct); needs built-in speakers",
+    )
+    p.add_argument(
+        "--no-prompt-models",
+        action="store_true",
+        help="leave campplus.onnx and speech_tokenizer_v1.onnx out of the bundle (no voice cloning)",
+    )
     p.add_argument("--verify", action="store_true", help="check every graph against the torch modules in onnxruntime")
     p.add_argument("--tolerance", type=float, default=1e-4, help="max abs error allowed by --verify (default 1e-4)")
     p.add_argument("--seed", type=int, default=0, help="seed for --random-init weights and speakers (default 0)")
@@ -50,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.onnx.*")  # known, harmless folding notes
     import torch
 
+    from export import checkpoint
     from export.bundle_writer import ExportOptions, run_export
 
     if args.threads > 0:
@@ -66,8 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         tolerance=args.tolerance,
         quantize="int8" if "int8" in args.quantize else None,
         tokenizer=args.tokenizer,
-        model_name=args.model_name,
+        model_name=args.model_name or checkpoint.model_name_for(args.model_dir),
         test_model=args.test_model,
+        instruct=args.instruct or checkpoint.is_instruct_dir(args.model_dir),
+        prompt_models=not args.no_prompt_models,
     )
     try:
         report = run_export(opts)

@@ -14,7 +14,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from service.bundle import MANIFEST_NAME, Manifest, ModelConstants, relative_pe, sha256_file
+from service.bundle import GROUP_CORE, MANIFEST_NAME, Manifest, ModelConstants, relative_pe, sha256_file
 
 Scheme = Literal["int8", "int4"]
 
@@ -129,20 +129,23 @@ def precision_plan(scheme: Scheme) -> dict[str, str]:
 
 
 def write_quantized_bundle(src_dir: Path, dst_dir: Path, manifest: Manifest, scheme: Scheme) -> Manifest:
-    """Copy the fp32 bundle in `src_dir` to `dst_dir` with its weights quantized by `scheme`; returns the new manifest."""
+    """Copy the fp32 bundle in `src_dir` to `dst_dir` with its weights quantized by `scheme`; returns the new manifest.
+
+    Only core graphs are quantized; the prompt group, capabilities and other files are carried over unchanged.
+    """
     dst_dir.mkdir(parents=True, exist_ok=False)
     plan = precision_plan(scheme)
     graphs = dict(manifest.graphs)
     for name, entry in manifest.graphs.items():
         src, dst = src_dir / entry.file, dst_dir / entry.file
-        precision = plan.get(name)
+        precision = plan.get(name) if entry.group == GROUP_CORE else None  # the prompt models are copied as they are
         if precision == "int4":
             quantize_graph_4bit(src, dst)
-        elif name in INT8_GRAPHS:
+        elif precision is not None and name in INT8_GRAPHS:
             quantize_graph(src, dst)
         else:
             shutil.copy2(src, dst)
-        if name in EMBEDDING_GRAPHS:
+        if precision is not None and name in EMBEDDING_GRAPHS:
             quantize_embeddings(dst)
         if precision is not None:
             graphs[name] = replace(entry, sha256=sha256_file(dst), precision=precision)

@@ -34,6 +34,16 @@ GRAPH_IO: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 GRAPH_NAMES: tuple[str, ...] = tuple(GRAPH_IO)
 
+# The optional "prompt" group: the official prompt-analysis models, copied verbatim from the checkpoint directory
+# (CAM++ speaker embedding, S3 speech tokenizer v1). Graph name -> (file name, input names, output names).
+PROMPT_GRAPHS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "campplus": ("campplus.onnx", ("input",), ("output",)),
+    "speech_tokenizer": ("speech_tokenizer_v1.onnx", ("feats", "feats_length"), ("indices",)),
+}
+PROMPT_GRAPH_NAMES: tuple[str, ...] = tuple(PROMPT_GRAPHS)
+GROUP_CORE = "core"
+GROUP_PROMPT = "prompt"
+
 
 def expand_io_names(names: tuple[str, ...], num_layers: int) -> list[str]:
     """Expand `{i}` templates into per-layer names, grouped by template (all past_k, then past_v, ...)."""
@@ -135,6 +145,25 @@ class GraphEntry:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     opset: int = 13
+    group: str = GROUP_CORE  # "core" (written by our exporter) or "prompt" (copied from the checkpoint)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a bundle can voice. The defaults are what a manifest without this key (an older bundle) means."""
+
+    builtin_speakers: bool = True  # speakers.json lists speakers (SFT and instruct need one)
+    prompt_analysis: bool = False  # the prompt group is present: voices from prompt audio (zero-shot, cross-lingual)
+    instruct: bool = False  # trained for instruct text in front of the LLM text (CosyVoice-300M-Instruct)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Capabilities:
+        """Parse `manifest.capabilities`; absent keys take the defaults above, unknown keys are refused."""
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise BundleError(f"manifest capabilities has unknown key(s) {', '.join(unknown)}")
+        legacy = cls()
+        return cls(**{f.name: _flag(data, f.name, getattr(legacy, f.name)) for f in dataclasses.fields(cls)})
 
 
 @dataclass(frozen=True)
@@ -152,6 +181,11 @@ class Manifest:
     random_weights: bool = False  # the weights were not trained: the audio is noise
     test_model: bool = False  # a miniature model for tests and CI, not for speech
     description: str = ""  # one sentence for people: what this model is
+    capabilities: Capabilities = field(default_factory=Capabilities)
+
+    def graphs_in(self, group: str) -> dict[str, GraphEntry]:
+        """The graphs of one group ("core" or "prompt"), in manifest order."""
+        return {n: g for n, g in self.graphs.items() if g.group == group}
 
     @property
     def warning(self) -> str | None:
@@ -181,7 +215,7 @@ class Manifest:
                 name: GraphEntry(**{**g, "inputs": tuple(g["inputs"]), "outputs": tuple(g["outputs"])})
                 for name, g in data["graphs"].items()
             }
-            return cls(
+            manifest = cls(
                 format_version=version,
                 model=str(data["model"]),
                 precision=str(data["precision"]),
@@ -194,11 +228,39 @@ class Manifest:
                 random_weights=_flag(data, "random_weights", data.get("exporter", {}).get("random_init") == "true"),
                 test_model=_flag(data, "test_model"),
                 description=str(data.get("description", "")),
+                capabilities=Capabilities.from_dict(dict(data.get("capabilities", {}))),
             )
         except BundleError:
             raise
         except (KeyError, TypeError, ValueError) as e:
             raise BundleError(f"manifest is malformed: {type(e).__name__}: {e}") from e
+        _check_groups(manifest)
+        return manifest
+
+
+def _check_groups(manifest: Manifest) -> None:
+    """Graph groups agree with the table above and with the declared capabilities."""
+    for name, g in manifest.graphs.items():
+        want = GROUP_PROMPT if name in PROMPT_GRAPHS else GROUP_CORE
+        if g.group != want:
+            raise BundleError(f"manifest graph {name!r} is in group {g.group!r}, expected {want!r}")
+    caps, prompt = manifest.capabilities, manifest.graphs_in(GROUP_PROMPT)
+    if caps.prompt_analysis:
+        missing = [n for n in PROMPT_GRAPH_NAMES if n not in prompt]
+        if missing:
+            raise BundleError(f"manifest declares prompt_analysis but lists no graph for {', '.join(missing)}")
+        for name, (_, inputs, outputs) in PROMPT_GRAPHS.items():
+            if (prompt[name].inputs, prompt[name].outputs) != (inputs, outputs):
+                raise BundleError(
+                    f"manifest graph {name!r} has inputs {list(prompt[name].inputs)} / outputs "
+                    f"{list(prompt[name].outputs)}, expected {list(inputs)} / {list(outputs)}"
+                )
+    elif prompt:
+        raise BundleError(f"manifest lists prompt graphs ({', '.join(prompt)}) but does not declare prompt_analysis")
+    if caps.instruct and not caps.builtin_speakers:
+        raise BundleError("manifest declares instruct without builtin_speakers (instruct voices a built-in speaker)")
+    if not (caps.builtin_speakers or caps.prompt_analysis):
+        raise BundleError("manifest declares neither builtin_speakers nor prompt_analysis: the model has no voice")
 
 
 def _flag(data: dict[str, Any], key: str, default: bool = False) -> bool:
@@ -254,8 +316,25 @@ class ModelBundle:
         """Identity of the bundle (used in cache keys)."""
         return sha256_file(self.root / MANIFEST_NAME)
 
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.manifest.capabilities
+
+    @property
+    def has_prompt_analysis(self) -> bool:
+        """True when the prompt models (campplus, speech_tokenizer) are in the bundle: voices from prompt audio."""
+        return self.manifest.capabilities.prompt_analysis
+
     def graph_path(self, name: str) -> Path:
         return self.root / self.manifest.graphs[name].file
+
+    def prompt_model_path(self, name: str) -> Path:
+        """Path of a prompt model ("campplus" or "speech_tokenizer"); BundleError if the bundle has none."""
+        if name not in PROMPT_GRAPHS:
+            raise BundleError(f"unknown prompt model {name!r} (known: {', '.join(PROMPT_GRAPH_NAMES)})")
+        if not self.has_prompt_analysis:
+            raise BundleError(f"{self.root}: the bundle has no prompt models (exported without {PROMPT_GRAPHS[name][0]})")
+        return self.graph_path(name)
 
     @classmethod
     def load(cls, path: str | Path, *, verify_hashes: bool = False) -> ModelBundle:
@@ -272,15 +351,26 @@ class ModelBundle:
             raise BundleError(f"{mpath}: cannot parse: {e}") from e
         manifest = Manifest.from_dict(data)
         _check_files(root, manifest, verify_hashes)
-        speakers = read_speakers(root / SPEAKERS_NAME)
-        dim = manifest.constants.spk_embed_dim
-        bad = [n for n, e in speakers.items() if e.shape != (dim,)]
-        if not speakers or bad:
-            raise BundleError(f"{root / SPEAKERS_NAME}: expected speakers with {dim}-d embeddings, bad: {bad or 'none listed'}")
+        speakers = _checked_speakers(root / SPEAKERS_NAME, manifest)
         return cls(root=root, manifest=manifest, speakers=speakers)
 
 
+def _checked_speakers(path: Path, manifest: Manifest) -> dict[str, np.ndarray]:
+    """The speaker table, which must agree with capabilities.builtin_speakers (empty exactly when it is false)."""
+    speakers = read_speakers(path)
+    dim = manifest.constants.spk_embed_dim
+    bad = [n for n, e in speakers.items() if e.shape != (dim,)]
+    if bad:
+        raise BundleError(f"{path}: expected speakers with {dim}-d embeddings, bad: {bad}")
+    declared = manifest.capabilities.builtin_speakers
+    if declared != bool(speakers):
+        listed = f"lists {len(speakers)} speaker(s)" if speakers else "lists no speakers"
+        raise BundleError(f"{path}: {listed} but the manifest declares builtin_speakers={str(declared).lower()}")
+    return speakers
+
+
 def _check_files(root: Path, manifest: Manifest, verify_hashes: bool) -> None:
+    """Every core graph listed, every listed file (graphs of both groups, speakers, tokenizer) present and hashed."""
     missing_graphs = [g for g in GRAPH_NAMES if g not in manifest.graphs]
     if missing_graphs:
         raise BundleError(f"{root}: manifest lists no graph for {', '.join(missing_graphs)}")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from service.bundle import GRAPH_NAMES, MANIFEST_NAME, ModelBundle, sha256_file
+from service.bundle import GRAPH_NAMES, MANIFEST_NAME, PROMPT_GRAPH_NAMES, Capabilities, ModelBundle, sha256_file
 
 pytestmark = pytest.mark.export
 REPO = Path(__file__).resolve().parents[1]
@@ -22,37 +22,56 @@ def run_export(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=600, cwd=REPO)
 
 
+def _makefile_variable(name: str) -> str:
+    match = re.search(rf"^{name}\s*:?=\s*(.+?)\s*$", (REPO / "Makefile").read_text(), re.MULTILINE)
+    assert match, f"the Makefile sets {name}"
+    return match.group(1)
+
+
 def tiny_model_name() -> str:
     """The model id `make models/tiny` gives the committed bundle (TINY_NAME in the Makefile)."""
-    match = re.search(r"^TINY_NAME\s*:?=\s*(\S+)", (REPO / "Makefile").read_text(), re.MULTILINE)
-    assert match, "the Makefile names the tiny model (TINY_NAME)"
-    return match.group(1)
+    return _makefile_variable("TINY_NAME")
+
+
+def tiny_flags() -> list[str]:
+    """The export flags of `make models/tiny` (TINY_FLAGS in the Makefile), so the re-export here is the same one."""
+    return _makefile_variable("TINY_FLAGS").replace("$(TINY_NAME)", tiny_model_name()).split()
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory, ref_dir: Path) -> Path:
     out = tmp_path_factory.mktemp("bundle") / "tiny"
-    proc = run_export("--model-dir", ref_dir, "--out", out, "--verify", "--test-model", "--model-name", tiny_model_name())
+    proc = run_export("--model-dir", ref_dir, "--out", out, *tiny_flags())
     assert proc.returncode == 0, proc.stderr
     assert "ok" in proc.stdout and "FAIL" not in proc.stdout
     return out
 
 
-def copy_checkpoint(ref_dir: Path, dst: Path) -> Path:
+CHECKPOINT_FILES = ("cosyvoice.yaml", "llm.pt", "flow.pt", "hift.pt", "spk2info.pt", "multilingual.tiktoken")
+PROMPT_FILES = ("campplus.onnx", "speech_tokenizer_v1.onnx")
+
+
+def copy_checkpoint(ref_dir: Path, dst: Path, files: tuple[str, ...] = CHECKPOINT_FILES) -> Path:
     dst.mkdir()
-    for name in ("cosyvoice.yaml", "llm.pt", "flow.pt", "hift.pt", "spk2info.pt", "multilingual.tiktoken"):
+    for name in files:
         shutil.copy(ref_dir / name, dst / name)
     return dst
 
 
-def test_bundle_is_complete_and_loads(exported: Path) -> None:
+def test_bundle_is_complete_and_loads(exported: Path, ref_dir: Path) -> None:
     bundle = ModelBundle.load(exported, verify_hashes=True)
-    assert set(bundle.manifest.graphs) == set(GRAPH_NAMES)
+    assert set(bundle.manifest.graphs) == set(GRAPH_NAMES) | set(PROMPT_GRAPH_NAMES)
+    assert set(bundle.manifest.graphs_in("core")) == set(GRAPH_NAMES)
     assert all(g.opset == 13 for g in bundle.manifest.graphs.values())
     assert list(bundle.speakers)[:2] == ["中文女", "中文男"]
     assert bundle.constants.sample_rate == 22050 and bundle.constants.llm_num_layers == 2
     assert bundle.constants.llm_head_dim == 32 and bundle.constants.mel_overlap_len == 34
-    assert set(bundle.manifest.source_files) == {"cosyvoice.yaml", "llm.pt", "flow.pt", "hift.pt", "spk2info.pt"}
+    assert set(bundle.manifest.source_files) == {"cosyvoice.yaml", "llm.pt", "flow.pt", "hift.pt", "spk2info.pt", *PROMPT_FILES}
+    assert bundle.capabilities == Capabilities(builtin_speakers=True, prompt_analysis=True, instruct=True)
+    for name in PROMPT_GRAPH_NAMES:  # copied verbatim
+        path = bundle.prompt_model_path(name)
+        assert path.read_bytes() == (ref_dir / path.name).read_bytes()
+        assert bundle.manifest.source_files[path.name] == bundle.manifest.graphs[name].sha256
 
 
 def test_export_reproduces_committed_tiny_bundle(exported: Path, tiny_bundle: Path) -> None:
@@ -89,9 +108,13 @@ def test_int8_bundle_is_a_second_bundle(tmp_path: Path, ref_dir: Path) -> None:
     assert not fp32.manifest.random_weights and fp32.manifest.warning is None  # a checkpoint is trained unless marked
     quantized = {n for n, g in int8.manifest.graphs.items() if g.precision == "int8"}
     assert quantized == {"llm_encoder", "llm_embed", "llm_step", "flow_encoder", "flow_estimator"}
+    assert int8.capabilities == fp32.capabilities and int8.has_prompt_analysis
+    for name in PROMPT_GRAPH_NAMES:  # copied, not quantized
+        assert int8.manifest.graphs[name] == fp32.manifest.graphs[name]
+        assert sha256_file(int8.prompt_model_path(name)) == sha256_file(fp32.prompt_model_path(name))
 
 
-@pytest.mark.parametrize("missing", ["llm.pt", "spk2info.pt", "cosyvoice.yaml"])
+@pytest.mark.parametrize("missing", ["llm.pt", "flow.pt", "cosyvoice.yaml"])
 def test_missing_file_is_one_clear_line(tmp_path: Path, ref_dir: Path, missing: str) -> None:
     src = copy_checkpoint(ref_dir, tmp_path / "ckpt")
     (src / missing).unlink()

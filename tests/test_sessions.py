@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from service.bundle import ModelBundle
+from service.bundle import GRAPH_NAMES, PROMPT_GRAPH_NAMES, ModelBundle
 from service.engine.llm import LLMRunner
 from service.engine.sessions import (
     PREPACKED_GRAPHS,
@@ -23,6 +25,7 @@ from service.engine.sessions import (
     open_sessions,
 )
 from service.engine.synthesizer import Synthesizer
+from service.errors import BundleError
 from service.runtime import runtime_options
 from service.settings import Settings
 
@@ -120,3 +123,47 @@ def test_lower_thread_priority_affects_only_the_calling_thread() -> None:
     t.join()
     assert seen["worker"] == max(7, before)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
+
+
+def test_default_opens_only_the_core_graphs(tiny_bundle: Path) -> None:
+    sessions = open_sessions(ModelBundle.load(tiny_bundle), RuntimeOptions(intra_op_threads=1))
+    assert tuple(sessions) == GRAPH_NAMES
+
+
+def test_prompt_models_open_by_name_and_run(tiny_bundle: Path) -> None:
+    bundle = ModelBundle.load(tiny_bundle)
+    sessions = open_sessions(bundle, RuntimeOptions(intra_op_threads=1), names=PROMPT_GRAPH_NAMES)
+    assert set(sessions) == {"campplus", "speech_tokenizer"}
+    (emb,) = sessions["campplus"].run(["output"], {"input": np.zeros((1, 50, 80), np.float32)})
+    assert emb.shape == (1, bundle.constants.spk_embed_dim) and emb.dtype == np.float32
+    feeds = {"feats": np.zeros((1, 128, 41), np.float32), "feats_length": np.array([41], np.int32)}
+    (tokens,) = sessions["speech_tokenizer"].run(["indices"], feeds)
+    assert tokens.shape == (1, 1, 21) and tokens.dtype == np.int64  # T_tok = (T - 1) // 2 + 1
+    assert np.all((tokens >= 0) & (tokens < bundle.constants.speech_token_size))
+
+
+def test_prompt_models_get_the_same_session_options(tiny_bundle: Path) -> None:
+    opts = RuntimeOptions(intra_op_threads=2, acoustic_threads=1, shrink_acoustic_arenas=False)
+    sessions = open_sessions(ModelBundle.load(tiny_bundle), opts, names=["campplus"])
+    options = sessions["campplus"].get_session_options()
+    assert options.intra_op_num_threads == make_session_options(opts, "campplus").intra_op_num_threads == 1
+
+
+def test_prompt_models_of_a_bundle_without_them(tiny_bundle: Path, tmp_path: Path) -> None:
+    root = tmp_path / "b"
+    shutil.copytree(tiny_bundle, root)
+    data = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
+    data["capabilities"]["prompt_analysis"] = False
+    for name in PROMPT_GRAPH_NAMES:
+        del data["graphs"][name]
+    (root / "manifest.json").write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(BundleError, match="no prompt models"):
+        open_sessions(ModelBundle.load(root), RuntimeOptions(intra_op_threads=1), names=["campplus"])
+
+
+def test_prompt_model_file_with_other_names_is_refused_when_opened(tiny_bundle: Path, tmp_path: Path) -> None:
+    root = tmp_path / "b"
+    shutil.copytree(tiny_bundle, root)
+    shutil.copyfile(root / "campplus.onnx", root / "speech_tokenizer_v1.onnx")  # swapped file, hashes not checked
+    with pytest.raises(BundleError, match=r"speech_tokenizer_v1\.onnx: inputs \['input'\]"):
+        open_sessions(ModelBundle.load(root), RuntimeOptions(intra_op_threads=1), names=["speech_tokenizer"])

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 import onnxruntime as ort
 
-from service.bundle import GRAPH_NAMES, ModelBundle
+from service.bundle import GRAPH_NAMES, GROUP_PROMPT, PROMPT_GRAPHS, GraphEntry, ModelBundle
 from service.errors import BundleError
 
 ExecutionMode = Literal["sequential", "parallel"]
@@ -43,7 +43,8 @@ PREPACKED_GRAPHS: frozenset[str] = frozenset({"llm_step", "flow_estimator", "hif
 
 
 def graph_stage(name: str) -> Stage:
-    """The stage a graph belongs to: the LLM graphs, or the acoustic (flow + HiFT) ones."""
+    """The stage a graph belongs to: the LLM graphs, or the acoustic ones (flow, HiFT, and the prompt models,
+    which like them run once per request on variable-length audio)."""
     return "llm" if name.startswith("llm_") else "acoustic"
 
 
@@ -237,6 +238,17 @@ def _open_in_thread(path: Path, so: ort.SessionOptions, nice: int) -> ort.Infere
     return session
 
 
+def _check_io(path: Path, session: ort.InferenceSession, entry: GraphEntry) -> None:
+    """The opened file has the input/output names its manifest entry lists (the prompt models come from outside)."""
+    inputs = {i.name for i in session.get_inputs()}
+    outputs = {o.name for o in session.get_outputs()}
+    if (inputs, outputs) != (set(entry.inputs), set(entry.outputs)):
+        raise BundleError(
+            f"{path}: inputs {sorted(inputs)} / outputs {sorted(outputs)} differ from the manifest's "
+            f"{sorted(entry.inputs)} / {sorted(entry.outputs)}"
+        )
+
+
 def open_sessions(
     bundle: ModelBundle,
     opts: RuntimeOptions | None = None,
@@ -244,9 +256,11 @@ def open_sessions(
     *,
     transient: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """Open the bundle's graphs (all, or `names`) on the CPU provider; raises BundleError on failure.
+    """Open the bundle's core graphs (or the graphs in `names`) on the CPU provider; raises BundleError on failure.
 
-    The returned dict is keyed by graph name ("llm_step", ...). Each stage gets its own thread count;
+    The returned dict is keyed by graph name ("llm_step", ...). The prompt models are opened only when named
+    (`names=("campplus", "speech_tokenizer")`, bundles with `has_prompt_analysis`); their input/output names
+    are checked against the manifest when they open. Each stage gets its own thread count;
     graphs named in `transient` become TransientSession objects (opened per call). Components take any
     mapping of objects with ORT's `run(output_names, feeds)` method, so tests may inject their own.
     """
@@ -255,6 +269,8 @@ def open_sessions(
     lazy = set(transient)
     sessions: dict[str, Any] = {}
     for name in wanted:
+        if name in PROMPT_GRAPHS and not bundle.has_prompt_analysis:
+            raise BundleError(f"{bundle.root}: the bundle has no prompt models (no '{name}' graph)")
         if name not in bundle.manifest.graphs:
             raise BundleError(f"{bundle.root}: manifest has no graph '{name}'")
         so = make_session_options(opts, name)
@@ -264,6 +280,9 @@ def open_sessions(
             sessions[name] = TransientSession(path, so)
             continue
         session = _open_in_thread(path, so, opts.acoustic_nice) if acoustic and opts.acoustic_nice > 0 else _open(path, so)
+        entry = bundle.manifest.graphs[name]
+        if entry.group == GROUP_PROMPT:
+            _check_io(path, session, entry)
         shrink = acoustic and opts.shrink_acoustic_arenas and opts.enable_cpu_mem_arena
         sessions[name] = ShrinkingSession(session) if shrink else session
     release_free_memory()
