@@ -12,7 +12,7 @@ from service.bundle import ModelBundle
 from service.engine.prompt import MAX_PROMPT_S, MelVariant, PromptAnalyzer
 from service.engine.sessions import RuntimeOptions
 from service.engine.voice import Voice
-from service.errors import InvalidInputError, NotFoundError, UnsupportedCapabilityError, VoiceExistsError
+from service.errors import InvalidInputError, NotFoundError, PromptAudioError, UnsupportedCapabilityError, VoiceExistsError
 from service.frontend import TextFrontend
 from service.voices import AnalysisCache, PromptFeatures, SavedVoice, VoiceStore, check_voice_name
 
@@ -32,6 +32,7 @@ class PromptAudio:
 
     data: bytes
     pcm_rate_hz: int | None = None
+    field: str = "prompt_wav"  # the request field that carried it (named in errors)
 
     @property
     def sha256(self) -> str:
@@ -99,11 +100,15 @@ class Voices:
         cached = self.cache.get(key)
         if cached is not None:
             return cached
-        if prompt.pcm_rate_hz is not None:
-            audio, rate = pcm16_to_float(prompt.data, sample_rate=prompt.pcm_rate_hz, max_seconds=MAX_PROMPT_S)
-        else:
-            audio, rate = decode_audio(prompt.data, max_seconds=MAX_PROMPT_S)
-        result = analyzer.analyze(audio, rate, mel_variant=self.mel_variant)
+        try:
+            if prompt.pcm_rate_hz is not None:
+                audio, rate = pcm16_to_float(prompt.data, sample_rate=prompt.pcm_rate_hz, max_seconds=MAX_PROMPT_S)
+            else:
+                audio, rate = decode_audio(prompt.data, max_seconds=MAX_PROMPT_S)
+            result = analyzer.analyze(audio, rate, mel_variant=self.mel_variant)
+        except PromptAudioError as e:
+            e.param = prompt.field  # the decoder cannot know which request field held the audio
+            raise
         features = PromptFeatures(result.embedding, result.speech_tokens, result.mel, result.duration_s, result.mel_variant)
         self.cache.put(key, features)
         return features

@@ -25,7 +25,7 @@ async def create_voice(
 ) -> dict[str, Any]:
     """Analyse the recording once (speaker vector, speech tokens, prompt mel) and store it: in Redis when
     TTS_REDIS_URL is set (every replica sees it), else in TTS_VOICES_DIR. Needs an admin key when keys are on."""
-    prompt = PromptAudio(await read_upload(audio, state.settings.max_upload_bytes, param="audio"))
+    prompt = PromptAudio(await read_upload(audio, state.settings.max_upload_bytes, param="audio"), field="audio")
     saved = await anyio.to_thread.run_sync(lambda: voices.save(name, prompt, transcript))
     return saved.info()
 
