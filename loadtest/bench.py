@@ -6,7 +6,8 @@ Parts (each in its own process, so peak RSS is per configuration):
   reference    the PyTorch reference pipeline on the same weights (see bench_reference.py)
   latency      streaming first-chunk latency of a ~15-character sentence at concurrency 1
   concurrency  1/2/4/8 closed-loop streaming clients in-process
-  http         the same through a real uvicorn server on a free loopback port
+  http         the same through a real uvicorn server on a free loopback port, with the default settings
+  cloning      a saved voice (10 s prompt) vs a built-in speaker at 1 and 8 clients; prompt analysis time
 Results go to docs/benchmarks/results.json, docs/benchmarks/summary.png and the generated part of docs/benchmarks.md.
 """
 
@@ -35,7 +36,7 @@ from loadtest.bench_report import write_report  # noqa: E402
 PYTHON = sys.executable
 FULL_CONFIG = REPO / "export" / "configs" / "cosyvoice-300m-sft.yaml"
 SCHEMES = ("int8", "int4")
-PARTS = ("quality", "single", "reference", "latency", "concurrency", "http")
+PARTS = ("quality", "single", "reference", "latency", "concurrency", "http", "cloning")
 
 
 def bundle_dirs(models: Path) -> dict[str, Path]:
@@ -171,6 +172,16 @@ def part_http(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
     return run_json([*cmd, "--per-client", str(args.per_client)])
 
 
+def part_cloning(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
+    """A saved (cloned) voice with a 10 s prompt against a built-in speaker, same run: first audio at 1 and 8
+    clients (int8, 10 steps, streamed), and the time to analyse a 10 s prompt (features; tiny stand-in models)."""
+    out: dict[str, Any] = {"prompt": run_json([PYTHON, "loadtest/bench_prompt.py", "--seconds", "10", "--reps", "5"])}
+    for label, extra in (("built-in speaker", ()), ("saved voice, 10 s prompt", ("--prompt-seconds", "10"))):
+        cmd = engine("concurrency", dirs["int8"], "--text", "short", "--tokens", "200", "--n-timesteps", "10", *extra)
+        out[label] = run_json([*cmd, "--levels", "1", "8", "--per-client", str(args.per_client)]) | {"label": label}
+    return out
+
+
 RUNNERS = {
     "quality": part_quality,
     "single": part_single,
@@ -178,6 +189,7 @@ RUNNERS = {
     "latency": part_latency,
     "concurrency": part_concurrency,
     "http": part_http,
+    "cloning": part_cloning,
 }
 
 

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from service.bundle import ModelBundle
 from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import SynthesisOptions, Synthesizer, TokenGenerator
+from service.engine.voice import Voice
 from service.frontend import TextFrontend
 
 # One normalized sentence of ordinary Chinese text (48 text tokens), for the 250-token single-stream runs.
@@ -103,6 +104,24 @@ class Run:
         return self.wall_s / self.audio_s if self.audio_s else float("inf")
 
 
+PROMPT_TEXT = "希望你以后能够做的比我还好呦，今天的会议很重要，请准时参加。"  # a 10 s prompt's transcript, roughly
+
+
+def cloned_voice(synth: Synthesizer, frontend: TextFrontend, seconds: float, seed: int = 7) -> Voice:
+    """A zero-shot voice as a `seconds`-long prompt analysis gives it: 50 speech tokens and 86.13 mel frames per
+    second, a transcript, and an x-vector (the full-size bundle has random weights and no prompt models, so
+    the features are drawn at random with the real sizes: what costs time is their length, not their values)."""
+    g = np.random.default_rng(seed)
+    c = synth.bundle.constants
+    tokens = tuple(int(t) for t in g.integers(0, c.speech_token_size, size=int(seconds * c.token_rate_hz)))
+    mel = g.standard_normal((int(seconds * c.sample_rate / c.mel_hop_samples), c.n_mels)).astype(np.float32) - 5.0
+    embedding = synth.bundle.speakers[synth.speakers[SPEAKER_INDEX]]
+    return Voice.cloned(f"cloned-{seconds:g}s", embedding, tokens, mel, tuple(text_ids(frontend, PROMPT_TEXT)))
+
+
+VOICE: Voice | None = None  # set by main(): None = the first built-in speaker
+
+
 def run_once(synth: Synthesizer, ids: list[int], options: SynthesisOptions, start: float | None = None) -> Run:
     """One request through the engine (the caller's thread pulls the chunks, as a service worker does)."""
     t0 = time.perf_counter() if start is None else start
@@ -110,7 +129,7 @@ def run_once(synth: Synthesizer, ids: list[int], options: SynthesisOptions, star
     llm = flow = hift = 0.0
     samples = 0
     try:
-        for chunk in synth.synthesize([ids], synth.speakers[SPEAKER_INDEX], options):
+        for chunk in synth.synthesize([ids], VOICE or synth.speakers[SPEAKER_INDEX], options):
             if first is None and chunk.audio.size:
                 first = time.perf_counter() - t0
             llm, flow, hift = llm + chunk.timings.llm_s, flow + chunk.timings.flow_s, hift + chunk.timings.hift_s
@@ -227,6 +246,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--spinning", action="store_true")
     p.add_argument("--no-first-audio-priority", action="store_true")
     p.add_argument("--first-hop", type=int, help="first streaming hop in tokens (engine default when omitted)")
+    p.add_argument("--prompt-seconds", type=float, default=0.0, help="speak in a cloned voice with a prompt this long")
     return p.parse_args(argv)
 
 
@@ -237,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     load_s = time.perf_counter() - t0
     rss_loaded = peak_rss_mb()
     ids = text_ids(frontend, LONG_TEXT if args.text == "long" else SHORT_TEXT)
+    global VOICE
+    VOICE = cloned_voice(synth, frontend, args.prompt_seconds) if args.prompt_seconds > 0 else None
     try:
         result = MODES[args.mode](synth, ids, args)
     finally:
@@ -251,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         "n_timesteps": args.n_timesteps or manifest.constants.n_timesteps,
         "first_chunk_tokens": (args.first_hop or synth.first_hop_tokens) + manifest.constants.token_overlap_len,
         "runtime": asdict(runtime_options(args)),
+        "voice": VOICE.kind if VOICE is not None else "sft",
+        "prompt_seconds": args.prompt_seconds,
         "load_s": load_s,
         "rss_after_load_mb": rss_loaded,
         "peak_rss_mb": peak_rss_mb(),

@@ -102,6 +102,35 @@ def concurrency_lines(results: dict[str, Any]) -> list[str]:
     return [title, "", *_table(head, rows)]
 
 
+def cloning_lines(results: dict[str, Any]) -> list[str]:
+    """Saved voice (10 s prompt) against a built-in speaker in the same run, and the prompt analysis time."""
+    c = results.get("cloning")
+    if not c:
+        return []
+    rows = []
+    for label in ("built-in speaker", "saved voice, 10 s prompt"):
+        r = c.get(label)
+        if r:
+            rows += _load_rows(f"in-process, int8, 10 steps, {label}", r["levels"], r["peak_rss_mb"])
+    head = ["setup", "clients", "requests", "failures", "first audio p50 s", "first audio p95 s", "audio s / wall s"]
+    p = c.get("prompt", {})
+
+    def median(key: str) -> str:
+        return _f(p.get(key, {}).get("median_s", float("nan")))
+
+    analysis = [
+        ["features only (resample, fbank, whisper log-mel, 80-bin mel)", median("features_only")],
+        ["with the tiny stand-in models (not the real CAM++ / S3 tokenizer)", median("with_stand_in_models")],
+    ]
+    title = f"analysis of a {p.get('prompt_seconds', 10):g} s prompt at {p.get('source_rate_hz', 48000)} Hz"
+    return [
+        "### Voice cloning: a saved voice with a 10 s prompt against a built-in speaker (same run)",
+        "",
+        *_table([*head, "RTF p50", "peak RSS MB"], rows),
+        *_table([title, "median s"], analysis),
+    ]
+
+
 def quality_lines(results: dict[str, Any]) -> list[str]:
     q = results.get("quality")
     if not q:
@@ -184,7 +213,7 @@ def target_lines(results: dict[str, Any]) -> list[str]:
 
 def markdown(results: dict[str, Any], plot_name: str) -> str:
     lines = [BEGIN, "", *machine_lines(results.get("machine", {})), *target_lines(results), *single_lines(results)]
-    lines += [*latency_lines(results), *concurrency_lines(results), *quality_lines(results)]
+    lines += [*latency_lines(results), *concurrency_lines(results), *cloning_lines(results), *quality_lines(results)]
     lines += [f"![benchmark summary](benchmarks/{plot_name})", "", END]
     return "\n".join(lines) + "\n"
 
