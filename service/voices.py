@@ -164,20 +164,29 @@ class DirectoryVoiceStore:
 
     def add(self, voice: SavedVoice, max_voices: int) -> None:
         with self._lock:
-            self.root.mkdir(parents=True, exist_ok=True)
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise StoreUnavailableError(f"cannot create the voices directory {self.root}: {e.strerror}") from e
             path = self._path(voice.name)
             if path.exists():
                 raise VoiceExistsError(f"a voice named {voice.name!r} exists; delete it first", param="name")
             if len(list(self.root.glob("*.voice"))) >= max_voices:
                 raise TooManyVoicesError(f"the store holds its maximum of {max_voices} voices (TTS_MAX_VOICES)")
-            fd, tmp = tempfile.mkstemp(dir=self.root, suffix=".partial")
             try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(voice.to_bytes())
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+                self._write(path, voice.to_bytes())
+            except OSError as e:  # not writable, disk full: the server's problem, said plainly, nothing half-written
+                raise StoreUnavailableError(f"cannot write to the voices directory {self.root}: {e.strerror}") from e
+
+    def _write(self, path: Path, data: bytes) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.root, suffix=".partial")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     def delete(self, name: str) -> bool:
         with self._lock:
@@ -185,6 +194,8 @@ class DirectoryVoiceStore:
                 self._path(name).unlink()
             except FileNotFoundError:
                 return False
+            except OSError as e:
+                raise StoreUnavailableError(f"the voices directory {self.root} refused the removal: {e.strerror}") from e
             return True
 
     def close(self) -> None:

@@ -1,0 +1,101 @@
+"""Saved-voice stores and the prompt-analysis cache: round trips, atomic limits, damage and outages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from servers import RedisServer
+
+from service.errors import InvalidInputError, StoreUnavailableError, TooManyVoicesError, VoiceExistsError
+from service.voices import AnalysisCache, DirectoryVoiceStore, PromptFeatures, RedisVoiceStore, SavedVoice, check_voice_name
+
+
+def voice(name: str, transcript: str = "") -> SavedVoice:
+    g = np.random.default_rng(len(name))
+    features = PromptFeatures(
+        g.standard_normal(192).astype(np.float32),
+        g.integers(0, 4096, size=150).astype(np.int32),
+        g.standard_normal((258, 80)).astype(np.float32),
+        3.0,
+        "trained",
+    )
+    return SavedVoice(name, transcript, features, "ab" * 32, "models-x")
+
+
+def test_a_saved_voice_round_trips_exactly() -> None:
+    original = voice("alice", "你好。")
+    back = SavedVoice.from_bytes(original.to_bytes())
+    assert back.info() == original.info()
+    for a, b in ((back.features.embedding, original.features.embedding), (back.features.mel, original.features.mel)):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(back.features.speech_tokens, original.features.speech_tokens)
+    with pytest.raises(ValueError):
+        SavedVoice.from_bytes(b"not a voice")
+
+
+def test_directory_store_limits_duplicates_and_skips_damaged_files(tmp_path: Path) -> None:
+    store = DirectoryVoiceStore(tmp_path / "voices")
+    assert store.list() == [] and not (tmp_path / "voices").exists(), "nothing is written before the first save"
+    store.add(voice("a"), max_voices=2)
+    store.add(voice("中文名"), max_voices=2)
+    with pytest.raises(VoiceExistsError):
+        store.add(voice("a"), max_voices=5)
+    with pytest.raises(TooManyVoicesError):
+        store.add(voice("c"), max_voices=2)
+    (tmp_path / "voices" / "bad.voice").write_bytes(b"garbage")
+    assert sorted(v.name for v in store.list()) == ["a", "中文名"]
+    assert not list((tmp_path / "voices").glob("*.partial"))
+    assert store.delete("a") and not store.delete("a")
+
+
+def test_an_unwritable_directory_is_a_store_error_not_a_crash(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    store = DirectoryVoiceStore(blocker / "voices")  # a directory under a file cannot be created
+    with pytest.raises(StoreUnavailableError):
+        store.add(voice("a"), max_voices=5)
+
+
+@pytest.mark.parametrize("name", ["", "-x", "a b", "a/b", "x" * 65, "..", "a\u0000b"])
+def test_bad_voice_names(name: str) -> None:
+    with pytest.raises(InvalidInputError):
+        check_voice_name(name)
+
+
+def test_good_voice_names_and_reserved_ones() -> None:
+    assert check_voice_name("Alice_2.v-1") == "Alice_2.v-1"
+    assert check_voice_name("小明") == "小明"
+    with pytest.raises(VoiceExistsError):
+        check_voice_name("alloy", reserved=["alloy"])
+
+
+@pytest.mark.integration
+def test_redis_store_is_atomic_and_fails_as_a_store_error(redis_server: RedisServer) -> None:
+    store = RedisVoiceStore(redis_server.url, key="test:voices")
+    try:
+        store.add(voice("r1"), max_voices=2)
+        with pytest.raises(VoiceExistsError):
+            store.add(voice("r1"), max_voices=2)
+        store.add(voice("r2"), max_voices=2)
+        with pytest.raises(TooManyVoicesError):
+            store.add(voice("r3"), max_voices=2)
+        assert [v.name for v in store.list()] == ["r1", "r2"] and store.get("r3") is None
+        assert store.delete("r1") and store.get("r1") is None
+    finally:
+        store._client.delete("test:voices")
+        store.close()
+    down = RedisVoiceStore("redis://127.0.0.1:1/0")
+    with pytest.raises(StoreUnavailableError):
+        down.list()
+
+
+def test_analysis_cache_keeps_features_and_survives_a_missing_redis() -> None:
+    cache = AnalysisCache("redis://127.0.0.1:1/0", capacity=1)  # unreachable: falls back to this process
+    features = voice("x").features
+    cache.put("k1", features)
+    got = cache.get("k1")
+    assert got is not None and np.array_equal(got.mel, features.mel) and got.mel_variant == "trained"
+    cache.put("k2", features)
+    assert cache.get("k1") is None and cache.get("k2") is not None  # LRU of one
