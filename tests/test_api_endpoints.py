@@ -306,13 +306,17 @@ def test_openai_pcm_is_24khz_resampled_from_the_same_audio(client: TestClient) -
     assert len(pcm.content) // 2 == -(-n22 * 24000 // 22050)
 
 
-def test_openai_default_format_is_mp3_and_instructions_are_flagged(client: TestClient) -> None:
-    resp = client.post(
-        "/v1/audio/speech", json={"model": "gpt-4o-mini-tts", "input": "Hi.", "voice": "nova", "instructions": "whisper"}
-    )
+def test_openai_default_format_is_mp3_and_instructions_drive_instruct_mode(client: TestClient) -> None:
+    """The tiny bundle declares the instruct capability: `instructions` change the audio and raise no warning
+    (a bundle without it answers with a Warning header: tests/test_api_official.py)."""
+    base = {"model": "gpt-4o-mini-tts", "input": "Hi.", "voice": "nova", "seed": 5, "response_format": "pcm"}
+    resp = client.post("/v1/audio/speech", json={**base, "response_format": "mp3", "instructions": "whisper"})
     assert resp.status_code == 200 and resp.headers["content-type"] == "audio/mpeg"
-    assert "ignored" in resp.headers["warning"]
+    assert "warning" not in resp.headers
     assert decoded_seconds(resp.content, "mp3", 22050) > 0.1
+    plain = client.post("/v1/audio/speech", json=base).content
+    instructed = client.post("/v1/audio/speech", json={**base, "instructions": "whisper"}).content
+    assert instructed != plain
 
 
 def test_openai_voice_object_and_speaker_names_are_accepted(client: TestClient) -> None:

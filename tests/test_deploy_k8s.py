@@ -180,8 +180,11 @@ def app_paths(tiny_bundle: Path) -> set[str]:
     return set(app.openapi()["paths"]) | {"/", "/static/index.html", "/docs", "/openapi.json"}
 
 
+INGRESSES = ("cosyvoice-lite", "cosyvoice-lite-uploads")
+
+
 def ingress_routes(path: str) -> bool:
-    rules = one("Ingress", "cosyvoice-lite")["spec"]["rules"]
+    rules = [r for name in INGRESSES for r in one("Ingress", name)["spec"]["rules"]]
     for entry in (p for rule in rules for p in rule["http"]["paths"]):
         prefix = entry["path"].rstrip("/")
         if path == entry["path"] or (entry["pathType"] == "Prefix" and path.startswith(prefix + "/")):
@@ -205,3 +208,10 @@ def test_ingress_matches_the_nginx_rules() -> None:
     body_size = re.search(r"client_max_body_size (\S+);", conf)
     assert body_size and notes[prefix + "proxy-body-size"] == body_size.group(1)
     assert int(settings_env()["TTS_MAX_BODY_BYTES"]) == 64 * 1024 == int(body_size.group(1).rstrip("k")) * 1024
+    uploads = one("Ingress", "cosyvoice-lite-uploads")["metadata"]["annotations"]
+    upload_size = re.search(r"location ~ \^/\(([^)]*)\)\$ \{\s*client_max_body_size (\S+);", conf)
+    assert upload_size and uploads[prefix + "proxy-body-size"] == upload_size.group(2) == "10m"
+    assert Settings.model_fields["max_upload_bytes"].default == 10 * 1024 * 1024
+    upload_rules = one("Ingress", "cosyvoice-lite-uploads")["spec"]["rules"]
+    upload_paths = {p["path"].lstrip("/") for r in upload_rules for p in r["http"]["paths"]}
+    assert upload_paths == set(upload_size.group(1).split("|")), "nginx and the ingress raise the limit on the same paths"

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "docker" / "Dockerfile"
 INSTALL_COMMAND = re.compile(r"^(\S*python3?(\.\d+)? -m venv |\S*python3?(\.\d+)? -m pip install |\S*pip3? install )")
 # RUN steps of the runtime stage that are not install steps: checked, but not replayed (they change the system).
-SYSTEM_COMMANDS = ("groupadd ", "useradd ")
+SYSTEM_COMMANDS = ("groupadd ", "useradd ", "mkdir -p /app/data", "chown 10001:10001 /app/data")  # user, voices volume
 # Secrets, virtualenvs, checkpoints, bytecode and other bundles must never reach the Docker daemon.
 KEPT_OUT_OF_CONTEXT = (
     ".env",

@@ -153,6 +153,11 @@ class ServiceInfo(ModelFacts):
     openai_max_chars: int = Field(description="Longest `input` of /v1/audio/speech (at most 4096, and TTS_MAX_CHARS).")
     audio_bitrate_kbps: int = Field(description="Bitrate of MP3, Opus and AAC output.")
     normalizer: dict[str, str]
+    capabilities: dict[str, bool] = Field(
+        default_factory=dict,
+        description="What the model can voice: `builtin_speakers`, `prompt_analysis` (voice cloning), `instruct`.",
+    )
+    max_upload_bytes: int = Field(default=0, description="Largest prompt recording upload (TTS_MAX_UPLOAD_BYTES).")
 
 
 MAX_LEXICON_PINYIN_CHARS = 8 * MAX_WORD_CHARS  # the longest syllable (`zhuang1`) plus a separator, per character

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import anyio
@@ -69,6 +70,8 @@ async def info(state: StateDep, service: ServiceDep) -> ServiceInfo:
         openai_max_chars=openai_max_chars(state),
         audio_bitrate_kbps=state.settings.audio_bitrate_kbps,
         normalizer=state.normalizer,
+        capabilities=dataclasses.asdict(state.bundle.capabilities) if state.bundle else {},
+        max_upload_bytes=state.settings.max_upload_bytes,
         **model_facts(state).model_dump(),
     )
 
