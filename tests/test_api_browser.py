@@ -271,10 +271,20 @@ def test_bad_names_are_refused_with_the_server_message(page: DevToolsPage) -> No
     assert saved_names(page)["server"] == []
 
 
+def test_a_name_in_use_is_refused_with_the_server_message(page: DevToolsPage) -> None:
+    choose_file(page, PROMPT)
+    assert save_voice(page, "twice").startswith('Saved "twice"')
+    message = save_voice(page, "twice")
+    assert "twice" in message and message.endswith("(voice_exists)"), message
+    assert saved_names(page)["list"] == ["twice"]
+    delete_voice(page, "twice")
+
+
 def test_microphone_recording_is_saved_as_a_voice(page: DevToolsPage, repo_root: Path) -> None:
     """Chromium's fake microphone: MediaRecorder gives audio/webm;codecs=opus, and the server decodes it as it is."""
     click(page, "#record")
     page.wait_for("clone.recorder && clone.recordedS > 2", 20, "two seconds of recording")
+    assert page.eval("document.getElementById('saveVoice').disabled && document.getElementById('useOnce').disabled")
     assert page.eval("document.getElementById('recTime').textContent").endswith(" s / 30 s")
     click(page, "#record")  # stop
     page.wait_for("!clone.recorder && clone.prompt && clone.prompt.filename === 'recording.webm'", 10, "the recording")
