@@ -12,6 +12,7 @@ from servers import AppServer, Chromium, DevToolsPage
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
+PROMPT = Path(__file__).parent / "reference" / "tiny" / "prompts" / "zh_16k.wav"
 TEXT = "你好，欢迎使用语音合成。今天天气很好，我们去公园散步吧。"
 
 
@@ -29,6 +30,8 @@ def app(tmp_path_factory: pytest.TempPathFactory, tiny_bundle: Path) -> Iterator
 @pytest.fixture(scope="module")
 def page(tmp_path_factory: pytest.TempPathFactory, app: AppServer) -> Iterator[DevToolsPage]:
     chromium = Chromium(tmp_path_factory.mktemp("chromium"))
+    # a fake microphone (a beeping tone) that getUserMedia may use without a permission prompt
+    chromium.argv[-1:-1] = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream"]
     chromium.start()
     tab = chromium.page()
     try:
@@ -161,3 +164,146 @@ def test_server_error_is_shown_from_the_json_body(page: DevToolsPage) -> None:
     message = page.wait_for("document.getElementById('error').textContent", 30, "an error message")
     assert "no-such-speaker" in message or "speaker" in message.lower(), message
     assert not message.startswith("HTTP "), f"the JSON error body was not used: {message}"
+    page.wait_for("!tts.busy", 10, "the failed run to end")
+    assert page.eval("document.getElementById('progress').textContent").startswith("Failed: ")
+
+
+def click(page: DevToolsPage, selector: str) -> None:
+    """Scroll the element into view first: the mouse click lands at viewport coordinates."""
+    page.eval(f"document.querySelector({selector!r}).scrollIntoView({{block: 'center'}})")
+    page.click(selector)
+
+
+def choose_file(page: DevToolsPage, path: Path) -> None:
+    """Put a file into the page's file picker as a user would (JS cannot set a file input); `change` fires."""
+    node = page.send("Runtime.evaluate", expression="document.getElementById('promptFile')")["result"]
+    page.send("DOM.setFileInputFiles", files=[str(path)], objectId=node["objectId"])
+    page.wait_for(f"clone.prompt && clone.prompt.filename === {path.name!r}", 10, "the chosen file")
+
+
+def save_voice(page: DevToolsPage, name: str, transcript: str = "") -> str:
+    """Fill the name and transcript, click Save voice; return the status or the error the page shows."""
+    page.eval(f"""(() => {{
+        document.getElementById('voiceName').value = {name!r};
+        document.getElementById('transcript').value = {transcript!r};
+        document.getElementById('cloneStatus').textContent = '';
+    }})()""")
+    click(page, "#saveVoice")
+    return str(
+        page.wait_for(
+            "document.getElementById('cloneError').textContent ||"
+            " (document.getElementById('cloneStatus').textContent.startsWith('Saved') && !clone.busy"
+            "  && document.getElementById('cloneStatus').textContent)",
+            60,
+            "the saved voice or an error",
+        )
+    )
+
+
+def saved_names(page: DevToolsPage) -> dict[str, list[str]]:
+    """Saved voices as the server, the page's list and the voice select see them."""
+    return dict(
+        page.eval("""(async () => ({
+        server: (await (await fetch('v1/voices')).json()).data.map(v => v.name),
+        list: [...document.querySelectorAll('#savedVoices li')].map(li => li.dataset.id),
+        select: [...document.getElementById('voice').options].map(o => o.value),
+    }))()""")
+    )
+
+
+def delete_voice(page: DevToolsPage, name: str) -> None:
+    click(page, f'#savedVoices li[data-id="{name}"] button')
+    page.wait_for(
+        f"!document.querySelector('#savedVoices li[data-id=\"{name}\"]')"
+        f" && ![...document.getElementById('voice').options].some(o => o.value === {name!r})",
+        20,
+        "the deletion",
+    )
+
+
+def test_a_saved_voice_from_a_file_appears_speaks_and_is_deleted(page: DevToolsPage, repo_root: Path) -> None:
+    choose_file(page, PROMPT)
+    status = save_voice(page, "file-voice", "希望你以后能够做的比我还好呦。")
+    assert status.startswith('Saved "file-voice"'), status
+    names = saved_names(page)
+    assert names["server"] == ["file-voice"] and names["list"] == ["file-voice"], names
+    assert "file-voice" in names["select"] and "中文女" in names["select"], names
+    assert page.eval("document.getElementById('voice').value") == "file-voice", "the new voice is not selected"
+    page.eval("document.getElementById('cloning').scrollIntoView()")
+    page.screenshot(repo_root / "test-artifacts" / "browser-cloning.png")
+    run = speak(page, "wav")
+    page.wait_for(f"tts.runs === {run} && (tts.done || tts.error)", 120, "speech in the saved voice")
+    state = page.eval("({error: tts.error, mode: tts.mode, bytes: tts.bytes, seconds: tts.scheduledSeconds})")
+    assert state["error"] == "" and state["mode"] == "webaudio" and state["seconds"] > 0, state
+    delete_voice(page, "file-voice")
+    assert saved_names(page)["server"] == []
+    assert page.eval("document.getElementById('cloneStatus').textContent") == 'Deleted "file-voice".'
+
+
+def test_use_once_speaks_in_the_recording_and_saves_nothing(page: DevToolsPage) -> None:
+    choose_file(page, PROMPT)
+    choose(page, "wav")
+    run = int(page.eval("tts.runs")) + 1
+    click(page, "#useOnce")
+    page.wait_for(f"tts.runs === {run} && (tts.done || tts.error)", 120, "speech in the one-off voice")
+    state = page.eval("({error: tts.error, mode: tts.mode, bytes: tts.bytes, seconds: tts.scheduledSeconds})")
+    assert state["error"] == "" and state["mode"] == "webaudio" and state["seconds"] > 0, state
+    assert state["seconds"] == pytest.approx((state["bytes"] - 44) / 2 / 22050, abs=0.01)
+    assert page.eval("document.getElementById('download').download") == "speech.wav"
+    names = saved_names(page)
+    assert names["server"] == [] and names["list"] == [], names
+
+
+def test_a_file_that_is_not_audio_shows_the_server_error(page: DevToolsPage, tmp_path: Path) -> None:
+    bad = tmp_path / "notes.wav"
+    bad.write_text("this is not a recording\n" * 20)
+    choose_file(page, bad)
+    message = save_voice(page, "bad-voice")
+    assert not message.startswith(("HTTP ", "Saved")), f"the JSON error body was not used: {message}"
+    assert "audio" in message and "(" in message, message  # the server's message and its code
+    assert saved_names(page)["server"] == []
+
+
+def test_bad_names_are_refused_with_the_server_message(page: DevToolsPage) -> None:
+    choose_file(page, PROMPT)
+    message = save_voice(page, "-bad name")
+    assert not message.startswith(("HTTP ", "Saved")) and "name" in message, message
+    assert saved_names(page)["server"] == []
+
+
+def test_a_name_in_use_is_refused_with_the_server_message(page: DevToolsPage) -> None:
+    choose_file(page, PROMPT)
+    assert save_voice(page, "twice").startswith('Saved "twice"')
+    message = save_voice(page, "twice")
+    assert "twice" in message and message.endswith("(voice_exists)"), message
+    assert saved_names(page)["list"] == ["twice"]
+    delete_voice(page, "twice")
+
+
+def test_microphone_recording_is_saved_as_a_voice(page: DevToolsPage, repo_root: Path) -> None:
+    """Chromium's fake microphone: MediaRecorder gives audio/webm;codecs=opus, and the server decodes it as it is."""
+    click(page, "#record")
+    page.wait_for("clone.recorder && clone.recordedS > 2", 20, "two seconds of recording")
+    assert page.eval("document.getElementById('saveVoice').disabled && document.getElementById('useOnce').disabled")
+    assert page.eval("document.getElementById('recTime').textContent").endswith(" s / 30 s")
+    click(page, "#record")  # stop
+    page.wait_for("!clone.recorder && clone.prompt && clone.prompt.filename === 'recording.webm'", 10, "the recording")
+    assert "webm" in page.eval("clone.prompt.blob.type")
+    assert page.eval("document.getElementById('promptFile').value") == "", "the picker still names the earlier file"
+    status = save_voice(page, "mic-voice")
+    assert status.startswith('Saved "mic-voice"'), status
+    page.eval("document.getElementById('cloning').scrollIntoView()")
+    page.screenshot(repo_root / "test-artifacts" / "browser-recording.png")
+    delete_voice(page, "mic-voice")
+
+
+def test_recording_stops_by_itself_at_the_limit(page: DevToolsPage) -> None:
+    page.eval("clone.maxRecordS = 1.5")  # the page's 30 s, shortened so the test does not wait half a minute
+    try:
+        page.eval("clone.setPrompt(null)")
+        click(page, "#record")
+        page.wait_for("clone.prompt && !clone.recorder", 10, "the recording to stop by itself")
+        assert 1.2 <= page.eval("clone.recordedS") <= 1.6
+        assert page.eval("document.getElementById('record').textContent") == "Record"
+    finally:
+        page.eval("clone.maxRecordS = 30")
