@@ -8,6 +8,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 from service.access import ApiKeys, Caller, ClientIdentity, Gate
 from service.bundle import ModelBundle
@@ -23,6 +24,7 @@ from service.tts import Engine, SynthesisObserver, TTSService
 from service.voices import AnalysisCache, DirectoryVoiceStore, RedisVoiceStore, VoiceStore
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 EngineLoader = Callable[[ModelBundle, RuntimeOptions], Engine]
 
@@ -159,14 +161,18 @@ class Runtime:
             self._voices.cache.close()
 
     # ---- what transports use ------------------------------------------------------------------
+    def _ready(self, part: T | None) -> T:
+        """A loaded part; NotReadyError while loading, ShuttingDownError once closing."""
+        if self.closing:
+            raise ShuttingDownError("the service is shutting down")
+        if part is None:
+            raise NotReadyError("the model is still loading")
+        return part
+
     @property
     def service(self) -> TTSService:
         """The synthesis service; NotReadyError while loading, ShuttingDownError once closing."""
-        if self.closing:
-            raise ShuttingDownError("the service is shutting down")
-        if self._service is None:
-            raise NotReadyError("the model is still loading")
-        return self._service
+        return self._ready(self._service)
 
     @service.setter
     def service(self, value: TTSService) -> None:
@@ -180,19 +186,11 @@ class Runtime:
     @property
     def voices(self) -> Voices:
         """Prompt analysis and saved voices; NotReadyError while loading, ShuttingDownError once closing."""
-        if self.closing:
-            raise ShuttingDownError("the service is shutting down")
-        if self._voices is None:
-            raise NotReadyError("the model is still loading")
-        return self._voices
+        return self._ready(self._voices)
 
     @property
     def frontend(self) -> TextFrontend:
-        if self.closing:
-            raise ShuttingDownError("the service is shutting down")
-        if self._frontend is None:
-            raise NotReadyError("the model is still loading")
-        return self._frontend
+        return self._ready(self._frontend)
 
     @frontend.setter
     def frontend(self, value: TextFrontend) -> None:

@@ -1,4 +1,4 @@
-"""The official CosyVoice server's prompt endpoints (zero-shot, cross-lingual, instruct), wire-compatible: GET or POST
+"""The official CosyVoice server's endpoints (sft, zero-shot, cross-lingual, instruct), wire-compatible: GET or POST
 with form fields and a multipart `prompt_wav`, raw int16 mono PCM at 22,050 Hz out, one piece per sentence."""
 
 from __future__ import annotations
@@ -30,10 +30,13 @@ TtsText = Annotated[str, Form(description="Text to speak.")]
 PromptWav = Annotated[UploadFile, File(description="Prompt recording (wav, flac, mp3, ogg/opus, m4a; 1-30 s).")]
 
 
-async def _pcm_response(request: Request, service: ServiceDep, state: StateDep, text: str, voice: Voice) -> Response:
+async def _pcm_response(
+    request: Request, service: ServiceDep, state: StateDep, text: str, voice: Voice | None, speaker: str = ""
+) -> Response:
+    """Raw int16 mono PCM at the model's rate, one piece per sentence (the official servers' reply)."""
     wanted = SpeechRequest(
         text=text,
-        speaker=voice.name,
+        speaker=voice.name if voice is not None else speaker,
         voice=voice,
         fmt=AudioFormat.PCM,
         chunked=True,
@@ -43,6 +46,20 @@ async def _pcm_response(request: Request, service: ServiceDep, state: StateDep, 
     )
     job = await submit(service, wanted)
     return await chunked_response(request, job, state, audio_headers(job))
+
+
+@router.get("/inference_sft", operation_id="inference_sft_get", **_ROUTE)  # type: ignore[arg-type]
+@router.post("/inference_sft", operation_id="inference_sft_post", **_ROUTE)  # type: ignore[arg-type]
+async def inference_sft(
+    tts_text: TtsText,
+    spk_id: Annotated[str, Form(description="Speaker name, e.g. 中文女.")],
+    request: Request,
+    service: ServiceDep,
+    state: StateDep,
+) -> Response:
+    """Like the official `runtime/python/fastapi/server.py`: GET or POST with a form body (the official
+    `client.py` sends GET with `data=`), audio sent sentence by sentence as raw int16 mono PCM."""
+    return await _pcm_response(request, service, state, tts_text, None, speaker=spk_id)
 
 
 @router.get("/inference_zero_shot", operation_id="inference_zero_shot_get", **_ROUTE)  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""Native synthesis routes: POST /tts (JSON) and GET/POST /inference_sft (the official CosyVoice form API)."""
+"""Native synthesis routes: POST /tts (JSON) and POST /tts/prompt (a one-off prompt recording, multipart)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from service.api.errors import ERROR_RESPONSES
 from service.api.routes.common import audio_headers, audio_responses, read_upload, submit
 from service.api.schemas import MAX_SEED, TTSBody
 from service.api.streaming import chunked_response, whole_response
-from service.audio import AudioFormat, parse_format
+from service.audio import parse_format
 from service.cloning import PromptAudio
 from service.tts import SpeechRequest
 
@@ -88,35 +88,3 @@ async def tts_with_prompt(
     job = await submit(service, wanted)
     respond = chunked_response if stream else whole_response
     return await respond(request, job, state, audio_headers(job))
-
-
-_SFT_ROUTE = {
-    "dependencies": SYNTHESIS_GUARDS,
-    "response_class": Response,
-    "responses": {**audio_responses(), **ERROR_RESPONSES},
-    "summary": "Official CosyVoice server API: form fields in, raw int16 PCM at 22,050 Hz out",
-}
-
-
-@router.get("/inference_sft", operation_id="inference_sft_get", **_SFT_ROUTE)  # type: ignore[arg-type]
-@router.post("/inference_sft", operation_id="inference_sft_post", **_SFT_ROUTE)  # type: ignore[arg-type]
-async def inference_sft(
-    tts_text: Annotated[str, Form(description="Text to speak.")],
-    spk_id: Annotated[str, Form(description="Speaker name, e.g. 中文女.")],
-    request: Request,
-    service: ServiceDep,
-    state: StateDep,
-) -> Response:
-    """Like the official `runtime/python/fastapi/server.py`: GET or POST with a form body (the official
-    `client.py` sends GET with `data=`), audio sent sentence by sentence as raw int16 mono PCM."""
-    wanted = SpeechRequest(
-        text=tts_text,
-        speaker=spk_id,
-        fmt=AudioFormat.PCM,
-        chunked=True,
-        max_chars=state.settings.max_chars,
-        text_param="tts_text",
-        speaker_param="spk_id",
-    )
-    job = await submit(service, wanted)
-    return await chunked_response(request, job, state, audio_headers(job))
