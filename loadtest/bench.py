@@ -178,7 +178,7 @@ def part_cloning(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
     out: dict[str, Any] = {"prompt": run_json([PYTHON, "loadtest/bench_prompt.py", "--seconds", "10", "--reps", "5"])}
     for label, extra in (("built-in speaker", ()), ("saved voice, 10 s prompt", ("--prompt-seconds", "10"))):
         cmd = engine("concurrency", dirs["int8"], "--text", "short", "--tokens", "200", "--n-timesteps", "10", *extra)
-        out[label] = run_json([*cmd, "--levels", "1", "8", "--per-client", str(args.per_client)]) | {"label": label}
+        out[label] = run_json([*cmd, "--levels", "1", "8", "--per-client", str(args.cloning_per_client)]) | {"label": label}
     return out
 
 
@@ -203,6 +203,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reference-reps", type=int, default=1)
     p.add_argument("--levels", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--per-client", type=int, default=2)
+    p.add_argument("--cloning-per-client", type=int, default=2, help="requests per client in the cloning part")
     p.add_argument("--merge", action="store_true", help="keep earlier results of parts not run now")
     return p.parse_args(argv)
 
