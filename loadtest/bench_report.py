@@ -43,6 +43,8 @@ def machine_lines(m: dict[str, Any]) -> list[str]:
 
 def single_lines(results: dict[str, Any]) -> list[str]:
     single, ref = results.get("single", []), results.get("reference")
+    if not single and not ref:
+        return []  # part not run
     head = ["pipeline", "flow steps", "RTF median (min–max)", "speed-up vs reference", "LLM s", "ms/token", "flow s", "HiFT s"]
     head.append("peak RSS MB")
     rows = []
@@ -61,6 +63,8 @@ def single_lines(results: dict[str, Any]) -> list[str]:
 
 
 def latency_lines(results: dict[str, Any]) -> list[str]:
+    if not results.get("latency"):
+        return []  # part not run
     ref = results.get("reference")
     rows = []
     if ref:
@@ -208,7 +212,7 @@ def _load_targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]
 
 def target_lines(results: dict[str, Any]) -> list[str]:
     rows = [[t, m, "**met**" if ok else ("not met" if ok is False else "–")] for t, m, ok in targets(results)]
-    return ["### Targets of issue 6", "", *_table(["target", "measured", "status"], rows)]
+    return ["### Targets", "", *_table(["target", "measured", "status"], rows)]
 
 
 def markdown(results: dict[str, Any], plot_name: str) -> str:
