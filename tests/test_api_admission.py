@@ -18,8 +18,8 @@ from starlette.types import Message, Receive, Scope, Send
 
 from service.api import create_app
 from service.api.admission import AdmissionMiddleware, synthesis_routes
+from service.api.app import ROUTERS
 from service.api.deps import AppState
-from service.api.routes import lexicon, openai, ops, speech
 from service.cache import MemoryAudioCache
 from service.engine.synthesizer import AudioChunk, StageTimings, SynthesisOptions
 from service.engine.voice import Voice
@@ -96,7 +96,7 @@ def state_for(**overrides: object) -> AppState:
 
 
 def middleware(state: AppState, inner: Inner) -> AdmissionMiddleware:
-    return AdmissionMiddleware(inner, state, synthesis_routes(speech.router, openai.router, lexicon.router, ops.router))
+    return AdmissionMiddleware(inner, state, synthesis_routes(*ROUTERS))
 
 
 async def call(

@@ -25,6 +25,8 @@ from service.runtime import EngineLoader, Runtime, load_synthesizer
 from service.settings import RENAMED, Settings, unknown_env_vars
 
 log = logging.getLogger(__name__)
+# Every router of the app; the admission middleware guards those of their routes that carry the synthesis guards.
+ROUTERS = (speech.router, official.router, openai.router, voices.router, lexicon.router, ops.router)
 
 
 def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader = load_synthesizer) -> FastAPI:
@@ -63,7 +65,7 @@ def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader 
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, upload_bytes=settings.max_upload_bytes)
     # outside the body limit (a refusal reads no body), inside CORS (browsers can read a refusal)
-    routers = (speech.router, official.router, openai.router, voices.router, lexicon.router, ops.router)
+    routers = ROUTERS
     app.add_middleware(AdmissionMiddleware, state=state, routes=synthesis_routes(*routers))
     app.add_middleware(MultipartTTSMiddleware)  # outside admission: a multipart /tts is admitted as /tts/prompt
     if settings.cors_allow_origins:
