@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass
 
 from service.audio_decode import decode_audio, pcm16_to_float
-from service.bundle import ModelBundle
+from service.bundle import PROMPT_GRAPH_NAMES, ModelBundle
 from service.engine.prompt import MAX_PROMPT_S, MelVariant, PromptAnalyzer
 from service.engine.sessions import RuntimeOptions
 from service.engine.voice import Voice
@@ -200,5 +200,5 @@ def _models_fingerprint(bundle: ModelBundle) -> str:
     """What a prompt analysis depends on: the prompt models' hashes (empty when the bundle has none)."""
     if not bundle.has_prompt_analysis:
         return "none"
-    parts = [bundle.manifest.graphs[n].sha256 if n in bundle.manifest.graphs else "" for n in ("campplus", "speech_tokenizer")]
+    parts = [bundle.manifest.graphs[n].sha256 for n in PROMPT_GRAPH_NAMES]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]

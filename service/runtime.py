@@ -6,11 +6,10 @@ from __future__ import annotations
 import gc
 import logging
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TypeVar
 
-from service.access import ApiKeys, Caller, ClientIdentity, Gate
+from service.access import ApiKeys, ClientIdentity, Gate
 from service.bundle import ModelBundle
 from service.cache import CacheStats, RedisLexiconStore, build_audio_cache
 from service.cloning import Voices
@@ -210,23 +209,9 @@ class Runtime:
             self._in_flight += 1
         return Slot(self)
 
-    @contextmanager
-    def admitted(self, caller: Caller) -> Iterator[None]:
-        """Blocking admission for thread-based transports: key (401), rate limit (429), readiness and room (503)."""
-        self.gate.check(caller)
-        slot = self.claim()
-        try:
-            yield
-        finally:
-            slot.release()
-
     def _release(self) -> None:
         with self._lock:
             self._in_flight -= 1
-
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
 
 
 class Slot:

@@ -33,23 +33,18 @@ from service.api.schemas import (
 from service.api.streaming import chunked_response, sse_response, whole_response
 from service.audio import AudioFormat, parse_format
 from service.cloning import Voices
-from service.errors import UnknownModelError, UnknownSpeakerError
+from service.errors import UnknownModelError
 from service.tts import SpeechRequest, TTSService
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 OWNER = "cosyvoice-lite"
 
 
-def resolve_voice(voice: str, speakers: list[str], voices: Voices | None = None) -> str:
-    """Our speaker for `voice`: a speaker or saved-voice name as is, else the documented OpenAI voice mapping."""
-    if voice in speakers or (voices is not None and voices.store.get(voice) is not None):
-        return voice
-    mapped = OPENAI_VOICES.get(voice.lower())
-    if mapped in speakers:
-        return str(mapped)
-    known = ", ".join(speakers + [v for v, s in OPENAI_VOICES.items() if s in speakers])
-    saved = " or a saved voice (GET /v1/voices)" if voices is not None else ""
-    raise UnknownSpeakerError(f"unknown voice {voice!r}; use one of {known}{saved}", param="voice")
+def resolve_voice(voice: str, speakers: list[str]) -> str:
+    """Our speaker for `voice`: a name as is (a built-in speaker or a saved voice, which the service resolves and
+    refuses with UnknownSpeakerError when it has neither), else the documented OpenAI voice mapping."""
+    mapped = OPENAI_VOICES.get(voice.lower()) if voice not in speakers else None
+    return str(mapped) if mapped in speakers else voice
 
 
 def instructed(wanted: SpeechRequest, instructions: str | None, service: TTSService, voices: Voices) -> SpeechRequest:
@@ -93,7 +88,7 @@ async def speech(request: Request, body: SpeechBody, service: ServiceDep, state:
     chunked = streamed(body, fmt)
     wanted = SpeechRequest(
         text=body.input,
-        speaker=await anyio.to_thread.run_sync(resolve_voice, body.voice_name, service.speakers, voices),
+        speaker=resolve_voice(body.voice_name, service.speakers),
         fmt=fmt,
         speed=body.speed,
         seed=body.seed,
