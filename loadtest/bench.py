@@ -36,7 +36,7 @@ from loadtest.bench_report import write_report  # noqa: E402
 PYTHON = sys.executable
 FULL_CONFIG = REPO / "export" / "configs" / "cosyvoice-300m-sft.yaml"
 SCHEMES = ("int8", "int4")
-PARTS = ("quality", "single", "reference", "latency", "concurrency", "http", "cloning")
+PARTS = ("parity", "quality", "single", "reference", "latency", "concurrency", "http", "cloning")
 
 
 def bundle_dirs(models: Path) -> dict[str, Path]:
@@ -182,7 +182,16 @@ def part_cloning(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
     return out
 
 
+def part_parity(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
+    """`python -m service verify` of the committed tiny bundle against the official implementation's fixtures."""
+    cmd = [PYTHON, "-m", "service", "verify", "--bundle", "models/tiny", "--fixtures", "tests/reference/tiny"]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr.strip()[-200:]
+    return {"passed": done.returncode == 0, "summary": last}
+
+
 RUNNERS = {
+    "parity": part_parity,
     "quality": part_quality,
     "single": part_single,
     "reference": part_reference,

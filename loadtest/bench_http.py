@@ -3,6 +3,8 @@
 `serve` runs the app (create_app) with the engine forced to a fixed token count (random-init weights never
 emit EOS); `load` starts that server, drives 1/2/4/8 clients through POST /tts (stream, pcm), and reports
 first-chunk p50/p95, aggregate audio seconds per wall second, failures and the server's peak RSS as JSON.
+With `--voice-seconds S` it also stores a saved (cloned) voice with an S-second prompt in the server's voice
+directory and measures first audio at 1 client for that voice and for the built-in speaker, alternately.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loadtest.bench_engine import SHORT_TEXT, SHORT_TOKENS, ForcedLength, Run, closed_loop, load_summary
+from loadtest.bench_engine import PROMPT_TEXT, SHORT_TEXT, SHORT_TOKENS, ForcedLength, Run, closed_loop, load_summary
 
 REPO = Path(__file__).resolve().parents[1]
 PCM_BYTES_PER_S = 2 * 22050  # /tts pcm: int16 mono at the model's 22,050 Hz
@@ -84,13 +87,40 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def stream_request(client: httpx.Client, seed: int) -> Run:
+def write_saved_voice(bundle_dir: Path, voices_dir: Path, seconds: float, seed: int = 7) -> str:
+    """Store a saved voice as a `seconds`-long prompt analysis gives it (50 speech tokens and 86.13 mel frames
+    per second, a transcript, an x-vector). The full-size bundle has random weights and no prompt models, so the
+    features are drawn at random with the real sizes: what costs time is their length, not their values."""
+    import numpy as np
+
+    from service.bundle import ModelBundle
+    from service.cloning import models_fingerprint
+    from service.voices import DirectoryVoiceStore, PromptFeatures, SavedVoice
+
+    bundle = ModelBundle.load(bundle_dir)
+    c, g = bundle.constants, np.random.default_rng(seed)
+    features = PromptFeatures(
+        embedding=next(iter(bundle.speakers.values())).astype(np.float32),
+        speech_tokens=g.integers(0, c.speech_token_size, size=int(seconds * c.token_rate_hz)).astype(np.int32),
+        mel=(g.standard_normal((int(seconds * c.sample_rate / c.mel_hop_samples), c.n_mels)) - 5.0).astype(np.float32),
+        duration_s=seconds,
+        mel_variant="trained",
+    )
+    name = f"bench-cloned-{seconds:g}s"
+    voice = SavedVoice(name, PROMPT_TEXT, features, audio_sha256="0" * 64, models=models_fingerprint(bundle))
+    DirectoryVoiceStore(voices_dir).add(voice, max_voices=1000)
+    return name
+
+
+def stream_request(client: httpx.Client, seed: int, speaker: str | None = None) -> Run:
     """One streamed /tts request: first audio bytes latency and audio seconds received."""
     t0 = time.perf_counter()
     first = None
     received = 0
     try:
         body = {"text": SHORT_TEXT, "stream": True, "format": "pcm", "seed": seed}
+        if speaker:
+            body["speaker"] = speaker
         with client.stream("POST", "/tts", json=body) as resp:
             if resp.status_code != 200:
                 raise RuntimeError(f"HTTP {resp.status_code}")
@@ -105,7 +135,23 @@ def stream_request(client: httpx.Client, seed: int) -> Run:
     return Run(wall, received / PCM_BYTES_PER_S, first if first is not None else wall, 0.0, 0.0, 0.0)
 
 
+def voice_rows(client: httpx.Client, saved: str, reps: int) -> dict[str, Any]:
+    """First audio at 1 client: the built-in default speaker and the saved voice, alternately, `reps` each."""
+    runs: dict[str, list[Run]] = {"built-in speaker": [], "saved voice": []}
+    stream_request(client, 10**6 + 1, saved)  # warm-up of the prompted shapes
+    for i in range(reps):
+        runs["built-in speaker"].append(stream_request(client, 2 * 10**6 + i))
+        runs["saved voice"].append(stream_request(client, 3 * 10**6 + i, saved))
+    return {label: load_summary(1, r, sum(x.wall_s for x in r)) for label, r in runs.items()}
+
+
 def load(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-voices-") as voices_dir:
+        saved = write_saved_voice(args.bundle, Path(voices_dir), args.voice_seconds) if args.voice_seconds else None
+        return _load(args, {"TTS_VOICES_DIR": voices_dir}, saved)
+
+
+def _load(args: argparse.Namespace, env: dict[str, str], saved: str | None) -> dict[str, Any]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     extra = dict(kv.split("=", 1) for kv in args.env)
@@ -119,7 +165,7 @@ def load(args: argparse.Namespace) -> dict[str, Any]:
         "--tokens",
         str(args.tokens),
     ]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=server_env(args.n_timesteps, extra))
+    proc = subprocess.Popen(cmd, cwd=REPO, env=server_env(args.n_timesteps, env | extra))
     try:
         wait_ready(url, proc)
         rss_ready = peak_rss_mb(proc.pid)
@@ -131,7 +177,10 @@ def load(args: argparse.Namespace) -> dict[str, Any]:
                 runs, wall = closed_loop(n, args.per_client, lambda seed, n=n: stream_request(client, 1000 * n + seed))
                 levels.append(load_summary(n, runs, wall))
                 print(json.dumps(levels[-1]), file=sys.stderr, flush=True)
-        return {"levels": levels, "server_rss_ready_mb": rss_ready, "server_peak_rss_mb": peak_rss_mb(proc.pid), "env": extra}
+            peak_rss = peak_rss_mb(proc.pid)  # under the 1-8 streams of the built-in speaker
+            voices = voice_rows(client, saved, args.voice_reps) if saved else {}
+        result = {"levels": levels, "server_rss_ready_mb": rss_ready, "server_peak_rss_mb": peak_rss, "env": extra}
+        return result | ({"voices": voices, "voice_prompt_s": args.voice_seconds} if voices else {})
     finally:
         proc.terminate()
         try:
@@ -150,6 +199,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--per-client", type=int, default=2)
     p.add_argument("--n-timesteps", type=int)
     p.add_argument("--env", nargs="*", default=[], help="extra TTS_*=value settings for the server")
+    p.add_argument("--voice-seconds", type=float, default=10.0, help="saved-voice prompt length (0: no voice rows)")
+    p.add_argument("--voice-reps", type=int, default=5, help="1-client requests per voice in the voice rows")
     return p.parse_args(argv)
 
 

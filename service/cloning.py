@@ -64,7 +64,7 @@ class Voices:
         self.mel_variant = mel_variant
         self.max_voices = max_voices
         self.reserved = frozenset((*builtin, *reserved_names))
-        self.models = _models_fingerprint(bundle)
+        self.models = models_fingerprint(bundle)
 
     @classmethod
     def load(
@@ -196,7 +196,7 @@ class Voices:
         return Voice.cloned(name, features.embedding, tokens, features.mel, transcript_ids)
 
 
-def _models_fingerprint(bundle: ModelBundle) -> str:
+def models_fingerprint(bundle: ModelBundle) -> str:
     """What a prompt analysis depends on: the prompt models' hashes (empty when the bundle has none)."""
     if not bundle.has_prompt_analysis:
         return "none"
