@@ -58,9 +58,10 @@ def serve(args: argparse.Namespace) -> None:
 
 def server_env(n_timesteps: int | None, extra: dict[str, str]) -> dict[str, str]:
     """The service's default settings. Only what a benchmark must change: every client shares one IP, so the
-    per-client rate limit is off; warnings only in the log; `--n-timesteps` when a row asks for it."""
+    per-client rate limit is off; warnings only in the log; no gRPC listener (its fixed port could be taken);
+    `--n-timesteps` when a row asks for it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TTS_")}
-    env |= {"TTS_RATE_LIMIT_PER_MINUTE": "0", "TTS_LOG_LEVEL": "warning"}
+    env |= {"TTS_RATE_LIMIT_PER_MINUTE": "0", "TTS_LOG_LEVEL": "warning", "TTS_GRPC_PORT": "0"}  # gRPC unused here
     if n_timesteps:
         env["TTS_N_TIMESTEPS"] = str(n_timesteps)
     return env | extra

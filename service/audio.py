@@ -227,9 +227,7 @@ class CodecEncoder(_Rated):
     at the output rate (MP3 at 22,050 Hz: 160 kbit/s at most).
     """
 
-    def __init__(
-        self, fmt: AudioFormat, in_rate_hz: int, out_rate_hz: int, bitrate_kbps: int = DEFAULT_BITRATE_KBPS
-    ) -> None:
+    def __init__(self, fmt: AudioFormat, in_rate_hz: int, out_rate_hz: int, bitrate_kbps: int = DEFAULT_BITRATE_KBPS) -> None:
         super().__init__(in_rate_hz, out_rate_hz)
         spec = _CODECS[fmt]
         self.media_type = spec.media_type
@@ -266,9 +264,7 @@ class CodecEncoder(_Rated):
             self._container.mux(packet)
 
 
-def make_encoder(
-    fmt: AudioFormat, in_rate_hz: int, out_rate_hz: int, bitrate_kbps: int = DEFAULT_BITRATE_KBPS
-) -> AudioEncoder:
+def make_encoder(fmt: AudioFormat, in_rate_hz: int, out_rate_hz: int, bitrate_kbps: int = DEFAULT_BITRATE_KBPS) -> AudioEncoder:
     """A fresh stream encoder for one response; `bitrate_kbps` is used by MP3, Opus and AAC only."""
     if fmt is AudioFormat.PCM:
         return PcmEncoder(in_rate_hz, out_rate_hz)

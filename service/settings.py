@@ -24,13 +24,18 @@ def _split_csv(value: object) -> object:
 class Settings(BaseSettings):
     """Everything the service can be configured with. Read only by the app factory and the entry point."""
 
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_file=".env", extra="ignore", frozen=True, populate_by_name=True
-    )
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_file=".env", extra="ignore", frozen=True, populate_by_name=True)
 
     # server
     host: str = Field(default="127.0.0.1", description="Address `python -m service.api` binds to.")
     port: int = Field(default=8000, ge=1, le=65535, description="TCP port `python -m service.api` listens on.")
+    grpc_port: int = Field(
+        default=50000,
+        ge=0,
+        le=65535,
+        description="TCP port of the gRPC service (the official CosyVoice proto, health and reflection), served by the "
+        "same process and on the same address as HTTP; 50000 like the official server; 0 = off.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level of the service.")
     drain_timeout_s: int = Field(
         default=10,

@@ -84,6 +84,9 @@ class SynthesisObserver:
     def cancelled(self) -> None:
         """A job stopped early because its client went away."""
 
+    def request_done(self, transport: str, route: str, status: str, seconds: float) -> None:
+        """A call over a non-HTTP transport ended (`grpc`, `websocket`) with its final status, after `seconds`."""
+
 
 @dataclass(frozen=True)
 class SpeechRequest:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,9 @@ REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "tests" / "reference"  # vendored copy of ../shared/reference (see its README.md)
 TINY_REF = REFERENCE / "tiny"
 TINY_BUNDLE = REPO / "models" / "tiny"
+# Apps built by tests listen for gRPC only where a test asks for it (tests/test_grpc.py): every app on the default
+# port 50000 would collide with the others and with a `make run` on this machine.
+os.environ.setdefault("TTS_GRPC_PORT", "0")
 
 
 @pytest.fixture(scope="session")

@@ -137,6 +137,7 @@ def app_env(model_dir: Path, port: int, extra: Mapping[str, str] | None = None) 
     """The parent environment without any TTS_* variable, plus the app's address and model."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TTS_")}
     env.update({"TTS_MODEL_DIR": str(model_dir), "TTS_HOST": LOOPBACK, "TTS_PORT": str(port), "PYTHONUNBUFFERED": "1"})
+    env["TTS_GRPC_PORT"] = "0"  # gRPC only where a test asks for it (extra), never on the shared default port
     env.update(extra or {})
     return env
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+import socket
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -14,7 +15,7 @@ import pytest
 import uvicorn
 import yaml
 from deploy_servers import drain_timeout_s
-from pydantic import ValidationError
+from servers import free_port
 
 from service.api import __main__ as entry_point
 from service.api.app import create_app
@@ -131,6 +132,9 @@ def test_deployment_probes_ports_and_resources() -> None:
     container = api_container()
     port = next(p for p in container["ports"] if p["name"] == "http")
     assert port["containerPort"] == int(settings_env()["TTS_PORT"]) == int(dockerfile_value(r"^EXPOSE (\d+)"))
+    grpc_port = next(p for p in container["ports"] if p["name"] == "grpc")
+    assert grpc_port["containerPort"] == int(settings_env()["TTS_GRPC_PORT"]) == int(dockerfile_value(r"^EXPOSE \d+ (\d+)"))
+    assert int(settings_env()["TTS_GRPC_PORT"]) == Settings.model_fields["grpc_port"].default
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert container["startupProbe"]["httpGet"]["path"] == "/healthz"
@@ -150,24 +154,49 @@ def test_pods_run_as_the_image_user_and_have_time_to_drain() -> None:
     assert pod["terminationGracePeriodSeconds"] > pre_stop_s + drain_timeout_s(settings_env())
 
 
-def test_the_entry_point_drains_for_tts_drain_timeout_s(monkeypatch: pytest.MonkeyPatch, tiny_bundle: Path) -> None:
+def test_the_entry_point_drains_for_tts_drain_timeout_s(
+    monkeypatch: pytest.MonkeyPatch, tiny_bundle: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     served: dict[str, Any] = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **options: served.update(options))
     for key in [k for k in os.environ if k.startswith("TTS_")]:
         monkeypatch.delenv(key)
     monkeypatch.setenv("TTS_MODEL_DIR", str(tiny_bundle))
+    monkeypatch.setenv("TTS_PORT", str(free_port()))  # the entry point checks that its ports are free
+    monkeypatch.setenv("TTS_GRPC_PORT", "0")
     monkeypatch.setenv("TTS_DRAIN_TIMEOUT_S", "17")
     entry_point.main()
     assert served["timeout_graceful_shutdown"] == 17
     monkeypatch.setenv("TTS_DRAIN_TIMEOUT_S", "0")
-    with pytest.raises(ValidationError):
+    with pytest.raises(SystemExit) as exited:
         entry_point.main()
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: TTS_DRAIN_TIMEOUT_S: Input should be greater than or equal to 1"
+    ]
+
+
+def test_the_entry_point_refuses_a_port_in_use(
+    monkeypatch: pytest.MonkeyPatch, tiny_bundle: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: pytest.fail("served on a busy port"))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        monkeypatch.setenv("TTS_MODEL_DIR", str(tiny_bundle))
+        monkeypatch.setenv("TTS_HOST", "127.0.0.1")
+        monkeypatch.setenv("TTS_PORT", str(free_port()))
+        monkeypatch.setenv("TTS_GRPC_PORT", str(busy.getsockname()[1]))
+        with pytest.raises(SystemExit) as exited:
+            entry_point.main()
+    assert exited.value.code == 2
+    assert "error: TTS_GRPC_PORT: cannot listen on 127.0.0.1:" in capsys.readouterr().err
 
 
 def test_service_and_hpa_target_the_deployment() -> None:
     service = one("Service", "cosyvoice-lite")
     assert service["spec"]["selector"] == APP_LABELS
-    assert {p["targetPort"] for p in service["spec"]["ports"]} == {"http"}
+    assert {p["targetPort"] for p in service["spec"]["ports"]} == {"http", "grpc"}
     hpa = one("HorizontalPodAutoscaler", "cosyvoice-lite")["spec"]
     assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "cosyvoice-lite"}
     assert 2 <= hpa["minReplicas"] < hpa["maxReplicas"]

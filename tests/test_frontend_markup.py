@@ -52,7 +52,7 @@ def test_markdown_is_not_read(enhanced: TextFrontend, text: str, expected: str) 
 def test_official_mode_reads_markup_as_before(official: TextFrontend) -> None:
     # enhanced=False is the official frontend: no markup handling, no pauses.
     assert official.normalize("# Title **x** [pause]", split=False) == ["# Title **x** [pause]"]
-    assert all(s.pause_after_s == 0.0 for s in official.sentences("你好<break time=\"1s\"/>世界"))
+    assert all(s.pause_after_s == 0.0 for s in official.sentences('你好<break time="1s"/>世界'))
 
 
 def _shape(sentences: list[Sentence]) -> list[tuple[str, float, bool]]:
@@ -62,12 +62,12 @@ def _shape(sentences: list[Sentence]) -> list[tuple[str, float, bool]]:
 PAUSES = [
     ('Hello <break time="500ms"/> world.', [("Hello.", 0.5, True), ("world.", 0.0, True)]),
     ("Hello <break time='1.5s'/>world.", [("Hello.", 1.5, True), ("world.", 0.0, True)]),
-    ("Hi<break/>world<BREAK strength=\"strong\" />again", [("Hi.", 0.5, True), ("world.", 1.0, True), ("again.", 0.0, True)]),
+    ('Hi<break/>world<BREAK strength="strong" />again', [("Hi.", 0.5, True), ("world.", 1.0, True), ("again.", 0.0, True)]),
     ("你好[pause 300ms]世界[Pause 2s]", [("你好。", 0.3, True), ("世界。", 2.0, True)]),
     ("[pause 1s]你好", [("", 1.0, False), ("你好。", 0.0, True)]),
-    ("<break time=\"1s\"/> <break time=\"2s\"/>Hi", [("", 3.0, False), ("Hi.", 0.0, True)]),
+    ('<break time="1s"/> <break time="2s"/>Hi', [("", 3.0, False), ("Hi.", 0.0, True)]),
     ("Hi[pause 99s]there", [("Hi.", MAX_PAUSE_S, True), ("there.", 0.0, True)]),
-    ("Hi<break time=\"soon\"/>there[pause]", [("Hi.", 0.5, True), ("there.", 0.5, True)]),
+    ('Hi<break time="soon"/>there[pause]', [("Hi.", 0.5, True), ("there.", 0.5, True)]),
     ("你好。[pause 1s]。[pause 1s]世界", [("你好。", 2.0, True), ("世界。", 0.0, True)]),
     ("- one [pause 1s]\n- two", [("one.", 1.0, True), ("two.", 0.0, True)]),
     ("```\n[pause 1s]\n```\nHi", [("", 1.0, False), ("Hi.", 0.0, True)]),

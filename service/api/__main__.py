@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 import logging
+import socket
+import sys
 
 import uvicorn
+from pydantic import ValidationError
 
 from service.api.app import create_app
 from service.settings import Settings
 
 
 def main() -> None:
-    settings = Settings()
+    try:
+        settings = Settings()
+    except ValidationError as e:  # one line per bad setting, no traceback
+        for err in e.errors():
+            name = "TTS_" + "_".join(str(x) for x in err["loc"]).upper()
+            print(f"error: {name}: {err['msg']}", file=sys.stderr)
+        sys.exit(2)
+    for name, port in (("TTS_PORT", settings.port), ("TTS_GRPC_PORT", settings.grpc_port)):
+        problem = _unavailable(settings.host, port) if port else None
+        if problem:
+            print(f"error: {name}: cannot listen on {settings.host}:{port}: {problem}", file=sys.stderr)
+            sys.exit(2)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(
         create_app(settings),
@@ -20,6 +34,18 @@ def main() -> None:
         log_level=settings.log_level,
         timeout_graceful_shutdown=settings.drain_timeout_s,
     )
+
+
+def _unavailable(host: str, port: int) -> str | None:
+    """Why `host:port` cannot be listened on (in use, no such address), or None when it can."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn and gRPC bind: TIME_WAIT is no conflict
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from service.api.metrics import Metrics, RequestMetricsMiddleware
 from service.api.routes import lexicon, official, openai, ops, speech, voices
 from service.api.routes.ops import STATIC_DIR
 from service.api.schemas import OPENAI_VOICES
+from service.rpc.server import GrpcServer
 from service.runtime import EngineLoader, Runtime, load_synthesizer
 from service.settings import RENAMED, Settings, unknown_env_vars
 
@@ -47,10 +48,18 @@ def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         state.stream_threads = anyio.CapacityLimiter(settings.concurrent_requests + settings.queue_max + 4)
-        await anyio.to_thread.run_sync(state.runtime.load)
+        # gRPC listens from the start (health NOT_SERVING, calls UNAVAILABLE) and turns SERVING once loaded
+        rpc = GrpcServer(state.runtime, settings.host, settings.grpc_port) if settings.grpc_port else None
+        if rpc is not None:
+            rpc.start()
         try:
+            await anyio.to_thread.run_sync(state.runtime.load)
+            if rpc is not None:
+                rpc.ready()
             yield
         finally:
+            if rpc is not None:
+                await anyio.to_thread.run_sync(rpc.stop, float(settings.drain_timeout_s))
             await anyio.to_thread.run_sync(state.runtime.close)
 
     app = FastAPI(

@@ -62,6 +62,16 @@ class Metrics(SynthesisObserver):
         self.cancelled_total = Counter(
             "tts_synthesis_cancelled", "Synthesis jobs stopped because the client went away", registry=r
         )
+        self.transport_requests = Counter(
+            "tts_transport_requests",
+            "gRPC calls and WebSocket sessions by transport, route and final status",
+            ["transport", "route", "status"],
+            registry=r,
+        )
+        self.transport_seconds = Histogram(
+            "tts_transport_seconds", "Duration of gRPC calls and WebSocket sessions", ["transport", "route"],
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
         self._cache = _CacheCollector()
         r.register(self._cache)
 
@@ -87,6 +97,10 @@ class Metrics(SynthesisObserver):
         self.audio_seconds.inc(timings.audio_s)
         if timings.rtf is not None:
             self.rtf.observe(timings.rtf)
+
+    def request_done(self, transport: str, route: str, status: str, seconds: float) -> None:
+        self.transport_requests.labels(transport, route, status).inc()
+        self.transport_seconds.labels(transport, route).observe(seconds)
 
     def cancelled(self) -> None:
         self.cancelled_total.inc()

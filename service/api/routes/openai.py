@@ -124,9 +124,7 @@ async def get_model(model_id: str, state: StateDep) -> ModelCard:
     raise UnknownModelError(f"the model {model_id!r} does not exist", param="model")
 
 
-@router.get(
-    "/audio/models", dependencies=LISTING, response_model=AudioModelList, summary="TTS models (Open WebUI reads this)"
-)
+@router.get("/audio/models", dependencies=LISTING, response_model=AudioModelList, summary="TTS models (Open WebUI reads this)")
 async def list_audio_models(state: StateDep) -> AudioModelList:
     """The same models as GET /v1/models, as `data` (OpenAI list) and as `models` (`[{"id", "name"}]`, Open WebUI)."""
     cards = model_cards(state)
@@ -145,9 +143,7 @@ def model_cards(state: AppState) -> list[ModelCard]:
     facts = model_facts(state).model_dump()
     description = state.bundle.manifest.description if state.bundle else ""
     created = _created(state)
-    return [
-        ModelCard(id=m, created=created, owned_by=OWNER, description=description, **facts) for m in model_ids(state) if m
-    ]
+    return [ModelCard(id=m, created=created, owned_by=OWNER, description=description, **facts) for m in model_ids(state) if m]
 
 
 def _created(state: AppState) -> int:

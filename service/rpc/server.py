@@ -1,0 +1,171 @@
+"""The official CosyVoice gRPC service (cosyvoice.CosyVoice/Inference) on the shared runtime, with health and reflection."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from service.access import Caller
+from service.audio import AudioFormat
+from service.cloning import PromptAudio
+from service.engine.voice import Voice
+from service.errors import InvalidInputError, TTSError
+from service.rpc import cosyvoice_pb2, cosyvoice_pb2_grpc
+from service.rpc.errors import GRPC_STATUS
+from service.runtime import Runtime
+from service.tts import SpeechRequest
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = cosyvoice_pb2.DESCRIPTOR.services_by_name["CosyVoice"].full_name  # "cosyvoice.CosyVoice"
+METHOD = f"/{SERVICE_NAME}/Inference"
+PROMPT_RATE_HZ = 16_000  # prompt_audio: raw int16 mono PCM at 16 kHz, as the official client sends it
+_KEY_HINT = "`authorization: Bearer <key>` or `x-api-key: <key>` metadata"
+
+
+def caller_of(context: grpc.ServicerContext) -> Caller:
+    """The API key in the call's metadata (Bearer or x-api-key), the peer's address and any x-forwarded-for."""
+    meta = {k.lower(): v for k, v in context.invocation_metadata() if isinstance(v, str)}
+    scheme, _, token = meta.get("authorization", "").partition(" ")
+    key = (token.strip() if scheme.lower() == "bearer" else "") or meta.get("x-api-key") or None
+    return Caller(key=key, peer=_peer_host(context.peer()), forwarded_for=meta.get("x-forwarded-for", ""), key_hint=_KEY_HINT)
+
+
+def _peer_host(peer: str) -> str:
+    """'ipv4:127.0.0.1:5555' / 'ipv6:[::1]:5555' -> the address alone (rate limits count per address)."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rsplit(":", 1)[0]
+    if kind == "ipv6":
+        return rest.rsplit(":", 1)[0].strip("[]")
+    return peer or "unknown"
+
+
+class CosyVoiceServicer(cosyvoice_pb2_grpc.CosyVoiceServicer):
+    """Inference: admission (key, rate limit, capacity) as HTTP, then one message per audio chunk (int16 PCM)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def Inference(  # the proto's method name
+        self, request: cosyvoice_pb2.Request, context: grpc.ServicerContext
+    ) -> Iterator[cosyvoice_pb2.Response]:
+        start, status = time.monotonic(), grpc.StatusCode.OK
+        try:
+            yield from self._inference(request, context)
+        except TTSError as error:
+            status = GRPC_STATUS[error.code]
+            retry = getattr(error, "retry_after_s", None)
+            if retry is not None:
+                context.set_trailing_metadata((("retry-after", str(retry)),))
+            context.abort(status, f"{error.message} (field {error.param})" if error.param else error.message)
+        except Exception:
+            status = grpc.StatusCode.INTERNAL
+            log.exception("gRPC Inference failed")
+            context.abort(status, "internal error (see the server log)")
+        finally:
+            if not context.is_active() and status is grpc.StatusCode.OK:
+                status = grpc.StatusCode.CANCELLED
+            self.runtime.observer.request_done("grpc", METHOD, status.name, time.monotonic() - start)
+
+    def _inference(self, request: cosyvoice_pb2.Request, context: grpc.ServicerContext) -> Iterator[cosyvoice_pb2.Response]:
+        runtime = self.runtime
+        runtime.gate.check(caller_of(context))
+        slot = runtime.claim()
+        try:
+            job = runtime.service.submit(self._speech(request))
+            context.add_callback(job.cancel)  # the client cancelled or went away: stop at the next chunk
+            for piece in job:
+                if not context.is_active():
+                    job.cancel()
+                    return
+                if piece:  # an encoder's empty flush is no message
+                    yield cosyvoice_pb2.Response(tts_audio=piece)
+        finally:
+            slot.release()
+
+    def _speech(self, request: cosyvoice_pb2.Request) -> SpeechRequest:
+        """The request as the service takes it: the voice of its kind, raw PCM at the model's rate, chunk by chunk."""
+        kind = request.WhichOneof("RequestPayload")
+        if kind is None:
+            kinds = "sft_request, zero_shot_request, cross_lingual_request, instruct_request"
+            raise InvalidInputError(f"the request sets none of {kinds}", param="RequestPayload")
+        payload = getattr(request, kind)
+        voice, speaker = self._voice(kind, payload)
+        return SpeechRequest(
+            text=payload.tts_text,
+            speaker=voice.name if voice is not None else speaker,
+            voice=voice,
+            fmt=AudioFormat.PCM,
+            engine_stream=True,  # one message per engine chunk: first audio after the first hop, not the sentence
+            chunked=True,
+            max_chars=self.runtime.settings.max_chars,
+            text_param=f"{kind}.tts_text",
+            speaker_param=f"{kind}.spk_id",
+        )
+
+    def _voice(self, kind: str, payload: object) -> tuple[Voice | None, str]:
+        """(voice, speaker name): a built-in speaker by name, or a voice from the prompt / the instruction."""
+        runtime = self.runtime
+        if kind == "sft_request":
+            return None, str(getattr(payload, "spk_id"))  # noqa: B009 (a proto field)
+        if kind == "instruct_request":
+            speaker = str(getattr(payload, "spk_id"))  # noqa: B009
+            base = runtime.service.resolve_voice(SpeechRequest("", speaker, speaker_param="instruct_request.spk_id"))
+            return runtime.voices.instruct_voice(base, str(getattr(payload, "instruct_text"))), speaker  # noqa: B009
+        field = f"{kind}.prompt_audio"
+        prompt = PromptAudio(bytes(getattr(payload, "prompt_audio")), pcm_rate_hz=PROMPT_RATE_HZ, field=field)  # noqa: B009
+        transcript = str(getattr(payload, "prompt_text", ""))
+        name = "zero-shot prompt" if kind == "zero_shot_request" else "cross-lingual prompt"
+        return runtime.voices.prompt_voice(prompt, transcript, name=name), name
+
+
+class GrpcServer:
+    """The gRPC transport of one runtime: CosyVoice, grpc.health.v1 and server reflection on `host:port`.
+
+    Thread model: a pool of `concurrent_requests + queue_max + 4` threads, each iterating one job (the synthesis
+    itself runs on the service's workers); admission refuses what the runtime cannot take before it queues.
+    Health says NOT_SERVING until `ready()`, and again from `stop()`.
+    """
+
+    def __init__(self, runtime: Runtime, host: str, port: int) -> None:
+        s = runtime.settings
+        self.runtime = runtime
+        self.health = health.HealthServicer()
+        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        options = [
+            ("grpc.so_reuseport", 0),  # a port already in use is an error, not a second silent listener
+            ("grpc.max_receive_message_length", s.max_upload_bytes + 65_536),  # a prompt as large as HTTP allows
+        ]
+        self.server = grpc.server(futures.ThreadPoolExecutor(s.concurrent_requests + s.queue_max + 4), options=options)
+        cosyvoice_pb2_grpc.add_CosyVoiceServicer_to_server(CosyVoiceServicer(runtime), self.server)  # type: ignore[no-untyped-call]
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, self.server)
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            self.port = self.server.add_insecure_port(address)
+        except RuntimeError as e:
+            raise OSError(f"cannot listen for gRPC on {address} (TTS_GRPC_PORT): {e}") from e
+
+    def start(self) -> None:
+        self.server.start()
+        log.info("gRPC service %s on port %d", SERVICE_NAME, self.port)
+
+    def ready(self) -> None:
+        self._set_health(health_pb2.HealthCheckResponse.SERVING)
+
+    def stop(self, grace_s: float) -> None:
+        """Refuse new calls, give running ones `grace_s` seconds, then cancel them (blocking)."""
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace_s).wait()
+
+    def _set_health(self, status: int) -> None:
+        for name in ("", SERVICE_NAME):  # "" = the server as a whole
+            self.health.set(name, status)
