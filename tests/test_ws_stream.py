@@ -1,0 +1,205 @@
+"""WebSocket text-in / audio-out against a real server process with a real client (websockets): audio for the first
+sentence before the last delta is sent, frames and captions, flush, bad input close codes, keys, cancel, bounds."""
+
+from __future__ import annotations
+
+import json
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from servers import AppServer, metric_value, wait_until
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore:connect.. must be used as a context manager")]
+
+HEADER = struct.Struct(">II")
+PATH = "/v1/audio/speech/stream"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, tiny_bundle: Path) -> Iterator[AppServer]:
+    env = {"TTS_RATE_LIMIT_PER_MINUTE": "0", "TTS_INTRA_OP_THREADS": "1"}
+    app = AppServer(tmp_path_factory.mktemp("ws"), tiny_bundle, env, name="ws")
+    app.start()
+    yield app
+    app.stop()
+    app.dump_log()
+
+
+def ws_url(app: AppServer) -> str:
+    return f"ws://127.0.0.1:{app.port}{PATH}"
+
+
+def open_stream(app: AppServer, config: dict[str, Any] | None = None, **kw: Any) -> tuple[ClientConnection, dict[str, Any]]:
+    ws = connect(ws_url(app), max_size=None, open_timeout=30, **kw)
+    ws.send(json.dumps({"type": "config", "voice": "中文女", **(config or {})}))
+    return ws, json.loads(ws.recv(timeout=30))
+
+
+def send_text(ws: ClientConnection, text: str) -> None:
+    ws.send(json.dumps({"type": "text", "text": text}))
+
+
+def drain(ws: ClientConnection, timeout_s: float = 60) -> tuple[list[bytes], list[dict[str, Any]]]:
+    """Every message until the server closes: binary frames and JSON events."""
+    frames: list[bytes] = []
+    events: list[dict[str, Any]] = []
+    try:
+        while True:
+            message = ws.recv(timeout=timeout_s)
+            if isinstance(message, bytes):
+                frames.append(message)
+            else:
+                events.append(json.loads(message))
+    except ConnectionClosed:
+        pass
+    return frames, events
+
+
+def close_of(ws: ClientConnection) -> tuple[int, dict[str, Any]]:
+    drain(ws, 30)
+    assert ws.close_code is not None and ws.close_reason is not None
+    return ws.close_code, json.loads(ws.close_reason)
+
+
+def test_first_sentence_audio_arrives_before_the_last_delta_is_sent(server: AppServer) -> None:
+    """An LLM-paced client: the first sentence is complete after 2 deltas; 40 more follow, 50 ms apart. The first
+    audio frame must come while deltas are still being sent (a server that waited for `close` fails this)."""
+    ws, ready = open_stream(server, {"format": "pcm", "sample_rate": 24000})
+    assert ready["type"] == "ready" and ready["sample_rate"] == 24000 and ready["format"] == "pcm"
+    first_audio: list[float] = []
+
+    def read() -> None:
+        for message in ws:
+            if isinstance(message, bytes) and not first_audio:
+                first_audio.append(time.monotonic())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    send_text(ws, "今天天气")
+    send_text(ws, "很好。")
+    for _ in range(40):
+        time.sleep(0.05)
+        send_text(ws, "我们一起")
+    last_delta_sent = time.monotonic()
+    ws.send(json.dumps({"type": "close"}))
+    reader.join(60)
+    assert first_audio, "no audio at all"
+    assert first_audio[0] < last_delta_sent, f"first audio {first_audio[0] - last_delta_sent:.2f} s after the last delta"
+
+
+def test_frames_are_numbered_and_each_sentence_ends_with_its_caption(server: AppServer) -> None:
+    ws, _ = open_stream(server)
+    for piece in ("你好！今天", "天气很好。", "明天见"):
+        send_text(ws, piece)
+    ws.send(json.dumps({"type": "close"}))  # "明天见" has no end: close releases it
+    frames, events = drain(ws)
+    assert ws.close_code == 1000
+    seqs = [HEADER.unpack_from(f)[0] for f in frames]
+    assert seqs == list(range(len(frames))) and all(len(f) > HEADER.size for f in frames)
+    ends = [e for e in events if e["type"] == "sentence_end"]
+    assert [e["text"] for e in ends] == ["你好！", "今天天气很好。", "明天见"]
+    for e in ends:  # the frames of sentence i are first_seq..last_seq, and carry index i
+        own = [HEADER.unpack_from(f)[1] for f in frames[e["first_seq"] : e["last_seq"] + 1]]
+        assert own and set(own) == {e["sentence"]}
+        assert e["audio_bytes"] == sum(len(f) - HEADER.size for f in frames[e["first_seq"] : e["last_seq"] + 1])
+    assert events[-1] == {"type": "done", "sentences": 3, "frames": len(frames)}
+
+
+def test_flush_speaks_text_without_an_end_at_once(server: AppServer) -> None:
+    ws, _ = open_stream(server)
+    send_text(ws, "没有句号的一段话")
+    ws.send(json.dumps({"type": "flush"}))
+    got = []
+    while not any(isinstance(m, str) and json.loads(m)["type"] == "sentence_end" for m in got):
+        got.append(ws.recv(timeout=60))  # the sentence ends without `close`
+    assert any(isinstance(m, bytes) for m in got)
+    ws.close()
+
+
+@pytest.mark.parametrize(
+    ("config", "messages", "code", "error"),
+    [
+        ({"format": "wav"}, [], 4400, "invalid_input"),
+        ({"voice": "无此人"}, [], 4400, "unknown_speaker"),
+        ({"format": "mp3", "sample_rate": 24000}, [], 4400, "invalid_input"),
+        ({"speed": 9}, [], 4400, "invalid_input"),
+        ({}, ["not json"], 4400, "invalid_input"),
+        ({}, [b"\x00\x01"], 4400, "invalid_input"),
+        ({}, [json.dumps({"type": "text"})], 4400, "invalid_input"),
+    ],
+    ids=["format", "voice", "rate-for-mp3", "speed", "not-json", "binary", "text-missing"],
+)
+def test_bad_input_closes_with_a_4xx_code_and_a_json_reason(
+    server: AppServer, config: dict[str, Any], messages: list[Any], code: int, error: str
+) -> None:
+    ws = connect(ws_url(server), open_timeout=30)
+    ws.send(json.dumps({"type": "config", **config}))
+    if messages:
+        assert json.loads(ws.recv(timeout=30))["type"] == "ready"
+        for m in messages:
+            ws.send(m)
+    got_code, reason = close_of(ws)
+    assert (got_code, reason["code"]) == (code, error), reason
+
+
+def test_too_much_text_without_an_end_is_refused(server: AppServer) -> None:
+    ws, ready = open_stream(server)
+    send_text(ws, "字" * (ready["max_pending_chars"] + 1))
+    code, reason = close_of(ws)
+    assert (code, reason["code"]) == (4413, "text_too_long")
+
+
+def test_disconnect_cancels_the_synthesis(server: AppServer) -> None:
+    with server.client() as http:
+        before = metric_value(http.get("/metrics").text, "tts_synthesis_cancelled_total")
+        ws, _ = open_stream(server)
+        send_text(ws, "今天天气很好，我们一起去公园散步吧，然后去湖边喝杯咖啡，再去看一场电影。" * 6 + "。")
+        send_text(ws, "好")
+        while not isinstance(ws.recv(timeout=60), bytes):
+            pass
+        ws.close()
+        wait_until(lambda: metric_value(http.get("/metrics").text, "tts_synthesis_cancelled_total") > before, 30, "cancel")
+        labels = {"transport": "websocket"}
+        wait_until(lambda: metric_value(http.get("/metrics").text, "tts_transport_requests_total", labels) >= 1, 10, "count")
+
+
+def test_a_reader_that_stops_reading_holds_at_most_two_jobs(server: AppServer) -> None:
+    """Ten sentences arrive at once and the client reads nothing: one sentence streams (blocked on the socket), one is
+    synthesized ahead, and the other eight wait as text; running jobs never exceed two."""
+    ws, _ = open_stream(server)
+    send_text(ws, "".join(f"这是第{i}句话，内容稍微长一点，好让合成需要一些时间。" for i in range(10)) + "好")
+    peak = 0.0
+    with server.client() as http:
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            peak = max(peak, metric_value(http.get("/metrics").text, "tts_jobs_running"))
+            time.sleep(0.1)
+    ws.close()
+    assert 1 <= peak <= 2
+
+
+def test_api_keys_by_header_or_subprotocol(tmp_path: Path, tiny_bundle: Path) -> None:
+    app = AppServer(tmp_path, tiny_bundle, {"TTS_API_KEYS": "sesame-key-1", "TTS_INTRA_OP_THREADS": "1"}, name="ws-keys")
+    app.start()
+    try:
+        ws = connect(ws_url(app), open_timeout=30)  # no key: refused before the config message
+        code, reason = close_of(ws)
+        assert (code, reason["code"]) == (4401, "unauthorized")
+        for kw in (
+            {"additional_headers": {"Authorization": "Bearer sesame-key-1"}},
+            {"subprotocols": ["tts.v1", "api-key.sesame-key-1"]},
+        ):
+            ws, ready = open_stream(app, **kw)
+            assert ready["type"] == "ready"
+            if "subprotocols" in kw:
+                assert ws.subprotocol == "tts.v1"
+            ws.close()
+    finally:
+        app.stop()
