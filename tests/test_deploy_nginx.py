@@ -221,3 +221,17 @@ def wait_exit(app: AppServer, timeout_s: float) -> float:
     except subprocess.TimeoutExpired:
         return float("inf")
     return time.monotonic()
+
+
+def test_websocket_stream_passes_through_nginx(nginx: NginxServer) -> None:
+    """The upgrade reaches a replica and audio frames come back through the proxy, before the client closes."""
+    import json
+
+    from websockets.sync.client import connect
+
+    url = nginx.base_url.replace("http://", "ws://") + "/v1/audio/speech/stream"
+    with connect(url, open_timeout=30) as ws:
+        ws.send(json.dumps({"type": "config", "voice": "中文女"}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "ready"
+        ws.send(json.dumps({"type": "text", "text": "第一句话在这里。第二"}))
+        assert isinstance(ws.recv(timeout=60), bytes)  # audio of the first sentence while the second is unfinished
