@@ -36,7 +36,7 @@ from loadtest.bench_report import write_report  # noqa: E402
 PYTHON = sys.executable
 FULL_CONFIG = REPO / "export" / "configs" / "cosyvoice-300m-sft.yaml"
 SCHEMES = ("int8", "int4")
-PARTS = ("parity", "quality", "single", "reference", "latency", "concurrency", "http", "cloning")
+PARTS = ("parity", "quality", "single", "reference", "latency", "concurrency", "http", "cloning", "websocket")
 
 
 def bundle_dirs(models: Path) -> dict[str, Path]:
@@ -190,6 +190,11 @@ def part_parity(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
     return {"passed": done.returncode == 0, "summary": last}
 
 
+def part_websocket(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
+    """WebSocket first audio (text in LLM-paced deltas) against one HTTP request with the same sentence, same server."""
+    return run_json([PYTHON, "loadtest/ws_latency.py", str(dirs["int8"]), "--reps", str(args.reps)])
+
+
 RUNNERS = {
     "parity": part_parity,
     "quality": part_quality,
@@ -199,6 +204,7 @@ RUNNERS = {
     "concurrency": part_concurrency,
     "http": part_http,
     "cloning": part_cloning,
+    "websocket": part_websocket,
 }
 
 

@@ -142,6 +142,29 @@ def cloning_lines(results: dict[str, Any]) -> list[str]:
     ]
 
 
+def websocket_lines(results: dict[str, Any]) -> list[str]:
+    """WebSocket text-in first audio against one HTTP request with the same sentence (same server, same run)."""
+    w = results.get("websocket")
+    if not w:
+        return []
+
+    def cell(key: str) -> str:
+        r = w[key]
+        return f"{_f(r['median'])} ({_f(r['min'])}–{_f(r['max'])})"
+
+    rows = [
+        ["HTTP `POST /tts` (stream, pcm), from the request", cell("http_first_audio_s")],
+        [
+            f"WebSocket, from the delta that completed the sentence (delta {w['deltas_to_complete']})",
+            cell("ws_first_audio_from_complete_s"),
+        ],
+        ["WebSocket, from the first delta", cell("ws_first_audio_from_first_delta_s")],
+    ]
+    pace = f"{w['piece_chars']} characters every {w['delay_s'] * 1000:.0f} ms"
+    title = f"### WebSocket text-in: first audio, int8, 10 steps, deltas of {pace}, the same sentence as HTTP"
+    return [title, "", *_table(["path", "first audio s, median (min–max)"], rows)]
+
+
 def quality_lines(results: dict[str, Any]) -> list[str]:
     q = results.get("quality")
     if not q:
@@ -241,7 +264,8 @@ def target_lines(results: dict[str, Any]) -> list[str]:
 
 def markdown(results: dict[str, Any], plot_name: str) -> str:
     lines = [BEGIN, "", *machine_lines(results.get("machine", {})), *target_lines(results), *single_lines(results)]
-    lines += [*latency_lines(results), *concurrency_lines(results), *cloning_lines(results), *quality_lines(results)]
+    lines += [*latency_lines(results), *concurrency_lines(results), *cloning_lines(results), *websocket_lines(results)]
+    lines += quality_lines(results)
     lines += [f"![benchmark summary](benchmarks/{plot_name})", "", END]
     return "\n".join(lines) + "\n"
 
