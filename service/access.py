@@ -26,6 +26,13 @@ class Caller:
     key_hint: str = "an `Authorization: Bearer <key>` or `X-API-Key: <key>` header"
 
 
+def presented_key(authorization: str, x_api_key: str = "") -> str | None:
+    """The key a caller presented: an `Authorization: Bearer <key>` value, else an `X-API-Key` value; None for none."""
+    scheme, _, token = authorization.partition(" ")
+    key = token.strip() if scheme.lower() == "bearer" else ""
+    return key or x_api_key.strip() or None
+
+
 class ApiKeys:
     """The configured keys (kept only as sha256 digests); no user keys turns authentication off.
 

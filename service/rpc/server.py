@@ -11,7 +11,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from service.access import Caller
+from service.access import Caller, presented_key
 from service.audio import AudioFormat
 from service.cloning import PromptAudio
 from service.engine.voice import Voice
@@ -32,8 +32,7 @@ _KEY_HINT = "`authorization: Bearer <key>` or `x-api-key: <key>` metadata"
 def caller_of(context: grpc.ServicerContext) -> Caller:
     """The API key in the call's metadata (Bearer or x-api-key), the peer's address and any x-forwarded-for."""
     meta = {k.lower(): v for k, v in context.invocation_metadata() if isinstance(v, str)}
-    scheme, _, token = meta.get("authorization", "").partition(" ")
-    key = (token.strip() if scheme.lower() == "bearer" else "") or meta.get("x-api-key") or None
+    key = presented_key(meta.get("authorization", ""), meta.get("x-api-key", ""))
     return Caller(key=key, peer=_peer_host(context.peer()), forwarded_for=meta.get("x-forwarded-for", ""), key_hint=_KEY_HINT)
 
 

@@ -15,14 +15,14 @@ from anyio.abc import ObjectReceiveStream, ObjectSendStream
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from service.access import Caller
+from service.access import Caller, presented_key
 from service.api.deps import AppState
 from service.api.errors import STATUS
 from service.api.routes.openai import resolve_voice
 from service.api.schemas import MAX_SEED
 from service.audio import AudioFormat, output_sample_rate
 from service.engine.voice import Voice
-from service.errors import EmptyTextError, InvalidInputError, OverloadedError, TTSError
+from service.errors import EmptyTextError, EngineError, InvalidInputError, OverloadedError, TTSError
 from service.frontend.incremental import IncrementalSegmenter
 from service.runtime import Slot
 from service.tts import SpeechJob, SpeechRequest, TTSService
@@ -112,6 +112,9 @@ class SpeechStreamSession:
             await self._fail(error)
         except WebSocketDisconnect:
             self.status = "client_closed"
+        except Exception:  # a fault of ours: logged, and the client gets 1011 rather than a dropped connection
+            log.exception("WebSocket session failed")
+            await self._fail(EngineError("internal error (see the server log)"))
         finally:
             if slot is not None:
                 slot.release()
@@ -122,13 +125,11 @@ class SpeechStreamSession:
     def _caller(self, offered: list[str]) -> Caller:
         """The key from `Authorization: Bearer`, `X-API-Key`, or a subprotocol `api-key.<key>` (browsers)."""
         headers = self.ws.headers
-        scheme, _, token = headers.get("authorization", "").partition(" ")
-        key = token.strip() if scheme.lower() == "bearer" else ""
-        key = key or headers.get("x-api-key", "")
-        key = key or next((p[len(KEY_PROTOCOL_PREFIX) :] for p in offered if p.startswith(KEY_PROTOCOL_PREFIX)), "")
+        key = presented_key(headers.get("authorization", ""), headers.get("x-api-key", ""))
+        key = key or next((p[len(KEY_PROTOCOL_PREFIX) :] for p in offered if p.startswith(KEY_PROTOCOL_PREFIX)), None)
         peer = self.ws.client.host if self.ws.client else "unknown"
         hint = "an `Authorization: Bearer <key>` header, `X-API-Key`, or the subprotocol `api-key.<key>`"
-        return Caller(key=key or None, peer=peer, forwarded_for=headers.get("x-forwarded-for", ""), key_hint=hint)
+        return Caller(key=key, peer=peer, forwarded_for=headers.get("x-forwarded-for", ""), key_hint=hint)
 
     async def _configure(self, service: TTSService) -> tuple[StreamConfig, SpeechRequest]:
         """Read and check the config message; answer `ready` with what the audio frames will hold."""
