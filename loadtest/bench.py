@@ -235,11 +235,11 @@ def main(argv: list[str] | None = None) -> int:
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "before": machine_state(),
     }
+    args.out.mkdir(parents=True, exist_ok=True)
     for part in args.parts:
         results[part] = RUNNERS[part](dirs, args)
         results["machine"]["after_" + part] = machine_state()
-    args.out.mkdir(parents=True, exist_ok=True)
-    results_path.write_text(json.dumps(results, indent=1) + "\n")
+        results_path.write_text(json.dumps(results, indent=1) + "\n")  # after every part: a later failure keeps it
     write_report(results, args.out / "summary.png", args.doc)
     log(f"wrote {results_path}, {args.out / 'summary.png'} and {args.doc}")
     return 0

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    print(json.dumps(result, indent=1, ensure_ascii=False))
+    print(json.dumps(result, ensure_ascii=False))  # one line: loadtest/bench.py reads the last line
     return 0
 
 

@@ -235,3 +235,43 @@ def test_websocket_stream_passes_through_nginx(nginx: NginxServer) -> None:
         assert json.loads(ws.recv(timeout=30))["type"] == "ready"
         ws.send(json.dumps({"type": "text", "text": "第一句话在这里。第二"}))
         assert isinstance(ws.recv(timeout=60), bytes)  # audio of the first sentence while the second is unfinished
+
+
+def test_grpc_passes_through_nginx_grpc_conf(tmp_path: Path, tiny_bundle: Path) -> None:
+    """nginx/grpc.conf (only its `server` lines and `listen` port replaced) in front of a replica's gRPC port: the
+    official-style client gets audio, and health answers SERVING, through nginx."""
+    import re
+
+    import grpc
+    from deploy_servers import main_config, nginx_binary
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from servers import ManagedProcess, free_port, port_open
+
+    from service.rpc import cosyvoice_pb2, cosyvoice_pb2_grpc
+
+    grpc_port, listen = free_port(), free_port()
+    app = AppServer(tmp_path, tiny_bundle, {"TTS_GRPC_PORT": str(grpc_port), "TTS_INTRA_OP_THREADS": "1"}, name="grpc-app")
+    conf = (Path(__file__).resolve().parents[1] / "nginx" / "grpc.conf").read_text(encoding="utf-8")
+    conf, n_servers = re.subn(r"server app-\d+:50000", f"server 127.0.0.1:{grpc_port}", conf)
+    conf, n_listen = re.subn(r"listen 50051 http2;", f"listen 127.0.0.1:{listen} http2;", conf)
+    assert (n_servers, n_listen) == (2, 1)
+    site = tmp_path / "grpc-site.conf"
+    site.write_text(conf, encoding="utf-8")
+    main = tmp_path / "nginx.conf"
+    main.write_text(main_config(tmp_path, site), encoding="utf-8")
+    proxy = ManagedProcess("nginx-grpc", [nginx_binary(), "-p", str(tmp_path), "-c", str(main)], tmp_path / "nginx.log")
+    app.start()
+    proxy.start()
+    try:
+        wait_until(lambda: port_open(listen), 15, "nginx gRPC listener")
+        with grpc.insecure_channel(f"127.0.0.1:{listen}") as channel:
+            health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+            request = cosyvoice_pb2.Request()
+            request.sft_request.spk_id = "中文女"
+            request.sft_request.tts_text = "你好，我是通义千问语音合成大模型。"
+            audio = b"".join(r.tts_audio for r in cosyvoice_pb2_grpc.CosyVoiceStub(channel).Inference(request, timeout=60))
+        assert len(audio) > 22050 and len(audio) % 2 == 0
+    finally:
+        proxy.stop()
+        app.stop()
