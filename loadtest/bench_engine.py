@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from service.bundle import ModelBundle
+from service.bundle import ModelBundle, ModelConstants
 from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import SynthesisOptions, Synthesizer, TokenGenerator
 from service.engine.voice import Voice
@@ -111,12 +111,20 @@ def cloned_voice(synth: Synthesizer, frontend: TextFrontend, seconds: float, see
     """A zero-shot voice as a `seconds`-long prompt analysis gives it: 50 speech tokens and 86.13 mel frames per
     second, a transcript, and an x-vector (the full-size bundle has random weights and no prompt models, so
     the features are drawn at random with the real sizes: what costs time is their length, not their values)."""
-    g = np.random.default_rng(seed)
-    c = synth.bundle.constants
-    tokens = tuple(int(t) for t in g.integers(0, c.speech_token_size, size=int(seconds * c.token_rate_hz)))
-    mel = g.standard_normal((int(seconds * c.sample_rate / c.mel_hop_samples), c.n_mels)).astype(np.float32) - 5.0
+    tokens, mel = random_prompt(synth.bundle.constants, seconds, seed)
     embedding = synth.bundle.speakers[synth.speakers[SPEAKER_INDEX]]
-    return Voice.cloned(f"cloned-{seconds:g}s", embedding, tokens, mel, tuple(text_ids(frontend, PROMPT_TEXT)))
+    return Voice.cloned(
+        f"cloned-{seconds:g}s", embedding, tuple(int(t) for t in tokens), mel, tuple(text_ids(frontend, PROMPT_TEXT))
+    )
+
+
+def random_prompt(c: ModelConstants, seconds: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Speech tokens (int32) and mel frames (T, n_mels float32) of a `seconds`-long prompt, drawn at random with
+    the real sizes: 50 tokens and 86.13 frames per second (the cost of a prompt is its length, not its values)."""
+    g = np.random.default_rng(seed)
+    tokens = g.integers(0, c.speech_token_size, size=int(seconds * c.token_rate_hz)).astype(np.int32)
+    mel = g.standard_normal((int(seconds * c.sample_rate / c.mel_hop_samples), c.n_mels)).astype(np.float32) - 5.0
+    return tokens, mel
 
 
 VOICE: Voice | None = None  # set by main(): None = the first built-in speaker

@@ -24,7 +24,16 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loadtest.bench_engine import PROMPT_TEXT, SHORT_TEXT, SHORT_TOKENS, ForcedLength, Run, closed_loop, load_summary
+from loadtest.bench_engine import (
+    PROMPT_TEXT,
+    SHORT_TEXT,
+    SHORT_TOKENS,
+    ForcedLength,
+    Run,
+    closed_loop,
+    load_summary,
+    random_prompt,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 PCM_BYTES_PER_S = 2 * 22050  # /tts pcm: int16 mono at the model's 22,050 Hz
@@ -99,14 +108,9 @@ def write_saved_voice(bundle_dir: Path, voices_dir: Path, seconds: float, seed: 
     from service.voices import DirectoryVoiceStore, PromptFeatures, SavedVoice
 
     bundle = ModelBundle.load(bundle_dir)
-    c, g = bundle.constants, np.random.default_rng(seed)
-    features = PromptFeatures(
-        embedding=next(iter(bundle.speakers.values())).astype(np.float32),
-        speech_tokens=g.integers(0, c.speech_token_size, size=int(seconds * c.token_rate_hz)).astype(np.int32),
-        mel=(g.standard_normal((int(seconds * c.sample_rate / c.mel_hop_samples), c.n_mels)) - 5.0).astype(np.float32),
-        duration_s=seconds,
-        mel_variant="trained",
-    )
+    tokens, mel = random_prompt(bundle.constants, seconds, seed)
+    embedding = next(iter(bundle.speakers.values())).astype(np.float32)
+    features = PromptFeatures(embedding, tokens, mel, duration_s=seconds, mel_variant="trained")
     name = f"bench-cloned-{seconds:g}s"
     voice = SavedVoice(name, PROMPT_TEXT, features, audio_sha256="0" * 64, models=models_fingerprint(bundle))
     DirectoryVoiceStore(voices_dir).add(voice, max_voices=1000)

@@ -50,11 +50,12 @@ def _profiled(out: Path) -> None:
     sessions_mod._open = open_recorded  # type: ignore[assignment]
 
 
-def summarize(profile: Path, skip_runs: int) -> dict[str, Any]:
-    """Per call of the graph after the first `skip_runs` calls: ms, nodes run, and time by op type."""
+def summarize(profile: Path) -> dict[str, Any]:
+    """Per call of the graph in the measured request: ms, nodes run, and time by op type. Both requests make the
+    same calls (forced token count, same text), so the second half of the calls is the measured request's."""
     events = json.loads(profile.read_text())
     runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
-    kept = runs[skip_runs:]
+    kept = runs[len(runs) // 2 :]
     if not kept:
         return {"calls": 0}
     start = kept[0]["ts"]
@@ -92,17 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     ids = text_ids(TextFrontend.load(bundle.tokenizer_path), SHORT_TEXT)
     voice = synth.speakers[0]
     warm = SynthesisOptions(seed=0, stream=True, n_timesteps=args.steps)
-    calls_before = {}
-    for _ in synth.synthesize([ids], voice, warm):
-        pass
-    profiles = {name: Path(s.end_profiling()) for name, s in OPENED.items()}  # warm-up only: count its calls
-    for name, path in profiles.items():
-        calls_before[name] = sum(1 for e in json.loads(path.read_text()) if e.get("name") == "model_run")
-    # profiling stops at end_profiling: reopen fresh profiled sessions for the measured request
-    OPENED.clear()
-    synth = Synthesizer.load(bundle, RuntimeOptions(max_batch=0))
-    synth.llm = ForcedLength(synth.llm, args.tokens)
-    for _ in synth.synthesize([ids], voice, warm):  # warm-up of the new sessions (prepacking, arenas)
+    for _ in synth.synthesize([ids], voice, warm):  # warm-up (prepacking, arenas), left out of the summary
         pass
     for _ in synth.synthesize([ids], voice, SynthesisOptions(seed=1, stream=True, n_timesteps=args.steps)):
         pass
@@ -110,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, session in OPENED.items():
         path = Path(session.end_profiling())
         graph_nodes = len(onnx.load(str(args.bundle / f"{name}.onnx"), load_external_data=False).graph.node)
-        result["graphs"][name] = {"graph_nodes": graph_nodes, **summarize(path, calls_before.get(name, 0))}
+        result["graphs"][name] = {"graph_nodes": graph_nodes, **summarize(path)}
     text = json.dumps(result, indent=1)
     if args.json:
         args.json.write_text(text + "\n")

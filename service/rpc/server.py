@@ -81,9 +81,6 @@ class CosyVoiceServicer(cosyvoice_pb2_grpc.CosyVoiceServicer):
             job = runtime.service.submit(self._speech(request))
             context.add_callback(job.cancel)  # the client cancelled or went away: stop at the next chunk
             for piece in job:
-                if not context.is_active():
-                    job.cancel()
-                    return
                 if piece:  # an encoder's empty flush is no message
                     yield cosyvoice_pb2.Response(tts_audio=piece)
         finally:

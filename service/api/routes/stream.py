@@ -7,8 +7,9 @@ import json
 import logging
 import struct
 import time
+from contextlib import aclosing
 from dataclasses import replace
-from typing import Any, Literal, NoReturn
+from typing import Literal, NoReturn, TypeVar
 
 import anyio
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
@@ -20,6 +21,7 @@ from service.api.deps import AppState
 from service.api.errors import STATUS
 from service.api.routes.openai import resolve_voice
 from service.api.schemas import MAX_SEED
+from service.api.streaming import JobPieces
 from service.audio import AudioFormat, output_sample_rate
 from service.engine.voice import Voice
 from service.errors import EmptyTextError, EngineError, InvalidInputError, OverloadedError, TTSError
@@ -28,6 +30,7 @@ from service.runtime import Slot
 from service.tts import SpeechJob, SpeechRequest, TTSService
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 router = APIRouter(tags=["streaming"])
 
 PATH = "/v1/audio/speech/stream"
@@ -67,6 +70,10 @@ class ControlMessage(BaseModel):
     type: Literal["flush", "close"]
 
 
+CONFIG_MESSAGE: TypeAdapter[StreamConfig] = TypeAdapter(StreamConfig)
+CLIENT_MESSAGE: TypeAdapter[TextMessage | ControlMessage] = TypeAdapter(TextMessage | ControlMessage)
+
+
 def close_code(error: TTSError) -> int:
     """4000 + the HTTP status of the error's code (4400, 4401, 4413, 4429, 4503 ...); 1011 for server faults."""
     status = STATUS[error.code][0]
@@ -100,8 +107,6 @@ class SpeechStreamSession:
         offered = self.ws.scope.get("subprotocols", [])
         await self.ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
         slot: Slot | None = None
-        metrics = self.state.metrics
-        metrics.active_streams.inc()
         try:
             self.runtime.gate.check(self._caller(offered))
             slot = self.runtime.claim()
@@ -118,7 +123,6 @@ class SpeechStreamSession:
         finally:
             if slot is not None:
                 slot.release()
-            metrics.active_streams.dec()
             self.runtime.observer.request_done("websocket", PATH, self.status, time.monotonic() - start)
 
     # ---- setup -------------------------------------------------------------------------------
@@ -137,7 +141,7 @@ class SpeechStreamSession:
             raw = await self._receive_text()
         if scope.cancelled_caught:
             raise InvalidInputError(f"no config message within {CONFIG_TIMEOUT_S:g} s", param="config")
-        config = _parse(raw, StreamConfig)
+        config = _parse(raw, CONFIG_MESSAGE)
         fmt = AudioFormat(config.format)
         if config.sample_rate is not None and (fmt is not AudioFormat.PCM or config.sample_rate not in PCM_RATES):
             rates = ", ".join(map(str, PCM_RATES))
@@ -201,7 +205,7 @@ class SpeechStreamSession:
         index = 0
         async with out:
             while True:
-                message = _parse(await self._receive_text(), TextMessage | ControlMessage)
+                message = _parse(await self._receive_text(), CLIENT_MESSAGE)
                 ready = segmenter.feed(message.text) if isinstance(message, TextMessage) else segmenter.flush()
                 for sentence in ready:
                     await out.send((index, sentence))
@@ -219,7 +223,7 @@ class SpeechStreamSession:
         """Sentences -> running jobs, one ahead of the sender: sentence 2 synthesizes while sentence 1 is sent."""
         async with sentences, jobs:
             async for index, text in sentences:
-                job = await self._start(service, _with_text(template, text))
+                job = await self._start(service, replace(template, text=text))
                 try:
                     await jobs.send((index, text, job))
                 except BaseException:
@@ -253,20 +257,15 @@ class SpeechStreamSession:
                 self.sentences_done += 1
 
     async def _send_audio(self, index: int, job: SpeechJob) -> int:
-        pieces, sent, finished = iter(job), 0, False
-        limiter = self.state.stream_threads
-        try:
-            while (
-                piece := await anyio.to_thread.run_sync(next, pieces, None, abandon_on_cancel=True, limiter=limiter)
-            ) is not None:
+        """The job's audio as numbered frames; leaving early (disconnect, failure) cancels its synthesis."""
+        pieces, sent = JobPieces(job, self.state), 0
+        await pieces.start()
+        async with aclosing(pieces.stream()) as audio:
+            async for piece in audio:
                 if piece:
                     await self.ws.send_bytes(FRAME_HEADER.pack(self.seq, index) + piece)
                     self.seq += 1
                     sent += len(piece)
-            finished = True
-        finally:
-            if not finished:
-                job.cancel()  # the client went away, or the session failed: stop this sentence's synthesis
         return sent
 
     async def _fail(self, error: TTSError) -> None:
@@ -277,10 +276,6 @@ class SpeechStreamSession:
             await self.ws.close(close_code(error), close_reason(error))
         except (WebSocketDisconnect, RuntimeError):
             pass  # the client is gone already
-
-
-def _with_text(template: SpeechRequest, text: str) -> SpeechRequest:
-    return replace(template, text=text)
 
 
 def _reraise_first(group_error: BaseExceptionGroup[BaseException]) -> NoReturn:
@@ -295,10 +290,10 @@ def _reraise_first(group_error: BaseExceptionGroup[BaseException]) -> NoReturn:
     raise group_error
 
 
-def _parse(raw: str, model: Any) -> Any:
-    """A client message as `model` (a model or a union of models); InvalidInputError naming what is wrong."""
+def _parse(raw: str, adapter: TypeAdapter[T]) -> T:
+    """A client message read by `adapter`; InvalidInputError naming what is wrong."""
     try:
-        return TypeAdapter(model).validate_json(raw)
+        return adapter.validate_json(raw)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "message"
