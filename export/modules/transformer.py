@@ -13,6 +13,9 @@ from export.config import EncoderConfig
 # Finite fill for masked attention scores: exp() underflows to exactly 0 and a row can never become NaN.
 MASKED_SCORE = -1e30
 
+# What every layer of a cached step shares (see step_geometry): gather index and additive mask.
+StepGeometry = tuple[Tensor, Tensor]
+
 
 def espnet_sinusoids(rel: Tensor, dim: int) -> Tensor:
     """espnet rel-pos rows (R, dim) float32 for relative distances `rel` (R,): [sin(r*w_j), cos(r*w_j)] interleaved.
@@ -87,32 +90,47 @@ class RelPosAttention(nn.Module):
             scores = scores.masked_fill(~allowed, MASKED_SCORE)
         return self._merge(torch.matmul(torch.softmax(scores, dim=-1), v)), k, v
 
-    def step(self, x: Tensor, past_k: Tensor, past_v: Tensor, pos: Tensor, past_len: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def step(
+        self, x: Tensor, past_k: Tensor, past_v: Tensor, pos: Tensor, geometry: StepGeometry
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Attention of T new positions (x (B,T,D)) over a per-row cache, causal within the new block.
 
-        past_k/past_v (B,H,C,DK): column j of row b is valid iff j < past_len[b] (B,) int64; new token t of row b
-        sits at position past_len[b]+t. pos (H,R,DK) = project_pos(pe) with R >= max(past_len)+T.
-        Returns (out (B,T,D), k_new, v_new (B,H,T,DK)); the cache is never concatenated.
+        past_k/past_v (B,H,C,DK): column j of row b is valid iff j < past_len[b]; new token t of row b sits at
+        position past_len[b]+t. pos (H,R,DK) = project_pos(pe) with R >= max(past_len)+T. `geometry` holds the
+        step's distance index and mask, built once for all layers (`step_geometry`). Returns (out (B,T,D),
+        k_new, v_new (B,H,T,DK)); the cache is never concatenated.
         """
+        index, bias = geometry
         q_u, q_v, k, v = self._qkv(x)
-        cols = torch.arange(past_k.shape[2])
-        steps = torch.arange(x.shape[1])
-        start = past_len.view(-1, 1, 1) + steps.view(1, -1, 1)  # (B,T,1) absolute position of each new token
-        valid_past = cols.view(1, 1, -1) < past_len.view(-1, 1, 1)  # (B,1,C)
-        dist_past = torch.where(valid_past, start - cols.view(1, 1, -1), torch.zeros_like(start))  # (B,T,C)
-        dist_new = (steps.view(-1, 1) - steps.view(1, -1)).abs()  # (T,T), masked where t' > t
-        bd_all = torch.matmul(q_v, pos.transpose(-2, -1))  # (B,H,T,R)
-        ac_past = torch.matmul(q_u, past_k.transpose(-2, -1))
-        ac_new = torch.matmul(q_u, k.transpose(-2, -1))
-        bd_past = torch.gather(bd_all, -1, dist_past.unsqueeze(1).expand_as(ac_past))
-        bd_new = torch.gather(bd_all, -1, dist_new.expand_as(ac_new))
-        scores = torch.cat((ac_past + bd_past, ac_new + bd_new), dim=-1) / math.sqrt(self.d_k)
-        allowed_new = steps.view(1, -1) <= steps.view(-1, 1)  # (T,T)
-        allowed = torch.cat((valid_past.expand(-1, x.shape[1], -1), allowed_new.expand(x.shape[0], -1, -1)), dim=-1)
-        attn = torch.softmax(scores.masked_fill(~allowed.unsqueeze(1), MASKED_SCORE), dim=-1)
+        ac = torch.cat((torch.matmul(q_u, past_k.transpose(-2, -1)), torch.matmul(q_u, k.transpose(-2, -1))), dim=-1)
+        bd = torch.gather(torch.matmul(q_v, pos.transpose(-2, -1)), -1, index)  # (B,H,T,C+T)
+        attn = torch.softmax((ac + bd) / math.sqrt(self.d_k) + bias, dim=-1)
         n_past = past_k.shape[2]
         ctx = torch.matmul(attn[..., :n_past], past_v) + torch.matmul(attn[..., n_past:], v)
         return self._merge(ctx), k, v
+
+
+
+def step_geometry(past_len: Tensor, n_past: int, n_new: int, heads: int) -> StepGeometry:
+    """What every layer of a cached step shares: (index (B,H,T,C+T) int64, bias (B,1,T,C+T) float32).
+
+    index[b,h,t,j] is the row of the positional table holding the distance from new token t of row b (at position
+    past_len[b]+t) to key j: cache column j < C, or new token j-C. Masked keys (cache columns >= past_len[b],
+    new tokens after t) point at row 0 and get `MASKED_SCORE` in bias, 0 elsewhere; adding it to a score gives
+    exactly `MASKED_SCORE` in float32, so the softmax equals the masked_fill form.
+    """
+    batch = past_len.shape[0]
+    cols = torch.arange(n_past)
+    steps = torch.arange(n_new)
+    start = past_len.view(-1, 1, 1) + steps.view(1, -1, 1)  # (B,T,1) absolute position of each new token
+    valid_past = (cols.view(1, 1, -1) < past_len.view(-1, 1, 1)).expand(-1, n_new, -1)  # (B,T,C)
+    dist_past = torch.where(valid_past, start - cols.view(1, 1, -1), torch.zeros_like(start))  # (B,T,C)
+    dist_new = (steps.view(-1, 1) - steps.view(1, -1)).abs().expand(batch, -1, -1)  # (B,T,T), masked where t' > t
+    index = torch.cat((dist_past, dist_new), dim=-1).unsqueeze(1).expand(-1, heads, -1, -1)
+    allowed_new = (steps.view(1, -1) <= steps.view(-1, 1)).expand(batch, -1, -1)  # (B,T,T)
+    allowed = torch.cat((valid_past, allowed_new), dim=-1).unsqueeze(1)
+    bias = torch.zeros_like(allowed, dtype=torch.float32).masked_fill(~allowed, MASKED_SCORE)
+    return index, bias
 
 
 class FeedForward(nn.Module):
@@ -153,9 +171,11 @@ class RelPosLayer(nn.Module):
         x = x + att
         return x + self.feed_forward(self._norm(1, x)), k, v
 
-    def step(self, x: Tensor, past_k: Tensor, past_v: Tensor, pos: Tensor, past_len: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def step(
+        self, x: Tensor, past_k: Tensor, past_v: Tensor, pos: Tensor, geometry: StepGeometry
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Cached step (see RelPosAttention.step); returns (x, k_new, v_new)."""
-        att, k, v = self.self_attn.step(self._norm(0, x), past_k, past_v, pos, past_len)
+        att, k, v = self.self_attn.step(self._norm(0, x), past_k, past_v, pos, geometry)
         x = x + att
         return x + self.feed_forward(self._norm(1, x)), k, v
 
@@ -228,9 +248,10 @@ class RelPosEncoder(nn.Module):
         Returns (ys (B,T,D) after after_norm, new_k, new_v (NL,B,H,T,DK)).
         """
         x = self.embed(xs)
+        geometry = step_geometry(past_len, past_k[0].shape[2], x.shape[1], self.layers()[0].self_attn.heads)
         ks, vs = [], []
         for i, layer in enumerate(self.layers()):
-            x, k, v = layer.step(x, past_k[i], past_v[i], pos[i], past_len)
+            x, k, v = layer.step(x, past_k[i], past_v[i], pos[i], geometry)
             ks.append(k)
             vs.append(v)
         return self.after_norm(x), torch.stack(ks), torch.stack(vs)
