@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from dataclasses import dataclass
@@ -10,7 +11,6 @@ from typing import Protocol
 
 import av
 import numpy as np
-from scipy.signal import resample_poly
 
 from service.errors import UnsupportedFormatError
 
@@ -92,8 +92,54 @@ def wav_header(sample_rate_hz: int, n_samples: int | None) -> bytes:
     return struct.pack("<4sI4s", b"RIFF", riff_size, b"WAVE") + fmt_chunk + struct.pack("<4sI", b"data", data_size)
 
 
+_KAISER_BETA = 5.0  # scipy.signal.resample_poly's default window, ('kaiser', 5.0)
+_HALF_TAPS_PER_RATE = 10  # and its filter half-length, 10 * max(up, down) taps
+_BLOCK = 8192  # output samples per vectorized block (bounds the gathered matrix to a few MB)
+
+
+@functools.lru_cache(maxsize=8)
+def _polyphase_taps(up: int, down: int) -> tuple[np.ndarray, int]:
+    """The low-pass FIR that resample_poly designs by default, split into `up` phases: (taps (up, K), half).
+
+    firwin(2 * half + 1, 1 / max(up, down), window=('kaiser', 5.0)) scaled to unit DC gain, times `up`;
+    phase p holds h[p], h[p + up], h[p + 2 up], ... (zero past the end).
+    """
+    rate = max(up, down)
+    half = _HALF_TAPS_PER_RATE * rate
+    m = np.arange(2 * half + 1, dtype=np.float64) - half
+    h = np.sinc(m / rate) / rate * np.kaiser(2 * half + 1, _KAISER_BETA)
+    h *= up / h.sum()
+    width = -(-h.size // up)
+    padded = np.zeros(up * width, dtype=np.float64)
+    padded[: h.size] = h
+    return padded.reshape(width, up).T.copy(), half
+
+
+def resample_poly(x: np.ndarray, up: int, down: int) -> np.ndarray:
+    """Polyphase resampling by up/down (coprime) with resample_poly's default filter, in numpy.
+
+    Output sample m is sum_k h[m * down + half - k * up] * x[k] (zero padding at both ends), the same
+    alignment and length (ceil(len(x) * up / down)) as scipy.signal.resample_poly; each sample is a dot
+    product of the same taps and inputs whatever the call's length, so resampling in blocks that overlap
+    by the filter's reach gives exactly the one-shot result (StreamResampler relies on it).
+    """
+    x = np.asarray(x, dtype=np.float32).reshape(-1)
+    n_out = -(-x.size * up // down)
+    taps, half = _polyphase_taps(up, down)
+    width = taps.shape[1]
+    padded = np.concatenate([np.zeros(width, np.float32), x, np.zeros(width, np.float32)])
+    out = np.empty(n_out, dtype=np.float32)
+    lag = np.arange(width)
+    for start in range(0, n_out, _BLOCK):
+        t = np.arange(start, min(start + _BLOCK, n_out), dtype=np.int64) * down + half
+        newest = t // up + width  # index in `padded` of the newest input each output sees
+        window = padded[newest[:, None] - lag[None, :]]
+        out[start : start + t.size] = np.einsum("ij,ij->i", window, taps[t % up], dtype=np.float64)
+    return out
+
+
 def resample(audio: np.ndarray, src_hz: int, dst_hz: int) -> np.ndarray:
-    """One-shot polyphase resampling (scipy.signal.resample_poly), float32 in and out."""
+    """One-shot polyphase resampling (`resample_poly`), float32 in and out."""
     if src_hz == dst_hz:
         return np.asarray(audio, dtype=np.float32)
     g = math.gcd(src_hz, dst_hz)
@@ -136,7 +182,7 @@ class StreamResampler:
         return self._release(total)
 
     def _release(self, out_end: int) -> np.ndarray:
-        y = resample_poly(self._buf, self.up, self.down).astype(np.float32)
+        y = resample_poly(self._buf, self.up, self.down)
         offset = self._base * self.up // self.down
         out = y[self._emitted - offset : out_end - offset]
         self._emitted = out_end
