@@ -184,6 +184,23 @@ def test_position_table_projects_once_and_regrows_by_doubling() -> None:
     np.testing.assert_array_equal(feeds["pos_2"][0, :, :], espnet_pe(16, 8)[:, :2])
 
 
+def test_position_feeds_are_the_first_rows_in_steps_of_64() -> None:
+    """The graph gets contiguous copies of the rows in use (rounded up to 64), not the whole table."""
+    calls: list[int] = []
+
+    def project(pe: np.ndarray) -> np.ndarray:
+        calls.append(pe.shape[0])
+        return np.broadcast_to(pe[None, None, :, :2], (3, 2, pe.shape[0], 2)).copy()
+
+    table = PositionTable(project, 8, rows=512)
+    for needed, rows in ((1, 64), (64, 64), (65, 128), (300, 320), (512, 512)):
+        feeds = table.feeds(needed)
+        assert feeds["pos_0"].shape == (2, rows, 2) and all(f.flags.c_contiguous for f in feeds.values())
+        np.testing.assert_array_equal(feeds["pos_2"], table.table(needed)[2, :, :rows])
+    assert np.shares_memory(table.feeds(65)["pos_0"], table.feeds(70)["pos_0"])  # copied once, then reused
+    assert table.feeds(700)["pos_1"].shape == (2, 704, 2) and table.rows == 1024 and calls == [512, 1024]
+
+
 def test_position_table_growth_is_built_once_under_concurrency() -> None:
     calls: list[int] = []
     gate = threading.Barrier(4)

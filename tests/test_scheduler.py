@@ -113,6 +113,24 @@ def test_cancel_ends_one_stream_and_spares_the_others(runner: LLMRunner, schedul
     _wait_idle(scheduler)
 
 
+def test_kv_cache_is_given_back_when_the_batch_empties(runner: LLMRunner, scheduler: BatchScheduler) -> None:
+    """A burst grows the K/V buffers (rows and columns); once its last request ends they shrink back at once,
+    so the next request does not start on the burst's buffers (with 8 rows x 256 columns: 235 MB full-size)."""
+    idle = scheduler.kv_cache_bytes
+    ids, emb = _inputs(runner, 4, 5)
+
+    def consume(k: int) -> None:
+        list(scheduler.generate(ids, emb, np.random.default_rng(k), min_tokens=150, max_tokens=150))
+
+    _run_threads([lambda k=k: consume(k) for k in range(3)])
+    assert scheduler.stats.max_rows > 1
+    _wait_idle(scheduler)
+    deadline = time.monotonic() + TIMEOUT_S
+    while scheduler.kv_cache_bytes > idle:  # the scheduler thread swaps the batch right after its last step
+        assert time.monotonic() < deadline, f"K/V cache still holds {scheduler.kv_cache_bytes} bytes (idle: {idle})"
+        time.sleep(0.01)
+
+
 def test_dropped_stream_leaves_the_batch(runner: LLMRunner, scheduler: BatchScheduler) -> None:
     ids, emb = _inputs(runner, 4, 4)
     stream = scheduler.generate(ids, emb, np.random.default_rng(0), min_tokens=1000, max_tokens=1000)

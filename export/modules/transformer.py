@@ -110,7 +110,6 @@ class RelPosAttention(nn.Module):
         return self._merge(ctx), k, v
 
 
-
 def step_geometry(past_len: Tensor, n_past: int, n_new: int, heads: int) -> StepGeometry:
     """What every layer of a cached step shares: (index (B,H,T,C+T) int64, bias (B,1,T,C+T) float32).
 

@@ -11,6 +11,10 @@ from service.bundle import relative_pe
 
 # Maps pe (R, D) float32 to the per-layer projection (NL, H, R, DK): a call of the `llm_pos` graph.
 Projector = Callable[[np.ndarray], np.ndarray]
+# The decode graph scores a query against every row it is given, and reads them all: it gets the first
+# multiple of this many rows that covers the distances in use, not the whole (512+ row) table.
+WINDOW_ROWS = 64
+_WINDOWS_KEPT = 2  # one for the decode batch, one for a prefill of another length
 
 
 class PositionTable:
@@ -18,6 +22,9 @@ class PositionTable:
 
     Grown (doubling) when a sequence needs more than R relative distances. Growth is serialised by
     a lock and publishes a new array, so readers holding the old one are never disturbed.
+    The graph feeds are contiguous copies of the first rows only (`feeds`): with a 512-row table a batch
+    of 8 rows at 60 positions stepped 22.6 ms against 17.7 ms with 64 rows (full-size int8). Rows past
+    the distances in use never reach a gathered score, so the result is the same.
     """
 
     def __init__(self, project: Projector, dim: int, *, rows: int = 256) -> None:
@@ -25,6 +32,7 @@ class PositionTable:
         self._dim = dim
         self._lock = threading.Lock()
         self._pos = self._build(max(1, rows))
+        self._windows: dict[int, np.ndarray] = {}  # rows -> (NL, H, rows, DK) copy of the current table
 
     def _build(self, rows: int) -> np.ndarray:
         pos = np.ascontiguousarray(self._project(relative_pe(rows, self._dim)), dtype=np.float32)
@@ -47,9 +55,25 @@ class PositionTable:
                 while rows < needed:
                     rows *= 2
                 self._pos = self._build(rows)
+                self._windows = {}
             return self._pos
 
-    def feeds(self, needed: int) -> dict[str, np.ndarray]:
-        """Decode-graph inputs pos_{i} (H, R, DK), contiguous views of one table with R >= needed."""
+    def window(self, needed: int) -> np.ndarray:
+        """The table's first rows, a multiple of WINDOW_ROWS >= `needed` (the whole table if that is shorter)."""
         pos = self.table(needed)
+        rows = min(pos.shape[2], -(-needed // WINDOW_ROWS) * WINDOW_ROWS)
+        if rows == pos.shape[2]:
+            return pos
+        found = self._windows.get(rows)
+        if found is not None:  # rows depend on their distance only, so a window of an older table is still right
+            return found
+        window = np.ascontiguousarray(pos[:, :, :rows])
+        with self._lock:  # publish a new dict (readers holding the old one are undisturbed), newest last
+            kept = list(self._windows.items())[-(_WINDOWS_KEPT - 1) :]
+            self._windows = dict(kept) | {rows: window}
+        return window
+
+    def feeds(self, needed: int) -> dict[str, np.ndarray]:
+        """Decode-graph inputs pos_{i} (H, R, DK): contiguous views of `window(needed)`, R >= needed."""
+        pos = self.window(needed)
         return {f"pos_{i}": pos[i] for i in range(pos.shape[0])}

@@ -168,7 +168,8 @@ class BatchScheduler:
         self._pending: deque[_Job] = deque()
         self._closed = False
         self._jobs: dict[LLMRequest, _Job] = {}
-        self._idle_cache_bytes = runner.new_batch().cache.nbytes()
+        self._batch = runner.new_batch()
+        self._idle_cache_bytes = self._batch.cache.nbytes()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -208,13 +209,18 @@ class BatchScheduler:
             self._thread.join(timeout_s)
 
     @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes held by the decode batch's K/V buffers (back to the initial size whenever the batch empties)."""
+        return self._batch.cache.nbytes()
+
+    @property
     def active(self) -> int:
         """Requests in the batch or waiting for their prefill."""
         return len(self._jobs) + len(self._pending)
 
     # ---- scheduler thread ----------------------------------------------------------------------
     def _run(self) -> None:
-        batch = self.runner.new_batch()
+        batch = self._batch
         while True:
             admitted = self._next_admissions(len(batch))
             if admitted is None:
@@ -228,8 +234,10 @@ class BatchScheduler:
                     self._cond.wait(_YIELD_POLL_S)
             elif len(batch):
                 self._step(batch)
-            elif batch.cache.nbytes() > self._idle_cache_bytes and not self._pending:
-                batch = self.runner.new_batch()  # idle: give the grown KV buffers back
+            if not len(batch) and batch.cache.nbytes() > self._idle_cache_bytes:
+                # Empty: give the grown KV buffers back now, before waiting for work. The next requests
+                # start from the small cache and grow it to their own length, not to the last burst's.
+                batch = self._batch = self.runner.new_batch()
         self._shutdown(batch)
 
     def _yielding(self) -> bool:
