@@ -44,12 +44,15 @@ def bundle_dirs(models: Path) -> dict[str, Path]:
 
 
 def _stale(path: Path, scheme: str) -> bool:
-    """A quantized bundle written with another precision plan than the current export code's."""
-    from export.quantize import precision_plan
+    """A quantized bundle written with another precision plan (or K/V cache type) than the current export code's."""
+    from export.quantize import HALF_KV_GRAPH, kv_cache_dtype, precision_plan
     from service.bundle import ModelBundle
 
-    graphs = ModelBundle.load(path).manifest.graphs
+    bundle = ModelBundle.load(path)
+    graphs = bundle.manifest.graphs
     wanted = precision_plan(scheme)  # type: ignore[arg-type]
+    if kv_cache_dtype(bundle.graph_path(HALF_KV_GRAPH)) != "float16":
+        return True
     return any(g.precision != wanted.get(name, "fp32") for name, g in graphs.items())
 
 

@@ -14,6 +14,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.bundle import ModelBundle
+from service.engine.llm import kv_cache_dtype
 from service.engine.positions import PositionTable
 from service.engine.sessions import RuntimeOptions, open_sessions
 
@@ -26,9 +27,10 @@ def step_feeds(bundle: ModelBundle, sessions: dict, past: int, batch: int) -> di
     table = PositionTable(lambda pe: sessions["llm_pos"].run(None, {"pe": pe})[0], c.llm_model_dim, rows=past + 1)
     feeds: dict[str, np.ndarray] = {"x": x, "past_len": np.full((batch,), past, dtype=np.int64)}
     shape = (batch, c.llm_num_heads, past, c.llm_head_dim)
+    kv = kv_cache_dtype(sessions["llm_step"]) if "llm_step" in sessions else np.float32
     for i in range(c.llm_num_layers):
-        feeds[f"past_k_{i}"] = rng.standard_normal(shape, dtype=np.float32)
-        feeds[f"past_v_{i}"] = rng.standard_normal(shape, dtype=np.float32)
+        feeds[f"past_k_{i}"] = rng.standard_normal(shape, dtype=np.float32).astype(kv)
+        feeds[f"past_v_{i}"] = rng.standard_normal(shape, dtype=np.float32).astype(kv)
     feeds.update(table.feeds(past + 1))
     return feeds
 

@@ -8,9 +8,11 @@ import numpy as np
 import onnx
 import pytest
 
-from export.quantize import INT4_BLOCK_SIZE, quantize_embeddings, step_deviation, write_quantized_bundle
+from export.quantize import INT4_BLOCK_SIZE, kv_cache_dtype, quantize_embeddings, step_deviation, write_quantized_bundle
 from service.bundle import ModelBundle
-from service.engine.sessions import RuntimeOptions
+from service.engine.llm import LLM_GRAPHS, LLMRunner
+from service.engine.scheduler import BatchScheduler
+from service.engine.sessions import RuntimeOptions, open_sessions
 from service.engine.synthesizer import SynthesisOptions, Synthesizer
 
 
@@ -83,3 +85,39 @@ def test_lookup_tables_become_int8_rows_with_row_scales(tiny_bundle: Path, tmp_p
     row_peak = np.abs(want).max(axis=-1, keepdims=True)
     assert np.all(np.abs(got - want) <= row_peak / 254 + 1e-7)  # half a quantization step per row
     assert np.abs(got - want).max() > 0
+
+
+def test_quantized_decode_steps_take_a_float16_kv_cache(tiny_bundle: Path, quantized: dict[str, Path]) -> None:
+    """Both quantized bundles widen a float16 cache inside the graph; the fp32 bundle (parity) keeps float32."""
+    assert kv_cache_dtype(tiny_bundle / "llm_step.onnx") == "float32"
+    for scheme in ("int8", "int4"):
+        path = quantized[scheme] / "llm_step.onnx"
+        assert kv_cache_dtype(path) == "float16"
+        widen = [n for n in _ops(path)["Cast"] if n.input[0].startswith(("past_k_", "past_v_"))]
+        assert len(widen) == 2 * ModelBundle.load(tiny_bundle).constants.llm_num_layers
+
+
+def test_engine_keeps_the_cache_in_the_graph_type(tiny_bundle: Path, quantized: dict[str, Path]) -> None:
+    """The runner reads the cache type off the graph. Teacher-forced log-probs through a float16 cache stay within
+    the int8 deviation of the fp32 bundle, and batched requests run to their lengths. (Batched int8 rows do not
+    equal single rows token for token: activations are quantized per tensor, over the whole batch.)"""
+    bundle, reference = ModelBundle.load(quantized["int8"]), ModelBundle.load(tiny_bundle)
+    runner = LLMRunner(open_sessions(bundle, RuntimeOptions(intra_op_threads=1), names=LLM_GRAPHS), bundle.constants)
+    fp32 = LLMRunner(open_sessions(reference, RuntimeOptions(intra_op_threads=1), names=LLM_GRAPHS), reference.constants)
+    assert runner.kv_dtype is np.float16 and runner.new_batch().cache.k[0].dtype == np.float16
+    assert fp32.kv_dtype is np.float32
+    emb = np.random.default_rng(0).standard_normal(bundle.constants.spk_embed_dim).astype(np.float32)
+    forced = np.random.default_rng(1).integers(0, bundle.constants.speech_token_size, 40).tolist()
+    got, want = runner.teacher_force([15947, 1002, 13], emb, forced), fp32.teacher_force([15947, 1002, 13], emb, forced)
+    assert got.shape == want.shape == (41, bundle.constants.speech_token_size + 1)
+    assert np.abs(got - want).max() < 0.5 and np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.9
+    scheduler = BatchScheduler(runner, max_batch=4)
+    try:
+        streams = [
+            scheduler.generate([13, 1002], emb, np.random.default_rng(k), min_tokens=n, max_tokens=n)
+            for k, n in enumerate((30, 20, 25))
+        ]
+        assert [len(list(s)) for s in streams] == [30, 20, 25]
+        assert scheduler.stats.max_rows > 1
+    finally:
+        scheduler.close()

@@ -13,7 +13,8 @@ def _round_up_pow2(n: int, minimum: int) -> int:
 
 
 class KVCache:
-    """Per-layer K and V buffers of shape (rows_cap, H, C, DK), float32, zero-initialised.
+    """Per-layer K and V buffers of shape (rows_cap, H, C, DK), zero-initialised, in the decode graph's K/V type:
+    float32, or float16 for quantized bundles (half the bytes; the graph widens each layer as it reads it).
 
     Row r holds one sequence; its first `lengths[r]` columns are valid. Active rows are always
     0..n_rows-1, so `k[i][:n_rows]` is a contiguous view the decode graph can read without a copy.
@@ -26,11 +27,20 @@ class KVCache:
     """
 
     def __init__(
-        self, num_layers: int, num_heads: int, head_dim: int, *, rows: int = 1, capacity: int = 64, column_step: int = 0
+        self,
+        num_layers: int,
+        num_heads: int,
+        head_dim: int,
+        *,
+        rows: int = 1,
+        capacity: int = 64,
+        column_step: int = 0,
+        dtype: type[np.floating] = np.float32,
     ) -> None:
         if column_step < 0:
             raise ValueError("column_step must be >= 0")
         self.column_step = column_step
+        self.dtype = np.dtype(dtype)
         self.num_layers = num_layers
         self.num_heads = num_heads
         self.head_dim = head_dim
@@ -40,7 +50,7 @@ class KVCache:
         self.v = [self._zeros(max(1, rows), max(1, capacity)) for _ in range(num_layers)]
 
     def _zeros(self, rows: int, capacity: int) -> np.ndarray:
-        return np.zeros((rows, self.num_heads, capacity, self.head_dim), dtype=np.float32)
+        return np.zeros((rows, self.num_heads, capacity, self.head_dim), dtype=self.dtype)
 
     @property
     def capacity(self) -> int:

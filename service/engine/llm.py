@@ -74,9 +74,18 @@ class DecodeBatch:
     Not thread-safe: one thread (a request's generator or a scheduler) owns a batch.
     """
 
-    def __init__(self, constants: ModelConstants, *, capacity: int = 64, column_step: int = 64) -> None:
+    def __init__(
+        self,
+        constants: ModelConstants,
+        *,
+        capacity: int = 64,
+        column_step: int = 64,
+        kv_dtype: type[np.floating] = np.float32,
+    ) -> None:
         c = constants
-        self.cache = KVCache(c.llm_num_layers, c.llm_num_heads, c.llm_head_dim, capacity=capacity, column_step=column_step)
+        self.cache = KVCache(
+            c.llm_num_layers, c.llm_num_heads, c.llm_head_dim, capacity=capacity, column_step=column_step, dtype=kv_dtype
+        )
         self.requests: list[LLMRequest] = []  # requests[r].row == r
 
     def __len__(self) -> int:
@@ -104,6 +113,16 @@ class DecodeBatch:
             self.requests[row].row = row
         self.requests.pop()
         request.row = -1
+
+
+def kv_cache_dtype(step_session: Any) -> type[np.floating]:
+    """The K/V element type the decode graph takes: float16 (quantized bundles) or float32. Sessions without ORT's
+    `get_inputs` (test doubles) get float32."""
+    inputs = getattr(step_session, "get_inputs", None)
+    if inputs is None:
+        return np.float32
+    types = {i.type for i in inputs() if i.name.startswith(("past_k_", "past_v_"))}
+    return np.float16 if types == {"tensor(float16)"} else np.float32
 
 
 def position_table(pos_session: Any, constants: ModelConstants, rows: int = 512) -> PositionTable:
@@ -141,6 +160,7 @@ class LLMRunner:
         self._encoder = sessions["llm_encoder"]
         self._embed = sessions["llm_embed"]
         self._step = sessions["llm_step"]
+        self.kv_dtype = kv_cache_dtype(self._step)
         self.positions = positions or position_table(sessions["llm_pos"], constants, position_rows)
 
     # ---- building requests -------------------------------------------------------------------
@@ -175,7 +195,7 @@ class LLMRunner:
 
     def _empty_past(self) -> dict[str, np.ndarray]:
         c = self.constants
-        empty = np.zeros((1, c.llm_num_heads, 0, c.llm_head_dim), dtype=np.float32)
+        empty = np.zeros((1, c.llm_num_heads, 0, c.llm_head_dim), dtype=self.kv_dtype)
         feeds: dict[str, np.ndarray] = {"past_len": np.zeros(1, dtype=np.int64)}
         for i in range(c.llm_num_layers):
             feeds[f"past_k_{i}"] = empty
@@ -227,7 +247,7 @@ class LLMRunner:
         return self._prefilled(request, text_ids, prompt)
 
     def new_batch(self) -> DecodeBatch:
-        return DecodeBatch(self.constants)
+        return DecodeBatch(self.constants, kv_dtype=self.kv_dtype)
 
     # ---- decoding ------------------------------------------------------------------------------
     def step(self, batch: DecodeBatch) -> list[LLMRequest]:
