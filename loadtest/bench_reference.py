@@ -31,7 +31,7 @@ from export.bundle_writer import ExportOptions, Models, build_models
 from export.config import load_config
 from export.modules.flow import mel_frames
 from export.modules.llm import TransformerLM
-from export.modules.transformer import espnet_sinusoids
+from export.modules.transformer import espnet_sinusoids, step_geometry
 
 OFFICIAL_FIRST_CHUNK_TOKENS = 120  # token_hop_len 100 + token_overlap_len 20
 OFFICIAL_FIRST_CHUNK_FRAMES_HELD = 34  # mel_overlap_len: frames held back from HiFT in a non-final chunk
@@ -48,11 +48,12 @@ def official_step(
     # relative positions +(T2-1) .. -(T2-1), as EspnetRelPositionalEncoding.position_encoding(0, T2) slices them
     pe = espnet_sinusoids(torch.arange(t2 - 1, -t2, -1), enc.cfg.output_size)
     past_len = torch.tensor([t_cache])
+    geometry = step_geometry(past_len, t_cache, xs.shape[1], enc.layers()[0].self_attn.heads)  # the step's mask, once
     new_k, new_v = [], []
     for i, layer in enumerate(enc.layers()):
         projected = layer.self_attn.project_pos(pe)  # (H, 2*T2-1, DK): the official per-step, per-layer work
         pos = projected[:, :t2].flip(1)  # distances 0..T2-1, the rows the causal attention reads
-        x, k, v = layer.step(x, cache_k[i], cache_v[i], pos, past_len)
+        x, k, v = layer.step(x, cache_k[i], cache_v[i], pos, geometry)
         new_k.append(torch.cat((cache_k[i], k), dim=2))
         new_v.append(torch.cat((cache_v[i], v), dim=2))
     logp = llm.log_probs(enc.after_norm(x)[:, -1])[0]

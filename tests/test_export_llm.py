@@ -105,6 +105,27 @@ def test_cached_teacher_forcing_matches_official_logp(tiny_lm: TransformerLM, fi
 
 
 @pytest.mark.parametrize("case", CASES)
+def test_benchmark_baseline_decode_matches_official_logp(
+    tiny_lm: TransformerLM, fixtures: dict[str, np.ndarray], case: int
+) -> None:
+    """The PyTorch baseline of `make bench` (bench_reference.official_step: positions re-projected and the cache
+    concatenated at every step, as the official forward_chunk) computes the official log-probs."""
+    from loadtest.bench_reference import official_step
+
+    ids, emb, speech = _case(fixtures, case)
+    layer = tiny_lm.llm.layers()[0].self_attn
+    empty = [torch.zeros(1, layer.heads, 0, layer.d_k) for _ in tiny_lm.llm.layers()]
+    with torch.no_grad():
+        prefill = tiny_lm.encode(torch.from_numpy(ids)[None], torch.from_numpy(emb)[None])
+        logp, cache_k, cache_v = official_step(tiny_lm, prefill, empty, list(empty))
+        rows = [logp]
+        for token in speech.tolist():
+            logp, cache_k, cache_v = official_step(tiny_lm, tiny_lm.embed_tokens(torch.tensor([[token]])), cache_k, cache_v)
+            rows.append(logp)
+    np.testing.assert_allclose(torch.stack(rows).numpy(), fixtures[f"case{case}_logp"], rtol=0, atol=LOGP_ATOL)
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_no_cache_pass_matches_official_logp_nocache(tiny_lm: TransformerLM, fixtures: dict[str, np.ndarray], case: int) -> None:
     ids, emb, speech = _case(fixtures, case)
     with torch.no_grad():
