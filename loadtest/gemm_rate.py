@@ -32,7 +32,9 @@ def matmul_model(k: int, n: int, path: Path) -> None:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
         [w],
     )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 7  # what opset 13 needs; the onnx package writes a newer one than ORT reads
+    onnx.save(model, path)
 
 
 def rate(path: Path, m: int, k: int, n: int, reps: int = 7) -> float:
