@@ -15,7 +15,7 @@ from service.bundle import ModelBundle
 from service.engine.llm import LLMRunner
 from service.engine.scheduler import BatchScheduler
 from service.engine.sessions import RuntimeOptions
-from service.engine.streaming import ChunkJob, GeneratorNoise
+from service.engine.streaming import POOLED_SOLVER_FRAMES, ChunkJob, GeneratorNoise
 from service.engine.synthesizer import SynthesisOptions, Synthesizer
 from service.engine.voice import FlowPrompt, LLMPrompt, Voice
 from service.errors import InvalidInputError
@@ -111,6 +111,19 @@ def test_prompted_and_builtin_rows_batch_together(bundle: ModelBundle, direct: S
                 np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
     finally:
         batched.close()
+
+
+def test_first_chunks_of_long_prompts_are_solved_alone(direct: Synthesizer, cloned: Voice) -> None:
+    """A pooled solve covers at most POOLED_SOLVER_FRAMES frames: built-in first chunks pool many at a time, first
+    chunks behind a 10 s prompt (861 prompt frames) one at a time, since the estimator's memory grows with frames^2."""
+    t2w = direct.token2wav
+    tokens = tuple(range(41))
+    sft = direct.voice("中文女").flow
+    long_prompt = FlowPrompt(sft.embedding, tokens=tuple(range(500)), mel=np.zeros((861, t2w.constants.n_mels), np.float32))
+    assert t2w.pool_limit(tokens, sft) >= 8
+    assert t2w.pool_limit(tokens, long_prompt) == 1
+    frames = t2w.flow.solver_frames(len(tokens), cloned.flow)
+    assert t2w.pool_limit(tokens, cloned.flow) == max(1, POOLED_SOLVER_FRAMES // frames) < t2w.pool_limit(tokens, sft)
 
 
 def test_pool_keys_keep_prompted_first_chunks_apart(direct: Synthesizer, cloned: Voice) -> None:

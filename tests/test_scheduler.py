@@ -17,7 +17,7 @@ from service.engine.kvcache import KVCache
 from service.engine.llm import LLM_GRAPHS, DecodeBatch, LLMRunner
 from service.engine.scheduler import AcousticGate, BatchScheduler, Pacer
 from service.engine.sessions import RuntimeOptions, open_sessions
-from service.engine.streaming import ChunkJob, GeneratorNoise
+from service.engine.streaming import ChunkJob, GeneratorNoise, default_first_hop
 from service.engine.synthesizer import SynthesisOptions, Synthesizer
 from service.errors import EngineError, ShuttingDownError
 
@@ -352,7 +352,9 @@ def test_gate_reports_first_audio_calls_while_they_run() -> None:
     assert not unlimited.first_audio_running()
 
 
-def _pool_behind_a_holder(gate: AcousticGate, calls: list[tuple[str, int]], fail_key: str | None = None) -> Any:
+def _pool_behind_a_holder(
+    gate: AcousticGate, calls: list[tuple[str, int]], fail_key: str | None = None, max_group: int = 16
+) -> Any:
     """Queue pooled calls (key, payload) behind a slot holder, release it; returns (results, batches run)."""
     batches: list[list[int]] = []
     results: dict[int, Any] = {}
@@ -372,7 +374,7 @@ def _pool_behind_a_holder(gate: AcousticGate, calls: list[tuple[str, int]], fail
 
     def caller(key: str, payload: int) -> None:
         try:
-            results[payload] = gate.pooled(float(abs(payload)), key, payload, execute)
+            results[payload] = gate.pooled(float(abs(payload)), key, payload, execute, max_group=max_group)
         except ValueError as e:
             results[payload] = e
 
@@ -399,6 +401,14 @@ def test_gate_pools_waiting_calls_with_the_same_key_into_one_run() -> None:
     results, batches = _pool_behind_a_holder(gate, [("a", 1), ("b", 2), ("a", 3), ("a", 4), ("b", 5)])
     assert results == {1: 10, 2: 20, 3: 30, 4: 40, 5: 50}
     assert sorted(map(sorted, batches)) == [[1, 3, 4], [2, 5]]  # one run per key, not one per caller
+    assert not gate.first_audio_running() and not gate._waiting and not gate._pooled
+
+
+def test_gate_pools_at_most_max_group_calls_per_run() -> None:
+    gate = AcousticGate(1)
+    results, batches = _pool_behind_a_holder(gate, [("a", 1), ("a", 2), ("a", 3), ("a", 4), ("a", 5)], max_group=2)
+    assert results == {1: 10, 2: 20, 3: 30, 4: 40, 5: 50}
+    assert batches == [[1, 2], [3, 4], [5]]  # in queue order, two at a time
     assert not gate.first_audio_running() and not gate._waiting and not gate._pooled
 
 
@@ -471,7 +481,7 @@ def test_only_a_requests_first_audio_is_pooled(bundle: ModelBundle) -> None:
         original = synth.gate.pooled
 
         def spy(*args: Any, **kwargs: Any) -> Any:
-            pooled.append(1)
+            pooled.append(kwargs["max_group"])
             return original(*args, **kwargs)
 
         synth.gate.pooled = spy  # type: ignore[method-assign]
@@ -479,7 +489,9 @@ def test_only_a_requests_first_audio_is_pooled(bundle: ModelBundle) -> None:
         synth.llm = ForcedLength(synth.llm, 60)
         chunks = list(synth.synthesize([[15947, 1002, 13], [40, 716, 13]], synth.speakers[0], opts))
         assert sum(1 for c in chunks if c.sentence_index == 1) >= 2  # sentence 2 was streamed in chunks too
-        assert pooled == [1]
+        first_chunk = tuple(range(default_first_hop(bundle.constants) + bundle.constants.token_overlap_len))
+        limit = synth.token2wav.pool_limit(first_chunk, synth.voice(synth.speakers[0]).flow)
+        assert pooled == [limit]  # the first chunk's group is capped by its frames (POOLED_SOLVER_FRAMES)
     finally:
         synth.close()
 

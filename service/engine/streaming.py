@@ -220,6 +220,10 @@ class Token2Wav:
         for job, mel in zip(jobs, mels, strict=True):
             yield self._after_flow(mel, job.state, job.noise, False, 1.0, flow_s)
 
+    def pool_limit(self, tokens: Sequence[int], prompt: FlowPrompt) -> int:
+        """How many first chunks like this one one batched solve may take (>= 1): POOLED_SOLVER_FRAMES in all."""
+        return max(1, POOLED_SOLVER_FRAMES // self.flow.solver_frames(len(tokens), prompt))
+
     def pool_key(self, tokens: Sequence[int], prompt: FlowPrompt, n_timesteps: int | None) -> tuple[int, int, int]:
         """Chunks with equal keys have solver inputs of one shape and may be solved in one batch."""
         return (len(tokens), prompt.frames, self.flow.steps(n_timesteps))
@@ -278,6 +282,10 @@ def default_first_hop(constants: ModelConstants) -> int:
     return constants.token_overlap_len + 1
 
 
+# Solver frames (rows x frames) of one pooled first-chunk solve. The estimator's attention grows with the square of
+# the frames, so first chunks of a voice with a long prompt are solved alone (10 s prompt: ~930 frames; 8 of them
+# pooled peaked at 2.6 GB), while built-in speakers' first chunks (~70 frames) still pool 14 at a time.
+POOLED_SOLVER_FRAMES = 1024
 MIN_FIRST_AUDIO_FRAMES = 8  # mel frames (93 ms) a streamed first chunk must yield after a tempo change
 
 
@@ -371,7 +379,8 @@ def stream_sentence(
             chunk = tuple(buf[: hop + c.token_overlap_len])
             if pace is not None and state.fresh and pace.audio_s == 0.0:  # first audio: pooled with other requests'
                 job = ChunkJob(chunk, prompt, state, noise, n_timesteps)
-                wav = pace.pooled(t2w.pool_key(chunk, prompt, n_timesteps), job, t2w.first_chunks)
+                key, limit = t2w.pool_key(chunk, prompt, n_timesteps), t2w.pool_limit(chunk, prompt)
+                wav = pace.pooled(key, job, t2w.first_chunks, max_group=limit)
             else:
                 with _turn(pace) as step_aside:
                     wav = t2w(chunk, prompt, state, noise, finalize=False, n_timesteps=n_timesteps, between_steps=step_aside)
