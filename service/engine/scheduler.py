@@ -507,8 +507,8 @@ class Pacer:
         with self.gate.slot(self.deadline, first=self.audio_s == 0.0) as step_aside:
             yield step_aside
 
-    def pooled(self, key: Hashable, payload: P, execute: Callable[[list[P]], Iterable[R]], *, max_group: int = 16) -> R:
-        """This request's first-audio call, possibly run together with other requests' (AcousticGate.pooled)."""
+    def pooled(self, key: Hashable, payload: P, execute: Callable[[list[P]], Iterable[R]], *, max_group: int) -> R:
+        """This request's first-audio call, run together with at most `max_group - 1` other requests' (AcousticGate.pooled)."""
         return self.gate.pooled(self.deadline, key, payload, execute, max_group=max_group)
 
     def delivered(self, samples: int) -> None:
