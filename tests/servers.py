@@ -145,11 +145,19 @@ def app_env(model_dir: Path, port: int, extra: Mapping[str, str] | None = None) 
 class AppServer(ManagedProcess):
     """`python -m service.api` (uvicorn) on a free port, configured only through TTS_* variables."""
 
-    def __init__(self, workdir: Path, model_dir: Path, env: Mapping[str, str] | None = None, name: str = "app") -> None:
+    def __init__(
+        self, workdir: Path, model_dir: Path, env: Mapping[str, str] | None = None, name: str = "app", gate: Path | None = None
+    ) -> None:
+        """`gate`: serve through tests/gated_server.py, whose engine holds each stream after every chunk while the
+        file `gate` is missing (tests/gated_engine.py FileGate); None serves `python -m service.api` itself."""
         self.port = free_port()
-        argv = [sys.executable, "-m", "service.api"]
+        entry = ["-m", "service.api"] if gate is None else [str(REPO / "tests" / "gated_server.py")]
+        argv = [sys.executable, *entry]
         # saved voices go to the test's scratch directory unless the test names a place (never the repository)
         env = {"TTS_VOICES_DIR": str(workdir / f"{name}-voices"), **(env or {})}
+        self.gate_path = gate
+        if gate is not None:
+            env["TEST_GATE_FILE"] = str(gate)
         super().__init__(f"{name}:{self.port}", argv, workdir / f"{name}-{self.port}.log", app_env(model_dir, self.port, env))
 
     @property

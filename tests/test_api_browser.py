@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from api_bundles import flagged_bundle
+from gated_engine import FileGate
 from servers import AppServer, Chromium, DevToolsPage
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -20,7 +21,9 @@ TEXT = "你好，欢迎使用语音合成。今天天气很好，我们去公园
 def app(tmp_path_factory: pytest.TempPathFactory, tiny_bundle: Path) -> Iterator[AppServer]:
     """The tiny bundle with its manifest saying what it is (random weights, test model): the page shows a banner."""
     bundle = flagged_bundle(tiny_bundle, tmp_path_factory.mktemp("browser-bundle") / "tiny", random_weights=True, test_model=True)
-    server = AppServer(tmp_path_factory.mktemp("browser-app"), bundle, {"TTS_RATE_LIMIT_PER_MINUTE": "0"})
+    workdir = tmp_path_factory.mktemp("browser-app")
+    # the engine holds each stream after every chunk while the gate file is missing (tests/gated_engine.py)
+    server = AppServer(workdir, bundle, {"TTS_RATE_LIMIT_PER_MINUTE": "0"}, gate=workdir / "gate")
     server.start()
     yield server
     server.stop()
@@ -89,12 +92,18 @@ def test_counter_shows_the_limit_and_speak_is_refused_over_it(page: DevToolsPage
     assert page.eval("document.getElementById('speak').disabled") is False
 
 
-def test_streamed_wav_plays_through_web_audio_while_it_arrives(page: DevToolsPage, repo_root: Path) -> None:
-    run = speak(page, "wav")
-    page.wait_for(f"tts.runs === {run} && tts.scheduledSeconds > 0", 60, "the first scheduled samples")
-    partial = page.eval(
-        "({seconds: tts.scheduledSeconds, done: tts.done, progress: document.getElementById('progress').textContent})"
-    )
+def test_streamed_wav_plays_through_web_audio_while_it_arrives(page: DevToolsPage, app: AppServer, repo_root: Path) -> None:
+    assert app.gate_path is not None
+    gate = FileGate(app.gate_path)
+    gate.clear()  # the server holds the stream after its first chunk: the page must play what it has by then
+    try:
+        run = speak(page, "wav")
+        page.wait_for(f"tts.runs === {run} && tts.scheduledSeconds > 0", 60, "the first scheduled samples")
+        partial = page.eval(
+            "({seconds: tts.scheduledSeconds, done: tts.done, progress: document.getElementById('progress').textContent})"
+        )
+    finally:
+        gate.set()
     assert not partial["done"], "the first audio was only scheduled once the whole response was in"
     assert partial["progress"].startswith("Receiving: ") and " s of audio in " in partial["progress"], partial
     page.screenshot(repo_root / "test-artifacts" / "browser-streaming.png")

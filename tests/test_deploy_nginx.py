@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from deploy_servers import LoadDriver, NginxServer, Outcome, drain_timeout_s, mixed_texts, start_apps, tts_request
+from gated_engine import FileGate
 from servers import AppServer, RedisServer, running_apps, wait_until  # redis_server: conftest.py
 
 pytestmark = pytest.mark.integration
@@ -29,7 +30,8 @@ DRAIN_TIMEOUT_S = drain_timeout_s(APP_ENV)  # the apps' TTS_DRAIN_TIMEOUT_S (the
 def apps(tmp_path_factory: pytest.TempPathFactory, tiny_bundle: Path, redis_server: RedisServer) -> Iterator[list[AppServer]]:
     workdir = tmp_path_factory.mktemp("apps")
     env = {**APP_ENV, "TTS_REDIS_URL": redis_server.url}
-    pair = [AppServer(workdir, tiny_bundle, env, name=name) for name in ("app-a", "app-b")]
+    # both behind one gate file (open unless a test closes it): see test_stream_arrives_unbuffered_through_nginx
+    pair = [AppServer(workdir, tiny_bundle, env, name=name, gate=workdir / "gate") for name in ("app-a", "app-b")]
     with running_apps(pair, start_apps):
         yield pair
 
@@ -43,21 +45,30 @@ def nginx(tmp_path_factory: pytest.TempPathFactory, apps: list[AppServer]) -> It
     print(server.error_log())
 
 
-def test_stream_arrives_unbuffered_through_nginx(nginx: NginxServer) -> None:
-    arrivals: list[tuple[float, int]] = []
-    t0 = time.monotonic()
+def test_stream_arrives_unbuffered_through_nginx(nginx: NginxServer, apps: list[AppServer]) -> None:
+    """The first audio must reach the client while the replica is still holding the rest of the stream.
+
+    The replicas' engines stop after each chunk while the gate is closed, so the stream cannot end before the test
+    opens it: the check holds by construction on a machine of any speed (a wall-clock bound on the tiny model's
+    stream did not, on a fast host)."""
+    assert apps[0].gate_path is not None
+    gate = FileGate(apps[0].gate_path)
     body = {"text": LONG_TEXT * 2, "format": "pcm", "stream": True, "seed": 3}
-    with httpx.stream("POST", nginx.base_url + "/tts", json=body, timeout=60) as response:
-        assert response.status_code == 200, response.read()
-        assert "content-length" not in response.headers
-        assert response.headers.get("transfer-encoding") == "chunked"
-        for chunk in response.iter_raw():
-            arrivals.append((time.monotonic() - t0, len(chunk)))
-    first, total = arrivals[0][0], arrivals[-1][0]
-    print(f"first audio bytes after {first * 1000:.0f} ms, stream ended after {total * 1000:.0f} ms, {len(arrivals)} reads")
-    assert total > 1.0, "the stream should last long enough for the check to mean something"
-    assert first < 0.5 * total, "nginx held the audio back until the stream ended"
-    assert len({round(t, 1) for t, _ in arrivals}) >= 3, "audio arrived in one burst instead of sentence by sentence"
+    gate.clear()
+    try:
+        with httpx.stream("POST", nginx.base_url + "/tts", json=body, timeout=60) as response:
+            assert response.status_code == 200, response.read()
+            assert "content-length" not in response.headers
+            assert response.headers.get("transfer-encoding") == "chunked"
+            pieces = response.iter_raw()
+            held = len(next(pieces))  # nginx passed it on while the replica waits before its second chunk
+            gate.set()
+            rest = [len(piece) for piece in pieces]
+    finally:
+        gate.set()
+    print(f"{held} bytes before the gate opened, then {sum(rest)} bytes in {len(rest)} reads")
+    assert held > 0 and rest, "the stream should go on after the gate opens"
+    assert sum(rest) > held, "most of the audio comes after the first chunk"
 
 
 def test_metrics_are_not_public_and_big_bodies_stop_at_nginx(nginx: NginxServer, apps: list[AppServer]) -> None:
@@ -118,22 +129,29 @@ def test_killed_replica_fails_no_request_that_had_not_started(nginx: NginxServer
 
 def test_sigterm_drains_in_flight_streams_and_refuses_new_ones(nginx: NginxServer, apps: list[AppServer]) -> None:
     target = apps[0]
+    assert target.gate_path is not None
+    gate = FileGate(target.gate_path)
     # One stream under way and one queued behind it (TTS_CONCURRENT_REQUESTS=1): both were accepted before SIGTERM.
+    # The closed gate holds the first stream after its first chunk, so neither can end before SIGTERM on any machine.
     streams = [
         StreamReader(target.base_url, "四句话的流。" + LONG_TEXT[:24]),
         StreamReader(target.base_url, "排队的请求。" + LONG_TEXT[:8]),
     ]
-    for stream in streams:
-        stream.thread.start()
-        time.sleep(0.05)
-    wait_until(lambda: streams[0].first_byte.is_set() or streams[0].done.is_set(), 30, "first bytes of the stream")
-    # On a loaded machine the second client may not have connected yet: SIGTERM only once the app holds both.
-    wait_until(lambda: jobs_accepted(target.base_url) >= 2 or streams[1].done.is_set(), 30, "the queued request to arrive")
-    driver = LoadDriver(nginx.base_url, 2, lambda i: tts_request(i % 2 == 0, mixed_texts(f"停{i}"))).start()
-    assert target.proc is not None
-    target.proc.send_signal(signal.SIGTERM)
-    t_term = time.monotonic()
-    assert not any(s.done.is_set() for s in streams), f"a stream ended before SIGTERM: {[s.outcome for s in streams]}"
+    gate.clear()
+    try:
+        for stream in streams:
+            stream.thread.start()
+            time.sleep(0.05)
+        wait_until(lambda: streams[0].first_byte.is_set() or streams[0].done.is_set(), 30, "first bytes of the stream")
+        # On a loaded machine the second client may not have connected yet: SIGTERM only once the app holds both.
+        wait_until(lambda: jobs_accepted(target.base_url) >= 2 or streams[1].done.is_set(), 30, "the queued request to arrive")
+        driver = LoadDriver(nginx.base_url, 2, lambda i: tts_request(i % 2 == 0, mixed_texts(f"停{i}"))).start()
+        assert target.proc is not None
+        target.proc.send_signal(signal.SIGTERM)
+        t_term = time.monotonic()
+        assert not any(s.done.is_set() for s in streams), f"a stream ended before SIGTERM: {[s.outcome for s in streams]}"
+    finally:
+        gate.set()
     # Requests sent between the signal and its handling are still served; after "Shutting down" none may be.
     wait_until(lambda: "Shutting down" in target.log_text(), 10, "uvicorn to handle SIGTERM")
     time.sleep(0.2)

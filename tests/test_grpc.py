@@ -12,9 +12,10 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from gated_engine import FileGate
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from servers import AppServer, free_port, metric_value, wait_until
+from servers import AppServer, ManagedProcess, free_port, metric_value, wait_until
 
 from service.api.errors import STATUS
 from service.errors import ErrorCode
@@ -205,14 +206,14 @@ def test_api_keys_in_metadata(tmp_path: Path, tiny_bundle: Path) -> None:
 
 
 def test_health_is_not_serving_while_loading(tmp_path: Path, tiny_bundle: Path) -> None:
-    """The gRPC port answers from the process start: NOT_SERVING (and UNAVAILABLE calls) until the model is loaded."""
+    """The gRPC port answers from the process start: NOT_SERVING (and UNAVAILABLE calls) until the model is loaded.
+    The warm-up is held (a closed gate, tests/gated_engine.py) until NOT_SERVING was seen: no race with a fast load."""
     port = free_port()
-    env = {"TTS_GRPC_PORT": str(port), "TTS_WARMUP_TEXT": "你好。" * 40, "TTS_INTRA_OP_THREADS": "1"}
-    app = AppServer(tmp_path, tiny_bundle, env, name="grpc-loading")
+    gate = FileGate(tmp_path / "gate")
+    env = {"TTS_GRPC_PORT": str(port), "TTS_INTRA_OP_THREADS": "1", "TEST_GATE_CLOSED": "1"}
+    app = AppServer(tmp_path, tiny_bundle, env, name="grpc-loading", gate=gate.path)
     seen: set[int] = set()
     try:
-        from servers import ManagedProcess
-
         ManagedProcess.start(app)
         deadline = time.monotonic() + 90
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
@@ -222,7 +223,10 @@ def test_health_is_not_serving_while_loading(tmp_path: Path, tiny_bundle: Path) 
                     seen.add(health.Check(health_pb2.HealthCheckRequest(), timeout=2).status)
                 except grpc.RpcError:
                     time.sleep(0.02)
+                if health_pb2.HealthCheckResponse.NOT_SERVING in seen:
+                    gate.set()  # now let the warm-up finish
     finally:
+        gate.set()
         app.stop()
     assert health_pb2.HealthCheckResponse.SERVING in seen
     assert health_pb2.HealthCheckResponse.NOT_SERVING in seen

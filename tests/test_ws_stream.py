@@ -69,8 +69,9 @@ def close_of(ws: ClientConnection) -> tuple[int, dict[str, Any]]:
 
 
 def test_first_sentence_audio_arrives_before_the_last_delta_is_sent(server: AppServer) -> None:
-    """An LLM-paced client: the first sentence is complete after 2 deltas; 40 more follow, 50 ms apart. The first
-    audio frame must come while deltas are still being sent (a server that waited for `close` fails this)."""
+    """An LLM-paced client: the first sentence is complete after 2 deltas; more follow, 50 ms apart, until audio comes.
+    The first audio frame must come while deltas are still being sent (a server that waited for `close` never sends
+    any, so this fails after 60 s); no bound on how fast the machine makes it."""
     ws, ready = open_stream(server, {"format": "pcm", "sample_rate": 24000})
     assert ready["type"] == "ready" and ready["sample_rate"] == 24000 and ready["format"] == "pcm"
     first_audio: list[float] = []
@@ -84,14 +85,18 @@ def test_first_sentence_audio_arrives_before_the_last_delta_is_sent(server: AppS
     reader.start()
     send_text(ws, "今天天气")
     send_text(ws, "很好。")
-    for _ in range(40):
+    deltas = 0
+    deadline = time.monotonic() + 60
+    while not first_audio and time.monotonic() < deadline:  # the reply goes on until audio comes, however long it takes
         time.sleep(0.05)
         send_text(ws, "我们一起")
-    last_delta_sent = time.monotonic()
+        deltas += 1
+    audio_before_close = bool(first_audio)
     ws.send(json.dumps({"type": "close"}))
     reader.join(60)
     assert first_audio, "no audio at all"
-    assert first_audio[0] < last_delta_sent, f"first audio {first_audio[0] - last_delta_sent:.2f} s after the last delta"
+    assert audio_before_close, "the first sentence's audio only came after 60 s of deltas"
+    print(f"first audio after {deltas} more deltas")
 
 
 def test_frames_are_numbered_and_each_sentence_ends_with_its_caption(server: AppServer) -> None:

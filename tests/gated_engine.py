@@ -1,0 +1,94 @@
+"""A pass-through engine that can hold a stream after each chunk: timing preconditions by construction, not by speed.
+
+A test that must see "the first audio arrived while the rest was still being made" closes the gate: the engine then
+stops after each chunk until the test opens it again, so the stream cannot end early however fast the machine is.
+`ThreadGate` serves an app in the test's own process; `FileGate` serves an app in a child process
+(tests/gated_server.py), where the gate is open while a file exists.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from service.engine.synthesizer import AudioChunk, SynthesisOptions
+from service.engine.voice import Voice
+from service.tts import Engine
+
+GATE_TIMEOUT_S = 60.0
+
+
+class Gate(Protocol):
+    def set(self) -> None: ...
+
+    def clear(self) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+class ThreadGate(threading.Event):
+    """Open while set (an Event that starts open)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.set()
+
+
+class FileGate:
+    """Open while `path` exists: a test process opens and closes the gate of a server process."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def set(self) -> None:
+        self.path.touch()
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = time.monotonic() + (GATE_TIMEOUT_S if timeout is None else timeout)
+        while not self.path.exists():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+
+class GatedEngine:
+    """The real synthesizer, paused after each chunk while `gate` is closed; records every request's cancel event."""
+
+    def __init__(self, inner: Engine, gate: Gate | None = None) -> None:
+        self.inner = inner
+        self.gate: Gate = gate if gate is not None else ThreadGate()
+        self.first_chunk = threading.Event()
+        self.cancels: list[threading.Event] = []
+        self.chunks = 0
+
+    @property
+    def sample_rate(self) -> int:
+        return self.inner.sample_rate
+
+    @property
+    def speakers(self) -> Sequence[str]:
+        return self.inner.speakers
+
+    def voice(self, speaker: str) -> Voice:
+        return self.inner.voice(speaker)
+
+    def synthesize(
+        self, sentences: list[list[int]], voice: Voice, options: SynthesisOptions, cancel: threading.Event
+    ) -> Iterator[AudioChunk]:
+        self.cancels.append(cancel)
+        return self._paced(self.inner.synthesize(sentences, voice, options, cancel))
+
+    def _paced(self, chunks: Iterator[AudioChunk]) -> Iterator[AudioChunk]:
+        for chunk in chunks:
+            self.chunks += 1
+            yield chunk
+            self.first_chunk.set()
+            if not self.gate.wait(timeout=GATE_TIMEOUT_S):
+                raise TimeoutError("the test never opened the gate")

@@ -1,0 +1,46 @@
+"""`python tests/gated_server.py`: the app as `python -m service.api` serves it, its engine wrapped in a FileGate.
+
+The gate file is TEST_GATE_FILE; it is created (open) at start unless TEST_GATE_CLOSED=1, which holds the warm-up
+(so the app stays loading) until the test opens it. Tests close it to hold every stream after its current chunk
+(see tests/gated_engine.py) and open it again to let the streams finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import uvicorn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gated_engine import FileGate, GatedEngine
+
+from service.api.app import create_app
+from service.bundle import ModelBundle
+from service.engine.sessions import RuntimeOptions
+from service.runtime import load_synthesizer
+from service.settings import Settings
+from service.tts import Engine
+
+
+def main() -> None:
+    gate = FileGate(Path(os.environ["TEST_GATE_FILE"]))
+    if os.environ.get("TEST_GATE_CLOSED") != "1":
+        gate.set()
+
+    def loader(bundle: ModelBundle, runtime: RuntimeOptions) -> Engine:
+        return GatedEngine(load_synthesizer(bundle, runtime), gate)
+
+    settings = Settings()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(settings, engine_loader=loader)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                timeout_graceful_shutdown=settings.drain_timeout_s)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
