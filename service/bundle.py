@@ -215,7 +215,7 @@ class CosyVoice2Constants:
     estimator_blocks: int = 56
     estimator_heads: int = 8
     estimator_head_dim: int = 64
-    estimator_tail_channels: int = 4480  # sum of the estimator's causal-conv input channels (the `tails` input)
+    estimator_tail_channels: int = 8256  # sum of the estimator's causal-conv input channels (the `tails` input)
     noise_frames: int = 15000
 
     def graph_counts(self) -> dict[str, int]:

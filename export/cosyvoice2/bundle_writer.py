@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
+from tokenizers import Tokenizer
 
 from export import checkpoint
 from export.bundle_writer import ExportOptions, ExportReport, _graph_entries, _log_errors, _staging_dir, publish
@@ -123,12 +124,22 @@ def _source_hashes(opts: ExportOptions, plan: VoicePlan, tokenizer: Path) -> dic
     return hashes | plan.prompt_source_hashes()
 
 
-def _write_bundle(cfg: CosyVoice2Config, models: Models, opts: ExportOptions, plan: VoicePlan, tmp: Path) -> Manifest:
+@dataclass(frozen=True)
+class _Inputs:
+    """What the export reads besides the weights: config, voices, text tokenizer (built) and where it came from."""
+
+    cfg: CosyVoice2Config
+    plan: VoicePlan
+    tokenizer: Tokenizer
+    tokenizer_source: Path
+
+
+def _write_bundle(inputs: _Inputs, models: Models, opts: ExportOptions, tmp: Path) -> Manifest:
+    cfg, plan = inputs.cfg, inputs.plan
     extra = cosyvoice2_constants(cfg)
     graphs = export_llm(models.llm, tmp, extra) + export_flow(models.flow, tmp, extra) + export_hift(models.hift, tmp)
     write_speakers(tmp / SPEAKERS_NAME, plan.speakers)
-    tokenizer = tokenizer_source(opts)
-    qwen_tokenizer.write_tokenizer(tokenizer, tmp / V2_TOKENIZER_NAME)
+    qwen_tokenizer.write_tokenizer(inputs.tokenizer, tmp / V2_TOKENIZER_NAME)
     _write_noise(tmp / V2_NOISE_NAME)
     manifest = Manifest(
         format_version=FORMAT_VERSION,
@@ -136,7 +147,7 @@ def _write_bundle(cfg: CosyVoice2Config, models: Models, opts: ExportOptions, pl
         precision="fp32",
         constants=model_constants(cfg),
         graphs=_graph_entries(tmp, graphs) | copy_into(plan.prompt_models, tmp),
-        source_files=_source_hashes(opts, plan, tokenizer),
+        source_files=_source_hashes(opts, plan, inputs.tokenizer_source),
         files={n: sha256_file(tmp / n) for n in (SPEAKERS_NAME, V2_TOKENIZER_NAME, V2_NOISE_NAME)},
         exporter={
             "exporter_version": EXPORTER_VERSION,
@@ -166,7 +177,8 @@ def run_export(opts: ExportOptions, log: Callable[[str], None] = print) -> Expor
     if opts.instruct:
         raise ExportError("--instruct is CosyVoice-300M-Instruct's mode; a CosyVoice2 bundle offers instruct2 (prompt voices)")
     cfg = load_config(opts.model_dir)
-    tokenizer_source(opts)  # fail before the slow part
+    source = tokenizer_source(opts)
+    tokenizer = qwen_tokenizer.build_tokenizer(source)  # fails before the slow part
     plan = plan_voices(
         opts.model_dir,
         cfg.flow.spk_embed_dim,
@@ -177,13 +189,13 @@ def run_export(opts: ExportOptions, log: Callable[[str], None] = print) -> Expor
         prompt_table=V2_PROMPT_GRAPHS,
         random_speakers=False,
     )
-    plan = VoicePlan(plan.speakers, plan.prompt_models, False, instruct2=True)
+    inputs = _Inputs(cfg, VoicePlan(plan.speakers, plan.prompt_models, False, instruct2=True), tokenizer, source)
     models = build_models(cfg, opts)
     report = ExportReport(out=opts.out)
     tmp = _staging_dir(opts.out, "partial")
     try:
         tmp.mkdir()
-        manifest = _write_bundle(cfg, models, opts, plan, tmp)
+        manifest = _write_bundle(inputs, models, opts, tmp)
         if opts.verify:
             report.errors = _verify(models, tmp)
             _log_errors(log, "fp32 ONNX vs torch", report.errors, opts.tolerance)

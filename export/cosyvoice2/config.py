@@ -18,6 +18,7 @@ UP_BLOCKS = 4
 UP_STRIDE = 2
 ENCODER_WIDTH = 512
 NOISE_FRAMES = 50 * 300
+LOOK_AHEAD = 3  # UpsampleConformerEncoder's PreLookaheadLayer is built with pre_lookahead_len=3 whatever the yaml says
 
 
 @dataclass(frozen=True)
@@ -223,6 +224,8 @@ def _flow(node: Any) -> FlowConfig:
         inference_cfg_rate=float(cfm.get("inference_cfg_rate", 0.7)),
         t_scheduler=str(cfm.get("t_scheduler", "cosine")),
     )
+    if cfg.pre_lookahead_len != LOOK_AHEAD:
+        raise ConfigError(f"flow: pre_lookahead_len {cfg.pre_lookahead_len} must be {LOOK_AHEAD} (the look-ahead layer's)")
     if cfg.token_mel_ratio != UP_STRIDE:
         raise ConfigError(f"flow: token_mel_ratio {cfg.token_mel_ratio} must equal the encoder's up-sampling stride {UP_STRIDE}")
     if cfg.output_size != 80 or cfg.estimator.out_channels != cfg.output_size:

@@ -163,20 +163,28 @@ def _add_config_tokens(tok: Tokenizer, qwen_dir: Path) -> None:
         (tok.add_special_tokens if added.special else tok.add_tokens)([added])
 
 
+def _load(source: Path) -> Tokenizer:
+    if source.is_file() and source.suffix == ".tiktoken":
+        return _qwen_pipeline(bpe_from_ranks(read_tiktoken_ranks(source)))
+    if source.is_file():
+        return Tokenizer.from_file(str(source))
+    if (source / "tokenizer.json").is_file():
+        return Tokenizer.from_file(str(source / "tokenizer.json"))
+    if (source / "vocab.json").is_file() and (source / "merges.txt").is_file():
+        return _from_bpe_files(source)
+    raise ExportError(f"{source}: no tokenizer.json and no vocab.json + merges.txt (the Qwen2 tokenizer files)")
+
+
 def build_tokenizer(source: Path) -> Tokenizer:
     """The official CosyVoice2 tokenizer from a CosyVoice-BlankEN directory (tokenizer.json, or vocab.json + merges.txt,
     plus tokenizer_config.json's added tokens), a tokenizer.json, or Qwen's tiktoken ranks (qwen.tiktoken, then the
     Qwen2.5 added tokens are not there: only CosyVoice2's), with COSYVOICE2_SPECIAL added."""
-    if source.is_file() and source.suffix == ".tiktoken":
-        tok = _qwen_pipeline(bpe_from_ranks(read_tiktoken_ranks(source)))
-    elif source.is_file():
-        tok = Tokenizer.from_file(str(source))
-    elif (source / "tokenizer.json").is_file():
-        tok = Tokenizer.from_file(str(source / "tokenizer.json"))
-    elif (source / "vocab.json").is_file() and (source / "merges.txt").is_file():
-        tok = _from_bpe_files(source)
-    else:
-        raise ExportError(f"{source}: no tokenizer.json and no vocab.json + merges.txt (the Qwen2 tokenizer files)")
+    try:
+        tok = _load(source)
+    except ExportError:
+        raise
+    except Exception as e:  # tokenizers raises plain Exceptions for malformed files
+        raise ExportError(f"{source}: cannot build the tokenizer: {e}") from e
     if source.is_dir():
         _add_config_tokens(tok, source)
     tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in COSYVOICE2_SPECIAL])
@@ -185,6 +193,6 @@ def build_tokenizer(source: Path) -> Tokenizer:
     return tok
 
 
-def write_tokenizer(source: Path, path: Path) -> None:
-    """Write the built tokenizer as one JSON file (deterministic: `tokenizers` serializes in a fixed order)."""
-    build_tokenizer(source).save(str(path), pretty=False)
+def write_tokenizer(tokenizer: Tokenizer, path: Path) -> None:
+    """Write a built tokenizer as one JSON file (deterministic: `tokenizers` serializes in a fixed order)."""
+    tokenizer.save(str(path), pretty=False)

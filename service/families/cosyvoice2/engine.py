@@ -1,0 +1,333 @@
+"""CosyVoice2 engine: sentences of text ids + a voice -> audio chunks (Qwen2 LLM -> cached chunk flow -> HiFT).
+
+Streaming follows the official CosyVoice2Model.tts schedule, per request (the official mutates one shared hop
+length): a first hop of 25 tokens plus what brings prompt + hop to a chunk boundary, then 50, then 100 each,
+every chunk waiting for 3 look-ahead tokens. Unlike the official, which runs the flow over the prompt and every
+token so far for each chunk, the flow continues from its caches: each mel frame is solved once per request.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from service.bundle import FAMILY_V2, V2_GRAPH_IO, V2_NOISE_NAME, CosyVoice2Constants, ModelBundle
+from service.engine.dsp import StreamingStretch
+from service.engine.hift import HiFTRunner
+from service.engine.scheduler import AcousticGate, BatchScheduler, Pacer
+from service.engine.sessions import RuntimeOptions, limit_malloc_arenas, open_sessions
+from service.engine.synthesizer import AudioChunk, StageTimings, SynthesisOptions, TokenGenerator
+from service.errors import BundleError, EmptyTextError, InvalidInputError
+from service.families.cosyvoice2.flow import FlowRunner2, FlowState
+from service.families.cosyvoice2.hift import Vocoder, VocoderStream
+from service.families.cosyvoice2.llm import Qwen2Runner
+from service.families.cosyvoice2.voice import FlowPrompt2, Voice2
+
+DEFAULT_OPTIONS = SynthesisOptions()
+DEFAULT_PROMPT_CACHE_BYTES = 2 << 30  # prompt flow states kept for reuse (a 10 s prompt: ~1 GB fp16 full-size)
+
+
+@dataclass(frozen=True)
+class HopSchedule:
+    """Tokens per streaming chunk: first `first + pad`, then x `scale` per chunk up to `most`, plus look-ahead."""
+
+    chunk: int = 25
+    first: int = 25
+    most: int = 100
+    scale: int = 2
+    look_ahead: int = 3
+
+    @classmethod
+    def of(cls, extra: CosyVoice2Constants, first: int, most: int, scale: float) -> HopSchedule:
+        return cls(extra.chunk_tokens, first, most, max(1, int(scale)), extra.pre_lookahead)
+
+    def next_hop(self, hop: int) -> int:
+        return min(self.most, hop * self.scale)
+
+
+class PromptStates:
+    """Flow states after a prompt's prompt-only chunks, by voice fingerprint, least recently used dropped first.
+
+    States are shared, never written: a request continues from `FlowState.copy()`, which shares the arrays
+    (flow calls replace arrays, they never write into them).
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._states: OrderedDict[tuple[str, int], FlowState] = OrderedDict()
+
+    def get(self, key: tuple[str, int]) -> FlowState | None:
+        with self._lock:
+            state = self._states.get(key)
+            if state is not None:
+                self._states.move_to_end(key)
+            return state
+
+    def put(self, key: tuple[str, int], state: FlowState) -> None:
+        size = state.nbytes()
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            self._states[key] = state
+            self._states.move_to_end(key)
+            while sum(s.nbytes() for s in self._states.values()) > self.max_bytes:
+                self._states.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+
+@dataclass
+class _Sentence:
+    """One sentence's streaming progress: speech tokens, flow tokens encoded, current hop."""
+
+    prompt: FlowPrompt2
+    state: FlowState
+    hop: int
+    speech: list[int]
+    offset: int = 0  # speech tokens whose audio is out
+
+    @property
+    def encoded(self) -> int:
+        return self.state.encoder.tokens
+
+
+class CosyVoice2Engine:
+    """Owns the sessions of one CosyVoice2 bundle; every request's state lives in its own generator (thread-safe)."""
+
+    def __init__(
+        self,
+        bundle: ModelBundle,
+        sessions: Mapping[str, Any],
+        *,
+        llm: TokenGenerator | None = None,
+        gate: AcousticGate | None = None,
+        prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
+    ) -> None:
+        extra = bundle.manifest.cosyvoice2
+        if bundle.family != FAMILY_V2 or extra is None:
+            raise BundleError(f"{bundle.root}: not a CosyVoice2 bundle (family {bundle.family!r})")
+        c = bundle.constants
+        self.bundle, self.constants, self.extra = bundle, c, extra
+        self.sample_rate = c.sample_rate
+        self.runner = Qwen2Runner(sessions, c, extra)
+        self.llm: TokenGenerator = llm if llm is not None else self.runner
+        self.scheduler = llm if isinstance(llm, BatchScheduler) else None
+        noise = np.load(bundle.root / V2_NOISE_NAME, allow_pickle=False)
+        self.flow = FlowRunner2(sessions, c, extra, noise)
+        self.vocoder = Vocoder(HiFTRunner(sessions, c))
+        self.schedule = HopSchedule.of(extra, c.token_hop_len, c.token_max_hop_len, c.stream_scale_factor)
+        self.gate = gate
+        self.prompt_states = PromptStates(prompt_cache_bytes)
+
+    @classmethod
+    def load(cls, bundle: ModelBundle | str | Path, runtime: RuntimeOptions | None = None, **kwargs: Any) -> CosyVoice2Engine:
+        """Load a bundle, open its graphs, and start the batching scheduler / acoustic gate `runtime` asks for."""
+        loaded = bundle if isinstance(bundle, ModelBundle) else ModelBundle.load(bundle)
+        runtime = runtime or RuntimeOptions()
+        limit_malloc_arenas(runtime.malloc_arenas)
+        sessions = open_sessions(loaded, runtime, names=tuple(V2_GRAPH_IO))
+        runner = Qwen2Runner(sessions, loaded.constants, _extra(loaded))
+        gate = AcousticGate(runtime.acoustic_slots, nice=runtime.acoustic_nice) if runtime.acoustic_slots > 0 else None
+        llm: TokenGenerator = runner
+        if runtime.max_batch > 0:
+            yield_to = gate.first_audio_running if gate is not None and runtime.first_audio_priority else None
+            urgent = 4 * loaded.constants.token_hop_len  # a first chunk's tokens behind a long prompt's pad
+            llm = BatchScheduler(runner, max_batch=runtime.max_batch, yield_to=yield_to, urgent_tokens=urgent)
+        return cls(loaded, sessions, llm=llm, gate=gate, **kwargs)
+
+    def close(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.close()
+
+    # ---- requests -------------------------------------------------------------------------------
+    def synthesize(
+        self,
+        sentences: Sequence[Sequence[int]],
+        voice: Voice2,
+        options: SynthesisOptions = DEFAULT_OPTIONS,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[AudioChunk]:
+        """Audio for each sentence of text ids in `voice` (validation errors are raised here, work is lazy).
+
+        Streaming yields a chunk per hop as tokens arrive; otherwise one chunk per sentence (official
+        non-streaming flow: full attention over prompt and tokens). `speed` also streams (each chunk's mel is
+        stretched as it comes); the official allows it only without streaming.
+        """
+        texts = [list(map(int, s)) for s in sentences]
+        if not texts or any(not s for s in texts):
+            raise EmptyTextError("nothing to synthesize: no sentences, or an empty sentence")
+        self._check(voice, options)
+        llm_rng, noise_rng = np.random.default_rng(options.seed).spawn(2)
+        pace = Pacer(self.gate, self.sample_rate) if self.gate is not None else None
+        return self._sentences(texts, voice, options, llm_rng, noise_rng, cancel, pace)
+
+    def synthesize_tokens(
+        self,
+        speech_tokens: Sequence[int],
+        voice: Voice2,
+        options: SynthesisOptions = DEFAULT_OPTIONS,
+        *,
+        exact_final: bool = False,
+    ) -> Iterator[np.ndarray]:
+        """Flow + HiFT only: audio pieces for given speech tokens with the chunking `synthesize` uses.
+
+        `exact_final` makes the last streaming chunk the official one: a full-attention recompute of the
+        whole sequence (the official final call drops the streaming flag), not the cached chunk-causal solve.
+        """
+        tokens = [int(t) for t in speech_tokens]
+        if not tokens:
+            raise EmptyTextError("no speech tokens to vocode")
+        if min(tokens) < 0 or max(tokens) >= self.constants.speech_token_size:
+            raise InvalidInputError(f"speech tokens must be in 0..{self.constants.speech_token_size - 1}", param="speech_tokens")
+        self._check(voice, options)
+        rng = np.random.default_rng(options.seed).spawn(2)[1]
+        return (piece for piece, _ in self._sentence(iter(tokens), voice.flow, options, rng, None, None, exact_final))
+
+    def prompt_state(self, prompt: FlowPrompt2, n_timesteps: int, fingerprint: str) -> FlowState:
+        """The voice's prompt-only flow state (cached by fingerprint), as a copy this request may extend."""
+        key = (fingerprint, n_timesteps)
+        state = self.prompt_states.get(key)
+        if state is None:
+            state = self.flow.prompt_state(prompt, n_timesteps)
+            self.prompt_states.put(key, state)
+        return state.copy()
+
+    # ---- internals --------------------------------------------------------------------------------
+    def _check(self, voice: Voice2, options: SynthesisOptions) -> None:
+        c = self.constants
+        if voice.flow.embedding.shape != (c.spk_embed_dim,):
+            raise InvalidInputError(f"a voice's speaker embedding must have {c.spk_embed_dim} values", param="voice")
+        if not (math.isfinite(options.speed) and options.speed > 0):
+            raise InvalidInputError(f"speed must be a positive number, got {options.speed}", param="speed")
+        if options.n_timesteps is not None and options.n_timesteps < 1:
+            raise InvalidInputError(f"n_timesteps must be >= 1, got {options.n_timesteps}", param="n_timesteps")
+        hop = options.first_hop_tokens
+        if hop is not None and (hop < 1 or hop % self.schedule.chunk):
+            message = f"first_hop_tokens must be a positive multiple of {self.schedule.chunk}"
+            raise InvalidInputError(message, param="first_hop_tokens")
+
+    def _sentences(
+        self,
+        texts: list[list[int]],
+        voice: Voice2,
+        options: SynthesisOptions,
+        llm_rng: np.random.Generator,
+        noise_rng: np.random.Generator,
+        cancel: threading.Event | None,
+        pace: Pacer | None,
+    ) -> Iterator[AudioChunk]:
+        for index, ids in enumerate(texts):
+            if cancel is not None and cancel.is_set():
+                return
+            clock = time.perf_counter()
+            tokens = self.llm.generate(ids, voice.llm, llm_rng, cancel=cancel)
+            pieces = self._sentence(iter(tokens), voice.flow, options, noise_rng, pace, voice.fingerprint, False)
+            for audio, (last, flow_s, hift_s) in pieces:
+                llm_s = max(0.0, time.perf_counter() - clock - flow_s - hift_s)
+                timings = StageTimings(llm_s=llm_s, flow_s=flow_s, hift_s=hift_s)
+                yield AudioChunk(audio, index, last and index == len(texts) - 1, timings, sentence_end=last)
+                clock = time.perf_counter()
+                if cancel is not None and cancel.is_set():
+                    return
+
+    def _sentence(
+        self,
+        tokens: Iterator[int],
+        prompt: FlowPrompt2,
+        options: SynthesisOptions,
+        rng: np.random.Generator,
+        pace: Pacer | None,
+        fingerprint: str | None,
+        exact_final: bool,
+    ) -> Iterator[tuple[np.ndarray, tuple[bool, float, float]]]:
+        steps = options.n_timesteps or self.constants.n_timesteps
+        vocoder = VocoderStream(self.vocoder, rng)
+        if not options.stream:
+            speech = list(tokens)
+            mel, flow_s = self._whole(prompt, speech, steps, pace)
+            clock = time.perf_counter()
+            audio = vocoder.push(mel, final=True, speed=options.speed)
+            yield audio, (True, flow_s, time.perf_counter() - clock)
+            return
+        state = self.prompt_state(prompt, steps, fingerprint) if fingerprint else self.flow.prompt_state(prompt, steps)
+        base = options.first_hop_tokens or self.schedule.first
+        job = _Sentence(prompt, state, base + (-len(prompt.tokens)) % self.schedule.chunk, [])
+        stretch = StreamingStretch(options.speed) if options.speed != 1.0 else None
+        look = self.schedule.look_ahead
+        for token in tokens:
+            job.speech.append(int(token))
+            while len(job.speech) - job.offset >= job.hop + look:
+                yield self._chunk(job, vocoder, stretch, pace, final=False)
+                base = self.schedule.next_hop(base)  # the pad belongs to the first chunk only
+                job.hop = base
+        yield self._chunk(job, vocoder, stretch, pace, final=True, exact=exact_final)
+
+    def _chunk(
+        self,
+        job: _Sentence,
+        vocoder: VocoderStream,
+        stretch: StreamingStretch | None,
+        pace: Pacer | None,
+        *,
+        final: bool,
+        exact: bool = False,
+    ) -> tuple[np.ndarray, tuple[bool, float, float]]:
+        """Flow for the next hop (or the rest), then the vocoder; returns the audio and (final, flow s, hift s)."""
+        prompt_tokens = len(job.prompt.tokens)
+        seq = np.asarray([*job.prompt.tokens, *job.speech], dtype=np.int64)
+        end = len(seq) if final else prompt_tokens + job.offset + job.hop
+        start = job.encoded
+        clock = time.perf_counter()
+        with pace.turn() if pace is not None else _no_turn() as step_aside:
+            if final and exact:
+                mel, _ = self._whole(job.prompt, job.speech, len(job.state.steps), None)
+                mel = mel[:, 2 * job.offset :]
+            else:
+                context = seq[end : end + self.schedule.look_ahead]
+                mel = self.flow.advance(seq[start:end], context, job.prompt, job.state, between_steps=step_aside)
+                mel = mel[:, max(0, 2 * (prompt_tokens - start)) :]
+            flow_s = time.perf_counter() - clock
+            if stretch is not None:
+                mel = stretch.push(mel, final=final)
+            clock = time.perf_counter()
+            audio = vocoder.push(mel, final=final)
+        if pace is not None:
+            pace.delivered(audio.shape[0])
+        job.offset = end - prompt_tokens
+        return audio, (final, flow_s, time.perf_counter() - clock)
+
+    def _whole(self, prompt: FlowPrompt2, speech: list[int], steps: int, pace: Pacer | None) -> tuple[np.ndarray, float]:
+        """The official non-streaming flow: prompt + all tokens in one call, full attention -> mel (80, 2N), seconds."""
+        clock = time.perf_counter()
+        seq = np.asarray([*prompt.tokens, *speech], dtype=np.int64)
+        state = self.flow.empty_state(steps)
+        with pace.turn() if pace is not None else _no_turn() as step_aside:
+            mel = self.flow.advance(seq, seq[:0], prompt, state, full_attention=True, between_steps=step_aside)
+        return mel[:, 2 * len(prompt.tokens) :], time.perf_counter() - clock
+
+
+class _no_turn:
+    """A context manager that hands out a no-op step_aside (no acoustic gate)."""
+
+    def __enter__(self) -> Any:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _extra(bundle: ModelBundle) -> CosyVoice2Constants:
+    extra = bundle.manifest.cosyvoice2
+    if bundle.family != FAMILY_V2 or extra is None:
+        raise BundleError(f"{bundle.root}: not a CosyVoice2 bundle (family {bundle.family!r})")
+    return extra
