@@ -45,6 +45,22 @@ def tiny_bundle() -> Path:
     return TINY_BUNDLE
 
 
+@pytest.fixture(scope="session")
+def cv2_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small random CosyVoice2 checkpoint in the official layout, written by our torch modules (needs torch)."""
+    from cosyvoice2_checkpoint import build_checkpoint
+
+    return build_checkpoint(tmp_path_factory.mktemp("cv2-checkpoint") / "CosyVoice2-tiny")
+
+
+@pytest.fixture(scope="session")
+def cv2_bundle(cv2_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`cv2_checkpoint` exported with --verify --test-model --quantize int8 (the int8 twin beside it, `-int8`)."""
+    from cosyvoice2_checkpoint import export_checkpoint
+
+    return export_checkpoint(cv2_checkpoint, tmp_path_factory.mktemp("cv2-bundle") / "cv2")
+
+
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """A real redis-server on a free loopback port for one test module, stopped by PID afterwards."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -103,4 +105,21 @@ def build_checkpoint(out: Path, *, seed: int = 0, prompt_models: bool = True) ->
     torch.save(HiFTGenerator(cfg.hift).state_dict(), out / "hift.pt")
     if prompt_models:
         write_prompt_models(out)
+    return out
+
+
+EXPORT_FLAGS = ("--verify", "--test-model", "--quantize", "int8")
+
+
+def run_export(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """export/export_onnx.py in a child process (as a user runs it)."""
+    script = REPO / "export" / "export_onnx.py"
+    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True, timeout=1200, cwd=REPO)
+
+
+def export_checkpoint(checkpoint: Path, out: Path) -> Path:
+    """Export with EXPORT_FLAGS; fails the calling test with the exporter's stderr when it does not succeed."""
+    proc = run_export("--model-dir", checkpoint, "--out", out, *EXPORT_FLAGS)
+    if proc.returncode != 0 or "FAIL" in proc.stdout:
+        raise AssertionError(f"export failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return out

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from cosyvoice2_checkpoint import build_checkpoint
+from cosyvoice2_checkpoint import build_checkpoint, run_export
 
 from export.cosyvoice2.config import load_config
 from export.cosyvoice2.modules.flow import flow_noise
@@ -19,26 +17,16 @@ from export.onnx_io import OPSET
 from service.bundle import FAMILY_V2, MANIFEST_NAME, V2_GRAPH_IO, V2_NOISE_NAME, V2_TOKENIZER_NAME, ModelBundle, sha256_file
 
 pytestmark = pytest.mark.export
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "export" / "export_onnx.py"
-
-
-def run_export(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=900, cwd=REPO)
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_checkpoint(tmp_path_factory.mktemp("ck") / "CosyVoice2-tiny")
+def checkpoint(cv2_checkpoint: Path) -> Path:
+    return cv2_checkpoint
 
 
 @pytest.fixture(scope="module")
-def exported(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("bundle") / "cv2"
-    proc = run_export("--model-dir", checkpoint, "--out", out, "--verify", "--test-model", "--quantize", "int8")
-    assert proc.returncode == 0, proc.stderr
-    assert "FAIL" not in proc.stdout and proc.stdout.count("  ok") == len(V2_GRAPH_IO)
-    return out
+def exported(cv2_bundle: Path) -> Path:
+    return cv2_bundle
 
 
 def test_bundle_holds_every_cosyvoice2_graph_at_opset_13(exported: Path) -> None:

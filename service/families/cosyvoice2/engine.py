@@ -86,6 +86,15 @@ class PromptStates:
         return len(self._states)
 
 
+@dataclass(frozen=True)
+class MelChunk:
+    """A piece of a sentence's mel (80, frames) from the flow, and the seconds the flow took for it."""
+
+    mel: np.ndarray
+    final: bool
+    flow_s: float
+
+
 @dataclass
 class _Sentence:
     """One sentence's streaming progress: speech tokens, flow tokens encoded, current hop."""
@@ -240,6 +249,39 @@ class CosyVoice2Engine:
                 if cancel is not None and cancel.is_set():
                     return
 
+    def mel_chunks(
+        self,
+        tokens: Iterator[int],
+        prompt: FlowPrompt2,
+        options: SynthesisOptions = DEFAULT_OPTIONS,
+        *,
+        fingerprint: str | None = None,
+        exact_final: bool = False,
+        pace: Pacer | None = None,
+    ) -> Iterator[MelChunk]:
+        """The flow half of a sentence: mel chunks (80, 2 * tokens) as `tokens` arrive (one chunk without streaming).
+
+        Streaming chunks end on attention-chunk boundaries (prompt + first hop is a multiple of the chunk), so
+        each call continues exactly where the previous one stopped. `fingerprint` names the voice whose
+        prompt-only state may be cached; `exact_final` makes the last chunk the official full-attention one.
+        """
+        steps = options.n_timesteps or self.constants.n_timesteps
+        if not options.stream:
+            mel, flow_s = self._whole(prompt, list(tokens), steps, pace)
+            yield MelChunk(mel, True, flow_s)
+            return
+        state = self.prompt_state(prompt, steps, fingerprint) if fingerprint else self.flow.prompt_state(prompt, steps)
+        base = options.first_hop_tokens or self.schedule.first
+        job = _Sentence(prompt, state, base + (-len(prompt.tokens)) % self.schedule.chunk, [])
+        look = self.schedule.look_ahead
+        for token in tokens:
+            job.speech.append(int(token))
+            while len(job.speech) - job.offset >= job.hop + look:
+                yield self._flow_chunk(job, pace, final=False)
+                base = self.schedule.next_hop(base)  # the pad belongs to the first chunk only
+                job.hop = base
+        yield self._flow_chunk(job, pace, final=True, exact=exact_final)
+
     def _sentence(
         self,
         tokens: Iterator[int],
@@ -250,61 +292,35 @@ class CosyVoice2Engine:
         fingerprint: str | None,
         exact_final: bool,
     ) -> Iterator[tuple[np.ndarray, tuple[bool, float, float]]]:
-        steps = options.n_timesteps or self.constants.n_timesteps
+        """Audio pieces of one sentence with (final, flow seconds, vocoder seconds)."""
         vocoder = VocoderStream(self.vocoder, rng)
-        if not options.stream:
-            speech = list(tokens)
-            mel, flow_s = self._whole(prompt, speech, steps, pace)
+        stretch = StreamingStretch(options.speed) if options.stream and options.speed != 1.0 else None
+        for chunk in self.mel_chunks(tokens, prompt, options, fingerprint=fingerprint, exact_final=exact_final, pace=pace):
             clock = time.perf_counter()
-            audio = vocoder.push(mel, final=True, speed=options.speed)
-            yield audio, (True, flow_s, time.perf_counter() - clock)
-            return
-        state = self.prompt_state(prompt, steps, fingerprint) if fingerprint else self.flow.prompt_state(prompt, steps)
-        base = options.first_hop_tokens or self.schedule.first
-        job = _Sentence(prompt, state, base + (-len(prompt.tokens)) % self.schedule.chunk, [])
-        stretch = StreamingStretch(options.speed) if options.speed != 1.0 else None
-        look = self.schedule.look_ahead
-        for token in tokens:
-            job.speech.append(int(token))
-            while len(job.speech) - job.offset >= job.hop + look:
-                yield self._chunk(job, vocoder, stretch, pace, final=False)
-                base = self.schedule.next_hop(base)  # the pad belongs to the first chunk only
-                job.hop = base
-        yield self._chunk(job, vocoder, stretch, pace, final=True, exact=exact_final)
+            with pace.turn() if pace is not None else _no_turn():
+                mel = stretch.push(chunk.mel, final=chunk.final) if stretch is not None else chunk.mel
+                audio = vocoder.push(mel, final=chunk.final, speed=1.0 if options.stream else options.speed)
+            if pace is not None:
+                pace.delivered(audio.shape[0])
+            yield audio, (chunk.final, chunk.flow_s, time.perf_counter() - clock)
 
-    def _chunk(
-        self,
-        job: _Sentence,
-        vocoder: VocoderStream,
-        stretch: StreamingStretch | None,
-        pace: Pacer | None,
-        *,
-        final: bool,
-        exact: bool = False,
-    ) -> tuple[np.ndarray, tuple[bool, float, float]]:
-        """Flow for the next hop (or the rest), then the vocoder; returns the audio and (final, flow s, hift s)."""
+    def _flow_chunk(self, job: _Sentence, pace: Pacer | None, *, final: bool, exact: bool = False) -> MelChunk:
+        """Flow for the next hop (or the rest): the new tokens after what is encoded, with their look-ahead."""
         prompt_tokens = len(job.prompt.tokens)
         seq = np.asarray([*job.prompt.tokens, *job.speech], dtype=np.int64)
         end = len(seq) if final else prompt_tokens + job.offset + job.hop
         start = job.encoded
         clock = time.perf_counter()
-        with pace.turn() if pace is not None else _no_turn() as step_aside:
-            if final and exact:
-                mel, _ = self._whole(job.prompt, job.speech, len(job.state.steps), None)
-                mel = mel[:, 2 * job.offset :]
-            else:
+        if final and exact:
+            mel, _ = self._whole(job.prompt, job.speech, len(job.state.steps), pace)
+            mel = mel[:, 2 * job.offset :]
+        else:
+            with pace.turn() if pace is not None else _no_turn() as step_aside:
                 context = seq[end : end + self.schedule.look_ahead]
                 mel = self.flow.advance(seq[start:end], context, job.prompt, job.state, between_steps=step_aside)
-                mel = mel[:, max(0, 2 * (prompt_tokens - start)) :]
-            flow_s = time.perf_counter() - clock
-            if stretch is not None:
-                mel = stretch.push(mel, final=final)
-            clock = time.perf_counter()
-            audio = vocoder.push(mel, final=final)
-        if pace is not None:
-            pace.delivered(audio.shape[0])
+            mel = mel[:, max(0, 2 * (prompt_tokens - start)) :]
         job.offset = end - prompt_tokens
-        return audio, (final, flow_s, time.perf_counter() - clock)
+        return MelChunk(mel, final, time.perf_counter() - clock)
 
     def _whole(self, prompt: FlowPrompt2, speech: list[int], steps: int, pace: Pacer | None) -> tuple[np.ndarray, float]:
         """The official non-streaming flow: prompt + all tokens in one call, full attention -> mel (80, 2N), seconds."""

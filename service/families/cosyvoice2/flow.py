@@ -29,8 +29,11 @@ def _grow(old: np.ndarray, new: np.ndarray) -> np.ndarray:
 
 
 def input_type(session: Any, prefix: str) -> type[np.floating]:
-    """float16 when the graph's inputs named `prefix`* are float16 (an int8 twin's caches), else float32."""
-    inputs = getattr(session, "get_inputs", None)
+    """float16 when the graph's inputs named `prefix`* are float16 (an int8 twin's caches), else float32.
+
+    Reads through a ShrinkingSession to its InferenceSession; objects without `get_inputs` (test doubles) get float32.
+    """
+    inputs = getattr(getattr(session, "session", session), "get_inputs", None)
     if inputs is None:
         return np.float32
     types = {i.type for i in inputs() if i.name.startswith(prefix)}
