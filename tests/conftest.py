@@ -12,6 +12,7 @@ from servers import RedisServer
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "tests" / "reference"  # vendored copy of ../shared/reference (see its README.md)
 TINY_REF = REFERENCE / "tiny"
+TINY_COSYVOICE2_REF = REFERENCE / "tiny-cosyvoice2"  # generated here by scripts/cosyvoice2_*.py (see its README.md)
 TINY_BUNDLE = REPO / "models" / "tiny"
 # Apps built by tests listen for gRPC only where a test asks for it (tests/test_grpc.py): every app on the default
 # port 50000 would collide with the others and with a `make run` on this machine.
