@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from service.bundle import ModelBundle
+from service.bundle import FAMILY_V2, ModelBundle
 from service.engine.flow import FlowRunner
 from service.engine.hift import HiFTNoise, HiFTRunner, sine_excitation
 from service.engine.llm import LLMRunner
@@ -218,10 +218,15 @@ def run_verification(
     runtime: RuntimeOptions | None = None,
     on_check: Callable[[Check], None] | None = None,
 ) -> VerifyReport:
-    """Replay every fixture file present in `fixtures` (layout of tests/reference/tiny).
+    """Replay every fixture file present in `fixtures` (layout of tests/reference/tiny, or of tiny-cosyvoice2 for a
+    CosyVoice2 bundle).
 
     Missing files are listed in `report.skipped`; `on_check` sees each result as soon as it exists.
     """
+    if bundle.family == FAMILY_V2:
+        from service.families.cosyvoice2.verify import run_verification2  # it imports this module: late
+
+        return run_verification2(bundle, Path(fixtures), runtime, on_check)
     engines = Engines.open(bundle, runtime)
     report = VerifyReport()
 

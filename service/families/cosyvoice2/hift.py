@@ -67,10 +67,22 @@ class Vocoder:
         """Shape of the standard-normal draw one call of `frames` mel frames consumes."""
         return frames * self.samples_per_frame, self.constants.nb_harmonics + 1
 
-    def inference(self, mel: np.ndarray, cache_source: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Mel (80, T) -> (wav (L,), source (L,)); the source's first len(cache_source) samples are the cache's."""
-        f0 = self.runner.predict_f0(mel)
-        source = self.runner.source(sine_excitation2(f0, self.constants, noise))
+    def excitation(self, mel: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        """Source (L,) of mel (80, T): f0 graph, SineGen2 with `noise` (L, H), source graph."""
+        return self.runner.source(sine_excitation2(self.runner.predict_f0(mel), self.constants, noise))
+
+    def inference(
+        self, mel: np.ndarray, cache_source: np.ndarray, noise: np.ndarray | None, source: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Mel (80, T) -> (wav (L,), source (L,)); the source's first len(cache_source) samples are the cache's.
+
+        A given `source` (L,) is used as it is (parity checks replay a recorded excitation); else `noise` drives it.
+        """
+        if source is not None:
+            return self.runner.decode(mel, np.ascontiguousarray(source, dtype=np.float32)), source
+        if noise is None:
+            raise ValueError("the vocoder needs noise or a source")
+        source = self.excitation(mel, noise)
         n = cache_source.shape[-1]
         if n:
             source[:n] = cache_source
@@ -103,17 +115,18 @@ class VocoderStream:
         self.rng = rng
         self.cache: VocoderCache | None = None
 
-    def push(self, mel: np.ndarray, *, final: bool, speed: float = 1.0, noise: np.ndarray | None = None) -> np.ndarray:
-        """Audio (N,) float32 for the next chunk's mel (80, T); `noise` overrides the draw (parity checks)."""
+    def push(self, mel: np.ndarray, *, final: bool, speed: float = 1.0, source: np.ndarray | None = None) -> np.ndarray:
+        """Audio (N,) float32 for the next chunk's mel (80, T); `source` replays a recorded excitation (parity checks)."""
         cache = self.cache
         if cache is not None:
             mel = np.concatenate([cache.mel, mel], axis=1)
         elif final and speed != 1.0:
             mel = interpolate_linear(mel, int(mel.shape[1] / speed))
-        if noise is None:
+        noise = None
+        if source is None:
             noise = self.rng.standard_normal(self.vocoder.noise_shape(mel.shape[1]), dtype=np.float32)
         cached_source = cache.source if cache is not None else np.zeros(0, dtype=np.float32)
-        wav, source = self.vocoder.inference(mel, cached_source, noise)
+        wav, source = self.vocoder.inference(mel, cached_source, noise, source)
         if cache is not None:
             wav = fade_in_out(wav, cache.speech, self.window)
         if final:
