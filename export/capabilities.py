@@ -55,24 +55,20 @@ def plan_voices(
     with_prompt_models: bool = True,
     log: Callable[[str], None] = print,
     prompt_table: prompt_models.PromptTable = PROMPT_GRAPHS,
-    random_speakers: bool = True,
 ) -> VoicePlan:
     """Read speakers, check prompt models, and refuse a bundle that could voice nothing (ExportError, one line).
 
-    `prompt_table` names the family's prompt model files; `random_speakers` False gives a --random-init bundle no
-    built-in speakers (a family whose checkpoints ship none).
+    `prompt_table` names the family's prompt model files (v1's by default).
     """
-    speakers: dict[str, np.ndarray] = {}
-    if random_speakers or not random_init:
-        speakers = load_speakers(model_dir, embed_dim, random_init=random_init, seed=seed)
+    speakers = load_speakers(model_dir, embed_dim, random_init=random_init, seed=seed)
     models = prompt_models.find(model_dir, prompt_table) if with_prompt_models else {}
-    files = " + ".join(file for file, _, _ in prompt_table.values())
+    files = [file for file, _, _ in prompt_table.values()]
     if not with_prompt_models and prompt_models.present(model_dir, prompt_table):
-        log(f"note: --no-prompt-models: {files} left out, the bundle cannot clone voices")
+        log(f"note: --no-prompt-models: {'/'.join(files)} left out, the bundle cannot clone voices")
     if not speakers and not models:
         raise ExportError(
             f"{model_dir}: no built-in speakers ({checkpoint.SPEAKERS_FILE} missing or empty) and no prompt models "
-            f"({files}): the bundle could not voice anything"
+            f"({' + '.join(files)}): the bundle could not voice anything"
         )
     if instruct and not speakers:
         raise ExportError(

@@ -187,7 +187,6 @@ def run_export(opts: ExportOptions, log: Callable[[str], None] = print) -> Expor
         with_prompt_models=opts.prompt_models,
         log=log,
         prompt_table=V2_PROMPT_GRAPHS,
-        random_speakers=False,
     )
     inputs = _Inputs(cfg, VoicePlan(plan.speakers, plan.prompt_models, False, instruct2=True), tokenizer, source)
     models = build_models(cfg, opts)

@@ -121,7 +121,10 @@ class CosyVoice2Engine:
         llm: TokenGenerator | None = None,
         gate: AcousticGate | None = None,
         prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
+        official_final_chunk: bool = False,
     ) -> None:
+        """`official_final_chunk`: end every stream like the official code, with one full-attention flow pass over the
+        whole sentence for the last chunk (exact official audio, at the cost of that pass before the last audio)."""
         extra = bundle.manifest.cosyvoice2
         if bundle.family != FAMILY_V2 or extra is None:
             raise BundleError(f"{bundle.root}: not a CosyVoice2 bundle (family {bundle.family!r})")
@@ -137,6 +140,7 @@ class CosyVoice2Engine:
         self.schedule = HopSchedule.of(extra, c.token_hop_len, c.token_max_hop_len, c.stream_scale_factor)
         self.gate = gate
         self.prompt_states = PromptStates(prompt_cache_bytes)
+        self.official_final_chunk = official_final_chunk
 
     @classmethod
     def load(cls, bundle: ModelBundle | str | Path, runtime: RuntimeOptions | None = None, **kwargs: Any) -> CosyVoice2Engine:
@@ -240,7 +244,8 @@ class CosyVoice2Engine:
                 return
             clock = time.perf_counter()
             tokens = self.llm.generate(ids, voice.llm, llm_rng, cancel=cancel)
-            pieces = self._sentence(iter(tokens), voice.flow, options, noise_rng, pace, voice.fingerprint, False)
+            exact = self.official_final_chunk
+            pieces = self._sentence(iter(tokens), voice.flow, options, noise_rng, pace, voice.fingerprint, exact)
             for audio, (last, flow_s, hift_s) in pieces:
                 llm_s = max(0.0, time.perf_counter() - clock - flow_s - hift_s)
                 timings = StageTimings(llm_s=llm_s, flow_s=flow_s, hift_s=hift_s)

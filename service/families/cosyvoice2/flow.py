@@ -9,7 +9,6 @@ attention and empty caches.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -80,8 +79,11 @@ class FlowState:
         return self.encoder.nbytes() + sum(s.nbytes() for s in self.steps)
 
     def copy(self) -> FlowState:
-        """An independent copy (a saved voice's prompt state is continued by many requests)."""
-        return copy.deepcopy(self)
+        """A copy to continue (a voice's prompt state serves many requests). The arrays are shared, not copied: flow
+        calls replace a state's arrays with new ones and never write into them."""
+        e = self.encoder
+        encoder = EncoderState(e.look_ahead, e.up_tail, list(e.enc_k), list(e.enc_v), list(e.up_k), list(e.up_v), e.tokens)
+        return FlowState(encoder, [EstimatorState(s.tails, list(s.k), list(s.v)) for s in self.steps], self.frames)
 
 
 class FlowRunner2:
