@@ -45,15 +45,17 @@ def bundle_dirs(models: Path) -> dict[str, Path]:
 
 def _stale(path: Path, scheme: str) -> bool:
     """A quantized bundle written with another precision plan (or K/V cache type) than the current export code's."""
-    from export.quantize import HALF_KV_GRAPH, kv_cache_dtype, precision_plan
-    from service.bundle import ModelBundle
+    from export.quantize import FLOAT_TWIN_GRAPHS, HALF_KV_GRAPH, kv_cache_dtype, precision_plan
+    from service.bundle import FLOAT_SUFFIX, ModelBundle
 
     bundle = ModelBundle.load(path)
     graphs = bundle.manifest.graphs
     wanted = precision_plan(scheme)  # type: ignore[arg-type]
     if kv_cache_dtype(bundle.graph_path(HALF_KV_GRAPH)) != "float16":
         return True
-    return any(g.precision != wanted.get(name, "fp32") for name, g in graphs.items())
+    if any(name + FLOAT_SUFFIX not in graphs for name in FLOAT_TWIN_GRAPHS if name in wanted):
+        return True
+    return any(g.precision != wanted.get(name, "fp32") for name, g in bundle.manifest.graphs_in("core").items())
 
 
 def ensure_bundles(models: Path) -> dict[str, Path]:
