@@ -89,6 +89,13 @@ class Settings(BaseSettings):
         description="How streamed sentences are cut into chunks: 'adaptive' (a small first chunk, then each chunk "
         "large enough to cover making the next, from the measured rates) or 'official' (every hop 100 tokens).",
     )
+    first_hop_tokens: int | None = Field(
+        default=None,
+        ge=21,
+        le=400,
+        description="Speech tokens the first streamed chunk consumes (more than the 20-token overlap); empty = the "
+        "schedule's own (21 adaptive, 100 official).",
+    )
     prompt_window_s: float | None = Field(
         default=1.0,
         ge=0.0,

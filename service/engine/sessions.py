@@ -95,6 +95,7 @@ class RuntimeOptions:
     # How streamed sentences are cut into chunks: "adaptive" (service.engine.chunking) or "official" (the official
     # v1 boundaries: every hop token_hop_len).
     stream_schedule: StreamSchedule = "adaptive"
+    first_hop_tokens: int | None = None  # the first streamed chunk's hop; None: the schedule's own
     # Seconds of a cloned voice's prompt the flow sees with each streamed chunk; None: all of it (official).
     prompt_window_s: float | None = None
     # Runtime of the OPENVINO_GRAPHS: "auto" = OpenVINO in bf16 where the CPU computes bf16 natively (AVX-512 BF16,

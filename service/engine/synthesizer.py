@@ -188,6 +188,7 @@ class Synthesizer:
             sessions,
             llm=llm or runner,
             gate=gate,
+            first_hop_tokens=runtime.first_hop_tokens,
             schedule=schedule,
             prompt_window_s=runtime.prompt_window_s,
             meter=meter,
