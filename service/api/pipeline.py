@@ -46,8 +46,8 @@ class SpokenSentence:
 class AudioSink(Protocol):
     """How a transport frames what the pipeline produces (sent in this order for each sentence)."""
 
-    async def begin(self, index: int, text: str) -> None:
-        """Before the sentence's first audio."""
+    async def begin(self, index: int, text: str, start_s: float) -> None:
+        """Before the sentence's first audio, which will start at `start_s` on the timeline."""
 
     async def audio(self, index: int, seq: int, piece: bytes) -> None:
         """One piece of the sentence's audio; `seq` numbers the pieces of the whole pipeline from 0."""
@@ -218,7 +218,7 @@ class SpeechPipeline:
     async def _speak_one(self, index: int, text: str, job: SpeechJob | None) -> None:
         first_seq, start, counter, sent = self.seq, self.samples, self.counter(), 0
         self.speaking = index
-        await self.sink.begin(index, text)
+        await self.sink.begin(index, text, start / self.rate_hz)
         try:
             if job is not None:
                 sent = await self._send_audio(index, job, counter)

@@ -217,7 +217,7 @@ class SpeechStreamSession:
         await pipeline.cancel()
         await self.ws.send_json({"type": "cancelled", "last_seq": pipeline.seq - 1, "sentence": cut, "time": pipeline.time_s})
 
-    async def begin(self, index: int, text: str) -> None:
+    async def begin(self, index: int, text: str, start_s: float) -> None:
         """Nothing is sent before a sentence's audio in this protocol."""
 
     async def audio(self, index: int, seq: int, piece: bytes) -> None:
