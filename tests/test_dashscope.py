@@ -130,6 +130,17 @@ def test_streaming_call_gives_timed_sentences_on_the_audio_sent(server: AppServe
     assert abs(ends[-1]["sentence"]["end_time"] - len(recorder.audio) / 2 / 16000 * 1000) <= 1
 
 
+def test_streaming_flush_speaks_text_without_an_end_before_the_task_finishes(server: AppServer) -> None:
+    recorder = Recorder()
+    tts = synthesizer(server, format=AudioFormat.PCM_16000HZ_MONO_16BIT, callback=recorder)
+    tts.streaming_call("没有句号的一段话")
+    tts.streaming_flush()
+    wait_until(lambda: any(o["type"] == "sentence-end" for o in recorder.outputs), 60, "the flushed sentence's end")
+    assert not recorder.completed.is_set()
+    tts.streaming_complete()
+    assert recorder.completed.is_set() and [o["original_text"] for o in recorder.outputs][-1] == "没有句号的一段话"
+
+
 def test_wav_is_one_file_and_volume_scales_the_samples(server: AppServer) -> None:
     """wav: one RIFF header for the whole task. volume 100 is twice volume 50 (same seed, same audio), 0 is silence."""
     fmt = AudioFormat.WAV_22050HZ_MONO_16BIT
