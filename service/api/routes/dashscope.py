@@ -8,10 +8,12 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+from anyio.abc import TaskGroup
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from service.access import Caller, presented_key
@@ -68,7 +70,7 @@ class TaskSink:
     def _ms(self, seconds: float) -> int:
         return round((seconds + self.delay_s) * 1000)
 
-    async def _in_thread(self, work: Any, *args: Any) -> bytes:
+    async def _in_thread(self, work: Callable[..., bytes], *args: Any) -> bytes:
         return bytes(await anyio.to_thread.run_sync(work, *args, limiter=self.state.stream_threads))
 
 
@@ -98,7 +100,7 @@ class DashScopeSession:
         self.task: Task | None = None
         self.ended: deque[str] = deque(maxlen=ENDED_TASKS_KEPT)
         self.closed = False  # we closed the connection (a wrong key)
-        self._group: anyio.abc.TaskGroup | None = None
+        self._group: TaskGroup | None = None
 
     async def run(self) -> None:
         await self.ws.accept()  # always: the SDK can only report a refusal it receives as an event
@@ -172,9 +174,9 @@ class DashScopeSession:
                 await self._close(UNAUTHORIZED_CLOSE, close_reason(error))
             return
         self.task = task
-        await self._send(server_event(task.id, "task-started"))
         assert self._group is not None
-        self._group.start_soon(self._run, task)
+        self._group.start_soon(self._run, task)  # first: it gives the place back however the task ends
+        await self._send(server_event(task.id, "task-started"))  # before any output: the runner waits for text
         if message.payload.input.text:  # some clients send the first text with run-task
             await self._feed(task, message.payload.input.text)
 
