@@ -4,7 +4,6 @@ voices, so an app built on the `dashscope` SDK moves here by changing its WebSoc
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from collections import deque
@@ -295,7 +294,7 @@ class DashScopeSession:
 
     # ---- sending ------------------------------------------------------------------------------
     async def _send(self, body: dict[str, Any]) -> None:
-        await self.ws.send_text(json.dumps(body, ensure_ascii=False))
+        await self.ws.send_json(body)
 
     async def _close(self, code: int, reason: str) -> None:
         self.closed = True
