@@ -83,7 +83,7 @@ class SynthesisObserver:
         """A job completed; `timings` holds its per-stage seconds and audio length."""
 
     def cancelled(self) -> None:
-        """A job stopped early because its client went away."""
+        """A job stopped early: its client went away or cancelled it."""
 
     def request_done(self, transport: str, route: str, status: str, seconds: float) -> None:
         """A call over a non-HTTP transport ended (`grpc`, `websocket`) with its final status, after `seconds`."""
