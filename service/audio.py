@@ -328,3 +328,21 @@ def encode_complete(
         return wav_header(out_rate_hz, len(pcm) // 2) + pcm
     encoder = make_encoder(fmt, in_rate_hz, out_rate_hz, bitrate_kbps)
     return encoder.encode(audio) + encoder.finish()
+
+
+class Pcm16Transcoder:
+    """int16 little-endian PCM at `in_rate_hz` in, one stream of `fmt` at `out_rate_hz` out (a single header or
+    container for everything fed), after a linear `gain` (clipped at full scale)."""
+
+    def __init__(
+        self, fmt: AudioFormat, in_rate_hz: int, out_rate_hz: int, bitrate_kbps: int = DEFAULT_BITRATE_KBPS, gain: float = 1.0
+    ) -> None:
+        self.gain = gain
+        self._encoder = make_encoder(fmt, in_rate_hz, out_rate_hz, bitrate_kbps)
+
+    def encode(self, pcm: bytes) -> bytes:
+        samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
+        return self._encoder.encode(samples * self.gain if self.gain != 1.0 else samples)
+
+    def finish(self) -> bytes:
+        return self._encoder.finish()

@@ -18,7 +18,7 @@ from service.api.deps import AppState
 from service.api.docs import install_docs
 from service.api.errors import install_error_handlers
 from service.api.metrics import Metrics, RequestMetricsMiddleware
-from service.api.routes import lexicon, official, openai, ops, speech, stream, voices
+from service.api.routes import dashscope, lexicon, official, openai, ops, speech, stream, voices
 from service.api.routes.ops import STATIC_DIR
 from service.api.schemas import OPENAI_VOICES
 from service.rpc.server import GrpcServer
@@ -27,7 +27,16 @@ from service.settings import RENAMED, Settings, unknown_env_vars
 
 log = logging.getLogger(__name__)
 # Every router of the app; the admission middleware guards those of their routes that carry the synthesis guards.
-ROUTERS = (speech.router, official.router, openai.router, stream.router, voices.router, lexicon.router, ops.router)
+ROUTERS = (
+    speech.router,
+    official.router,
+    openai.router,
+    stream.router,
+    dashscope.router,
+    voices.router,
+    lexicon.router,
+    ops.router,
+)
 
 
 def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader = load_synthesizer) -> FastAPI:

@@ -78,6 +78,12 @@ class SpeechBody(BaseModel):
         "Default: WAV whole, every other format streamed. `stream_format=sse` always streams.",
     )
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="Extension (not in OpenAI's API): same seed, same audio.")
+    timestamps: bool = Field(
+        False,
+        description="Extension (not in OpenAI's API), with `stream_format=sse` only: a `speech.audio.sentence` event "
+        "after each sentence's audio, `{sentence, text, start, end}` with times in seconds of the decoded audio. "
+        "Such requests are never answered from the audio cache.",
+    )
 
     @property
     def voice_name(self) -> str:

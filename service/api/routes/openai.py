@@ -33,7 +33,7 @@ from service.api.schemas import (
 from service.api.streaming import chunked_response, sse_response, whole_response
 from service.audio import AudioFormat, parse_format
 from service.cloning import Voices
-from service.errors import UnknownModelError
+from service.errors import InvalidInputError, UnknownModelError
 from service.tts import SpeechRequest, TTSService
 
 router = APIRouter(prefix="/v1", tags=["openai"])
@@ -85,6 +85,8 @@ async def speech(request: Request, body: SpeechBody, service: ServiceDep, state:
             f"the model {body.model!r} does not exist; use one of {', '.join(model_ids(state))}", param="model"
         )
     fmt = parse_format(body.response_format, "response_format")
+    if body.timestamps and body.stream_format != "sse":
+        raise InvalidInputError("timestamps need stream_format 'sse' (they are events beside the audio)", param="timestamps")
     chunked = streamed(body, fmt)
     wanted = SpeechRequest(
         text=body.input,
@@ -99,6 +101,7 @@ async def speech(request: Request, body: SpeechBody, service: ServiceDep, state:
         max_chars=openai_max_chars(state),
         text_param="input",
         speaker_param="voice",
+        timestamps=body.timestamps,
     )
     wanted = await anyio.to_thread.run_sync(instructed, wanted, body.instructions, service, voices)
     job = await submit(service, wanted)
