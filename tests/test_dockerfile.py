@@ -21,7 +21,13 @@ REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "docker" / "Dockerfile"
 INSTALL_COMMAND = re.compile(r"^(\S*python3?(\.\d+)? -m venv |\S*python3?(\.\d+)? -m pip install |\S*pip3? install )")
 # RUN steps of the runtime stage that are not install steps: checked, but not replayed (they change the system).
-SYSTEM_COMMANDS = ("useradd ", "mkdir -p /app/data", "chown 10001:0 /app/data", "chmod 775 /app/data")  # user, voices volume
+SYSTEM_COMMANDS = (  # user, voices volume, the venv trimmed of what the service never loads
+    "useradd ",
+    "mkdir -p /app/data",
+    "chown 10001:0 /app/data",
+    "chmod 775 /app/data",
+    "--mount=type=bind,source=scripts/trim_venv.py,target=/tmp/trim_venv.py python3 /tmp/trim_venv.py .venv",
+)
 # Secrets, virtualenvs, checkpoints, bytecode and other bundles must never reach the Docker daemon.
 KEPT_OUT_OF_CONTEXT = (
     ".env",
