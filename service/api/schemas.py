@@ -74,8 +74,9 @@ class SpeechBody(BaseModel):
     stream: bool | None = Field(
         None,
         description="Extension (not in OpenAI's API): `true` sends audio as it is synthesized (chunked; WAV gets a "
-        "streaming header with unknown sizes), `false` sends the whole file with Content-Length and exact WAV sizes. "
-        "Default: WAV whole, every other format streamed. `stream_format=sse` always streams.",
+        "streaming header with unknown sizes, FLAC an unknown sample count), `false` sends the whole file with "
+        "Content-Length, exact WAV sizes and FLAC's sample count and MD5. Default: WAV and FLAC whole, every other "
+        "format streamed. `stream_format=sse` always streams.",
     )
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="Extension (not in OpenAI's API): same seed, same audio.")
 
