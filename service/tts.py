@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import logging
 import queue
 import threading
@@ -505,6 +506,17 @@ def _key_text(sentence: Sentence) -> str:
 
 def _join(audio: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(audio).astype(np.float32) if audio else np.zeros(0, dtype=np.float32)
+
+
+def decode_text(raw: bytes, what: str, param: str | None, charset: str = "utf-8") -> str:
+    """`raw` decoded as `charset` (strictly); InvalidInputError naming `what`, the first bad byte and its offset
+    otherwise. Every transport decodes request text with it: a GBK transcript is refused, never kept as mojibake."""
+    try:
+        return raw.decode(charset)
+    except UnicodeDecodeError as e:
+        name = codecs.lookup(charset).name.upper().replace("_", "-")
+        bad = f"byte 0x{raw[e.start]:02X} at offset {e.start}"
+        raise InvalidInputError(f"{what} is not valid {name} text ({bad}); encode text as UTF-8", param=param) from e
 
 
 def check_text(text: str, max_chars: int, param: str) -> None:

@@ -21,6 +21,7 @@ from service.api.metrics import Metrics, RequestMetricsMiddleware
 from service.api.routes import lexicon, official, openai, ops, speech, stream, voices
 from service.api.routes.ops import STATIC_DIR
 from service.api.schemas import OPENAI_VOICES
+from service.api.textfields import TextRoute
 from service.rpc.server import GrpcServer
 from service.runtime import EngineLoader, Runtime, load_synthesizer
 from service.settings import RENAMED, Settings, unknown_env_vars
@@ -71,6 +72,7 @@ def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader 
         redoc_url=None,  # ReDoc only exists as a CDN script
     )
     app.state.tts = state
+    app.router.route_class = TextRoute  # routes added on the app itself (/docs) read text strictly like the routers'
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, upload_bytes=settings.max_upload_bytes)
     # outside the body limit (a refusal reads no body), inside CORS (browsers can read a refusal)

@@ -73,6 +73,15 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+class RequestFieldError(StarletteHTTPException):
+    """A typed error found while the request body or query is parsed, where FastAPI lets only HTTP errors through
+    (it turns any other exception there into a bare "There was an error parsing the body")."""
+
+    def __init__(self, error: TTSError) -> None:
+        super().__init__(status_of(error), error.message)
+        self.error = error
+
+
 def status_of(error: TTSError, path: str = "") -> int:
     """HTTP status of `error` on `path`: the table, with OpenAI's statuses on OpenAI's own endpoints."""
     if path.startswith(OPENAI_ENDPOINTS) and error.code in OPENAI_STATUS:
@@ -138,6 +147,11 @@ def _json_error(error: dict[str, Any], document: object) -> InvalidInputError:
     return InvalidInputError(f"invalid JSON at line {line}, column {column}: {reason}")
 
 
+async def _on_request_field_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestFieldError)
+    return error_response(request.url.path, exc.error)
+
+
 async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = _HTTP_STATUS_CODES.get(exc.status_code, ErrorCode.INVALID_INPUT)
@@ -155,5 +169,6 @@ def install_error_handlers(app: FastAPI) -> None:
     """Route every error the app can raise through the table above."""
     app.add_exception_handler(TTSError, _on_tts_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(RequestFieldError, _on_request_field_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(Exception, _on_unexpected)

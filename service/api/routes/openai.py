@@ -31,12 +31,13 @@ from service.api.schemas import (
     VoiceList,
 )
 from service.api.streaming import chunked_response, sse_response, whole_response
+from service.api.textfields import TextRoute
 from service.audio import AudioFormat, parse_format
 from service.cloning import Voices
 from service.errors import UnknownModelError
 from service.tts import SpeechRequest, TTSService
 
-router = APIRouter(prefix="/v1", tags=["openai"])
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=TextRoute)
 OWNER = "cosyvoice-lite"
 
 

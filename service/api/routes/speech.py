@@ -13,11 +13,12 @@ from service.api.errors import ERROR_RESPONSES
 from service.api.routes.common import audio_headers, audio_responses, read_upload, submit
 from service.api.schemas import MAX_SEED, TTSBody
 from service.api.streaming import chunked_response, whole_response
+from service.api.textfields import TextRoute
 from service.audio import parse_format
 from service.cloning import PromptAudio
 from service.tts import SpeechRequest
 
-router = APIRouter(tags=["synthesis"])
+router = APIRouter(tags=["synthesis"], route_class=TextRoute)
 
 
 @router.post(
