@@ -158,6 +158,22 @@ def test_a_prompt_that_is_not_pcm_is_invalid_argument(channel: grpc.Channel) -> 
     assert error.code() is grpc.StatusCode.INVALID_ARGUMENT and "prompt_audio" in error.details()
 
 
+def test_a_whole_audio_file_as_prompt_audio_is_decoded_as_a_file(
+    server: tuple[AppServer, int], channel: grpc.Channel, ref_dir: Path
+) -> None:
+    """A common mistake: the WAV file itself as prompt_audio (raw 16 kHz PCM). It was cloned from its header bytes at
+    the wrong rate (this 24 kHz file at 16 kHz); it is recognised by its first bytes and decoded as a file."""
+    request = official_request("cross_lingual", tts_text="<|en|>Hello there.")
+    request.cross_lingual_request.prompt_audio = (ref_dir / "prompts" / "en_24k.wav").read_bytes()
+    audio = official_call(channel, request)
+    assert audio.size > MODEL_RATE_HZ // 4
+    wait_until(lambda: "cross_lingual_request.prompt_audio holds a WAV file" in server[0].log_text(), 10, "the log line")
+    request.cross_lingual_request.prompt_audio = request.cross_lingual_request.prompt_audio[:3000]  # a cut file
+    error = _code(channel, request)
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert "truncated" in error.details() and "cross_lingual_request.prompt_audio" in error.details()
+
+
 def _field(number: int, payload: bytes) -> bytes:
     """One length-delimited protobuf field (tag, varint length, bytes): strings go on the wire as they are given."""
     length, varint = len(payload), b""

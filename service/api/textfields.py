@@ -115,7 +115,7 @@ class TextRequest(Request):
         except _FieldError as e:
             raise RequestFieldError(e.error) from e
         except MultiPartException as e:
-            raise HTTPException(status_code=400, detail=e.message) from e
+            raise HTTPException(status_code=400, detail=f"the multipart/form-data body is malformed: {e.message}") from e
 
 
 def _check_charset(content_type: str) -> None:
