@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import codecs
+import contextvars
 import logging
 import queue
+import struct
 import threading
 import time
 import unicodedata
@@ -289,12 +291,14 @@ class TTSService:
     def submit(self, request: SpeechRequest) -> SpeechJob:
         """Prepare, look up the cache, else start a job. Raises the request's TTSError before any audio exists."""
         prepared = self.prepare(request)
-        cached = self.cache.get(prepared.cache_key)
-        if cached is not None:
-            return SpeechJob(prepared, cached=cached, timings=SpeechTimings(frontend_s=prepared.frontend_s))
+        entry = unpack_cached(self.cache.get(prepared.cache_key))
+        if entry is not None:
+            audio_s, data = entry  # the audio length comes with the bytes: SSE usage counts its tokens from it
+            return SpeechJob(prepared, cached=data, timings=SpeechTimings(frontend_s=prepared.frontend_s, audio_s=audio_s))
         job = SpeechJob(prepared, timings=SpeechTimings(frontend_s=prepared.frontend_s))
         self._admit(job)
-        self._pool.submit(self._run, job)
+        # the job thread runs in a copy of this context: its log lines carry the request's id (service.requestids)
+        self._pool.submit(contextvars.copy_context().run, self._run, job)
         return job
 
     def prepare(self, request: SpeechRequest) -> PreparedSpeech:
@@ -470,7 +474,24 @@ class TTSService:
             t.audio_s, t.total_s, t.rtf or 0.0, t.first_chunk_s or 0.0, t.queue_s,
         )  # fmt: skip
         if not job.cancel_event.is_set():
-            self.cache.put(job.prepared.cache_key, b"".join(pieces))
+            self.cache.put(job.prepared.cache_key, pack_cached(t.audio_s, b"".join(pieces)))
+
+
+_CACHED = struct.Struct("<4sd")  # an audio cache entry starts with b"TTS1" and the audio's length in seconds
+_CACHED_MAGIC = b"TTS1"
+
+
+def pack_cached(audio_s: float, data: bytes) -> bytes:
+    """An audio cache entry: the response bytes after a small header holding the audio's length in seconds."""
+    return _CACHED.pack(_CACHED_MAGIC, audio_s) + data
+
+
+def unpack_cached(entry: bytes | None) -> tuple[float, bytes] | None:
+    """(audio seconds, response bytes) of an entry written by pack_cached; None for a miss or anything else."""
+    if entry is None or len(entry) < _CACHED.size or not entry.startswith(_CACHED_MAGIC):
+        return None
+    _, audio_s = _CACHED.unpack_from(entry)
+    return float(audio_s), entry[_CACHED.size :]
 
 
 def with_pauses(

@@ -379,6 +379,23 @@ def test_openai_sse_events_carry_base64_audio_then_usage(client: TestClient) -> 
     assert usage["output_tokens"] == round(len(audio) / 2 / 24000 * 50)
 
 
+def test_sse_usage_of_a_cache_hit_counts_the_tokens_of_the_audio(client: TestClient) -> None:
+    """A cache hit reported output_tokens 0: the audio's length now comes with the cached bytes."""
+    body = {
+        "model": "tts-1",
+        "input": "Cached events.",
+        "voice": "alloy",
+        "response_format": "pcm",
+        "stream_format": "sse",
+        "seed": 41,
+    }
+    first, second = (client.post("/v1/audio/speech", json=body) for _ in range(2))
+    assert (first.headers["x-cache"], second.headers["x-cache"]) == ("miss", "hit")
+    done = [json.loads(r.text.strip().splitlines()[-1][len("data: ") :]) for r in (first, second)]
+    assert done[0]["type"] == done[1]["type"] == "speech.audio.done"
+    assert done[1]["usage"] == done[0]["usage"] and done[0]["usage"]["output_tokens"] > 0
+
+
 # ---- /inference_sft ---------------------------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.api.tracing import request_id_of
 from service.errors import (
     ErrorCode,
     InvalidInputError,
@@ -22,6 +23,7 @@ from service.errors import (
     TTSError,
     UnauthorizedError,
 )
+from service.requestids import HEADER
 
 log = logging.getLogger(__name__)
 
@@ -210,9 +212,11 @@ def _http_message(request: Request, exc: StarletteHTTPException) -> str:
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    # answered outside RequestIdMiddleware (Starlette's outermost layer sends it), so the id is added here
+    rid = request_id_of(request.scope)
+    log.exception("unhandled error on %s %s (request %s)", request.method, request.url.path, rid)
     body = error_body(request.url.path, ErrorCode.ENGINE_FAILURE, "internal error")
-    return JSONResponse(body, status_code=500)
+    return JSONResponse(body, status_code=500, headers={HEADER: rid} if rid else None)
 
 
 def install_error_handlers(app: FastAPI) -> None:

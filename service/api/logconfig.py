@@ -1,5 +1,5 @@
-"""Logging of the served app: our lines and uvicorn's in one place, and a client's broken WebSocket frame reported in
-one line instead of uvicorn's traceback."""
+"""Logging of the served app: our lines and uvicorn's, each written while a request is served naming its request id,
+and a client's broken WebSocket frame reported in one line instead of uvicorn's traceback."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Any
 
 from uvicorn.config import LOGGING_CONFIG
 
-SERVICE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+from service.requestids import RequestIdFilter
+
+SERVICE_FORMAT = "%(asctime)s %(levelname)s %(name)s%(request_tag)s: %(message)s"  # request_tag: " [<request id>]"
 # uvicorn's websockets-sansio protocol logs this with a traceback when a client's text frame is not UTF-8 (it then
 # closes the connection with 1007, as RFC 6455 requires): the client's fault, not ours, so one warning line.
 UVICORN_INVALID_UTF8 = "Invalid UTF-8 sequence received from client."
@@ -28,14 +30,20 @@ class ClientFaultFilter(logging.Filter):
 
 
 def uvicorn_log_config() -> dict[str, Any]:
-    """uvicorn's own logging config (pass it as `log_config`), with ClientFaultFilter on its error logger."""
+    """uvicorn's own logging config (pass it as `log_config`): ClientFaultFilter on its error logger, and the request
+    id at the end of every access line and of its other lines written while serving a request."""
     config = copy.deepcopy(LOGGING_CONFIG)
-    config.setdefault("filters", {})["client_faults"] = {"()": ClientFaultFilter}
+    config.setdefault("filters", {}).update(client_faults={"()": ClientFaultFilter}, request_id={"()": RequestIdFilter})
     config["loggers"]["uvicorn.error"]["filters"] = ["client_faults"]
+    for handler in config["handlers"].values():
+        handler["filters"] = ["request_id"]
+        config["formatters"][handler["formatter"]]["fmt"] += "%(request_tag)s"
     return config
 
 
 def configure(level: str) -> dict[str, Any]:
     """Set up our loggers at `level` ("info", ...) and return uvicorn's config for `uvicorn.run(log_config=...)`."""
     logging.basicConfig(level=level.upper(), format=SERVICE_FORMAT)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RequestIdFilter())
     return uvicorn_log_config()

@@ -16,6 +16,7 @@ from service.audio import AudioFormat
 from service.cloning import PromptAudio
 from service.engine.voice import Voice
 from service.errors import InvalidInputError, TTSError
+from service.requestids import HEADER, in_own_context, request_id
 from service.rpc import cosyvoice_pb2, cosyvoice_pb2_grpc
 from service.rpc.errors import GRPC_STATUS
 from service.rpc.parsing import MalformedRequest, parse_request
@@ -30,9 +31,14 @@ PROMPT_RATE_HZ = 16_000  # prompt_audio: raw int16 mono PCM at 16 kHz, as the of
 _KEY_HINT = "`authorization: Bearer <key>` or `x-api-key: <key>` metadata"
 
 
+def metadata_of(context: grpc.ServicerContext) -> dict[str, str]:
+    """The call's text metadata, keys lower-cased."""
+    return {k.lower(): v for k, v in context.invocation_metadata() if isinstance(v, str)}
+
+
 def caller_of(context: grpc.ServicerContext) -> Caller:
     """The API key in the call's metadata (Bearer or x-api-key), the peer's address and any x-forwarded-for."""
-    meta = {k.lower(): v for k, v in context.invocation_metadata() if isinstance(v, str)}
+    meta = metadata_of(context)
     key = presented_key(meta.get("authorization", ""), meta.get("x-api-key", ""))
     return Caller(key=key, peer=_peer_host(context.peer()), forwarded_for=meta.get("x-forwarded-for", ""), key_hint=_KEY_HINT)
 
@@ -54,6 +60,15 @@ class CosyVoiceServicer(cosyvoice_pb2_grpc.CosyVoiceServicer):
         self.runtime = runtime
 
     def Inference(  # the proto's method name
+        self, request: cosyvoice_pb2.Request | MalformedRequest, context: grpc.ServicerContext
+    ) -> Iterator[cosyvoice_pb2.Response]:
+        """The call under its request id (the client's `x-request-id` metadata, or a new one), sent back in the initial
+        metadata and named by every log line written for it."""
+        rid = request_id(metadata_of(context).get(HEADER))
+        context.send_initial_metadata(((HEADER, rid),))
+        return in_own_context(rid, self._call(request, context))
+
+    def _call(
         self, request: cosyvoice_pb2.Request | MalformedRequest, context: grpc.ServicerContext
     ) -> Iterator[cosyvoice_pb2.Response]:
         start, status = time.monotonic(), grpc.StatusCode.OK

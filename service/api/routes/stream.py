@@ -23,6 +23,7 @@ from service.api.errors import STATUS, field_of
 from service.api.routes.openai import resolve_voice
 from service.api.schemas import MAX_SEED
 from service.api.streaming import JobPieces
+from service.api.tracing import request_id_of
 from service.audio import AudioFormat, output_sample_rate
 from service.engine.voice import Voice
 from service.errors import EmptyTextError, EngineError, InvalidInputError, OverloadedError, TTSError
@@ -183,7 +184,8 @@ class SpeechStreamSession:
             "voice": speaker,
             "frame_header": "seq:u32be,sentence:u32be",
         }
-        await self.ws.send_json(ready | {"max_pending_chars": s.max_chars, "model": self.runtime.model_id})
+        limits = {"max_pending_chars": s.max_chars, "model": self.runtime.model_id, "request_id": request_id_of(self.ws.scope)}
+        await self.ws.send_json(ready | limits)
         return config, template
 
     async def _receive_text(self) -> str:
