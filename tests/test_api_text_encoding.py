@@ -4,6 +4,7 @@ tested with their real servers (tests/test_grpc.py, tests/test_ws_stream.py)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from service.api import create_app
-from service.api.textfields import TextRoute, parse_urlencoded
+from service.api.textfields import TextRoute, json_encoding_error, parse_urlencoded
 from service.errors import InvalidInputError
 from service.settings import Settings
 
@@ -145,3 +146,13 @@ def test_parse_urlencoded() -> None:
     assert info.value.param == "t" and "query parameter 't'" in info.value.message and "0xFF at offset 0" in info.value.message
     with pytest.raises(InvalidInputError):
         parse_urlencoded(b"a=1&b=2&c=3", max_fields=2)
+
+
+def test_naming_the_json_field_stays_linear_on_adversarial_bodies() -> None:
+    """The key search looks at most 4 KiB back, with a pattern of bounded repetition: a 1 MB body of near-keys costs
+    the same as a short one (budget as in tests/test_frontend_redos.py)."""
+    for seed in (b'"a', b'"' + b"a" * 63, b'"a":', b'"\\', b'":"'):
+        body = (seed * (1_000_000 // len(seed) + 1))[:1_000_000] + b"\xff"
+        start = time.perf_counter()
+        error = json_encoding_error(body, len(body) - 1)
+        assert time.perf_counter() - start < 1.5 and "offset 1000000" in error.message

@@ -86,7 +86,7 @@ class TextRequest(Request):
             try:
                 body.decode("utf-8")  # JSON is UTF-8 (RFC 8259); json.loads would guess UTF-16/32 or fail vaguely
             except UnicodeDecodeError as e:
-                raise RequestFieldError(_json_encoding_error(body, e.start)) from e
+                raise RequestFieldError(json_encoding_error(body, e.start)) from e
         return await super().json()
 
     async def _get_form(
@@ -131,7 +131,7 @@ def _check_charset(content_type: str) -> None:
         raise RequestFieldError(InvalidInputError(f"the Content-Type names an unknown charset {shown!r}; send UTF-8")) from e
 
 
-def _json_encoding_error(body: bytes, offset: int) -> InvalidInputError:
+def json_encoding_error(body: bytes, offset: int) -> InvalidInputError:
     """Where the first bad byte is, and the field it is in (the last object key before it, when there is one)."""
     keys = list(_JSON_KEY.finditer(body, max(0, offset - 4096), offset))
     field = keys[-1].group(1).decode("utf-8", "replace") if keys else None
