@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import codecs
+import contextvars
 import logging
 import queue
+import struct
 import threading
 import time
 import unicodedata
@@ -332,12 +335,15 @@ class TTSService:
     def submit(self, request: SpeechRequest) -> SpeechJob:
         """Prepare, look up the cache, else start a job. Raises the request's TTSError before any audio exists."""
         prepared = self.prepare(request)
-        cached = None if request.timestamps else self.cache.get(prepared.cache_key)  # stored bytes carry no marks
-        if cached is not None:
-            return SpeechJob(prepared, cached=cached, timings=SpeechTimings(frontend_s=prepared.frontend_s))
+        # stored bytes carry no sentence marks: a timestamped request is always synthesized
+        entry = None if request.timestamps else unpack_cached(self.cache.get(prepared.cache_key))
+        if entry is not None:
+            audio_s, data = entry  # the audio length comes with the bytes: SSE usage counts its tokens from it
+            return SpeechJob(prepared, cached=data, timings=SpeechTimings(frontend_s=prepared.frontend_s, audio_s=audio_s))
         job = SpeechJob(prepared, timings=SpeechTimings(frontend_s=prepared.frontend_s))
         self._admit(job)
-        self._pool.submit(self._run, job)
+        # the job thread runs in a copy of this context: its log lines carry the request's id (service.requestids)
+        self._pool.submit(contextvars.copy_context().run, self._run, job)
         return job
 
     def prepare(self, request: SpeechRequest) -> PreparedSpeech:
@@ -522,7 +528,24 @@ class TTSService:
             t.audio_s, t.total_s, t.rtf or 0.0, t.first_chunk_s or 0.0, t.queue_s,
         )  # fmt: skip
         if not job.cancel_event.is_set():
-            self.cache.put(job.prepared.cache_key, b"".join(pieces))
+            self.cache.put(job.prepared.cache_key, pack_cached(t.audio_s, b"".join(pieces)))
+
+
+_CACHED = struct.Struct("<4sd")  # an audio cache entry starts with b"TTS1" and the audio's length in seconds
+_CACHED_MAGIC = b"TTS1"
+
+
+def pack_cached(audio_s: float, data: bytes) -> bytes:
+    """An audio cache entry: the response bytes after a small header holding the audio's length in seconds."""
+    return _CACHED.pack(_CACHED_MAGIC, audio_s) + data
+
+
+def unpack_cached(entry: bytes | None) -> tuple[float, bytes] | None:
+    """(audio seconds, response bytes) of an entry written by pack_cached; None for a miss or anything else."""
+    if entry is None or len(entry) < _CACHED.size or not entry.startswith(_CACHED_MAGIC):
+        return None
+    _, audio_s = _CACHED.unpack_from(entry)
+    return float(audio_s), entry[_CACHED.size :]
 
 
 def with_pauses(
@@ -558,6 +581,17 @@ def _key_text(sentence: Sentence) -> str:
 
 def _join(audio: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(audio).astype(np.float32) if audio else np.zeros(0, dtype=np.float32)
+
+
+def decode_text(raw: bytes, what: str, param: str | None, charset: str = "utf-8") -> str:
+    """`raw` decoded as `charset` (strictly); InvalidInputError naming `what`, the first bad byte and its offset
+    otherwise. Every transport decodes request text with it: a GBK transcript is refused, never kept as mojibake."""
+    try:
+        return raw.decode(charset)
+    except UnicodeDecodeError as e:
+        name = codecs.lookup(charset).name.upper().replace("_", "-")
+        bad = f"byte 0x{raw[e.start]:02X} at offset {e.start}"
+        raise InvalidInputError(f"{what} is not valid {name} text ({bad}); encode text as UTF-8", param=param) from e
 
 
 def check_text(text: str, max_chars: int, param: str) -> None:

@@ -15,6 +15,7 @@ import av
 import numpy as np
 import pytest
 from api_bundles import flagged_bundle
+from audio_readers import flac_streaminfo, libsndfile_read_to_end, pcm_md5, pyav_read, soundfile_read
 from fastapi.testclient import TestClient
 
 from service.api import create_app
@@ -246,6 +247,46 @@ def test_a_streamed_v1_wav_keeps_the_streaming_header(client: TestClient) -> Non
     assert "content-length" not in resp.headers and resp.content[40:44] == b"\xff\xff\xff\xff"
 
 
+V1_FLAC = {"model": "tts-1", "input": TEXT, "voice": "alloy", "response_format": "flac", "seed": 33}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/tts", {"text": TEXT, "seed": 33, "format": "flac"}),
+        ("/v1/audio/speech", V1_FLAC),  # whole by default, like WAV
+        ("/v1/audio/speech", {**V1_FLAC, "stream": False}),
+    ],
+)
+def test_a_flac_that_is_not_streamed_states_its_length_and_soundfile_reads_it(
+    client: TestClient, path: str, body: dict[str, object]
+) -> None:
+    """soundfile (libsndfile) raised `array is too big` on these: STREAMINFO declared no sample count."""
+    resp = client.post(path, json=body)
+    assert resp.status_code == 200 and int(resp.headers["content-length"]) == len(resp.content)
+    samples, rate = soundfile_read(resp.content)
+    assert rate == 22050 and samples.size > 22050 * 0.3
+    assert flac_streaminfo(resp.content) == (22050, samples.size, pcm_md5(samples))
+    decoded, _, declared = pyav_read(resp.content)
+    assert np.array_equal(decoded, samples) and declared == pytest.approx(samples.size / 22050, abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/tts", {"text": TEXT, "seed": 33, "format": "flac", "stream": True}), ("/v1/audio/speech", {**V1_FLAC, "stream": True})],
+)
+def test_a_streamed_flac_decodes_to_the_end_with_libsndfile_and_ffmpeg(
+    client: TestClient, path: str, body: dict[str, object]
+) -> None:
+    as_wav = {**body, "format": "wav"} if path == "/tts" else {**body, "response_format": "wav"}
+    reference = wav_samples(client.post(path, json=as_wav).content)  # the same stream's samples, as WAV
+    resp = client.post(path, json=body)
+    assert resp.status_code == 200 and "content-length" not in resp.headers
+    assert flac_streaminfo(resp.content)[:2] == (22050, 0)  # the length is unknown when the header leaves
+    assert np.array_equal(libsndfile_read_to_end(resp.content), reference)
+    assert np.array_equal(pyav_read(resp.content)[0], reference)
+
+
 @pytest.mark.parametrize(
     ("path", "kwargs", "filename"),
     [
@@ -380,6 +421,23 @@ def test_openai_sse_timestamps_are_never_served_from_the_cache_and_need_sse(clie
     assert [e["type"] for e in sse_events(again)].count("speech.audio.sentence") == 1
     plain = client.post("/v1/audio/speech", json=body | {"stream_format": "audio", "timestamps": True})
     assert plain.status_code == 400 and error_of(plain)["param"] == "timestamps"
+
+
+def test_sse_usage_of_a_cache_hit_counts_the_tokens_of_the_audio(client: TestClient) -> None:
+    """A cache hit reported output_tokens 0: the audio's length now comes with the cached bytes."""
+    body = {
+        "model": "tts-1",
+        "input": "Cached events.",
+        "voice": "alloy",
+        "response_format": "pcm",
+        "stream_format": "sse",
+        "seed": 41,
+    }
+    first, second = (client.post("/v1/audio/speech", json=body) for _ in range(2))
+    assert (first.headers["x-cache"], second.headers["x-cache"]) == ("miss", "hit")
+    done = [json.loads(r.text.strip().splitlines()[-1][len("data: ") :]) for r in (first, second)]
+    assert done[0]["type"] == done[1]["type"] == "speech.audio.done"
+    assert done[1]["usage"] == done[0]["usage"] and done[0]["usage"]["output_tokens"] > 0
 
 
 # ---- /inference_sft ---------------------------------------------------------------------------

@@ -241,6 +241,26 @@ def test_bad_input_closes_with_a_4xx_code_and_a_json_reason(
     assert (got_code, reason["code"]) == (code, error), reason
 
 
+def test_a_text_frame_that_is_not_utf8_fails_the_connection_without_a_traceback(server: AppServer) -> None:
+    """RFC 6455 makes the server fail the connection (1007) before the app sees the frame; uvicorn logged a traceback."""
+    ws, _ = open_stream(server)
+    ws.send(b'{"type": "text", "text": "' + "希望你".encode("gbk") + b'"}', text=True)
+    drain(ws, 30)
+    assert ws.close_code == 1007
+    wait_until(lambda: "not valid UTF-8" in server.log_text(), 10, "the warning line")
+    assert "Traceback" not in server.log_text() and "Invalid UTF-8 sequence" not in server.log_text()
+    other, ready = open_stream(server)  # the server goes on serving
+    assert ready["type"] == "ready"
+    other.close()
+
+
+def test_a_lone_surrogate_in_the_text_is_invalid_input(server: AppServer) -> None:
+    ws, _ = open_stream(server)
+    ws.send('{"type": "text", "text": "\\ud800你好。"}')
+    code, reason = close_of(ws)
+    assert (code, reason["code"]) == (4400, "invalid_input"), reason
+
+
 def test_too_much_text_without_an_end_is_refused(server: AppServer) -> None:
     ws, ready = open_stream(server)
     send_text(ws, "字" * (ready["max_pending_chars"] + 1))

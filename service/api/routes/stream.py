@@ -8,18 +8,20 @@ import json
 import logging
 import struct
 import time
-from typing import Literal, TypeVar
+from collections.abc import Mapping
+from typing import Literal, TypeVar, get_args
 
 import anyio
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
 
 from service.access import Caller, presented_key
 from service.api.deps import AppState
-from service.api.errors import STATUS
+from service.api.errors import STATUS, field_of
 from service.api.pipeline import SpeechPipeline, SpokenSentence, reraise_first
 from service.api.routes.openai import resolve_voice
 from service.api.schemas import MAX_SEED
+from service.api.tracing import request_id_of
 from service.audio import AudioFormat, output_sample_rate
 from service.audio_timeline import sample_counter
 from service.engine.voice import Voice
@@ -51,9 +53,14 @@ class StreamConfig(BaseModel):
     )
     format: Literal["pcm", "mp3", "opus"] = "pcm"
     sample_rate: int | None = Field(None, description="pcm only: one of 8000, 16000, 22050, 24000, 44100, 48000.")
-    speed: float = Field(1.0, ge=0.5, le=2.0)
+    speed: float = Field(1.0, ge=0.5, le=2.0, allow_inf_nan=False)
     language: Literal["auto", "zh", "en", "ja", "ko", "yue"] = "auto"
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
+
+
+def _message_types(model: type[BaseModel]) -> tuple[str, ...]:
+    """The `type` values a message model takes (its Literal)."""
+    return tuple(str(v) for v in get_args(model.model_fields["type"].annotation))
 
 
 class TextMessage(BaseModel):
@@ -67,8 +74,12 @@ class ControlMessage(BaseModel):
     type: Literal["flush", "close", "cancel"]
 
 
-CONFIG_MESSAGE: TypeAdapter[StreamConfig] = TypeAdapter(StreamConfig)
-CLIENT_MESSAGE: TypeAdapter[TextMessage | ControlMessage] = TypeAdapter(TextMessage | ControlMessage)
+ClientMessage = TextMessage | ControlMessage
+JSON_OBJECT: TypeAdapter[dict[str, JsonValue]] = TypeAdapter(dict[str, JsonValue])
+CONFIG_MESSAGES: dict[str, TypeAdapter[StreamConfig]] = {"config": TypeAdapter(StreamConfig)}
+CLIENT_MESSAGES: dict[str, TypeAdapter[ClientMessage]] = {
+    kind: TypeAdapter(model) for model in (TextMessage, ControlMessage) for kind in _message_types(model)
+}
 
 
 def close_code(error: TTSError) -> int:
@@ -136,7 +147,7 @@ class SpeechStreamSession:
             raw = await self._receive_text()
         if scope.cancelled_caught:
             raise InvalidInputError(f"no config message within {CONFIG_TIMEOUT_S:g} s", param="config")
-        config = _parse(raw, CONFIG_MESSAGE)
+        config = _parse(raw, CONFIG_MESSAGES)
         fmt = AudioFormat(config.format)
         if config.sample_rate is not None and (fmt is not AudioFormat.PCM or config.sample_rate not in PCM_RATES):
             rates = ", ".join(map(str, PCM_RATES))
@@ -168,7 +179,8 @@ class SpeechStreamSession:
             "voice": speaker,
             "frame_header": "seq:u32be,sentence:u32be",
         }
-        await self.ws.send_json(ready | {"max_pending_chars": s.max_chars, "model": self.runtime.model_id})
+        limits = {"max_pending_chars": s.max_chars, "model": self.runtime.model_id, "request_id": request_id_of(self.ws.scope)}
+        await self.ws.send_json(ready | limits)
         return config, template
 
     async def _receive_text(self) -> str:
@@ -198,7 +210,7 @@ class SpeechStreamSession:
         """Client messages -> complete sentences. Blocks (stops reading) while the queued sentences hold
         `max_chars` characters; a `cancel` is acted on before the next message is read."""
         while True:
-            message = _parse(await self._receive_text(), CLIENT_MESSAGE)
+            message = _parse(await self._receive_text(), CLIENT_MESSAGES)
             if isinstance(message, ControlMessage) and message.type == "cancel":
                 await self._cancel(segmenter, pipeline)
                 continue
@@ -239,14 +251,26 @@ class SpeechStreamSession:
             pass  # the client is gone already
 
 
-def _parse(raw: str, adapter: TypeAdapter[T]) -> T:
-    """A client message read by `adapter`; InvalidInputError naming what is wrong."""
+def _parse(raw: str, adapters: Mapping[str, TypeAdapter[T]]) -> T:
+    """A client message: a JSON object whose `type` picks the model; InvalidInputError naming what is wrong, in the
+    protocol's terms (a field of that message, never the name of a model class)."""
     try:
-        return adapter.validate_json(raw)
+        document = JSON_OBJECT.validate_json(raw)
     except ValidationError as e:
         first = e.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or "message"
-        raise InvalidInputError(f"invalid message: {where}: {first['msg']}", param=where) from e
+        reason = f"the message is not valid JSON: {first['msg']}" if first["type"] == "json_invalid" else ""
+        raise InvalidInputError(reason or "the message must be a JSON object", param="message") from e
+    kind = document.get("type")
+    adapter = adapters.get(kind) if isinstance(kind, str) else None
+    if adapter is None:
+        given = f"unknown message type {kind!r}" if kind is not None else 'the message has no "type"'
+        raise InvalidInputError(f"{given}; this message must be one of: {', '.join(adapters)}", param="type")
+    try:
+        return adapter.validate_python(document)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = field_of(first["loc"]) or "message"
+        raise InvalidInputError(f"invalid {kind} message: {where}: {first['msg']}", param=where) from e
 
 
 @router.websocket(PATH, name="speech_stream")
