@@ -78,6 +78,7 @@ class Runtime:
         self.lexicon_store: RedisLexiconStore | None = None  # None: the lexicon lives in this process
         self._voices: Voices | None = None
         self.normalizer: dict[str, str] = {}
+        self.model_created = 0  # Unix time the bundle's manifest was written (OpenAI's `created`)
         self.closing = False
         self._in_flight = 0
         self._lock = threading.Lock()
@@ -128,6 +129,7 @@ class Runtime:
                  len(bundle.speakers), cache.backend)  # fmt: skip
         if bundle.manifest.warning:
             log.warning("%s", bundle.manifest.warning)
+        self.model_created = int((bundle.root / "manifest.json").stat().st_mtime)  # read here, not on an event loop
         self.bundle, self.normalizer = bundle, frontend.normalizer_info
         self._frontend, self._service, self._voices = frontend, service, voices
 

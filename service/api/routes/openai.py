@@ -142,12 +142,5 @@ def model_cards(state: AppState) -> list[ModelCard]:
     """Our model id, then the OpenAI aliases, each with the bundle's facts."""
     facts = model_facts(state).model_dump()
     description = state.bundle.manifest.description if state.bundle else ""
-    created = _created(state)
+    created = state.runtime.model_created
     return [ModelCard(id=m, created=created, owned_by=OWNER, description=description, **facts) for m in model_ids(state) if m]
-
-
-def _created(state: AppState) -> int:
-    """Unix time the bundle's manifest was written (OpenAI's `created`)."""
-    if state.bundle is None:
-        return 0
-    return int((state.bundle.root / "manifest.json").stat().st_mtime)

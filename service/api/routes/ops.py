@@ -51,7 +51,8 @@ def _readiness(status_code: int, status: str, engine: str, cache: str, detail: s
 
 @router.get("/metrics", response_class=Response, summary="Prometheus metrics")
 async def metrics(state: StateDep) -> Response:
-    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    body = await anyio.to_thread.run_sync(generate_latest, state.metrics.registry)  # walks every series: CPU work
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/info", response_model=ServiceInfo, summary="Model, speakers, formats and limits")
@@ -79,6 +80,6 @@ async def info(state: StateDep, service: ServiceDep) -> ServiceInfo:
 @router.get("/", response_class=FileResponse, include_in_schema=False)
 async def index() -> FileResponse:
     page = STATIC_DIR / "index.html"
-    if not page.is_file():
+    if not await anyio.to_thread.run_sync(page.is_file):
         raise NotFoundError("the web page is not installed")
     return FileResponse(page, media_type="text/html; charset=utf-8")

@@ -17,6 +17,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from service.access import Caller, presented_key
+from service.api.admission import check_gate
 from service.api.deps import AppState
 from service.api.errors import STATUS
 from service.api.routes.openai import resolve_voice
@@ -108,7 +109,7 @@ class SpeechStreamSession:
         await self.ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
         slot: Slot | None = None
         try:
-            self.runtime.gate.check(self._caller(offered))
+            await check_gate(self.runtime, self._caller(offered))  # Redis counters: off the event loop
             slot = self.runtime.claim()
             service = self.runtime.service
             config, template = await self._configure(service)
