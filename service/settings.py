@@ -174,7 +174,8 @@ class Settings(BaseSettings):
     public_model_list: bool = Field(
         default=True,
         description="GET /v1/models, /v1/models/{id}, /v1/audio/models and /v1/audio/voices answer without an API key "
-        "(Open WebUI lists them without one); a wrong key still gets 401, and synthesis always needs a key.",
+        "(Open WebUI lists them without one), and GET /v1/voices lists saved voices' ids and names (their details, "
+        "transcripts included, need a key); a wrong key still gets 401, and synthesis always needs a key.",
     )
 
     @field_validator("api_keys", "admin_api_keys", "trusted_proxies", "cors_allow_origins", mode="before")
