@@ -25,8 +25,9 @@ $(VENV)/.lite: requirements-lite.txt | $(BIN)/python
 	$(PIP) -r requirements-lite.txt
 	touch $@
 
-$(VENV)/.dev: requirements-lite.txt requirements-export.txt requirements-dev.txt | $(BIN)/python
+$(VENV)/.dev: requirements-lite.txt requirements-export.txt requirements-dev.txt requirements-pipecat.txt | $(BIN)/python
 	index="$$($(BIN)/python scripts/pip_index_args.py '$(TORCH_INDEX_URL)')" && $(PIP) $$index -r requirements-dev.txt
+	$(PIP) --no-deps --upgrade --target $(VENV)/pipecat -r requirements-pipecat.txt
 	touch $@ $(VENV)/.lite
 
 run: $(VENV)/.lite

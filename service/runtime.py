@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from service.access import ApiKeys, ClientIdentity, Gate
@@ -15,10 +15,10 @@ from service.cache import CacheStats, RedisLexiconStore, build_audio_cache
 from service.cloning import Voices
 from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import Synthesizer
-from service.errors import BundleError, NotReadyError, ShuttingDownError
+from service.errors import BundleError, NotReadyError, ShuttingDownError, TTSError
 from service.frontend import TextFrontend
 from service.ratelimit import RateLimiter
-from service.settings import Settings
+from service.settings import OPENAI_VOICES, Settings
 from service.tts import Engine, SynthesisObserver, TTSService
 from service.voices import AnalysisCache, DirectoryVoiceStore, RedisVoiceStore, VoiceStore
 
@@ -108,11 +108,14 @@ class Runtime:
         if watch_cache is not None:  # an observer that exports the cache's counters (the HTTP metrics)
             watch_cache(cache.stats)
         voices = self._load_voices(bundle, frontend)
+        aliases = voice_aliases(s.voice_aliases, tuple(bundle.speakers))
+        _warn_unknown_targets(s.voice_aliases, tuple(bundle.speakers), voices)
         service = TTSService(
             frontend,
             engine,
             cache,
             saved_voices=voices.resolve,
+            aliases=aliases,
             bundle_sha256=bundle.manifest_sha256,
             concurrency=s.concurrent_requests,
             queue_max=s.queue_max,
@@ -214,6 +217,27 @@ class Runtime:
     def _release(self) -> None:
         with self._lock:
             self._in_flight -= 1
+
+
+def voice_aliases(configured: Mapping[str, str], speakers: Sequence[str]) -> dict[str, str]:
+    """OpenAI voice name -> what it speaks as: TTS_VOICE_ALIASES over the defaults whose speaker the bundle has."""
+    defaults = {name: speaker for name, speaker in OPENAI_VOICES.items() if speaker in speakers}
+    return defaults | {name.lower(): target for name, target in configured.items()}
+
+
+def _warn_unknown_targets(configured: Mapping[str, str], speakers: Sequence[str], voices: Voices) -> None:
+    """A warning per alias whose target is no built-in speaker and no saved voice yet (it may be saved later)."""
+    for name, target in configured.items():
+        if target in speakers:
+            continue
+        try:
+            found = voices.store.get(target) is not None
+        except TTSError:  # the store (Redis) is down at start: the alias is checked when it is used
+            continue
+        if not found:
+            log.warning("TTS_VOICE_ALIASES: %s=%s names neither a built-in speaker (%s) nor a saved voice; requests "
+                        "for %r answer unknown_speaker until a voice named %r is saved", name, target,
+                        ", ".join(speakers), name, target)  # fmt: skip
 
 
 class Slot:

@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service.api.deps import ServiceDep, StateDep
 from service.api.routes.common import model_facts, openai_max_chars
-from service.api.schemas import FORMATS, OPENAI_VOICES, Health, Readiness, ServiceInfo
+from service.api.schemas import FORMATS, Health, Readiness, ServiceInfo
 from service.errors import NotFoundError, TTSError
 
 router = APIRouter(tags=["operations"])
@@ -65,7 +65,7 @@ async def info(state: StateDep, service: ServiceDep) -> ServiceInfo:
         speakers=speakers,
         default_speaker=state.settings.default_speaker,
         formats=FORMATS,
-        openai_voices={k: v for k, v in OPENAI_VOICES.items() if v in speakers},
+        openai_voices=service.aliases,
         openai_pcm_sample_rate_hz=state.settings.openai_pcm_sample_rate_hz,
         max_chars=state.settings.max_chars,
         openai_max_chars=openai_max_chars(state),

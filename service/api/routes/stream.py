@@ -20,7 +20,6 @@ from service.access import Caller, presented_key
 from service.api.admission import check_gate
 from service.api.deps import AppState
 from service.api.errors import STATUS
-from service.api.routes.openai import resolve_voice
 from service.api.schemas import MAX_SEED
 from service.api.streaming import JobPieces
 from service.audio import AudioFormat, output_sample_rate
@@ -148,7 +147,7 @@ class SpeechStreamSession:
             rates = ", ".join(map(str, PCM_RATES))
             raise InvalidInputError(f"sample_rate applies to pcm only, one of {rates}", param="sample_rate")
         s = self.state.settings
-        speaker = resolve_voice(config.voice or s.default_speaker, service.speakers)
+        speaker = service.voice_name(config.voice or s.default_speaker)  # an OpenAI name: what it speaks as
         probe = SpeechRequest(text="", speaker=speaker, speaker_param="voice")
         voice: Voice = await anyio.to_thread.run_sync(service.resolve_voice, probe)  # saved voices: resolved once
         template = SpeechRequest(
