@@ -216,6 +216,7 @@ class NormalizedSentence(BaseModel):
     text: str = Field(description="The sentence as it will be spoken.")
     ids: list[int] = Field(description="Whisper BPE token ids sent to the engine.")
     tokens: int
+    pause_after_s: float = Field(description="Silence inserted after the sentence (SSML breaks, `[pause …]`), seconds.")
 
 
 class LexiconRewrite(BaseModel):
