@@ -106,11 +106,17 @@ def test_an_alias_to_a_builtin_speaker_works_on_every_http_transport(client: Tes
     assert sft.status_code == 200 and len(sft.content) > 1000
 
 
-def test_the_websocket_speaks_as_the_target(client: TestClient) -> None:
+def ws_config(client: TestClient, voice: str) -> dict[str, object]:
     with client.websocket_connect("/v1/audio/speech/stream") as ws:
-        ws.send_text(json.dumps({"type": "config", "voice": "nova"}))
-        ready = ws.receive_json()
+        ws.send_text(json.dumps({"type": "config", "voice": voice}))
+        return dict(ws.receive_json())
+
+
+def test_the_websocket_speaks_as_the_target(client: TestClient) -> None:
+    ready = ws_config(client, "nova")
     assert ready["type"] == "ready" and ready["voice"] == "中文女", ready
+    missing = ws_config(client, "alloy")  # my-voice is not saved
+    assert missing["type"] == "error" and "'alloy' speaks as 'my-voice'" in str(missing["error"]), missing
 
 
 def test_grpc_speaks_as_the_target(client: TestClient, grpc_port: int) -> None:

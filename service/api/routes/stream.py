@@ -147,8 +147,9 @@ class SpeechStreamSession:
             rates = ", ".join(map(str, PCM_RATES))
             raise InvalidInputError(f"sample_rate applies to pcm only, one of {rates}", param="sample_rate")
         s = self.state.settings
-        speaker = service.voice_name(config.voice or s.default_speaker)  # an OpenAI name: what it speaks as
-        probe = SpeechRequest(text="", speaker=speaker, speaker_param="voice")
+        wanted = config.voice or s.default_speaker
+        speaker = service.voice_name(wanted)  # an OpenAI name: what it speaks as (named in `ready`)
+        probe = SpeechRequest(text="", speaker=wanted, speaker_param="voice")  # an error names what the client sent
         voice: Voice = await anyio.to_thread.run_sync(service.resolve_voice, probe)  # saved voices: resolved once
         template = SpeechRequest(
             text="",
