@@ -14,7 +14,16 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from service.bundle import GROUP_CORE, MANIFEST_NAME, Manifest, ModelConstants, relative_pe, sha256_file
+from service.bundle import (
+    FLOAT_SUFFIX,
+    GROUP_CORE,
+    GROUP_FLOAT,
+    MANIFEST_NAME,
+    Manifest,
+    ModelConstants,
+    relative_pe,
+    sha256_file,
+)
 
 Scheme = Literal["int8", "int4"]
 
@@ -26,6 +35,9 @@ INT8_GRAPHS = ("llm_encoder", "llm_step", "flow_encoder", "flow_estimator")
 # batch-1 speed. The encoder and the estimator run GEMM-shaped (many rows), where MatMulNBits does not
 # beat dynamic INT8 on this CPU, so they keep INT8.
 INT4_GRAPHS = ("llm_step",)
+# Quantized graphs that also get a float twin (fp16 weights): OpenVINO runs the estimator in bf16 1.5x faster than
+# ORT runs the int8 graph, but only from floating-point weights (on the int8 graph it is slower than ORT).
+FLOAT_TWIN_GRAPHS = ("flow_estimator",)
 INT4_BLOCK_SIZE = 128  # fewer scales than 32 and faster here (docs/benchmarks.md)
 INT4_ACCURACY_LEVEL = 4  # int8 activations x int4 weights on VNNI; levels 0/1 compute in fp32 (2x slower)
 # Graphs whose lookup tables (text 51866 x 512, speech 4096 x 1024 and 4096 x 512: 130 MB fp32) are kept as
@@ -153,7 +165,7 @@ def half_kv_cache(path: Path) -> int:
 
 
 def kv_cache_dtype(path: Path) -> str:
-    """"float16" or "float32": the element type of a decode graph's K/V cache inputs."""
+    """ "float16" or "float32": the element type of a decode graph's K/V cache inputs."""
     model = onnx.load(str(path), load_external_data=False)
     kinds = {v.type.tensor_type.elem_type for v in model.graph.input if v.name.startswith(KV_INPUT_PREFIXES)}
     return "float16" if kinds == {onnx.TensorProto.FLOAT16} else "float32"
@@ -191,11 +203,40 @@ def write_quantized_bundle(src_dir: Path, dst_dir: Path, manifest: Manifest, sch
             half_kv_cache(dst)
         if precision is not None:
             graphs[name] = replace(entry, sha256=sha256_file(dst), precision=precision)
+        if precision is not None and name in FLOAT_TWIN_GRAPHS:
+            twin = dst_dir / f"{name}{FLOAT_SUFFIX}.onnx"
+            half_weights(src, twin)
+            graphs[name + FLOAT_SUFFIX] = replace(
+                entry, file=twin.name, sha256=sha256_file(twin), precision="fp16", group=GROUP_FLOAT
+            )
     for name in manifest.files:
         shutil.copy2(src_dir / name, dst_dir / name)
     new = replace(manifest, graphs=graphs, precision=scheme, model=f"{manifest.model}-{scheme}")
     (dst_dir / MANIFEST_NAME).write_text(new.to_json(), encoding="utf-8")
     return new
+
+
+def half_weights(src: Path, dst: Path, min_values: int = 1024) -> int:
+    """Write `src` with its float32 initializers of `min_values` or more values stored as float16, each read through a
+    Cast to float32: the float twin of a quantized graph (half the bytes of fp32; runtimes that compute in bf16 read
+    the weights from it, service.engine.sessions). Returns how many initializers were halved."""
+    model = onnx.load(str(src))
+    graph = model.graph
+    halved, casts = [], []
+    for init in list(graph.initializer):
+        if init.data_type != onnx.TensorProto.FLOAT or int(np.prod(init.dims)) < min_values:
+            continue
+        half = numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16), init.name + "_fp16")
+        casts.append(helper.make_node("Cast", [half.name], [init.name], to=onnx.TensorProto.FLOAT, name=init.name + "_cast"))
+        graph.initializer.remove(init)
+        halved.append(half)
+    graph.initializer.extend(halved)
+    nodes = list(graph.node)
+    del graph.node[:]
+    graph.node.extend([*casts, *nodes])
+    onnx.checker.check_model(model)
+    onnx.save(model, str(dst))
+    return len(halved)
 
 
 def write_int8_bundle(src_dir: Path, dst_dir: Path, manifest: Manifest) -> Manifest:
