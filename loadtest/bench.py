@@ -45,7 +45,7 @@ def bundle_dirs(models: Path) -> dict[str, Path]:
 
 def _stale(path: Path, scheme: str) -> bool:
     """A quantized bundle written with another precision plan (or K/V cache type) than the current export code's."""
-    from export.quantize import FLOAT_TWIN_GRAPHS, HALF_KV_GRAPH, kv_cache_dtype, precision_plan
+    from export.quantize import FLOAT_TWIN_GRAPHS, FLOAT_TWIN_PRECISION, HALF_KV_GRAPH, kv_cache_dtype, precision_plan
     from service.bundle import FLOAT_SUFFIX, ModelBundle
 
     bundle = ModelBundle.load(path)
@@ -53,7 +53,8 @@ def _stale(path: Path, scheme: str) -> bool:
     wanted = precision_plan(scheme)  # type: ignore[arg-type]
     if kv_cache_dtype(bundle.graph_path(HALF_KV_GRAPH)) != "float16":
         return True
-    if any(name + FLOAT_SUFFIX not in graphs for name in FLOAT_TWIN_GRAPHS if name in wanted):
+    twins = [graphs.get(name + FLOAT_SUFFIX) for name in FLOAT_TWIN_GRAPHS if name in wanted]
+    if any(twin is None or twin.precision != FLOAT_TWIN_PRECISION for twin in twins):
         return True
     return any(g.precision != wanted.get(name, "fp32") for name, g in bundle.manifest.graphs_in("core").items())
 

@@ -43,9 +43,10 @@ PROMPT_GRAPHS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 PROMPT_GRAPH_NAMES: tuple[str, ...] = tuple(PROMPT_GRAPHS)
 GROUP_CORE = "core"
 GROUP_PROMPT = "prompt"
-# The optional "float" group: floating-point twins of core graphs that a quantized bundle stores in int8, for
-# runtimes that compute in bf16 instead (OpenVINO). A twin is named `<core name>_float`, has the core graph's inputs
-# and outputs, and stores its weights in float16 (precision "fp16") behind Cast nodes.
+# The optional "float" group: twins of core graphs that a quantized bundle computes in int8, computing in floating
+# point instead, for runtimes that compute in bf16 (OpenVINO). A twin is named `<core name>_float`, has the core
+# graph's inputs and outputs, and keeps its weights compressed (precision "int8-weights": int8 MatMul weights behind
+# DequantizeLinear, other weights float16 behind Cast; export/quantize.py float_twin).
 GROUP_FLOAT = "float"
 FLOAT_SUFFIX = "_float"
 
@@ -146,7 +147,7 @@ class GraphEntry:
 
     file: str
     sha256: str
-    precision: str  # "fp32", "int8" or "int4" (4-bit weight-only MatMulNBits)
+    precision: str  # "fp32", "int8", "int4" (4-bit weight-only MatMulNBits) or "int8-weights" (a float twin)
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     opset: int = 13

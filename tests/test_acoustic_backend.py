@@ -10,7 +10,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from export.quantize import FLOAT_TWIN_GRAPHS, half_weights, write_quantized_bundle
+from export.quantize import FLOAT_TWIN_GRAPHS, FLOAT_TWIN_PRECISION, float_twin, write_quantized_bundle
 from service.bundle import FLOAT_SUFFIX, GROUP_FLOAT, ModelBundle
 from service.engine import ov_session
 from service.engine.sessions import OPENVINO_GRAPHS, RuntimeOptions, graph_runtime, open_sessions
@@ -83,20 +83,20 @@ def test_quantized_bundles_carry_a_float_twin_for_openvino(int8_bundle: ModelBun
     for name in FLOAT_TWIN_GRAPHS:
         twin = int8_bundle.manifest.graphs[name + FLOAT_SUFFIX]
         core = int8_bundle.manifest.graphs[name]
-        assert (twin.group, twin.precision, core.precision) == (GROUP_FLOAT, "fp16", "int8")
+        assert (twin.group, twin.precision, core.precision) == (GROUP_FLOAT, FLOAT_TWIN_PRECISION, "int8")
         assert (twin.inputs, twin.outputs) == (core.inputs, core.outputs)
         assert int8_bundle.float_graph_path(name) == int8_bundle.root / twin.file
     assert int8_bundle.float_graph_path("hift_decode") == int8_bundle.graph_path("hift_decode")  # fp32 already
     chosen = graph_runtime(int8_bundle, "flow_estimator", RuntimeOptions(acoustic_backend="openvino"))
     assert chosen.backend == "openvino" and chosen.path.name == "flow_estimator_float.onnx"
-    # the twin computes what the fp32 graph computes, up to float16 weights
+    # the twin computes what the fp32 graph computes, up to its int8 (per column) and float16 weights
     feeds = estimator_feeds(seed=3)
     fp32 = ModelBundle.load(tiny_bundle).graph_path("flow_estimator")
     (want,) = ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"]).run(["v"], feeds)
     (got,) = ort.InferenceSession(str(int8_bundle.root / "flow_estimator_float.onnx"), providers=["CPUExecutionProvider"]).run(
         ["v"], feeds
     )
-    assert rel_rms(got, want) < 2e-3
+    assert rel_rms(got, want) < 0.05
 
 
 def test_an_int8_graph_without_a_twin_stays_on_ort(int8_bundle: ModelBundle, tmp_path: Path) -> None:
@@ -112,10 +112,10 @@ def test_an_int8_graph_without_a_twin_stays_on_ort(int8_bundle: ModelBundle, tmp
     assert graph_runtime(bundle, "hift_decode", RuntimeOptions(acoustic_backend="openvino")).backend == "openvino"
 
 
-def test_half_weights_halves_the_big_initializers(tiny_bundle: Path, tmp_path: Path) -> None:
+def test_the_float_twin_compresses_the_weights(tiny_bundle: Path, tmp_path: Path) -> None:
     src = ModelBundle.load(tiny_bundle).graph_path("flow_estimator")
-    n = half_weights(src, tmp_path / "twin.onnx")
-    assert n > 0 and (tmp_path / "twin.onnx").stat().st_size < 0.6 * src.stat().st_size
+    n = float_twin(src, tmp_path / "twin.onnx")
+    assert n > 0 and (tmp_path / "twin.onnx").stat().st_size < 0.6 * src.stat().st_size  # tiny: many small weights
 
 
 def test_a_synthesizer_on_openvino_streams_audio(tiny_bundle: Path) -> None:
@@ -135,3 +135,18 @@ def test_sessions_open_on_openvino_only_where_chosen(tiny_bundle: Path) -> None:
     sessions = open_sessions(bundle, RuntimeOptions(intra_op_threads=1, acoustic_backend="openvino"))
     kinds = {name: type(s).__name__ for name, s in sessions.items()}
     assert {n for n, k in kinds.items() if k == "OpenVINOSession"} == OPENVINO_GRAPHS
+
+
+def test_bf16_comes_from_the_cpu_flags(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n\nprocessor\t: 1\n")
+    assert ov_session.cpu_flags(cpuinfo) >= {"avx2", "avx512_bf16"}
+    assert ov_session.cpu_flags(tmp_path / "missing") == frozenset()
+    assert not {"avx2", "fma"} & ov_session.BF16_CPU_FLAGS  # an AVX2-only host never gets bf16 from "auto"
+
+
+def test_openvino_sends_no_usage_event() -> None:
+    import sys
+
+    ov_session._core()
+    assert sys.modules.get("openvino_telemetry", "absent") is None  # its converter falls back to its no-op stub

@@ -178,3 +178,26 @@ def test_a_slow_rate_limit_store_does_not_stall_http_admission(client: TestClien
         client, held_rate_limit, lambda: client.post("/tts", json={"text": "你好。", "format": "pcm"})
     )
     assert response.status_code == 200  # type: ignore[attr-defined]
+
+
+def dashscope_run_task(client: TestClient, voice: str) -> dict[str, Any]:
+    """Open the DashScope WebSocket, send run-task, return the first event's header (task-started or task-failed)."""
+    payload = {"model": "cosyvoice-v2", "task_group": "audio", "task": "tts", "function": "SpeechSynthesizer"}
+    params = {"voice": voice, "format": "pcm", "sample_rate": 16000}
+    message = {
+        "header": {"action": "run-task", "task_id": "t1", "streaming": "duplex"},
+        "payload": payload | {"parameters": params, "input": {}},
+    }
+    with client.websocket_connect("/api-ws/v1/inference") as ws:
+        ws.send_text(json.dumps(message))
+        return dict(ws.receive_json()["header"])
+
+
+def test_a_slow_rate_limit_store_does_not_stall_the_dashscope_admission(client: TestClient, held_rate_limit: Held) -> None:
+    header, _ = healthz_while_held(client, held_rate_limit, lambda: dashscope_run_task(client, "中文女"))
+    assert header["event"] == "task-started", header  # type: ignore[index]
+
+
+def test_a_slow_voice_store_does_not_stall_the_dashscope_task(client: TestClient, held_store: Held) -> None:
+    header, _ = healthz_while_held(client, held_store, lambda: dashscope_run_task(client, "nobody"))
+    assert header["event"] == "task-failed", header  # type: ignore[index]

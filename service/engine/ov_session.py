@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import queue
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -19,8 +20,14 @@ from service.errors import BundleError
 OVPrecision = Literal["bf16", "f32"]
 
 
+BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
 @functools.cache
 def _core() -> Any:
+    # `import openvino` imports its model converter, which sends a usage event through openvino_telemetry when that
+    # package imports; a None entry makes the import fail and the converter use its own no-op stub instead
+    sys.modules.setdefault("openvino_telemetry", None)  # type: ignore[arg-type]  # None: "this import fails"
     import openvino
 
     return openvino.Core()
@@ -35,10 +42,21 @@ def available() -> bool:
     return True
 
 
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The CPU's feature flags as Linux lists them (empty where there is no /proc/cpuinfo)."""
+    try:
+        text = cpuinfo.read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return frozenset()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+@functools.cache
 def native_bf16() -> bool:
-    """True when OpenVINO's CPU plugin computes bf16 natively here (AVX-512 BF16 or AMX); False where it would be
-    emulated (AVX2-only hosts) or OpenVINO is missing."""
-    if not available():
+    """True when the CPU computes bf16 natively (AVX-512 BF16 or AMX) and OpenVINO's CPU plugin says it will use it;
+    False where bf16 would be emulated (AVX2-only hosts: then openvino is not even imported) or OpenVINO is missing."""
+    if not cpu_flags() & BF16_CPU_FLAGS or not available():
         return False
     try:
         capabilities = _core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
