@@ -49,6 +49,7 @@ def runtime_options(s: Settings) -> RuntimeOptions:
         first_hop_tokens=s.first_hop_tokens,
         prompt_window_s=s.prompt_window_s,
         acoustic_backend=s.acoustic_backend,
+        compiled_cache_dir=s.cache_dir.expanduser() if s.cache_dir is not None else None,
     )
 
 

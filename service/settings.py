@@ -209,6 +209,11 @@ class Settings(BaseSettings):
     cache_ttl_s: int = Field(default=86_400, ge=1, le=30 * 86_400, description="Lifetime of a Redis audio cache entry.")
 
     # voices
+    cache_dir: Path | None = Field(
+        default=Path("~/.cache/cosyvoice-lite"),
+        description="Where compiled graphs are kept between starts (OpenVINO's model cache: faster starts, less "
+        "memory); `~` is the user's home; empty = none. Unwritable: a warning at start, and no cache.",
+    )
     voices_dir: Path = Field(
         default=Path("data/voices"),
         description="Directory of saved voices when TTS_REDIS_URL is empty (created if missing; survives restarts). "
@@ -283,6 +288,11 @@ class Settings(BaseSettings):
     @classmethod
     def _all_is_none(cls, value: object) -> object:
         return None if isinstance(value, str) and value.strip().lower() in ("all", "none", "") else value
+
+    @field_validator("cache_dir", mode="before")
+    @classmethod
+    def _empty_dir_is_none(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("redis_url", mode="before")
     @classmethod

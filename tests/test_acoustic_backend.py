@@ -150,3 +150,26 @@ def test_openvino_sends_no_usage_event() -> None:
 
     ov_session._core()
     assert sys.modules.get("openvino_telemetry", "absent") is None  # its converter falls back to its no-op stub
+
+
+def test_compiled_graphs_are_cached_by_a_child_process(tiny_bundle: Path, tmp_path: Path) -> None:
+    path = ModelBundle.load(tiny_bundle).graph_path("hift_f0")
+    cache = tmp_path / "cache"
+    assert ov_session.warm_cache(path, "ab" * 32, 1, "f32", cache) == cache
+    markers = list(cache.glob("abababababababab-f32-1-*.ready"))
+    assert len(markers) == 1 and any(p.suffix != ".ready" for p in cache.iterdir())  # the compiled blob beside it
+    assert ov_session.warm_cache(path, "ab" * 32, 1, "f32", cache) == cache  # warm: no second compile
+    session = ov_session.OpenVINOSession(path, 1, "f32", cache)
+    (f0,) = session.run(["f0"], {"mel": np.zeros((1, 80, 12), np.float32) - 5})
+    assert f0.shape == (1, 12)
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    assert ov_session.warm_cache(path, "cd" * 32, 1, "f32", blocked / "cache") is None  # unusable: no cache, no error
+
+
+def test_the_service_caches_compiled_graphs_where_settings_say(tiny_bundle: Path, tmp_path: Path) -> None:
+    opts = runtime_options(Settings(_env_file=None, model_dir=tiny_bundle, cache_dir=tmp_path / "c"))  # type: ignore[call-arg]
+    assert opts.compiled_cache_dir == tmp_path / "c"
+    assert runtime_options(Settings(_env_file=None, model_dir=tiny_bundle, cache_dir="")).compiled_cache_dir is None  # type: ignore[call-arg, arg-type]
+    home = runtime_options(Settings(_env_file=None, model_dir=tiny_bundle)).compiled_cache_dir  # type: ignore[call-arg]
+    assert home == Path.home() / ".cache" / "cosyvoice-lite"

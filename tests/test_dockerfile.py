@@ -26,7 +26,8 @@ SYSTEM_COMMANDS = (  # user, voices volume, the venv trimmed of what the service
     "mkdir -p /app/data",
     "chown 10001:0 /app/data",
     "chmod 775 /app/data",
-    "--mount=type=bind,source=scripts/trim_venv.py,target=/tmp/trim_venv.py python3 /tmp/trim_venv.py .venv",
+    "python3 trim_venv.py .venv",
+    "rm trim_venv.py",
 )
 # Secrets, virtualenvs, checkpoints, bytecode and other bundles must never reach the Docker daemon.
 KEPT_OUT_OF_CONTEXT = (

@@ -102,6 +102,9 @@ class RuntimeOptions:
     # AMX) and the openvino package is installed, else ORT; "ort"; "openvino" (bf16 where native, else f32).
     # The engine's own default is ORT (parity checks, tools); the service's setting defaults to "auto".
     acoustic_backend: AcousticBackend = "ort"
+    # Where OpenVINO keeps compiled graphs (imported at every start after the first: faster, and 0.19 GB less resident
+    # for the full-size estimator); None: compile in this process at every start.
+    compiled_cache_dir: Path | None = None
 
     def __post_init__(self) -> None:
         stage_threads = [t for t in (self.llm_threads, self.acoustic_threads) if t is not None]
@@ -277,6 +280,7 @@ class GraphRuntime:
     backend: Literal["ort", "openvino"]
     path: Path
     precision: str = "fp32"
+    fingerprint: str = ""  # sha256 of the file at `path`, from the manifest
 
 
 def graph_runtime(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> GraphRuntime:
@@ -298,22 +302,26 @@ def graph_runtime(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> Graph
     path = bundle.float_graph_path(name)
     if path is None:
         return ort_runtime
-    return GraphRuntime("openvino", path, "bf16" if native else "f32")
+    entry = next(g for g in bundle.manifest.graphs.values() if bundle.root / g.file == path)
+    return GraphRuntime("openvino", path, "bf16" if native else "f32", entry.sha256)
 
 
 def _open_openvino(runtime: GraphRuntime, opts: RuntimeOptions, name: str) -> Any:
-    from service.engine.ov_session import OpenVINOSession
+    from service.engine.ov_session import OpenVINOSession, warm_cache
 
     threads = opts.threads_for(graph_stage(name))
     precision: Literal["bf16", "f32"] = "bf16" if runtime.precision == "bf16" else "f32"
+    cache = opts.compiled_cache_dir
+    if cache is not None:
+        cache = warm_cache(runtime.path, runtime.fingerprint, threads, precision, cache)
     if opts.acoustic_nice <= 0:
-        return OpenVINOSession(runtime.path, threads, precision)
+        return OpenVINOSession(runtime.path, threads, precision, cache)
     result: dict[str, Any] = {}
 
     def target() -> None:  # compiled at lower priority: OpenVINO's worker threads inherit it
         lower_thread_priority(opts.acoustic_nice)
         try:
-            result["session"] = OpenVINOSession(runtime.path, threads, precision)
+            result["session"] = OpenVINOSession(runtime.path, threads, precision, cache)
         except BundleError as e:
             result["error"] = e
 
