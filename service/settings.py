@@ -12,6 +12,25 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 ENV_PREFIX = "TTS_"
 MiB = 1 << 20
+MAX_VOICE_NAME_CHARS = 64
+
+# OpenAI voice name -> the built-in speaker it speaks as unless TTS_VOICE_ALIASES says otherwise. CosyVoice-300M-SFT
+# has one English woman and one English man, so the OpenAI voices map by their usual perceived gender.
+OPENAI_VOICES: dict[str, str] = {
+    "alloy": "英文女",
+    "coral": "英文女",
+    "nova": "英文女",
+    "sage": "英文女",
+    "shimmer": "英文女",
+    "marin": "英文女",
+    "ash": "英文男",
+    "ballad": "英文男",
+    "echo": "英文男",
+    "fable": "英文男",
+    "onyx": "英文男",
+    "verse": "英文男",
+    "cedar": "英文男",
+}
 
 
 def _split_csv(value: object) -> object:
@@ -19,6 +38,21 @@ def _split_csv(value: object) -> object:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
+
+
+def _split_pairs(value: object) -> object:
+    """Accept `a=x,b=y` from the environment (and plain dicts from code); names are case-insensitive."""
+    if not isinstance(value, str):
+        return value
+    pairs: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in value.split(","))):
+        name, sep, target = (x.strip() for x in part.partition("="))
+        if not sep or not name or not target:
+            raise ValueError(f"{part!r} is not a name=voice pair (e.g. alloy=my-voice)")
+        if name.lower() in pairs:
+            raise ValueError(f"{name!r} is given twice")
+        pairs[name.lower()] = target
+    return pairs
 
 
 class Settings(BaseSettings):
@@ -113,6 +147,14 @@ class Settings(BaseSettings):
     default_speaker: str = Field(
         default="中文女", min_length=1, max_length=64, description="Speaker used when a request names none."
     )
+    voice_aliases: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="Comma-separated `openai-name=voice` pairs, e.g. `alloy=my-voice,nova=中文女`: the built-in speaker "
+        "or saved voice an OpenAI voice name speaks as, on every transport (for clients that accept only OpenAI "
+        "names); names not given keep their default (alloy, coral, nova, sage, shimmer, marin → 英文女; ash, ballad, "
+        "echo, fable, onyx, verse, cedar → 英文男). A target that is neither a built-in speaker nor a saved voice at "
+        "start is logged as a warning (the voice may be saved later).",
+    )
     warmup_text: str = Field(
         default="你好。", min_length=1, max_length=200, description="Text synthesized at start and by /readyz probes."
     )
@@ -204,7 +246,8 @@ class Settings(BaseSettings):
     public_model_list: bool = Field(
         default=True,
         description="GET /v1/models, /v1/models/{id}, /v1/audio/models and /v1/audio/voices answer without an API key "
-        "(Open WebUI lists them without one); a wrong key still gets 401, and synthesis always needs a key.",
+        "(Open WebUI lists them without one), and GET /v1/voices lists saved voices' ids and names (their details, "
+        "transcripts included, need a key); a wrong key still gets 401, and synthesis always needs a key.",
     )
 
     @field_validator("api_keys", "admin_api_keys", "trusted_proxies", "cors_allow_origins", mode="before")
@@ -218,6 +261,21 @@ class Settings(BaseSettings):
         if any(len(k.get_secret_value()) < 8 for k in value):
             raise ValueError("every API key needs at least 8 characters")
         return value
+
+    @field_validator("voice_aliases", mode="before")
+    @classmethod
+    def _pairs(cls, value: object) -> object:
+        return _split_pairs(value)
+
+    @field_validator("voice_aliases")
+    @classmethod
+    def _openai_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, target in value.items():
+            if name.lower() not in OPENAI_VOICES:
+                raise ValueError(f"{name!r} is not an OpenAI voice name (one of {', '.join(OPENAI_VOICES)})")
+            if target.lower() in OPENAI_VOICES or len(target) > MAX_VOICE_NAME_CHARS:
+                raise ValueError(f"{name}={target}: the target must be a built-in speaker or a saved voice's name")
+        return {name.lower(): target for name, target in value.items()}
 
     @field_validator("trusted_proxies")
     @classmethod

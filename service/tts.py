@@ -10,7 +10,7 @@ import struct
 import threading
 import time
 import unicodedata
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -287,10 +287,12 @@ class TTSService:
         n_timesteps: int | None = None,
         observer: SynthesisObserver | None = None,
         saved_voices: VoiceResolver | None = None,
+        aliases: Mapping[str, str] | None = None,
     ) -> None:
         self.frontend = frontend
         self.engine = engine
         self.saved_voices = saved_voices
+        self.aliases = dict(aliases or {})  # lower-case name -> the speaker or saved voice it speaks as
         self.cache = cache
         self.bundle_sha256 = bundle_sha256
         self.concurrency = concurrency
@@ -370,17 +372,30 @@ class TTSService:
         mtype = media_type(request.fmt, rate)
         return PreparedSpeech(request, tuple(sentences), key, rate, mtype, started, time.monotonic() - started, voice)
 
+    def voice_name(self, name: str) -> str:
+        """The speaker or saved voice `name` speaks as: a built-in speaker as it is, an alias (an OpenAI voice name,
+        case-insensitive: the defaults and TTS_VOICE_ALIASES) as its target, any other name as it is."""
+        if name in self.engine.speakers:
+            return name
+        return self.aliases.get(name.lower(), name)
+
     def resolve_voice(self, request: SpeechRequest) -> Voice:
-        """The request's voice: given, a built-in speaker, or a saved voice (UnknownSpeakerError naming both kinds)."""
+        """The request's voice: given, a built-in speaker, a saved voice, or either of them through an alias
+        (UnknownSpeakerError naming what exists). Reads the saved-voice store: call it off the event loop."""
         if request.voice is not None:
             return request.voice
-        if request.speaker in self.engine.speakers:
-            return self.engine.voice(request.speaker)
-        saved = self.saved_voices(request.speaker) if self.saved_voices is not None else None
+        name = self.voice_name(request.speaker)
+        if name in self.engine.speakers:
+            return self.engine.voice(name)
+        saved = self.saved_voices(name) if self.saved_voices is not None else None
         if saved is not None:
             return saved
         known = ", ".join(self.engine.speakers)
         extra = " or a saved voice (GET /v1/voices)" if self.saved_voices is not None else ""
+        if name != request.speaker:
+            message = (f"the voice {request.speaker!r} speaks as {name!r} (TTS_VOICE_ALIASES), which is neither a "
+                       f"built-in speaker ({known}) nor a saved voice")  # fmt: skip
+            raise UnknownSpeakerError(message, param=request.speaker_param)
         raise UnknownSpeakerError(f"unknown speaker {request.speaker!r}; known: {known}{extra}", param=request.speaker_param)
 
     def probe(self, text: str, speaker: str, max_age_s: float = 0.0) -> None:

@@ -123,7 +123,7 @@ def check_voice_name(name: str, reserved: Iterable[str] = ()) -> str:
             f"a voice name has 1-{MAX_NAME_CHARS} letters, digits, '-', '_' or '.', and starts with a letter or digit",
             param="name",
         )
-    if name in set(reserved):
+    if name.lower() in {r.lower() for r in reserved}:  # OpenAI names are matched without regard to case
         raise VoiceExistsError(f"{name!r} is the name of a built-in voice; choose another name", param="name")
     return name
 

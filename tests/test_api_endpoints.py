@@ -19,8 +19,9 @@ from audio_readers import flac_streaminfo, libsndfile_read_to_end, pcm_md5, pyav
 from fastapi.testclient import TestClient
 
 from service.api import create_app
+from service.api.schemas import SPEAKER_DESCRIPTIONS
 from service.audio import AudioFormat
-from service.settings import Settings
+from service.settings import OPENAI_VOICES, Settings
 from service.tts import SpeechRequest
 
 FORMATS = ["wav", "pcm", "mp3", "opus", "flac", "aac"]
@@ -131,9 +132,14 @@ def test_a_random_weight_test_bundle_says_so_everywhere(flagged_client: TestClie
     assert flagged_client.get("/v1/models/tts-1").json()["test_model"] is True
 
 
-def test_voices_are_the_bundle_speakers_in_open_webui_shape(client: TestClient, tiny_bundle: Path) -> None:
-    body = client.get("/v1/audio/voices").json()
-    assert body == {"voices": [{"id": s, "name": s} for s in speakers_of(tiny_bundle)]}
+def test_voices_are_the_bundle_speakers_then_the_openai_names_in_open_webui_shape(client: TestClient, tiny_bundle: Path) -> None:
+    voices = client.get("/v1/audio/voices").json()["voices"]
+    speakers = speakers_of(tiny_bundle)
+    assert voices[: len(speakers)] == [{"id": s, "name": f"{s} — {SPEAKER_DESCRIPTIONS[s]}"} for s in speakers]
+    assert voices[0] == {"id": "中文女", "name": "中文女 — Chinese, female"}
+    aliases = voices[len(speakers) :]
+    assert {v["id"]: v["alias_of"] for v in aliases} == OPENAI_VOICES
+    assert {"id": "alloy", "name": "alloy → 英文女", "alias_of": "英文女"} in aliases
 
 
 def test_info_describes_model_speakers_and_limits(client: TestClient, tiny_bundle: Path) -> None:

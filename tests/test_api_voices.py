@@ -224,6 +224,35 @@ def test_tts_takes_a_one_off_prompt_as_multipart(client: TestClient, prompt_wav:
     assert error_of(form, 415)["code"] == "unsupported_media_type"
 
 
+def test_voice_details_need_a_key_and_the_public_list_shows_only_names(
+    tiny_bundle: Path, tmp_path: Path, prompt_wav: bytes
+) -> None:
+    """Transcripts are personal data: with keys on, a caller without one sees ids and names (public listing) and
+    no details; any valid key sees the details; `can_manage` tells the web page whether to offer save and delete."""
+    settings = settings_for(tiny_bundle, tmp_path, api_keys=USER, admin_api_keys=ADMIN)
+    user, admin = {"authorization": f"Bearer {USER}"}, {"authorization": f"Bearer {ADMIN}"}
+    with TestClient(create_app(settings)) as keyed:
+        assert create(keyed, "private", prompt_wav, "希望你以后能够做的比我还好呦。", **admin).status_code == 201
+        anonymous = keyed.get("/v1/voices")
+        assert anonymous.status_code == 200, anonymous.text
+        assert anonymous.json()["data"] == [{"id": "private", "name": "private"}]
+        assert "希望" not in anonymous.text and anonymous.json()["can_manage"] is False
+        assert error_of(keyed.get("/v1/voices/private"), 401)["code"] == "unauthorized"
+        assert error_of(keyed.get("/v1/voices", headers={"authorization": "Bearer wrong-key-000"}), 401)
+        listed = keyed.get("/v1/voices", headers=user).json()
+        assert listed["data"][0]["transcript"] == "希望你以后能够做的比我还好呦。" and listed["can_manage"] is False
+        assert keyed.get("/v1/voices/private", headers=user).json()["transcript"] == "希望你以后能够做的比我还好呦。"
+        assert keyed.get("/v1/voices", headers=admin).json()["can_manage"] is True
+    closed = settings_for(tiny_bundle, tmp_path, api_keys=USER, public_model_list=False)
+    with TestClient(create_app(closed)) as private:
+        assert error_of(private.get("/v1/voices"), 401)["code"] == "unauthorized"
+        assert private.get("/v1/voices", headers=user).json()["data"][0]["id"] == "private"
+
+
+def test_without_keys_everyone_sees_details_and_may_manage(client: TestClient) -> None:
+    assert client.get("/v1/voices").json()["can_manage"] is True
+
+
 def test_a_whole_file_in_a_raw_pcm_field_is_decoded_as_a_file(client: TestClient, ref_dir: Path) -> None:
     """gRPC prompt_audio is raw 16 kHz int16 PCM; a WAV or MP3 sent there was read as samples (header bytes included,
     a 24 kHz file at 16 kHz: 1.5 times too long) and cloned at the wrong rate. It is now recognised and decoded."""

@@ -358,3 +358,19 @@ def test_replayed_image_installs_serves_and_passes_its_healthcheck(tmp_path: Pat
         app.stop()
         app.dump_log()
     assert healthcheck(env) != 0, "the healthcheck should fail once the app is gone"
+
+
+def make_run_command(*assignments: str, **env: str) -> str:
+    """The serving command `make -n run` prints, with make-variable `assignments` and extra environment `env`."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TTS_") and k not in {"MAKEFLAGS", "MAKELEVEL"}}
+    out = subprocess.run(
+        ["make", "-n", "run", *assignments], cwd=REPO, env=base | env, capture_output=True, text=True, check=True
+    )
+    return next(line for line in out.stdout.splitlines() if "-m service.api" in line)
+
+
+def test_make_run_passes_the_grpc_port_as_it_passes_the_http_port() -> None:
+    assert "TTS_PORT=8000 TTS_GRPC_PORT=50000 " in make_run_command()
+    assert "TTS_PORT=9000 TTS_GRPC_PORT=50001 " in make_run_command("PORT=9000", "GRPC_PORT=50001")
+    assert "TTS_GRPC_PORT=0 " in make_run_command("GRPC_PORT=0")
+    assert "TTS_GRPC_PORT=0 " in make_run_command(TTS_GRPC_PORT="0"), "the README's `TTS_GRPC_PORT=0 make run` still works"

@@ -12,6 +12,12 @@ from service.api.app import create_app
 from service.api.logconfig import configure as configure_logging
 from service.settings import Settings
 
+# What to do about a busy port, in the terms of both ways of starting the server (the variable, or make's).
+PORT_HINTS = {
+    "TTS_PORT": "choose another port: TTS_PORT=8001, or `make run PORT=8001`",
+    "TTS_GRPC_PORT": "choose another port: TTS_GRPC_PORT=50001, or `make run GRPC_PORT=50001`; 0 turns gRPC off",
+}
+
 
 def main() -> None:
     try:
@@ -24,7 +30,7 @@ def main() -> None:
     for name, port in (("TTS_PORT", settings.port), ("TTS_GRPC_PORT", settings.grpc_port)):
         problem = _unavailable(settings.host, port) if port else None
         if problem:
-            print(f"error: {name}: cannot listen on {settings.host}:{port}: {problem}", file=sys.stderr)
+            print(f"error: {name}: cannot listen on {settings.host}:{port}: {problem} ({PORT_HINTS[name]})", file=sys.stderr)
             sys.exit(2)
     log_config = configure_logging(settings.log_level)
     uvicorn.run(

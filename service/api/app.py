@@ -20,13 +20,12 @@ from service.api.errors import install_error_handlers
 from service.api.metrics import Metrics, RequestMetricsMiddleware
 from service.api.routes import dashscope, lexicon, official, openai, ops, speech, stream, voices
 from service.api.routes.ops import STATIC_DIR
-from service.api.schemas import OPENAI_VOICES
 from service.api.textfields import TextRoute
 from service.api.tracing import RequestIdMiddleware
 from service.requestids import HEADER
 from service.rpc.server import GrpcServer
 from service.runtime import EngineLoader, Runtime, load_synthesizer
-from service.settings import RENAMED, Settings, unknown_env_vars
+from service.settings import OPENAI_VOICES, RENAMED, Settings, unknown_env_vars
 
 log = logging.getLogger(__name__)
 # Every router of the app; the admission middleware guards those of their routes that carry the synthesis guards.

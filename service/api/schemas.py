@@ -8,29 +8,22 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 from service.audio import AudioFormat
 from service.frontend.lexicon import MAX_WORD_CHARS
+from service.settings import OPENAI_VOICES
 
 FORMATS = [f.value for f in AudioFormat]
 _FORMAT_ENUM: dict[str, JsonValue] = {"enum": list[JsonValue](FORMATS)}
 MAX_SEED = 2**32 - 1
 OPENAI_MAX_INPUT_CHARS = 4096
 OPENAI_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15")
-
-# OpenAI voice name -> our speaker. CosyVoice-300M-SFT has one English woman and one English man, so the
-# OpenAI voices map by their usual perceived gender; our own speaker names are accepted as they are.
-OPENAI_VOICES: dict[str, str] = {
-    "alloy": "英文女",
-    "coral": "英文女",
-    "nova": "英文女",
-    "sage": "英文女",
-    "shimmer": "英文女",
-    "marin": "英文女",
-    "ash": "英文男",
-    "ballad": "英文男",
-    "echo": "英文男",
-    "fable": "英文男",
-    "onyx": "英文男",
-    "verse": "英文男",
-    "cedar": "英文男",
+# What the released CosyVoice-300M speakers are (their names are Chinese: 中文女 = "Chinese woman"), for voice lists.
+SPEAKER_DESCRIPTIONS = {
+    "中文女": "Chinese, female",
+    "中文男": "Chinese, male",
+    "英文女": "English, female",
+    "英文男": "English, male",
+    "日语男": "Japanese, male",
+    "粤语女": "Cantonese, female",
+    "韩语女": "Korean, female",
 }
 
 
@@ -61,7 +54,9 @@ class SpeechBody(BaseModel):
     model: str = Field(description=f"{', '.join(OPENAI_MODEL_ALIASES)}, or this server's model id (GET /v1/models).")
     input: str = Field(description=f"Text to speak, at most {OPENAI_MAX_INPUT_CHARS} characters.")
     voice: str | VoiceRef = Field(
-        description="A speaker name, or an OpenAI voice: " + ", ".join(f"{k}→{v}" for k, v in OPENAI_VOICES.items()) + "."
+        description="A speaker name, a saved voice, or an OpenAI voice name; by default "
+        + ", ".join(f"{k}→{v}" for k, v in OPENAI_VOICES.items())
+        + " (TTS_VOICE_ALIASES maps them to any speaker or saved voice; GET /v1/audio/voices lists them)."
     )
     response_format: str = Field("mp3", description="mp3, opus, aac, flac, wav or pcm.", json_schema_extra=_FORMAT_ENUM)
     speed: float = Field(1.0, ge=0.25, le=4.0, allow_inf_nan=False)
@@ -137,8 +132,9 @@ class AudioModelList(BaseModel):
 
 
 class Voice(BaseModel):
-    id: str
-    name: str
+    id: str = Field(description="What to send as `voice` (or `speaker`).")
+    name: str = Field(description="For people: a built-in speaker with its language and gender, an alias with its target.")
+    alias_of: str | None = Field(default=None, description="OpenAI voice names only: the speaker or saved voice it speaks as.")
 
 
 class VoiceList(BaseModel):
@@ -235,6 +231,7 @@ class NormalizedSentence(BaseModel):
     text: str = Field(description="The sentence as it will be spoken.")
     ids: list[int] = Field(description="Whisper BPE token ids sent to the engine.")
     tokens: int
+    pause_after_s: float = Field(description="Silence inserted after the sentence (SSML breaks, `[pause …]`), seconds.")
 
 
 class LexiconRewrite(BaseModel):

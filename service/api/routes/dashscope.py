@@ -16,12 +16,13 @@ from anyio.abc import TaskGroup
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from service.access import Caller, presented_key
+from service.api.admission import check_gate
 from service.api.dashscope import PATH, Message, MessageError, TaskOptions, parse_message, sentence_event, task_options
 from service.api.dashscope import event as server_event
 from service.api.dashscope import task_failed as failed_event
 from service.api.deps import AppState
 from service.api.pipeline import SpeechPipeline, SpokenSentence, reraise_first
-from service.api.routes.openai import instructed, resolve_voice
+from service.api.routes.openai import instructed
 from service.api.routes.stream import close_reason
 from service.audio import AudioFormat, Pcm16Transcoder
 from service.audio_timeline import PcmCounter, decoder_delay_s
@@ -186,10 +187,7 @@ class DashScopeSession:
         peer = self.ws.client.host if self.ws.client else "unknown"
         hint = "an `Authorization: Bearer <key>` header (dashscope.api_key)"
         caller = Caller(key=key, peer=peer, forwarded_for=headers.get("x-forwarded-for", ""), key_hint=hint)
-        if self.runtime.rate_limit.remote:
-            await anyio.to_thread.run_sync(self.runtime.gate.check, caller)
-        else:
-            self.runtime.gate.check(caller)
+        await check_gate(self.runtime, caller)  # Redis counters: off the event loop
 
     async def _build(self, message: Message, slot: Slot) -> Task:
         """The task's options, voice and pipeline; the TTSError the client gets when one cannot be served."""
@@ -208,8 +206,8 @@ class DashScopeSession:
 
     def _template(self, service: TTSService, voice: str, options: TaskOptions) -> SpeechRequest:
         """Every sentence's request: the voice resolved once (a saved voice is loaded here), PCM at the model's rate."""
-        speaker = resolve_voice(voice, service.speakers)
-        probe = SpeechRequest(text="", speaker=speaker, speaker_param="voice")
+        speaker = service.voice_name(voice)  # an OpenAI name: what it speaks as (TTS_VOICE_ALIASES)
+        probe = SpeechRequest(text="", speaker=voice, speaker_param="voice")  # an error names what the client sent
         template = SpeechRequest(
             text="",
             speaker=speaker,

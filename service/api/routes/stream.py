@@ -16,10 +16,10 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
 
 from service.access import Caller, presented_key
+from service.api.admission import check_gate
 from service.api.deps import AppState
 from service.api.errors import STATUS, field_of
 from service.api.pipeline import SpeechPipeline, SpokenSentence, reraise_first
-from service.api.routes.openai import resolve_voice
 from service.api.schemas import MAX_SEED
 from service.api.tracing import request_id_of
 from service.audio import AudioFormat, output_sample_rate
@@ -114,7 +114,7 @@ class SpeechStreamSession:
         await self.ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
         slot: Slot | None = None
         try:
-            self.runtime.gate.check(self._caller(offered))
+            await check_gate(self.runtime, self._caller(offered))  # Redis counters: off the event loop
             slot = self.runtime.claim()
             service = self.runtime.service
             config, template = await self._configure(service)
@@ -153,8 +153,9 @@ class SpeechStreamSession:
             rates = ", ".join(map(str, PCM_RATES))
             raise InvalidInputError(f"sample_rate applies to pcm only, one of {rates}", param="sample_rate")
         s = self.state.settings
-        speaker = resolve_voice(config.voice or s.default_speaker, service.speakers)
-        probe = SpeechRequest(text="", speaker=speaker, speaker_param="voice")
+        wanted = config.voice or s.default_speaker
+        speaker = service.voice_name(wanted)  # an OpenAI name: what it speaks as (named in `ready`)
+        probe = SpeechRequest(text="", speaker=wanted, speaker_param="voice")  # an error names what the client sent
         voice: Voice = await anyio.to_thread.run_sync(service.resolve_voice, probe)  # saved voices: resolved once
         template = SpeechRequest(
             text="",
