@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         for piece in REPLY:  # as an LLM streams its reply
             synthesizer.streaming_call(piece)
         synthesizer.streaming_complete()
+        log.done.wait(30)  # the SDK's callback thread reports the end: let it print before this thread goes on
     except (DashScopeException, OSError, TimeoutError) as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
