@@ -13,9 +13,10 @@ import pytest
 
 from loadtest.bench_engine import ForcedLength
 from service.bundle import ModelBundle
+from service.engine.acoustic_gate import AcousticGate, Pacer
 from service.engine.kvcache import KVCache
 from service.engine.llm import LLM_GRAPHS, DecodeBatch, LLMRunner
-from service.engine.scheduler import AcousticGate, BatchScheduler, Pacer
+from service.engine.scheduler import BatchScheduler
 from service.engine.sessions import RuntimeOptions, open_sessions
 from service.engine.streaming import default_first_hop
 from service.engine.synthesizer import SynthesisOptions, Synthesizer

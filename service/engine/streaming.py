@@ -31,9 +31,9 @@ from typing import Protocol
 import numpy as np
 
 from service.bundle import ModelConstants
+from service.engine.acoustic_gate import Pacer
 from service.engine.chunking import Progress, RateMeter, ScheduleConfig, first_audio, next_hop
 from service.engine.dsp import StreamingStretch
-from service.engine.scheduler import Pacer
 from service.engine.token2wav import ChunkJob, NoiseSource, SentenceState, Token2Wav, WavChunk
 from service.engine.voice import FlowPrompt, as_flow_prompt
 

@@ -12,11 +12,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from service.bundle import ModelBundle
+from service.engine.acoustic_gate import AcousticGate, Pacer
 from service.engine.chunking import RateMeter, ScheduleConfig
 from service.engine.flow import FlowRunner
 from service.engine.hift import HiFTRunner
 from service.engine.llm import LLMRunner, position_table
-from service.engine.scheduler import AcousticGate, BatchScheduler, Pacer
+from service.engine.scheduler import BatchScheduler
 from service.engine.sessions import TRANSIENT_GRAPHS, RuntimeOptions, limit_malloc_arenas, open_sessions, release_free_memory
 from service.engine.streaming import (
     RequestContext,
