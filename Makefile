@@ -7,6 +7,7 @@ BIN       := $(VENV)/bin
 PIP       := $(BIN)/python -m pip install -q --disable-pip-version-check
 HOST      ?= 127.0.0.1
 PORT      ?= 8000
+GRPC_PORT ?= $(or $(TTS_GRPC_PORT),50000)
 MODEL_DIR ?= models/tiny
 REF       ?= tests/reference
 PYTEST_ARGS ?=
@@ -25,12 +26,13 @@ $(VENV)/.lite: requirements-lite.txt | $(BIN)/python
 	$(PIP) -r requirements-lite.txt
 	touch $@
 
-$(VENV)/.dev: requirements-lite.txt requirements-export.txt requirements-dev.txt | $(BIN)/python
+$(VENV)/.dev: requirements-lite.txt requirements-export.txt requirements-dev.txt requirements-pipecat.txt | $(BIN)/python
 	index="$$($(BIN)/python scripts/pip_index_args.py '$(TORCH_INDEX_URL)')" && $(PIP) $$index -r requirements-dev.txt
+	$(PIP) --no-deps --upgrade --target $(VENV)/pipecat -r requirements-pipecat.txt
 	touch $@ $(VENV)/.lite
 
 run: $(VENV)/.lite
-	TTS_HOST=$(HOST) TTS_PORT=$(PORT) TTS_MODEL_DIR=$(MODEL_DIR) $(BIN)/python -m service.api
+	TTS_HOST=$(HOST) TTS_PORT=$(PORT) TTS_GRPC_PORT=$(GRPC_PORT) TTS_MODEL_DIR=$(MODEL_DIR) $(BIN)/python -m service.api
 
 test: $(VENV)/.dev
 	SKIP_SYSTEM_DEPS=$(SKIP_SYSTEM_DEPS) bash scripts/install_test_deps.sh

@@ -23,12 +23,14 @@ def _type_name(annotation: Any) -> str:
         return " or ".join(_type_name(a) for a in args if a is not type(None)) + " (optional)"
     if origin is list:
         return f"list of {_type_name(args[0])} (comma-separated)"
+    if origin is dict:
+        return f"map of {_type_name(args[0])} to {_type_name(args[1])} (`name=value`, comma-separated)"
     return "secret" if annotation is SecretStr else str(getattr(annotation, "__name__", annotation))
 
 
 def _default(info: FieldInfo) -> str:
     value = info.default_factory() if info.default_factory is not None else info.default  # type: ignore[call-arg]
-    if value is None or value == []:
+    if value is None or value == [] or value == {}:
         return "(empty)"
     return f"`{value}`"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from service.access import ApiKeys, ClientIdentity, Gate
@@ -15,10 +15,10 @@ from service.cache import CacheStats, RedisLexiconStore, build_audio_cache
 from service.cloning import Voices
 from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import Synthesizer
-from service.errors import BundleError, NotReadyError, ShuttingDownError
+from service.errors import BundleError, NotReadyError, ShuttingDownError, TTSError
 from service.frontend import TextFrontend
 from service.ratelimit import RateLimiter
-from service.settings import Settings
+from service.settings import OPENAI_VOICES, Settings
 from service.tts import Engine, SynthesisObserver, TTSService
 from service.voices import AnalysisCache, DirectoryVoiceStore, RedisVoiceStore, VoiceStore
 
@@ -45,6 +45,11 @@ def runtime_options(s: Settings) -> RuntimeOptions:
         acoustic_slots=s.acoustic_slots,
         acoustic_nice=s.acoustic_nice,
         first_audio_priority=s.first_audio_priority,
+        stream_schedule=s.stream_schedule,
+        first_hop_tokens=s.first_hop_tokens,
+        prompt_window_s=s.prompt_window_s,
+        acoustic_backend=s.acoustic_backend,
+        compiled_cache_dir=s.cache_dir.expanduser() if s.cache_dir is not None else None,
     )
 
 
@@ -78,6 +83,7 @@ class Runtime:
         self.lexicon_store: RedisLexiconStore | None = None  # None: the lexicon lives in this process
         self._voices: Voices | None = None
         self.normalizer: dict[str, str] = {}
+        self.model_created = 0  # Unix time the bundle's manifest was written (OpenAI's `created`)
         self.closing = False
         self._in_flight = 0
         self._lock = threading.Lock()
@@ -107,11 +113,14 @@ class Runtime:
         if watch_cache is not None:  # an observer that exports the cache's counters (the HTTP metrics)
             watch_cache(cache.stats)
         voices = self._load_voices(bundle, frontend)
+        aliases = voice_aliases(s.voice_aliases, tuple(bundle.speakers))
+        _warn_unknown_targets(s.voice_aliases, tuple(bundle.speakers), voices)
         service = TTSService(
             frontend,
             engine,
             cache,
             saved_voices=voices.resolve,
+            aliases=aliases,
             bundle_sha256=bundle.manifest_sha256,
             concurrency=s.concurrent_requests,
             queue_max=s.queue_max,
@@ -128,6 +137,7 @@ class Runtime:
                  len(bundle.speakers), cache.backend)  # fmt: skip
         if bundle.manifest.warning:
             log.warning("%s", bundle.manifest.warning)
+        self.model_created = int((bundle.root / "manifest.json").stat().st_mtime)  # read here, not on an event loop
         self.bundle, self.normalizer = bundle, frontend.normalizer_info
         self._frontend, self._service, self._voices = frontend, service, voices
 
@@ -212,6 +222,27 @@ class Runtime:
     def _release(self) -> None:
         with self._lock:
             self._in_flight -= 1
+
+
+def voice_aliases(configured: Mapping[str, str], speakers: Sequence[str]) -> dict[str, str]:
+    """OpenAI voice name -> what it speaks as: TTS_VOICE_ALIASES over the defaults whose speaker the bundle has."""
+    defaults = {name: speaker for name, speaker in OPENAI_VOICES.items() if speaker in speakers}
+    return defaults | {name.lower(): target for name, target in configured.items()}
+
+
+def _warn_unknown_targets(configured: Mapping[str, str], speakers: Sequence[str], voices: Voices) -> None:
+    """A warning per alias whose target is no built-in speaker and no saved voice yet (it may be saved later)."""
+    for name, target in configured.items():
+        if target in speakers:
+            continue
+        try:
+            found = voices.store.get(target) is not None
+        except TTSError:  # the store (Redis) is down at start: the alias is checked when it is used
+            continue
+        if not found:
+            log.warning("TTS_VOICE_ALIASES: %s=%s names neither a built-in speaker (%s) nor a saved voice; requests "
+                        "for %r answer unknown_speaker until a voice named %r is saved", name, target,
+                        ", ".join(speakers), name, target)  # fmt: skip
 
 
 class Slot:

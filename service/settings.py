@@ -12,6 +12,25 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 ENV_PREFIX = "TTS_"
 MiB = 1 << 20
+MAX_VOICE_NAME_CHARS = 64
+
+# OpenAI voice name -> the built-in speaker it speaks as unless TTS_VOICE_ALIASES says otherwise. CosyVoice-300M-SFT
+# has one English woman and one English man, so the OpenAI voices map by their usual perceived gender.
+OPENAI_VOICES: dict[str, str] = {
+    "alloy": "英文女",
+    "coral": "英文女",
+    "nova": "英文女",
+    "sage": "英文女",
+    "shimmer": "英文女",
+    "marin": "英文女",
+    "ash": "英文男",
+    "ballad": "英文男",
+    "echo": "英文男",
+    "fable": "英文男",
+    "onyx": "英文男",
+    "verse": "英文男",
+    "cedar": "英文男",
+}
 
 
 def _split_csv(value: object) -> object:
@@ -19,6 +38,21 @@ def _split_csv(value: object) -> object:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
+
+
+def _split_pairs(value: object) -> object:
+    """Accept `a=x,b=y` from the environment (and plain dicts from code); names are case-insensitive."""
+    if not isinstance(value, str):
+        return value
+    pairs: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in value.split(","))):
+        name, sep, target = (x.strip() for x in part.partition("="))
+        if not sep or not name or not target:
+            raise ValueError(f"{part!r} is not a name=voice pair (e.g. alloy=my-voice)")
+        if name.lower() in pairs:
+            raise ValueError(f"{name!r} is given twice")
+        pairs[name.lower()] = target
+    return pairs
 
 
 class Settings(BaseSettings):
@@ -79,6 +113,31 @@ class Settings(BaseSettings):
         default=True,
         description="Pause LLM decoding while a request's first chunk is vocoded, unless a request waits for tokens.",
     )
+    acoustic_backend: Literal["auto", "ort", "openvino"] = Field(
+        default="auto",
+        description="Runtime of the flow estimator and HiFT: 'auto' = OpenVINO in bf16 where the CPU computes bf16 "
+        "natively (AVX-512 BF16 or AMX), else ONNX Runtime; 'ort'; 'openvino' (bf16 where native, else f32).",
+    )
+    stream_schedule: Literal["adaptive", "official"] = Field(
+        default="adaptive",
+        description="How streamed sentences are cut into chunks: 'adaptive' (a small first chunk, then each chunk "
+        "large enough to cover making the next, from the measured rates) or 'official' (every hop 100 tokens).",
+    )
+    first_hop_tokens: int | None = Field(
+        default=None,
+        ge=21,
+        le=400,
+        description="Speech tokens the first streamed chunk consumes (more than the 20-token overlap); empty = the "
+        "schedule's own (21 adaptive, 100 official).",
+    )
+    prompt_window_s: float | None = Field(
+        default=1.0,
+        ge=0.0,
+        le=60.0,
+        description="Seconds of a cloned voice's recording (the last ones, with their speech tokens) the flow sees "
+        "with each streamed chunk; 'all' = the whole recording (the official computation). Non-streamed sentences "
+        "always see all of it.",
+    )
     ort_spinning: bool = Field(
         default=False, description="Let idle ONNX Runtime threads spin (only worth it when one graph owns the cores)."
     )
@@ -87,6 +146,14 @@ class Settings(BaseSettings):
     )
     default_speaker: str = Field(
         default="中文女", min_length=1, max_length=64, description="Speaker used when a request names none."
+    )
+    voice_aliases: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="Comma-separated `openai-name=voice` pairs, e.g. `alloy=my-voice,nova=中文女`: the built-in speaker "
+        "or saved voice an OpenAI voice name speaks as, on every transport (for clients that accept only OpenAI "
+        "names); names not given keep their default (alloy, coral, nova, sage, shimmer, marin → 英文女; ash, ballad, "
+        "echo, fable, onyx, verse, cedar → 英文男). A target that is neither a built-in speaker nor a saved voice at "
+        "start is logged as a warning (the voice may be saved later).",
     )
     warmup_text: str = Field(
         default="你好。", min_length=1, max_length=200, description="Text synthesized at start and by /readyz probes."
@@ -142,6 +209,11 @@ class Settings(BaseSettings):
     cache_ttl_s: int = Field(default=86_400, ge=1, le=30 * 86_400, description="Lifetime of a Redis audio cache entry.")
 
     # voices
+    cache_dir: Path | None = Field(
+        default=Path("~/.cache/cosyvoice-lite"),
+        description="Where compiled graphs are kept between starts (OpenVINO's model cache: faster starts, less "
+        "memory); `~` is the user's home; empty = none. Unwritable: a warning at start, and no cache.",
+    )
     voices_dir: Path = Field(
         default=Path("data/voices"),
         description="Directory of saved voices when TTS_REDIS_URL is empty (created if missing; survives restarts). "
@@ -174,7 +246,8 @@ class Settings(BaseSettings):
     public_model_list: bool = Field(
         default=True,
         description="GET /v1/models, /v1/models/{id}, /v1/audio/models and /v1/audio/voices answer without an API key "
-        "(Open WebUI lists them without one); a wrong key still gets 401, and synthesis always needs a key.",
+        "(Open WebUI lists them without one), and GET /v1/voices lists saved voices' ids and names (their details, "
+        "transcripts included, need a key); a wrong key still gets 401, and synthesis always needs a key.",
     )
 
     @field_validator("api_keys", "admin_api_keys", "trusted_proxies", "cors_allow_origins", mode="before")
@@ -189,12 +262,37 @@ class Settings(BaseSettings):
             raise ValueError("every API key needs at least 8 characters")
         return value
 
+    @field_validator("voice_aliases", mode="before")
+    @classmethod
+    def _pairs(cls, value: object) -> object:
+        return _split_pairs(value)
+
+    @field_validator("voice_aliases")
+    @classmethod
+    def _openai_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, target in value.items():
+            if name.lower() not in OPENAI_VOICES:
+                raise ValueError(f"{name!r} is not an OpenAI voice name (one of {', '.join(OPENAI_VOICES)})")
+            if target.lower() in OPENAI_VOICES or len(target) > MAX_VOICE_NAME_CHARS:
+                raise ValueError(f"{name}={target}: the target must be a built-in speaker or a saved voice's name")
+        return {name.lower(): target for name, target in value.items()}
+
     @field_validator("trusted_proxies")
     @classmethod
     def _networks(cls, value: list[str]) -> list[str]:
         for item in value:
             ipaddress.ip_network(item, strict=False)  # raises ValueError with a clear message
         return value
+
+    @field_validator("prompt_window_s", mode="before")
+    @classmethod
+    def _all_is_none(cls, value: object) -> object:
+        return None if isinstance(value, str) and value.strip().lower() in ("all", "none", "") else value
+
+    @field_validator("cache_dir", mode="before")
+    @classmethod
+    def _empty_dir_is_none(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("redis_url", mode="before")
     @classmethod

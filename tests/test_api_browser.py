@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -221,7 +222,9 @@ def saved_names(page: DevToolsPage) -> dict[str, list[str]]:
 
 
 def delete_voice(page: DevToolsPage, name: str) -> None:
-    click(page, f'#savedVoices li[data-id="{name}"] button')
+    """Delete, then confirm (the page asks once more)."""
+    click(page, f'#savedVoices li[data-id="{name}"] button[data-role=delete]')
+    click(page, f'#savedVoices li[data-id="{name}"] button[data-role=confirm]')
     page.wait_for(
         f"!document.querySelector('#savedVoices li[data-id=\"{name}\"]')"
         f" && ![...document.getElementById('voice').options].some(o => o.value === {name!r})",
@@ -316,3 +319,134 @@ def test_recording_stops_by_itself_at_the_limit(page: DevToolsPage) -> None:
         assert page.eval("document.getElementById('record').textContent") == "Record"
     finally:
         page.eval("clone.maxRecordS = 30")
+
+
+def type_into(page: DevToolsPage, element_id: str, text: str) -> None:
+    """Focus an input and type as a user does (DevTools Input.insertText fires the `input` events)."""
+    page.eval(f"document.getElementById({element_id!r}).focus()")
+    page.send("Input.insertText", text=text)
+
+
+CAPTURE_FORMS = """(() => {
+    window.sentForms = [];
+    if (window.fetchBeforeCapture) return;
+    window.fetchBeforeCapture = window.fetch;
+    window.fetch = (url, options) => {
+        if (options && options.body instanceof FormData) {
+            window.sentForms.push(Object.fromEntries([...options.body.entries()].filter(([, v]) => typeof v === 'string')));
+        }
+        return window.fetchBeforeCapture(url, options);
+    };
+})()"""
+
+
+def test_a_new_recording_does_not_keep_the_previous_transcript(page: DevToolsPage) -> None:
+    """The transcript belongs to the recording it was typed for: a new one starts without it, and Use once sends
+    none (was: the file's transcript went out with the microphone recording, a zero-shot clone on wrong words)."""
+    choose_file(page, PROMPT)
+    type_into(page, "transcript", "希望你以后能够做的比我还好呦。")
+    click(page, "#record")
+    page.wait_for("clone.recorder && clone.recordedS > 1", 20, "a second of recording")
+    click(page, "#record")  # stop
+    page.wait_for("!clone.recorder && clone.prompt && clone.prompt.filename === 'recording.webm'", 10, "the recording")
+    assert page.eval("document.getElementById('transcript').value") == ""
+    page.eval(CAPTURE_FORMS)
+    choose(page, "wav")
+    run = int(page.eval("tts.runs")) + 1
+    click(page, "#useOnce")
+    page.wait_for(f"tts.runs === {run} && (tts.done || tts.error)", 120, "speech in the recorded voice")
+    assert page.eval("window.sentForms.map(f => f.prompt_text)") == [""]
+
+
+def test_voice_names_say_language_and_gender(page: DevToolsPage) -> None:
+    options = page.eval("[...document.getElementById('voice').options].map(o => [o.value, o.textContent])")
+    assert ["中文女", "中文女 — Chinese, female"] in options and ["英文男", "英文男 — English, male"] in options, options
+    assert not any(value == "alloy" for value, _ in options), "OpenAI names are other names for the same voices"
+
+
+def test_a_stale_error_goes_away_while_the_user_edits(page: DevToolsPage) -> None:
+    page.eval("""(() => {
+        const sel = document.getElementById('voice');
+        sel.add(new Option('missing', 'no-such-speaker'));
+        sel.value = 'no-such-speaker';
+    })()""")
+    speak(page, "wav")
+    page.wait_for("document.getElementById('error').textContent && !tts.busy", 30, "the server's error")
+    type_into(page, "text", "再来一次。")
+    assert page.eval("document.getElementById('error').textContent") == ""
+    page.eval("document.getElementById('voice').remove(document.getElementById('voice').options.length - 1)")
+    choose_file(page, PROMPT)
+    assert "name" in save_voice(page, "-bad name")
+    type_into(page, "voiceName", "x")
+    assert page.eval("document.getElementById('cloneError').textContent") == ""
+
+
+def test_delete_asks_before_it_deletes(page: DevToolsPage) -> None:
+    choose_file(page, PROMPT)
+    assert save_voice(page, "keep-me").startswith('Saved "keep-me"')
+    click(page, '#savedVoices li[data-id="keep-me"] button[data-role=delete]')
+    assert saved_names(page)["server"] == ["keep-me"], "one click deleted the voice"
+    assert page.eval("document.querySelector('#savedVoices li[data-id=\"keep-me\"] button[data-role=confirm]') !== null")
+    click(page, '#savedVoices li[data-id="keep-me"] button.secondary')  # Keep it
+    assert page.eval("document.querySelector('#savedVoices li[data-id=\"keep-me\"] button[data-role=confirm]') === null")
+    assert saved_names(page)["server"] == ["keep-me"]
+    delete_voice(page, "keep-me")
+    assert saved_names(page)["server"] == []
+
+
+USER_KEY, ADMIN_KEY = "user-key-0123456789", "admin-key-0123456789"
+
+
+@pytest.fixture(scope="module")
+def keyed_app(tmp_path_factory: pytest.TempPathFactory, tiny_bundle: Path) -> Iterator[AppServer]:
+    """API keys on (a user key and an admin key), with one saved voice."""
+    env = {"TTS_RATE_LIMIT_PER_MINUTE": "0", "TTS_API_KEYS": USER_KEY, "TTS_ADMIN_API_KEYS": ADMIN_KEY}
+    server = AppServer(tmp_path_factory.mktemp("browser-keyed"), tiny_bundle, env, name="keyed")
+    server.start()
+    with server.client(headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as admin:
+        files = {"audio": ("p.wav", PROMPT.read_bytes(), "audio/wav")}
+        made = admin.post("/v1/voices", data={"name": "theirs", "transcript": "希望你以后能够做的比我还好呦。"}, files=files)
+        assert made.status_code == 201, made.text
+    yield server
+    server.stop()
+    server.dump_log()
+
+
+@contextmanager
+def visiting(page: DevToolsPage, url: str) -> Iterator[DevToolsPage]:
+    """The page at `url` for a while, then back at the module's app (loaded again)."""
+    back = page.eval("location.href")
+    page.navigate(url)
+    page.wait_for("window.clone && clone.canManage !== null || document.getElementById('cloneError').textContent", 20, "the page")
+    try:
+        yield page
+    finally:
+        page.navigate(back)
+        page.wait_for("window.tts && window.tts.voicesLoaded && window.tts.info", 20, "the voice list and /info")
+
+
+def enter_key(page: DevToolsPage, key: str) -> None:
+    page.eval(f"""(() => {{ const k = document.getElementById('apikey'); k.value = {key!r};
+        k.dispatchEvent(new Event('change')); }})()""")
+
+
+def test_keys_the_page_explains_and_delete_only_for_admins(page: DevToolsPage, keyed_app: AppServer) -> None:
+    """Without a key: a sentence a person can act on (was: the server's `Authorization: Bearer` hint), saved voices
+    by name only, no Delete and no Save. A user key: still no Delete (it would be a 403). An admin key: Delete."""
+    item = "document.querySelector('#savedVoices li[data-id=\"theirs\"]')"
+    with visiting(page, keyed_app.base_url + "/"):
+        assert page.eval(f"{item}.textContent") == "theirs", "the details (transcript) need a key"
+        assert page.eval(f"{item}.querySelector('button') === null"), "Delete offered without a key"
+        assert page.eval("!document.getElementById('manageNote').hidden")
+        choose_file(page, PROMPT)
+        assert page.eval("document.getElementById('saveVoice').disabled")
+        speak(page, "wav")
+        message = page.wait_for("!tts.busy && document.getElementById('error').textContent", 30, "the refusal")
+        assert message == "This server needs an API key: enter it in the “API key” field above.", message
+        enter_key(page, USER_KEY)
+        page.wait_for(f"{item}.textContent.startsWith('theirs (')", 10, "the details with a key")
+        assert page.eval(f"{item}.querySelector('button') === null"), "Delete offered to a key that cannot delete"
+        assert page.eval("document.getElementById('saveVoice').disabled")
+        enter_key(page, ADMIN_KEY)
+        page.wait_for(f"{item}.querySelector('button[data-role=delete]') !== null", 10, "Delete for an admin key")
+        assert page.eval("document.getElementById('manageNote').hidden && !document.getElementById('saveVoice').disabled")

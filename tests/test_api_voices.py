@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api import create_app
+from service.cloning import PromptAudio
 from service.settings import Settings
 
 ADMIN = "admin-key-0123456789"
@@ -221,3 +222,51 @@ def test_tts_takes_a_one_off_prompt_as_multipart(client: TestClient, prompt_wav:
     assert error_of(bad, 400)["param"] == "prompt_wav"
     form = client.post("/tts", data={"text": "你好。"})  # a form body without a prompt: told to send JSON
     assert error_of(form, 415)["code"] == "unsupported_media_type"
+
+
+def test_voice_details_need_a_key_and_the_public_list_shows_only_names(
+    tiny_bundle: Path, tmp_path: Path, prompt_wav: bytes
+) -> None:
+    """Transcripts are personal data: with keys on, a caller without one sees ids and names (public listing) and
+    no details; any valid key sees the details; `can_manage` tells the web page whether to offer save and delete."""
+    settings = settings_for(tiny_bundle, tmp_path, api_keys=USER, admin_api_keys=ADMIN)
+    user, admin = {"authorization": f"Bearer {USER}"}, {"authorization": f"Bearer {ADMIN}"}
+    with TestClient(create_app(settings)) as keyed:
+        assert create(keyed, "private", prompt_wav, "希望你以后能够做的比我还好呦。", **admin).status_code == 201
+        anonymous = keyed.get("/v1/voices")
+        assert anonymous.status_code == 200, anonymous.text
+        assert anonymous.json()["data"] == [{"id": "private", "name": "private"}]
+        assert "希望" not in anonymous.text and anonymous.json()["can_manage"] is False
+        assert error_of(keyed.get("/v1/voices/private"), 401)["code"] == "unauthorized"
+        assert error_of(keyed.get("/v1/voices", headers={"authorization": "Bearer wrong-key-000"}), 401)
+        listed = keyed.get("/v1/voices", headers=user).json()
+        assert listed["data"][0]["transcript"] == "希望你以后能够做的比我还好呦。" and listed["can_manage"] is False
+        assert keyed.get("/v1/voices/private", headers=user).json()["transcript"] == "希望你以后能够做的比我还好呦。"
+        assert keyed.get("/v1/voices", headers=admin).json()["can_manage"] is True
+    closed = settings_for(tiny_bundle, tmp_path, api_keys=USER, public_model_list=False)
+    with TestClient(create_app(closed)) as private:
+        assert error_of(private.get("/v1/voices"), 401)["code"] == "unauthorized"
+        assert private.get("/v1/voices", headers=user).json()["data"][0]["id"] == "private"
+
+
+def test_without_keys_everyone_sees_details_and_may_manage(client: TestClient) -> None:
+    assert client.get("/v1/voices").json()["can_manage"] is True
+
+
+def test_a_whole_file_in_a_raw_pcm_field_is_decoded_as_a_file(client: TestClient, ref_dir: Path) -> None:
+    """gRPC prompt_audio is raw 16 kHz int16 PCM; a WAV or MP3 sent there was read as samples (header bytes included,
+    a 24 kHz file at 16 kHz: 1.5 times too long) and cloned at the wrong rate. It is now recognised and decoded."""
+    voices = client.app.state.tts.runtime.voices  # type: ignore[attr-defined]
+    field = "zero_shot_request.prompt_audio"
+    wav_24k = (ref_dir / "prompts" / "en_24k.wav").read_bytes()
+    as_file = voices.analyze(PromptAudio(wav_24k))
+    in_pcm_field = voices.analyze(PromptAudio(wav_24k, pcm_rate_hz=16_000, field=field))
+    assert in_pcm_field.duration_s == pytest.approx(as_file.duration_s)
+    assert np.array_equal(in_pcm_field.speech_tokens, as_file.speech_tokens)
+    wav_16k = (ref_dir / "prompts" / "zh_16k.wav").read_bytes()
+    with wave.open(io.BytesIO(wav_16k)) as w:
+        raw = w.readframes(w.getnframes())
+    from_raw = voices.analyze(PromptAudio(raw, pcm_rate_hz=16_000, field=field))  # what the official client sends
+    assert np.array_equal(
+        voices.analyze(PromptAudio(wav_16k, pcm_rate_hz=16_000, field=field)).speech_tokens, from_raw.speech_tokens
+    )

@@ -190,7 +190,9 @@ def test_the_entry_point_refuses_a_port_in_use(
         with pytest.raises(SystemExit) as exited:
             entry_point.main()
     assert exited.value.code == 2
-    assert "error: TTS_GRPC_PORT: cannot listen on 127.0.0.1:" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("error: TTS_GRPC_PORT: cannot listen on 127.0.0.1:") and err.count("\n") == 1, err
+    assert "`make run GRPC_PORT=50001`" in err and "0 turns gRPC off" in err, "say how to choose another port"
 
 
 def test_service_and_hpa_target_the_deployment() -> None:

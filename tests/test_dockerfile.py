@@ -11,6 +11,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import container_image
 import httpx
 import pytest
 from deploy_servers import ProcessInDir
@@ -20,7 +21,14 @@ REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "docker" / "Dockerfile"
 INSTALL_COMMAND = re.compile(r"^(\S*python3?(\.\d+)? -m venv |\S*python3?(\.\d+)? -m pip install |\S*pip3? install )")
 # RUN steps of the runtime stage that are not install steps: checked, but not replayed (they change the system).
-SYSTEM_COMMANDS = ("groupadd ", "useradd ", "mkdir -p /app/data", "chown 10001:10001 /app/data")  # user, voices volume
+SYSTEM_COMMANDS = (  # user, voices volume, the venv trimmed of what the service never loads
+    "useradd ",
+    "mkdir -p /app/data",
+    "chown 10001:0 /app/data",
+    "chmod 775 /app/data",
+    "python3 trim_venv.py .venv",
+    "rm trim_venv.py",
+)
 # Secrets, virtualenvs, checkpoints, bytecode and other bundles must never reach the Docker daemon.
 KEPT_OUT_OF_CONTEXT = (
     ".env",
@@ -61,8 +69,12 @@ class Dockerfile:
 
 
 def expand(text: str, values: dict[str, str]) -> str:
-    """Docker's $VAR / ${VAR} substitution (unknown variables become empty, as in Docker)."""
-    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: values.get(m.group(1) or m.group(2), ""), text)
+    """Docker's $VAR / ${VAR} / ${VAR:-default} substitution (unknown variables become empty, as in Docker)."""
+    return re.sub(
+        r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)",
+        lambda m: values.get(m.group(1) or m.group(3), "") or (m.group(2) or ""),
+        text,
+    )
 
 
 def parse_dockerfile(text: str) -> Dockerfile:
@@ -188,6 +200,39 @@ def test_torch_is_installed_only_in_the_optional_export_stage() -> None:
     assert copy_pairs("--from=model /bundle models/default") == [("models/tiny", "models/default")]
 
 
+def test_the_model_stage_is_chosen_without_arg_defaults_as_old_buildah_chooses() -> None:
+    """buildah < 1.29 (Debian 12's podman) picks the stages to build from FROM lines expanded with the --build-arg
+    values only, not the ARG defaults: without MODEL given, the default model stage must still be named."""
+    text = re.sub(r"^ARG (\w+)=.*$", r"ARG \1", DOCKERFILE.read_text(encoding="utf-8"), flags=re.M)  # defaults dropped
+    picked = parse_dockerfile(text).resolve("model")
+    assert picked.name == f"model-{DOCKER.global_args['MODEL']}", picked.name
+    assert parse_dockerfile(text.replace("ARG MODEL\n", "ARG MODEL=exported\n")).resolve("model").name == "model-exported"
+
+
+def test_the_runtime_user_shares_group_0_with_arbitrary_uids() -> None:
+    """OpenShift runs the image as an arbitrary uid in group 0: the service user is in group 0 and the voices volume
+    is writable by the group (tests/test_image.py runs both for real)."""
+    assert DOCKER.runtime.args("USER")[-1] == "10001:0"
+    commands = run_commands(DOCKER.runtime)
+    assert "chown 10001:0 /app/data" in commands and "chmod 775 /app/data" in commands, commands
+    assert DOCKER.global_args["PYTHON_IMAGE"] == container_image.OFFICIAL_BASE
+
+
+def test_the_readme_container_commands_are_the_ones_the_image_test_runs() -> None:
+    """tests/test_image.py builds with container_image.build_argv, runs with run_argv and stops with stop_argv."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    for engine in ("docker", "podman"):
+        commands = [
+            container_image.build_argv(engine, container_image.IMAGE),
+            container_image.run_argv(engine, container_image.IMAGE),
+            container_image.run_argv(engine, container_image.IMAGE, "tts-any-uid", ports=("8001", "50001"), user="12345"),
+            container_image.stop_argv(engine),
+        ]
+        for argv in commands:
+            assert shlex.join(argv) in readme, f"the README does not give: {shlex.join(argv)}"
+    assert "podman healthcheck run tts" in readme
+
+
 def makefile_default(name: str) -> str:
     found = re.findall(rf"^{name}\s*\?=\s*(\S+)\s*$", (REPO / "Makefile").read_text(encoding="utf-8"), re.M)
     assert len(found) == 1, f"the Makefile should set `{name} ?= ...` once"
@@ -296,7 +341,13 @@ def test_replayed_image_installs_serves_and_passes_its_healthcheck(tmp_path: Pat
     assert version.stdout.strip() == DOCKER.runtime.base.split(":")[1].split("-")[0], "replayed with another Python"
     no_torch = subprocess.run([python, "-c", "import torch"], capture_output=True, text=True, cwd=replay.workdir)
     assert "No module named 'torch'" in no_torch.stderr
-    subprocess.run([python, "-m", "pip", "check"], check=True, capture_output=True, cwd=replay.workdir)
+    # every pinned serving requirement is installed at its version, and what trim_venv.py removes is gone (no pip)
+    pins = [line.split("#")[0].strip() for line in (REPO / "requirements-lite.txt").read_text().splitlines()]
+    check = "import importlib.metadata as m, sys; print(all(m.version(n) == v for n, v in (p.split('==') for p in sys.argv[1:])))"
+    installed = subprocess.run([python, "-c", check, *[p for p in pins if p]], capture_output=True, text=True, cwd=replay.workdir)
+    assert installed.stdout.strip() == "True", installed.stderr
+    no_pip = subprocess.run([python, "-m", "pip", "--version"], capture_output=True, text=True, cwd=replay.workdir)
+    assert no_pip.returncode != 0 and "No module named pip" in no_pip.stderr
 
     port = free_port()
     env = {**replay.env, "TTS_HOST": LOOPBACK, "TTS_PORT": str(port)}
@@ -313,3 +364,19 @@ def test_replayed_image_installs_serves_and_passes_its_healthcheck(tmp_path: Pat
         app.stop()
         app.dump_log()
     assert healthcheck(env) != 0, "the healthcheck should fail once the app is gone"
+
+
+def make_run_command(*assignments: str, **env: str) -> str:
+    """The serving command `make -n run` prints, with make-variable `assignments` and extra environment `env`."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TTS_") and k not in {"MAKEFLAGS", "MAKELEVEL"}}
+    out = subprocess.run(
+        ["make", "-n", "run", *assignments], cwd=REPO, env=base | env, capture_output=True, text=True, check=True
+    )
+    return next(line for line in out.stdout.splitlines() if "-m service.api" in line)
+
+
+def test_make_run_passes_the_grpc_port_as_it_passes_the_http_port() -> None:
+    assert "TTS_PORT=8000 TTS_GRPC_PORT=50000 " in make_run_command()
+    assert "TTS_PORT=9000 TTS_GRPC_PORT=50001 " in make_run_command("PORT=9000", "GRPC_PORT=50001")
+    assert "TTS_GRPC_PORT=0 " in make_run_command("GRPC_PORT=0")
+    assert "TTS_GRPC_PORT=0 " in make_run_command(TTS_GRPC_PORT="0"), "the README's `TTS_GRPC_PORT=0 make run` still works"

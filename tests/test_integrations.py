@@ -1,16 +1,18 @@
 """The integration recipes of docs/integrations.md, replayed: each client's request exactly as its source sends it
-(LiveKit and Pipecat OpenAI TTS plugins, the Home Assistant openai_tts integration, Open WebUI), against a real
-server, parsed the way that client parses the answer."""
+(the LiveKit OpenAI TTS plugin, the Home Assistant openai_tts integration, Open WebUI), against a real server,
+parsed the way that client parses the answer; Pipecat's OpenAI TTS service runs for real (tests/pipecat_tts.py)."""
 
 from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 from openai import OpenAI
 from servers import AppServer
@@ -18,11 +20,14 @@ from servers import AppServer
 pytestmark = pytest.mark.integration
 
 TEXT = "Hello there. This is a test of the speech endpoint."
+REPO = Path(__file__).resolve().parents[1]
+PIPECAT_DIR = REPO / ".venv" / "pipecat"  # requirements-pipecat.txt, installed apart from .venv by `make test`
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, tiny_bundle: Path) -> Iterator[AppServer]:
-    app = AppServer(tmp_path_factory.mktemp("integrations"), tiny_bundle, {"TTS_INTRA_OP_THREADS": "1"}, name="integ")
+    env = {"TTS_INTRA_OP_THREADS": "1", "TTS_VOICE_ALIASES": "alloy=中文女"}  # Pipecat only speaks OpenAI names
+    app = AppServer(tmp_path_factory.mktemp("integrations"), tiny_bundle, env, name="integ")
     app.start()
     yield app
     app.stop()
@@ -42,6 +47,7 @@ def test_livekit_openai_tts_sse_pcm(client: OpenAI) -> None:
         input=TEXT, model="gpt-4o-mini-tts", voice="alloy", response_format="pcm", speed=1.0, stream_format="sse"
     ) as stream:
         assert stream.headers["content-type"].split(";")[0].strip().lower() == "text/event-stream"
+        assert stream.headers.get("x-request-id"), "the plugin warns on every call without one"
         types = []
         for line in stream.iter_lines():
             if not line or not line.startswith("data: "):
@@ -60,20 +66,33 @@ def test_livekit_openai_tts_tts1_mp3(client: OpenAI) -> None:
     with client.audio.speech.with_streaming_response.create(
         input=TEXT, model="tts-1", voice="nova", response_format="mp3", speed=1.0, stream_format="audio"
     ) as stream:
-        assert stream.headers["content-type"].split(";")[0] == "audio/mpeg"
+        assert stream.headers["content-type"].split(";")[0] == "audio/mpeg" and stream.headers.get("x-request-id")
         assert len(stream.read()) > 1000
 
 
-def test_pipecat_openai_tts_pcm_24k(client: OpenAI, server: AppServer) -> None:
-    """pipecat-ai 1.14.0 (pipecat/services/openai/tts.py, run_tts): input, model, an OpenAI voice name,
-    response_format pcm, optional speed; the bytes are played as 24 kHz mono int16 (OPENAI_SAMPLE_RATE)."""
+def test_pipecat_openai_tts_service_speaks_an_alias(client: OpenAI, server: AppServer, tmp_path: Path) -> None:
+    """pipecat-ai 1.14.0 for real (requirements-pipecat.txt, in .venv/pipecat): the snippet of docs/integrations.md
+    builds OpenAITTSService without a DeprecationWarning, and a Pipecat pipeline speaks through it with voice `alloy`,
+    which this server maps to 中文女 (TTS_VOICE_ALIASES; Pipecat refuses any non-OpenAI name). The unseeded answer for
+    中文女 is put in the audio cache by a direct request first, so Pipecat's audio is exactly 中文女's, not that of
+    英文女 (alloy's default), and it is 24 kHz int16 as Pipecat plays it."""
+    if not (PIPECAT_DIR / "pipecat").is_dir():
+        pytest.fail("pipecat-ai is not in .venv/pipecat: run `make test` (it installs requirements-pipecat.txt there)")
+    text = "Pipecat speaks through an alias."
     with client.audio.speech.with_streaming_response.create(
-        input=TEXT, model="gpt-4o-mini-tts", voice="alloy", response_format="pcm", speed=1.0
+        input=text, model="gpt-4o-mini-tts", voice="中文女", response_format="pcm"
     ) as r:
-        assert r.status_code == 200 and r.headers["x-sample-rate"] == "24000"
-        pcm = b"".join(r.iter_bytes(4096))
-    audio = np.frombuffer(pcm, dtype=np.int16)
-    assert audio.size > 24000 // 2
+        assert r.headers["x-sample-rate"] == "24000"
+        direct = r.read()
+    out = tmp_path / "pipecat.pcm"
+    path = os.pathsep.join(p for p in (str(PIPECAT_DIR), os.environ.get("PYTHONPATH", "")) if p)
+    argv = [sys.executable, str(REPO / "tests" / "pipecat_tts.py"), f"127.0.0.1:{server.port}", text, str(out)]
+    done = subprocess.run(argv, cwd=REPO, env=os.environ | {"PYTHONPATH": path}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["deprecations"] == [], "the README's Pipecat snippet uses deprecated arguments"
+    assert result["errors"] == [] and result["sample_rates"] == [24000], result
+    assert len(direct) > 24000 and out.read_bytes() == direct, "Pipecat's alloy did not speak as 中文女"
 
 
 def test_home_assistant_openai_tts(server: AppServer) -> None:

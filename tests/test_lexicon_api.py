@@ -231,6 +231,12 @@ def test_normalize_rejects_bad_text(client: TestClient, call: object, status: in
     assert openai_error(call(client), status)["code"] == code  # type: ignore[operator]
 
 
+def test_normalize_reports_the_pause_after_each_sentence(client: TestClient) -> None:
+    body = client.post("/v1/normalize", json={"text": '你好。[pause 1.5s]世界。<break time="300ms"/>再见。'}, headers=USER_H)
+    assert body.status_code == 200, body.text
+    assert [s["pause_after_s"] for s in body.json()["sentences"]] == [1.5, 0.3, 0.0]
+
+
 def test_punctuation_only_text_has_no_sentences(client: TestClient) -> None:
     body = client.post("/v1/normalize", json={"text": "。。！"}, headers=USER_H).json()
     assert body["sentences"] == [] and body["total_tokens"] == 0

@@ -25,3 +25,10 @@ def test_every_setting_is_documented() -> None:
 
     for name in Settings.model_fields:
         assert f"`{ENV_PREFIX}{name.upper()}`" in README
+
+
+def test_client_snippets_say_how_to_install_the_client() -> None:
+    """A reader can paste each snippet into a fresh shell: a client the server does not ship is installed first."""
+    for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S):
+        if "from openai import" in block:
+            assert "pip install openai" in block.split("from openai import")[0], block

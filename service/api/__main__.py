@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import socket
 import sys
 
@@ -10,7 +9,14 @@ import uvicorn
 from pydantic import ValidationError
 
 from service.api.app import create_app
+from service.api.logconfig import configure as configure_logging
 from service.settings import Settings
+
+# What to do about a busy port, in the terms of both ways of starting the server (the variable, or make's).
+PORT_HINTS = {
+    "TTS_PORT": "choose another port: TTS_PORT=8001, or `make run PORT=8001`",
+    "TTS_GRPC_PORT": "choose another port: TTS_GRPC_PORT=50001, or `make run GRPC_PORT=50001`; 0 turns gRPC off",
+}
 
 
 def main() -> None:
@@ -24,14 +30,15 @@ def main() -> None:
     for name, port in (("TTS_PORT", settings.port), ("TTS_GRPC_PORT", settings.grpc_port)):
         problem = _unavailable(settings.host, port) if port else None
         if problem:
-            print(f"error: {name}: cannot listen on {settings.host}:{port}: {problem}", file=sys.stderr)
+            print(f"error: {name}: cannot listen on {settings.host}:{port}: {problem} ({PORT_HINTS[name]})", file=sys.stderr)
             sys.exit(2)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_config = configure_logging(settings.log_level)
     uvicorn.run(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=log_config,
         timeout_graceful_shutdown=settings.drain_timeout_s,
     )
 

@@ -10,11 +10,12 @@ from starlette.requests import Request
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from service.access import Caller
 from service.api.auth import caller_of, mark_admitted
 from service.api.deps import AppState, enforce_rate_limit
 from service.api.errors import error_response
 from service.errors import TTSError
-from service.runtime import Slot
+from service.runtime import Runtime, Slot
 
 
 def synthesis_routes(*routers: APIRouter) -> list[APIRoute]:
@@ -67,9 +68,14 @@ class AdmissionMiddleware:
     async def _admit(self, request: Request) -> Slot:
         """The runtime's admission (key, rate limit, readiness, room); raises the TTSError the request gets."""
         runtime = self.state.runtime
-        caller = caller_of(request)
-        if runtime.rate_limit.remote:
-            await anyio.to_thread.run_sync(runtime.gate.check, caller)
-        else:
-            runtime.gate.check(caller)  # in-memory counters: microseconds, fine on the loop
+        await check_gate(runtime, caller_of(request))
         return runtime.claim()  # no await since here: nothing else ran in between
+
+
+async def check_gate(runtime: Runtime, caller: Caller) -> None:
+    """The runtime's key and rate-limit check (401, 429) for any transport on the event loop: in a worker thread
+    when the counters live in Redis (a network round trip), inline when they are in memory (microseconds)."""
+    if runtime.rate_limit.remote:
+        await anyio.to_thread.run_sync(runtime.gate.check, caller)
+    else:
+        runtime.gate.check(caller)

@@ -4,33 +4,26 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 from service.audio import AudioFormat
 from service.frontend.lexicon import MAX_WORD_CHARS
+from service.settings import OPENAI_VOICES
 
 FORMATS = [f.value for f in AudioFormat]
 _FORMAT_ENUM: dict[str, JsonValue] = {"enum": list[JsonValue](FORMATS)}
 MAX_SEED = 2**32 - 1
 OPENAI_MAX_INPUT_CHARS = 4096
 OPENAI_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15")
-
-# OpenAI voice name -> our speaker. CosyVoice-300M-SFT has one English woman and one English man, so the
-# OpenAI voices map by their usual perceived gender; our own speaker names are accepted as they are.
-OPENAI_VOICES: dict[str, str] = {
-    "alloy": "英文女",
-    "coral": "英文女",
-    "nova": "英文女",
-    "sage": "英文女",
-    "shimmer": "英文女",
-    "marin": "英文女",
-    "ash": "英文男",
-    "ballad": "英文男",
-    "echo": "英文男",
-    "fable": "英文男",
-    "onyx": "英文男",
-    "verse": "英文男",
-    "cedar": "英文男",
+# What the released CosyVoice-300M speakers are (their names are Chinese: 中文女 = "Chinese woman"), for voice lists.
+SPEAKER_DESCRIPTIONS = {
+    "中文女": "Chinese, female",
+    "中文男": "Chinese, male",
+    "英文女": "English, female",
+    "英文男": "English, male",
+    "日语男": "Japanese, male",
+    "粤语女": "Cantonese, female",
+    "韩语女": "Korean, female",
 }
 
 
@@ -42,7 +35,7 @@ class TTSBody(BaseModel):
     text: str = Field(description="Text to speak (Chinese, English, Japanese, Cantonese, Korean).")
     speaker: str | None = Field(None, description="Speaker name (GET /v1/audio/voices); default 中文女 (TTS_DEFAULT_SPEAKER).")
     format: str = Field("wav", description="Audio format.", json_schema_extra=_FORMAT_ENUM)
-    speed: float = Field(1.0, ge=0.5, le=2.0, description="Tempo factor.")
+    speed: float = Field(1.0, ge=0.5, le=2.0, allow_inf_nan=False, description="Tempo factor.")
     stream: bool = Field(False, description="Chunked response that starts with the first audio chunk (streaming WAV header).")
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="Same seed + same input = same audio.")
 
@@ -61,10 +54,12 @@ class SpeechBody(BaseModel):
     model: str = Field(description=f"{', '.join(OPENAI_MODEL_ALIASES)}, or this server's model id (GET /v1/models).")
     input: str = Field(description=f"Text to speak, at most {OPENAI_MAX_INPUT_CHARS} characters.")
     voice: str | VoiceRef = Field(
-        description="A speaker name, or an OpenAI voice: " + ", ".join(f"{k}→{v}" for k, v in OPENAI_VOICES.items()) + "."
+        description="A speaker name, a saved voice, or an OpenAI voice name; by default "
+        + ", ".join(f"{k}→{v}" for k, v in OPENAI_VOICES.items())
+        + " (TTS_VOICE_ALIASES maps them to any speaker or saved voice; GET /v1/audio/voices lists them)."
     )
     response_format: str = Field("mp3", description="mp3, opus, aac, flac, wav or pcm.", json_schema_extra=_FORMAT_ENUM)
-    speed: float = Field(1.0, ge=0.25, le=4.0)
+    speed: float = Field(1.0, ge=0.25, le=4.0, allow_inf_nan=False)
     instructions: str | None = Field(
         None,
         max_length=OPENAI_MAX_INPUT_CHARS,
@@ -74,10 +69,25 @@ class SpeechBody(BaseModel):
     stream: bool | None = Field(
         None,
         description="Extension (not in OpenAI's API): `true` sends audio as it is synthesized (chunked; WAV gets a "
-        "streaming header with unknown sizes), `false` sends the whole file with Content-Length and exact WAV sizes. "
-        "Default: WAV whole, every other format streamed. `stream_format=sse` always streams.",
+        "streaming header with unknown sizes, FLAC an unknown sample count), `false` sends the whole file with "
+        "Content-Length, exact WAV sizes and FLAC's sample count and MD5. Default: WAV and FLAC whole, every other "
+        "format streamed. `stream_format=sse` always streams.",
     )
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="Extension (not in OpenAI's API): same seed, same audio.")
+    timestamps: bool = Field(
+        False,
+        description="Extension (not in OpenAI's API), with `stream_format=sse` only: a `speech.audio.sentence` event "
+        "after each sentence's audio, `{sentence, text, start, end}` with times in seconds of the decoded audio. "
+        "Such requests are never answered from the audio cache.",
+    )
+
+    @field_validator("voice", mode="before")
+    @classmethod
+    def _voice_shape(cls, value: object) -> object:
+        """One clear error for a voice of the wrong shape (pydantic would report each member of the union)."""
+        if isinstance(value, str) or (isinstance(value, dict) and isinstance(value.get("id"), str)):
+            return value
+        raise ValueError('expected a voice name or an object {"id": "<voice name>"}')
 
     @property
     def voice_name(self) -> str:
@@ -122,8 +132,9 @@ class AudioModelList(BaseModel):
 
 
 class Voice(BaseModel):
-    id: str
-    name: str
+    id: str = Field(description="What to send as `voice` (or `speaker`).")
+    name: str = Field(description="For people: a built-in speaker with its language and gender, an alias with its target.")
+    alias_of: str | None = Field(default=None, description="OpenAI voice names only: the speaker or saved voice it speaks as.")
 
 
 class VoiceList(BaseModel):
@@ -220,6 +231,7 @@ class NormalizedSentence(BaseModel):
     text: str = Field(description="The sentence as it will be spoken.")
     ids: list[int] = Field(description="Whisper BPE token ids sent to the engine.")
     tokens: int
+    pause_after_s: float = Field(description="Silence inserted after the sentence (SSML breaks, `[pause …]`), seconds.")
 
 
 class LexiconRewrite(BaseModel):

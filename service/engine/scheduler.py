@@ -1,23 +1,19 @@
-"""Stage scheduling: continuous batching of LLM decode steps on one thread, and a deadline-ordered gate for flow/HiFT."""
+"""Continuous batching: every request's LLM decode steps run as one batched step on one scheduler thread."""
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
 
 import numpy as np
 
+from service.engine.chunking import RateMeter
 from service.engine.llm import DecodeBatch, LLMRequest, LLMRunner
-from service.engine.sessions import lower_thread_priority
 from service.engine.voice import LLMPrompt, as_llm_prompt
 from service.errors import EngineError, ShuttingDownError, TTSError
 
@@ -26,9 +22,6 @@ log = logging.getLogger(__name__)
 _POLL_S = 0.05  # how often a waiting consumer looks at its cancel event
 _YIELD_POLL_S = 0.005  # how often a paused scheduler re-checks yield_to (it is also woken by waiting consumers)
 _END = None
-_MISSING = object()
-P = TypeVar("P")
-R = TypeVar("R")
 
 
 @dataclass(eq=False)
@@ -40,6 +33,7 @@ class _Job:
     rng: np.random.Generator
     min_tokens: int | None
     max_tokens: int | None
+    urgent_tokens: int = 0  # its first `urgent_tokens` tokens feed the request's first audio
     out: queue.SimpleQueue[list[int] | BaseException | None] = field(default_factory=queue.SimpleQueue)
     abandoned: threading.Event = field(default_factory=threading.Event)
     sent: int = 0
@@ -81,23 +75,38 @@ class TokenStream(Iterator[int]):
         self._cancel = cancel
         self._buffer: deque[int] = deque()
         self._done = False
+        self._tail: BaseException | None = None  # an error seen by ready(), raised once the buffer is consumed
 
     def __iter__(self) -> TokenStream:
         return self
 
     def __next__(self) -> int:
         while not self._buffer:
+            if self._tail is not None:
+                error, self._tail = self._tail, None
+                self.close()
+                raise error
             if self._done:
                 raise StopIteration
-            item = self._wait()
-            if item is _END:
-                self._done = True
-            elif isinstance(item, BaseException):
-                self.close()
-                raise item
-            else:
-                self._buffer.extend(item)
+            self._take(self._wait())
         return self._buffer.popleft()
+
+    def ready(self) -> int:
+        """Tokens already decoded and not yet taken: what the next calls return without waiting."""
+        while not self._done and self._tail is None:
+            try:
+                self._take(self._job.out.get_nowait())
+            except queue.Empty:
+                break
+        return len(self._buffer)
+
+    def _take(self, item: list[int] | BaseException | None) -> None:
+        if item is _END:
+            self._done = True
+        elif isinstance(item, BaseException):
+            self._tail = item
+        else:
+            self._buffer.extend(item)
 
     def _wait(self) -> list[int] | BaseException | None:
         job = self._job
@@ -145,7 +154,9 @@ class BatchScheduler:
     returns True the thread pauses between decode steps, unless a prefill is queued or a consumer is
     blocked waiting for one of its first `urgent_tokens` tokens (those it needs for its own first audio).
     A consumer waiting for later tokens already has audio and waits: a listener who has heard nothing
-    yet is worse off.
+    yet is worse off. How many tokens are urgent is per request (`generate(urgent_tokens=...)`): the chunk
+    schedule's first-audio tokens. With a `meter`, the interval between decode steps (pauses included) is
+    recorded as each stream's token interval.
     """
 
     def __init__(
@@ -155,14 +166,15 @@ class BatchScheduler:
         max_batch: int = 16,
         name: str = "llm-scheduler",
         yield_to: Callable[[], bool] | None = None,
-        urgent_tokens: int = 0,
+        meter: RateMeter | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.runner = runner
         self.max_batch = max_batch
         self.yield_to = yield_to
-        self.urgent_tokens = urgent_tokens
+        self.meter = meter
+        self._last_step: float | None = None
         self.stats = SchedulerStats()
         self._cond = threading.Condition()
         self._pending: deque[_Job] = deque()
@@ -183,12 +195,14 @@ class BatchScheduler:
         min_tokens: int | None = None,
         max_tokens: int | None = None,
         cancel: threading.Event | None = None,
+        urgent_tokens: int = 0,
     ) -> TokenStream:
         """Queue a request (its prefill starts at once) and return its token stream.
 
         The scheduler thread owns `rng` until the stream ends. Raises ShuttingDownError after `close()`.
+        `urgent_tokens`: how many first tokens feed the request's first audio (see `yield_to`).
         """
-        job = _Job(list(map(int, text_ids)), as_llm_prompt(prompt), rng, min_tokens, max_tokens)
+        job = _Job(list(map(int, text_ids)), as_llm_prompt(prompt), rng, min_tokens, max_tokens, urgent_tokens)
         with self._cond:
             if self._closed:
                 raise ShuttingDownError("the LLM scheduler is stopped")
@@ -234,6 +248,8 @@ class BatchScheduler:
                     self._cond.wait(_YIELD_POLL_S)
             elif len(batch):
                 self._step(batch)
+            if not len(batch):
+                self._last_step = None  # idle time is no token interval
             if not len(batch) and batch.cache.nbytes() > self._idle_cache_bytes:
                 # Empty: give the grown KV buffers back now, before waiting for work. The next requests
                 # start from the small cache and grow it to their own length, not to the last burst's.
@@ -244,7 +260,7 @@ class BatchScheduler:
         """True while `yield_to` asks for the cores and no queued prefill or first-audio consumer needs the LLM now."""
         if self.yield_to is None or self._pending or not self.yield_to():
             return False
-        return not any(job.waiting and job.sent < self.urgent_tokens for job in list(self._jobs.values()))
+        return not any(job.waiting and job.sent < job.urgent_tokens for job in list(self._jobs.values()))
 
     def _next_admissions(self, in_batch: int) -> list[_Job] | None:
         """Wait for work; returns the jobs to prefill now ([] when only decoding), None when closed."""
@@ -284,6 +300,10 @@ class BatchScheduler:
 
     def _step(self, batch: DecodeBatch) -> None:
         rows = list(batch.requests)
+        now = time.perf_counter()
+        if self.meter is not None and self._last_step is not None:
+            self.meter.token_interval(now - self._last_step)
+        self._last_step = now
         try:
             done = self.runner.step(batch)
         except Exception as e:  # the batch is in an unknown state: fail its requests, keep serving others
@@ -315,201 +335,3 @@ class BatchScheduler:
             batch.remove(request)
         for job in jobs:
             job.fail(ShuttingDownError("the LLM scheduler stopped"))
-
-
-@dataclass(eq=False)
-class _Pooled:
-    """One caller of AcousticGate.pooled: its payload, and the result another thread may produce for it."""
-
-    key: Hashable
-    payload: Any
-    taken: bool = False  # some caller holds a slot and runs this payload
-    result: Any = None
-    error: BaseException | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-
-
-def _deliver(group: list[_Pooled], results: Iterable[Any]) -> None:
-    """Hand results to their callers as they come; whoever got none gets the error (or a RuntimeError)."""
-    error: BaseException | None = None
-    try:
-        it = iter(results)
-        for member in group:
-            member.result = next(it, _MISSING)
-            if member.result is _MISSING:
-                raise RuntimeError("the pooled call returned fewer results than it was given payloads")
-            member.done.set()
-    except BaseException as e:  # passed to every caller still waiting, re-raised here if not an Exception
-        error = e
-    if error is None:
-        return
-    for member in group:
-        if not member.done.is_set():
-            member.error = error if isinstance(error, Exception) else RuntimeError("pooled call interrupted")
-            member.done.set()
-    if not isinstance(error, Exception):
-        raise error
-
-
-def _never_step_aside() -> None:
-    """step_aside of a gate without slots: nobody waits, so there is nobody to make room for."""
-
-
-class AcousticGate:
-    """Lets at most `slots` flow/HiFT calls run at once; first chunks go first, then earliest deadline first.
-
-    A call's deadline is when its listener runs out of audio: the request's arrival plus the audio it
-    has already received, so a stream that is seconds ahead yields to one about to stall. Calls for a
-    request's first audio come before all others (in arrival order): under overload every running
-    stream is behind, and plain EDF would make a newcomer wait until they all finished, while a
-    listener who has heard nothing yet is the worst off. `slots=0` admits everyone at once. `nice` > 0
-    lowers the priority of the threads that pass through (the LLM thread keeps the cores when it needs them).
-    """
-
-    def __init__(self, slots: int = 1, *, nice: int = 0) -> None:
-        if slots < 0:
-            raise ValueError("slots must be >= 0")
-        self.slots = slots
-        self.nice = nice
-        self._cond = threading.Condition()
-        self._busy = 0
-        self._first_busy = 0
-        self._waiting: list[tuple[int, float, int]] = []
-        self._pooled: dict[tuple[int, float, int], _Pooled] = {}
-        self._tickets = itertools.count()
-
-    @contextmanager
-    def slot(self, deadline: float, *, first: bool = False) -> Iterator[Callable[[], None]]:
-        """Hold one slot for the duration of the block (waits while all are busy or a more urgent call waits).
-
-        The block receives a `step_aside()` callable for long calls that run in steps (the flow's Euler
-        steps): between two steps it hands the slot to a waiting first-audio call, if there is one, and
-        returns once this call's turn has come again. A listener who has heard nothing then waits for one
-        estimator step, not for a whole middle chunk. It does nothing in a first-audio call itself.
-        """
-        lower_thread_priority(self.nice)
-        if self.slots == 0:
-            with self._cond:
-                self._first_busy += first
-            try:
-                yield _never_step_aside
-            finally:
-                with self._cond:
-                    self._first_busy -= first
-            return
-        ticket = (0 if first else 1, deadline, next(self._tickets))
-        with self._cond:
-            self._acquire(ticket)
-            self._first_busy += first
-
-        def step_aside() -> None:
-            if first or not self._waiting or self._waiting[0][0] != 0:  # unlocked peek: a stale answer costs one step
-                return
-            with self._cond:
-                if not self._waiting or self._waiting[0][0] != 0:
-                    return
-                self._busy -= 1
-                self._cond.notify_all()
-                self._acquire(ticket)
-
-        try:
-            yield step_aside
-        finally:
-            with self._cond:
-                self._busy -= 1
-                self._first_busy -= first
-                self._cond.notify_all()
-
-    def _acquire(self, ticket: tuple[int, float, int]) -> None:
-        """With the lock held: queue `ticket`, wait until it is first and a slot is free, take the slot."""
-        heapq.heappush(self._waiting, ticket)
-        while self._busy >= self.slots or self._waiting[0] != ticket:
-            self._cond.wait()
-        heapq.heappop(self._waiting)
-        self._busy += 1
-
-    def pooled(
-        self, deadline: float, key: Hashable, payload: P, execute: Callable[[list[P]], Iterable[R]], *, max_group: int = 16
-    ) -> R:
-        """A first-audio call that may run together with other waiting ones: returns `execute`'s result for `payload`.
-
-        The caller queues like `slot(first=True)`. Whoever gets the slot takes every waiting pooled call
-        with an equal `key` (up to `max_group`, in queue order), runs `execute` once on all their payloads
-        and hands each caller its result as soon as `execute` yields it; the others never take a slot.
-        An exception from `execute` is raised in every caller of the group still without a result.
-        """
-        lower_thread_priority(self.nice)
-        me = _Pooled(key, payload)
-        ticket = (0, deadline, next(self._tickets))
-        with self._cond:
-            if self.slots:
-                heapq.heappush(self._waiting, ticket)
-                self._pooled[ticket] = me
-                while not me.taken and (self._busy >= self.slots or self._waiting[0] != ticket):
-                    self._cond.wait()
-            group = [] if me.taken else self._take_group(ticket, me, max_group)
-            if group:
-                self._busy += 1
-                self._first_busy += 1
-                self._cond.notify_all()  # the callers just taken stop waiting for a slot
-        if group:
-            try:
-                _deliver(group, execute([g.payload for g in group]))
-            finally:
-                with self._cond:
-                    self._busy -= 1
-                    self._first_busy -= 1
-                    self._cond.notify_all()
-        me.done.wait()
-        if me.error is not None:
-            raise me.error
-        return cast(R, me.result)
-
-    def _take_group(self, ticket: tuple[int, float, int], me: _Pooled, max_group: int) -> list[_Pooled]:
-        """With the lock held: `me` plus the waiting pooled calls of its key, all marked taken and unqueued."""
-        self._pooled.pop(ticket, None)
-        me.taken = True
-        mates = sorted(t for t, p in self._pooled.items() if p.key == me.key)[: max(0, max_group - 1)]
-        group = [me]
-        for t in mates:
-            mate = self._pooled.pop(t)
-            mate.taken = True
-            group.append(mate)
-        gone = {ticket, *mates}
-        self._waiting = [t for t in self._waiting if t not in gone]
-        heapq.heapify(self._waiting)
-        return group
-
-    def first_audio_running(self) -> bool:
-        """True while a call for some request's first audio holds a slot (read without the lock)."""
-        return self._first_busy > 0
-
-
-class Pacer:
-    """Per-request deadline keeping for the AcousticGate: arrival time plus audio seconds delivered so far."""
-
-    def __init__(self, gate: AcousticGate, sample_rate: int, start: float | None = None) -> None:
-        self.gate = gate
-        self.sample_rate = sample_rate
-        self.start = time.monotonic() if start is None else start
-        self.audio_s = 0.0
-
-    @property
-    def deadline(self) -> float:
-        return self.start + self.audio_s
-
-    @contextmanager
-    def turn(self) -> Iterator[Callable[[], None]]:
-        """Run one acoustic call when the gate gives this request its turn (first audio counts as urgent).
-
-        The block gets the slot's `step_aside` (see AcousticGate.slot) to call between solver steps.
-        """
-        with self.gate.slot(self.deadline, first=self.audio_s == 0.0) as step_aside:
-            yield step_aside
-
-    def pooled(self, key: Hashable, payload: P, execute: Callable[[list[P]], Iterable[R]], *, max_group: int) -> R:
-        """This request's first-audio call, run together with at most `max_group - 1` other requests' (AcousticGate.pooled)."""
-        return self.gate.pooled(self.deadline, key, payload, execute, max_group=max_group)
-
-    def delivered(self, samples: int) -> None:
-        self.audio_s += samples / self.sample_rate

@@ -13,13 +13,14 @@ from service.api.deps import SYNTHESIS_GUARDS, ServiceDep, StateDep, VoicesDep
 from service.api.errors import ERROR_RESPONSES
 from service.api.routes.common import audio_headers, audio_responses, read_upload, submit
 from service.api.streaming import chunked_response
+from service.api.textfields import TextRoute
 from service.audio import AudioFormat
-from service.cloning import PromptAudio
+from service.cloning import PromptAudio, Voices
 from service.engine.voice import Voice
 from service.errors import UnsupportedCapabilityError
-from service.tts import SpeechRequest
+from service.tts import SpeechRequest, TTSService
 
-router = APIRouter(tags=["official CosyVoice API"])
+router = APIRouter(tags=["official CosyVoice API"], route_class=TextRoute)
 
 _ROUTE = {
     "dependencies": SYNTHESIS_GUARDS,
@@ -103,9 +104,15 @@ async def inference_instruct(
     voices: VoicesDep,
 ) -> Response:
     """CosyVoice-300M-Instruct (official `inference_instruct`): a built-in speaker, styled by `instruct_text`."""
-    base = service.resolve_voice(SpeechRequest(tts_text, spk_id, speaker_param="spk_id"))
-    voice = voices.instruct_voice(base, instruct_text)
+    voice = await anyio.to_thread.run_sync(_instruct_voice, service, voices, spk_id, instruct_text)
     return await _pcm_response(request, service, state, tts_text, voice)
+
+
+def _instruct_voice(service: TTSService, voices: Voices, spk_id: str, instruct_text: str) -> Voice:
+    """The speaker (a saved voice is read from its store) styled by `instruct_text` (normalized and encoded): file,
+    Redis and CPU work, so routes call it in a worker thread."""
+    base = service.resolve_voice(SpeechRequest("", spk_id, speaker_param="spk_id"))
+    return voices.instruct_voice(base, instruct_text)
 
 
 @router.get("/inference_instruct2", operation_id="inference_instruct2_get", **_ROUTE)  # type: ignore[arg-type]

@@ -21,7 +21,7 @@ from service.api.routes.common import (
 )
 from service.api.schemas import (
     OPENAI_MODEL_ALIASES,
-    OPENAI_VOICES,
+    SPEAKER_DESCRIPTIONS,
     AudioModel,
     AudioModelList,
     ModelCard,
@@ -31,20 +31,14 @@ from service.api.schemas import (
     VoiceList,
 )
 from service.api.streaming import chunked_response, sse_response, whole_response
+from service.api.textfields import TextRoute
 from service.audio import AudioFormat, parse_format
 from service.cloning import Voices
-from service.errors import UnknownModelError
+from service.errors import InvalidInputError, UnknownModelError
 from service.tts import SpeechRequest, TTSService
 
-router = APIRouter(prefix="/v1", tags=["openai"])
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=TextRoute)
 OWNER = "cosyvoice-lite"
-
-
-def resolve_voice(voice: str, speakers: list[str]) -> str:
-    """Our speaker for `voice`: a name as is (a built-in speaker or a saved voice, which the service resolves and
-    refuses with UnknownSpeakerError when it has neither), else the documented OpenAI voice mapping."""
-    mapped = OPENAI_VOICES.get(voice.lower()) if voice not in speakers else None
-    return str(mapped) if mapped in speakers else voice
 
 
 def instructed(wanted: SpeechRequest, instructions: str | None, service: TTSService, voices: Voices) -> SpeechRequest:
@@ -61,11 +55,16 @@ def model_ids(state: AppState) -> list[str]:
     return [state.model_id, *OPENAI_MODEL_ALIASES]
 
 
+# Formats whose header states the length only when the whole file is written before it is sent (WAV's sizes, FLAC's
+# sample count): a file client (soundfile, `wave`) reads them by that length, so they are whole unless asked otherwise.
+WHOLE_BY_DEFAULT = (AudioFormat.WAV, AudioFormat.FLAC)
+
+
 def streamed(body: SpeechBody, fmt: AudioFormat) -> bool:
-    """Chunked unless the caller says `stream: false`; WAV defaults to the whole file so its header has exact sizes."""
+    """Chunked unless the caller says `stream: false`; WAV and FLAC default to the whole file (exact lengths)."""
     if body.stream_format == "sse":
         return True
-    return body.stream if body.stream is not None else fmt is not AudioFormat.WAV
+    return body.stream if body.stream is not None else fmt not in WHOLE_BY_DEFAULT
 
 
 @router.post(
@@ -73,7 +72,7 @@ def streamed(body: SpeechBody, fmt: AudioFormat) -> bool:
     dependencies=[*SYNTHESIS_GUARDS, *JSON_BODY],
     response_class=Response,
     responses={**audio_responses(), **ERROR_RESPONSES},
-    summary="OpenAI text-to-speech (streamed, except WAV; `stream_format=sse` for events)",
+    summary="OpenAI text-to-speech (streamed, except WAV and FLAC; `stream_format=sse` for events)",
 )
 async def speech(request: Request, body: SpeechBody, service: ServiceDep, state: StateDep, voices: VoicesDep) -> Response:
     """OpenAI's contract. `pcm` is int16 mono at TTS_OPENAI_PCM_SAMPLE_RATE_HZ (24,000 Hz by default,
@@ -85,10 +84,12 @@ async def speech(request: Request, body: SpeechBody, service: ServiceDep, state:
             f"the model {body.model!r} does not exist; use one of {', '.join(model_ids(state))}", param="model"
         )
     fmt = parse_format(body.response_format, "response_format")
+    if body.timestamps and body.stream_format != "sse":
+        raise InvalidInputError("timestamps need stream_format 'sse' (they are events beside the audio)", param="timestamps")
     chunked = streamed(body, fmt)
     wanted = SpeechRequest(
         text=body.input,
-        speaker=resolve_voice(body.voice_name, service.speakers),
+        speaker=body.voice_name,  # a speaker, a saved voice or an OpenAI name (an alias): the service resolves it
         fmt=fmt,
         speed=body.speed,
         seed=body.seed,
@@ -99,6 +100,7 @@ async def speech(request: Request, body: SpeechBody, service: ServiceDep, state:
         max_chars=openai_max_chars(state),
         text_param="input",
         speaker_param="voice",
+        timestamps=body.timestamps,
     )
     wanted = await anyio.to_thread.run_sync(instructed, wanted, body.instructions, service, voices)
     job = await submit(service, wanted)
@@ -131,23 +133,25 @@ async def list_audio_models(state: StateDep) -> AudioModelList:
     return AudioModelList(data=cards, models=[AudioModel(id=c.id, name=c.id) for c in cards])
 
 
-@router.get("/audio/voices", dependencies=LISTING, response_model=VoiceList, summary="Speakers (Open WebUI reads this)")
+@router.get(
+    "/audio/voices",
+    dependencies=LISTING,
+    response_model=VoiceList,
+    response_model_exclude_none=True,
+    summary="Speakers (Open WebUI reads this)",
+)
 async def list_voices(service: ServiceDep, voices: VoicesDep) -> VoiceList:
-    """Built-in speakers, then saved voices (POST /v1/voices)."""
+    """Built-in speakers (named with their language and gender), saved voices (POST /v1/voices), then the OpenAI
+    voice names with what each speaks as (`alias_of`: the defaults and TTS_VOICE_ALIASES)."""
     saved = await anyio.to_thread.run_sync(voices.store.list)
-    return VoiceList(voices=[Voice(id=s, name=s) for s in [*service.speakers, *(v.name for v in saved)]])
+    builtin = [Voice(id=s, name=f"{s} — {SPEAKER_DESCRIPTIONS[s]}" if s in SPEAKER_DESCRIPTIONS else s) for s in service.speakers]
+    aliases = [Voice(id=a, name=f"{a} → {t}", alias_of=t) for a, t in service.aliases.items()]
+    return VoiceList(voices=[*builtin, *(Voice(id=v.name, name=v.name) for v in saved), *aliases])
 
 
 def model_cards(state: AppState) -> list[ModelCard]:
     """Our model id, then the OpenAI aliases, each with the bundle's facts."""
     facts = model_facts(state).model_dump()
     description = state.bundle.manifest.description if state.bundle else ""
-    created = _created(state)
+    created = state.runtime.model_created
     return [ModelCard(id=m, created=created, owned_by=OWNER, description=description, **facts) for m in model_ids(state) if m]
-
-
-def _created(state: AppState) -> int:
-    """Unix time the bundle's manifest was written (OpenAI's `created`)."""
-    if state.bundle is None:
-        return 0
-    return int((state.bundle.root / "manifest.json").stat().st_mtime)

@@ -12,10 +12,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service.api.deps import ServiceDep, StateDep
 from service.api.routes.common import model_facts, openai_max_chars
-from service.api.schemas import FORMATS, OPENAI_VOICES, Health, Readiness, ServiceInfo
+from service.api.schemas import FORMATS, Health, Readiness, ServiceInfo
+from service.api.textfields import TextRoute
 from service.errors import NotFoundError, TTSError
 
-router = APIRouter(tags=["operations"])
+router = APIRouter(tags=["operations"], route_class=TextRoute)
 STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
 
 
@@ -51,7 +52,8 @@ def _readiness(status_code: int, status: str, engine: str, cache: str, detail: s
 
 @router.get("/metrics", response_class=Response, summary="Prometheus metrics")
 async def metrics(state: StateDep) -> Response:
-    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    body = await anyio.to_thread.run_sync(generate_latest, state.metrics.registry)  # walks every series: CPU work
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/info", response_model=ServiceInfo, summary="Model, speakers, formats and limits")
@@ -64,7 +66,7 @@ async def info(state: StateDep, service: ServiceDep) -> ServiceInfo:
         speakers=speakers,
         default_speaker=state.settings.default_speaker,
         formats=FORMATS,
-        openai_voices={k: v for k, v in OPENAI_VOICES.items() if v in speakers},
+        openai_voices=service.aliases,
         openai_pcm_sample_rate_hz=state.settings.openai_pcm_sample_rate_hz,
         max_chars=state.settings.max_chars,
         openai_max_chars=openai_max_chars(state),
@@ -79,6 +81,6 @@ async def info(state: StateDep, service: ServiceDep) -> ServiceInfo:
 @router.get("/", response_class=FileResponse, include_in_schema=False)
 async def index() -> FileResponse:
     page = STATIC_DIR / "index.html"
-    if not page.is_file():
+    if not await anyio.to_thread.run_sync(page.is_file):
         raise NotFoundError("the web page is not installed")
     return FileResponse(page, media_type="text/html; charset=utf-8")

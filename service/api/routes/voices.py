@@ -5,14 +5,16 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, File, Form, UploadFile
+from fastapi import APIRouter, File, Form, Request, UploadFile
 
-from service.api.deps import ADMIN, LISTING, StateDep, VoicesDep
+from service.api.auth import caller_of
+from service.api.deps import ADMIN, AUTHENTICATED, LISTING, StateDep, VoicesDep
 from service.api.errors import ERROR_RESPONSES
 from service.api.routes.common import read_upload
+from service.api.textfields import TextRoute
 from service.cloning import PromptAudio
 
-router = APIRouter(prefix="/v1/voices", tags=["voices"])
+router = APIRouter(prefix="/v1/voices", tags=["voices"], route_class=TextRoute)
 
 
 @router.post("", dependencies=ADMIN, status_code=201, responses=ERROR_RESPONSES, summary="Save a cloned voice")
@@ -31,13 +33,20 @@ async def create_voice(
 
 
 @router.get("", dependencies=LISTING, responses=ERROR_RESPONSES, summary="List saved voices")
-async def list_voices(voices: VoicesDep) -> dict[str, Any]:
+async def list_voices(request: Request, state: StateDep, voices: VoicesDep) -> dict[str, Any]:
+    """Every saved voice with its details (transcript, length, kind). With API keys on, a request without a key
+    (let through while TTS_PUBLIC_MODEL_LIST is on) gets ids and names only: transcripts are personal data.
+    `can_manage` says whether this caller may save and delete voices (an admin key, or no keys configured)."""
+    caller = caller_of(request)
+    details = not state.keys.enabled or caller.key is not None  # a key that is sent was checked by LISTING
     found = await anyio.to_thread.run_sync(voices.store.list)
-    return {"object": "list", "data": [v.info() for v in found], "max_voices": voices.max_voices}
+    data = [v.info() if details else {"id": v.name, "name": v.name} for v in found]
+    return {"object": "list", "data": data, "max_voices": voices.max_voices, "can_manage": state.keys.is_admin(caller)}
 
 
-@router.get("/{voice_id}", dependencies=LISTING, responses=ERROR_RESPONSES, summary="One saved voice")
+@router.get("/{voice_id}", dependencies=AUTHENTICATED, responses=ERROR_RESPONSES, summary="One saved voice")
 async def get_voice(voice_id: str, voices: VoicesDep) -> dict[str, Any]:
+    """A voice's details, transcript included: needs an API key when keys are on."""
     return (await anyio.to_thread.run_sync(voices.saved, voice_id)).info()
 
 

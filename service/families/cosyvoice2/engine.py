@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 
 from service.bundle import FAMILY_V2, V2_GRAPH_IO, V2_NOISE_NAME, CosyVoice2Constants, ModelBundle
+from service.engine.acoustic_gate import AcousticGate, Pacer
 from service.engine.dsp import StreamingStretch
 from service.engine.hift import HiFTRunner
-from service.engine.scheduler import AcousticGate, BatchScheduler, Pacer
+from service.engine.scheduler import BatchScheduler
 from service.engine.sessions import RuntimeOptions, limit_malloc_arenas, open_sessions
 from service.engine.synthesizer import AudioChunk, StageTimings, SynthesisOptions, TokenGenerator
 from service.errors import BundleError, EmptyTextError, InvalidInputError
@@ -93,6 +94,7 @@ class MelChunk:
     mel: np.ndarray
     final: bool
     flow_s: float
+    tokens: int  # speech tokens whose frames this chunk holds
 
 
 @dataclass
@@ -154,8 +156,7 @@ class CosyVoice2Engine:
         llm: TokenGenerator = runner
         if runtime.max_batch > 0:
             yield_to = gate.first_audio_running if gate is not None and runtime.first_audio_priority else None
-            urgent = 4 * loaded.constants.token_hop_len  # a first chunk's tokens behind a long prompt's pad
-            llm = BatchScheduler(runner, max_batch=runtime.max_batch, yield_to=yield_to, urgent_tokens=urgent)
+            llm = BatchScheduler(runner, max_batch=runtime.max_batch, yield_to=yield_to)
         return cls(loaded, sessions, llm=llm, gate=gate, **kwargs)
 
     def close(self) -> None:
@@ -181,7 +182,7 @@ class CosyVoice2Engine:
             raise EmptyTextError("nothing to synthesize: no sentences, or an empty sentence")
         self._check(voice, options)
         llm_rng, noise_rng = np.random.default_rng(options.seed).spawn(2)
-        pace = Pacer(self.gate, self.sample_rate) if self.gate is not None else None
+        pace = Pacer(self.gate, self.sample_rate)
         return self._sentences(texts, voice, options, llm_rng, noise_rng, cancel, pace)
 
     def synthesize_tokens(
@@ -204,7 +205,8 @@ class CosyVoice2Engine:
             raise InvalidInputError(f"speech tokens must be in 0..{self.constants.speech_token_size - 1}", param="speech_tokens")
         self._check(voice, options)
         rng = np.random.default_rng(options.seed).spawn(2)[1]
-        return (piece for piece, _ in self._sentence(iter(tokens), voice.flow, options, rng, None, None, exact_final))
+        pace = Pacer(None, self.sample_rate)
+        return (piece for piece, _ in self._sentence(iter(tokens), voice.flow, options, rng, pace, None, exact_final))
 
     def prompt_state(self, prompt: FlowPrompt2, n_timesteps: int, fingerprint: str) -> FlowState:
         """The voice's prompt-only flow state (cached by fingerprint), as a copy this request may extend."""
@@ -237,19 +239,22 @@ class CosyVoice2Engine:
         llm_rng: np.random.Generator,
         noise_rng: np.random.Generator,
         cancel: threading.Event | None,
-        pace: Pacer | None,
+        pace: Pacer,
     ) -> Iterator[AudioChunk]:
         for index, ids in enumerate(texts):
             if cancel is not None and cancel.is_set():
                 return
             clock = time.perf_counter()
-            tokens = self.llm.generate(ids, voice.llm, llm_rng, cancel=cancel)
+            urgent = 2 * self.schedule.chunk + self.schedule.look_ahead  # a first chunk's tokens (first hop + pad)
+            tokens = self.llm.generate(ids, voice.llm, llm_rng, cancel=cancel, urgent_tokens=urgent)
             exact = self.official_final_chunk
             pieces = self._sentence(iter(tokens), voice.flow, options, noise_rng, pace, voice.fingerprint, exact)
-            for audio, (last, flow_s, hift_s) in pieces:
+            for audio, (last, flow_s, hift_s, tokens_in) in pieces:
                 llm_s = max(0.0, time.perf_counter() - clock - flow_s - hift_s)
                 timings = StageTimings(llm_s=llm_s, flow_s=flow_s, hift_s=hift_s)
-                yield AudioChunk(audio, index, last and index == len(texts) - 1, timings, sentence_end=last)
+                final = last and index == len(texts) - 1
+                rate = self.sample_rate
+                yield AudioChunk(audio, index, final, timings, sentence_end=last, sample_rate=rate, speech_tokens=tokens_in)
                 clock = time.perf_counter()
                 if cancel is not None and cancel.is_set():
                     return
@@ -271,9 +276,11 @@ class CosyVoice2Engine:
         prompt-only state may be cached; `exact_final` makes the last chunk the official full-attention one.
         """
         steps = options.n_timesteps or self.constants.n_timesteps
+        pace = pace or Pacer(None, self.sample_rate)
         if not options.stream:
-            mel, flow_s = self._whole(prompt, list(tokens), steps, pace)
-            yield MelChunk(mel, True, flow_s)
+            speech = list(tokens)
+            mel, flow_s = self._whole(prompt, speech, steps, pace)
+            yield MelChunk(mel, True, flow_s, len(speech))
             return
         state = self.prompt_state(prompt, steps, fingerprint) if fingerprint else self.flow.prompt_state(prompt, steps)
         base = options.first_hop_tokens or self.schedule.first
@@ -293,23 +300,22 @@ class CosyVoice2Engine:
         prompt: FlowPrompt2,
         options: SynthesisOptions,
         rng: np.random.Generator,
-        pace: Pacer | None,
+        pace: Pacer,
         fingerprint: str | None,
         exact_final: bool,
-    ) -> Iterator[tuple[np.ndarray, tuple[bool, float, float]]]:
-        """Audio pieces of one sentence with (final, flow seconds, vocoder seconds)."""
+    ) -> Iterator[tuple[np.ndarray, tuple[bool, float, float, int]]]:
+        """Audio pieces of one sentence with (final, flow seconds, vocoder seconds, speech tokens)."""
         vocoder = VocoderStream(self.vocoder, rng)
         stretch = StreamingStretch(options.speed) if options.stream and options.speed != 1.0 else None
         for chunk in self.mel_chunks(tokens, prompt, options, fingerprint=fingerprint, exact_final=exact_final, pace=pace):
             clock = time.perf_counter()
-            with pace.turn() if pace is not None else _no_turn():
+            with pace.turn(first=pace.audio_s == 0.0):
                 mel = stretch.push(chunk.mel, final=chunk.final) if stretch is not None else chunk.mel
                 audio = vocoder.push(mel, final=chunk.final, speed=1.0 if options.stream else options.speed)
-            if pace is not None:
-                pace.delivered(audio.shape[0])
-            yield audio, (chunk.final, chunk.flow_s, time.perf_counter() - clock)
+            pace.delivered(audio.shape[0])
+            yield audio, (chunk.final, chunk.flow_s, time.perf_counter() - clock, chunk.tokens)
 
-    def _flow_chunk(self, job: _Sentence, pace: Pacer | None, *, final: bool, exact: bool = False) -> MelChunk:
+    def _flow_chunk(self, job: _Sentence, pace: Pacer, *, final: bool, exact: bool = False) -> MelChunk:
         """Flow for the next hop (or the rest): the new tokens after what is encoded, with their look-ahead."""
         prompt_tokens = len(job.prompt.tokens)
         seq = np.asarray([*job.prompt.tokens, *job.speech], dtype=np.int64)
@@ -320,31 +326,22 @@ class CosyVoice2Engine:
             mel, _ = self._whole(job.prompt, job.speech, len(job.state.steps), pace)
             mel = mel[:, 2 * job.offset :]
         else:
-            with pace.turn() if pace is not None else _no_turn() as step_aside:
+            with pace.turn(first=pace.audio_s == 0.0) as step_aside:
                 context = seq[end : end + self.schedule.look_ahead]
                 mel = self.flow.advance(seq[start:end], context, job.prompt, job.state, between_steps=step_aside)
             mel = mel[:, max(0, 2 * (prompt_tokens - start)) :]
+        tokens = end - prompt_tokens - job.offset
         job.offset = end - prompt_tokens
-        return MelChunk(mel, final, time.perf_counter() - clock)
+        return MelChunk(mel, final, time.perf_counter() - clock, tokens)
 
-    def _whole(self, prompt: FlowPrompt2, speech: list[int], steps: int, pace: Pacer | None) -> tuple[np.ndarray, float]:
+    def _whole(self, prompt: FlowPrompt2, speech: list[int], steps: int, pace: Pacer) -> tuple[np.ndarray, float]:
         """The official non-streaming flow: prompt + all tokens in one call, full attention -> mel (80, 2N), seconds."""
         clock = time.perf_counter()
         seq = np.asarray([*prompt.tokens, *speech], dtype=np.int64)
         state = self.flow.empty_state(steps)
-        with pace.turn() if pace is not None else _no_turn() as step_aside:
+        with pace.turn(first=pace.audio_s == 0.0) as step_aside:
             mel = self.flow.advance(seq, seq[:0], prompt, state, full_attention=True, between_steps=step_aside)
         return mel[:, 2 * len(prompt.tokens) :], time.perf_counter() - clock
-
-
-class _no_turn:
-    """A context manager that hands out a no-op step_aside (no acoustic gate)."""
-
-    def __enter__(self) -> Any:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def _extra(bundle: ModelBundle) -> CosyVoice2Constants:
