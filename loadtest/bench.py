@@ -36,7 +36,7 @@ from loadtest.bench_report import write_report  # noqa: E402
 PYTHON = sys.executable
 FULL_CONFIG = REPO / "export" / "configs" / "cosyvoice-300m-sft.yaml"
 SCHEMES = ("int8", "int4")
-PARTS = ("parity", "quality", "single", "reference", "latency", "concurrency", "http", "cloning", "websocket")
+PARTS = ("parity", "listen", "quality", "single", "reference", "latency", "concurrency", "http", "cloning", "websocket")
 
 
 def bundle_dirs(models: Path) -> dict[str, Path]:
@@ -45,15 +45,18 @@ def bundle_dirs(models: Path) -> dict[str, Path]:
 
 def _stale(path: Path, scheme: str) -> bool:
     """A quantized bundle written with another precision plan (or K/V cache type) than the current export code's."""
-    from export.quantize import HALF_KV_GRAPH, kv_cache_dtype, precision_plan
-    from service.bundle import ModelBundle
+    from export.quantize import FLOAT_TWIN_GRAPHS, FLOAT_TWIN_PRECISION, HALF_KV_GRAPH, kv_cache_dtype, precision_plan
+    from service.bundle import FLOAT_SUFFIX, ModelBundle
 
     bundle = ModelBundle.load(path)
     graphs = bundle.manifest.graphs
     wanted = precision_plan(scheme)  # type: ignore[arg-type]
     if kv_cache_dtype(bundle.graph_path(HALF_KV_GRAPH)) != "float16":
         return True
-    return any(g.precision != wanted.get(name, "fp32") for name, g in graphs.items())
+    twins = [graphs.get(name + FLOAT_SUFFIX) for name in FLOAT_TWIN_GRAPHS if name in wanted]
+    if any(twin is None or twin.precision != FLOAT_TWIN_PRECISION for twin in twins):
+        return True
+    return any(g.precision != wanted.get(name, "fp32") for name, g in bundle.manifest.graphs_in("core").items())
 
 
 def ensure_bundles(models: Path) -> dict[str, Path]:
@@ -185,6 +188,24 @@ def part_cloning(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
     return out
 
 
+LISTEN_COMPARE = (  # (label, server settings): what each lever of the speed issue changes, against the defaults above
+    ("ONNX Runtime for the flow and HiFT (TTS_ACOUSTIC_BACKEND=ort)", ("TTS_ACOUSTIC_BACKEND=ort",)),
+    ("the whole prompt in every chunk (TTS_PROMPT_WINDOW_S=all)", ("TTS_PROMPT_WINDOW_S=all",)),
+    ("the schedule before this issue: ORT, whole prompt, first hop 21 then 100", (
+        "TTS_ACOUSTIC_BACKEND=ort", "TTS_PROMPT_WINDOW_S=all", "TTS_STREAM_SCHEDULE=official", "TTS_FIRST_HOP_TOKENS=21",
+    )),
+)
+
+
+def part_listen(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
+    """What a listener hears (first audio, TTCA, stall) over HTTP: the default settings at 1, 2 and 4 clients for a
+    built-in speaker and saved voices from 3 s and 10 s recordings, then each lever's setting at 1 client."""
+    cmd = [PYTHON, "loadtest/bench_listen.py", str(dirs["int8"]), "--per-client", str(args.per_client + 1)]
+    out: dict[str, Any] = {"default": run_json([*cmd, "--levels", "1", "2", "4"])}
+    out["compare"] = {label: run_json([*cmd, "--levels", "1", "--env", *env]) for label, env in LISTEN_COMPARE}
+    return out
+
+
 def part_parity(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
     """`python -m service verify` of the committed tiny bundle against the official implementation's fixtures."""
     cmd = [PYTHON, "-m", "service", "verify", "--bundle", "models/tiny", "--fixtures", "tests/reference/tiny"]
@@ -200,6 +221,7 @@ def part_websocket(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
 
 RUNNERS = {
     "parity": part_parity,
+    "listen": part_listen,
     "quality": part_quality,
     "single": part_single,
     "reference": part_reference,

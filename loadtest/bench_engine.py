@@ -22,11 +22,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from loadtest.listener import listen
 from service.bundle import ModelBundle, ModelConstants
 from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import SynthesisOptions, Synthesizer, TokenGenerator
 from service.engine.voice import Voice
 from service.frontend import TextFrontend
+from service.settings import Settings
 
 # One normalized sentence of ordinary Chinese text (48 text tokens), for the 250-token single-stream runs.
 LONG_TEXT = "2024年3月15日，我们在北京发布了新版本，售价99.5元，支持一百种语言。"
@@ -52,8 +54,12 @@ class ForcedLength:
         min_tokens: int | None = None,
         max_tokens: int | None = None,
         cancel: threading.Event | None = None,
+        urgent_tokens: int = 0,
     ) -> Iterator[int]:
-        return self.inner.generate(text_ids, embedding, rng, min_tokens=self.n, max_tokens=self.n, cancel=cancel)
+        n = self.n
+        return self.inner.generate(
+            text_ids, embedding, rng, min_tokens=n, max_tokens=n, cancel=cancel, urgent_tokens=urgent_tokens
+        )
 
 
 def peak_rss_mb() -> float:
@@ -74,6 +80,9 @@ def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
         acoustic_nice=args.acoustic_nice,
         allow_spinning=args.spinning,
         first_audio_priority=not args.no_first_audio_priority,
+        acoustic_backend=args.acoustic_backend,
+        stream_schedule=args.stream_schedule,
+        prompt_window_s=None if args.prompt_window_s < 0 else args.prompt_window_s,
     )
 
 
@@ -232,7 +241,26 @@ def mode_concurrency(synth: Synthesizer, ids: list[int], args: argparse.Namespac
     return {"levels": levels}
 
 
-MODES = {"single": mode_single, "latency": mode_latency, "concurrency": mode_concurrency}
+def mode_listen(synth: Synthesizer, ids: list[int], args: argparse.Namespace) -> dict[str, Any]:
+    """Streamed requests one after another, each read to the end as a player would: first audio, time to continuous
+    audio (TTCA) and stall seconds per request (loadtest/listener.py), with each chunk's arrival and length."""
+    options = SynthesisOptions(seed=0, stream=True, n_timesteps=args.n_timesteps, first_hop_tokens=args.first_hop)
+    list(synth.synthesize([ids], VOICE or synth.speakers[SPEAKER_INDEX], SynthesisOptions(seed=0, stream=True)))  # warm-up
+    runs = []
+    for rep in range(args.reps):
+        t0 = time.perf_counter()
+        pieces = []
+        voice = VOICE or synth.speakers[SPEAKER_INDEX]
+        for chunk in synth.synthesize([ids], voice, SynthesisOptions(**{**asdict(options), "seed": rep})):
+            pieces.append((time.perf_counter() - t0, chunk.seconds, chunk.speech_tokens))
+        heard = listen([(t, a) for t, a, _ in pieces])
+        runs.append(asdict(heard) | {"rtf": heard.rtf, "chunks": [[round(t, 3), round(a, 3), n] for t, a, n in pieces]})
+        print(json.dumps({k: v for k, v in runs[-1].items() if k != "chunks"}), file=sys.stderr, flush=True)
+    keys = ("first_audio_s", "ttca_s", "stall_s", "rtf")
+    return {"median": {k: statistics.median(r[k] for r in runs) for k in keys}, "runs": runs}
+
+
+MODES = {"single": mode_single, "latency": mode_latency, "concurrency": mode_concurrency, "listen": mode_listen}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -254,6 +282,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--spinning", action="store_true")
     p.add_argument("--no-first-audio-priority", action="store_true")
     p.add_argument("--first-hop", type=int, help="first streaming hop in tokens (engine default when omitted)")
+    defaults = Settings.model_fields  # the service's defaults: the benchmark measures what users get
+    p.add_argument("--acoustic-backend", choices=["auto", "ort", "openvino"], default=defaults["acoustic_backend"].default)
+    p.add_argument("--stream-schedule", choices=["adaptive", "official"], default=defaults["stream_schedule"].default)
+    p.add_argument(
+        "--prompt-window-s", type=float, default=defaults["prompt_window_s"].default, help="flow prompt window (-1: all)"
+    )
     p.add_argument("--prompt-seconds", type=float, default=0.0, help="speak in a cloned voice with a prompt this long")
     return p.parse_args(argv)
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the system programs the integration and browser tests start: redis-server, nginx, chromium, chromedriver,
-# plus a small CJK font so the browser test's screenshot shows the Chinese text and voice names.
+# plus a small CJK font so the browser test's screenshot shows the Chinese text and voice names, and podman, runc and
+# mmdebstrap for the container image test (tests/test_image.py: it uses a docker daemon instead when one answers).
 # Idempotent and quiet: does nothing when everything is already installed.
 # SKIP_SYSTEM_DEPS=1 (for hosts without root or sudo): install nothing, only say what is missing; then run pytest with
 # -m "not integration and not browser", or install these programs another way.
@@ -12,6 +13,9 @@ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 [ -x /usr/bin/chromium ] || need+=(chromium)
 [ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
 [ -f /usr/share/fonts/truetype/wqy/wqy-microhei.ttc ] || need+=(fonts-wqy-microhei)
+command -v podman >/dev/null 2>&1 || need+=(podman)
+command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || need+=(runc)
+command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
 
 if [ "${#need[@]}" -eq 0 ]; then
     exit 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import io
 import math
 import struct
 from dataclasses import dataclass
@@ -271,13 +272,25 @@ class CodecEncoder(_Rated):
 
     `bitrate_kbps` applies to MP3, Opus and AAC (FLAC is lossless); encoders clamp it to what the codec allows
     at the output rate (MP3 at 22,050 Hz: 160 kbit/s at most).
+    `whole_file`: the muxer writes into a seekable buffer, so at the end it goes back and completes the headers
+    (FLAC's STREAMINFO gets the total sample count and the MD5 of the samples, MP3 its Xing/Info frame count);
+    nothing comes out before `finish`. Without it the output is streamable and a FLAC header states an unknown
+    length, as it must when the first bytes leave before the last sample exists.
     """
 
-    def __init__(self, fmt: AudioFormat, in_rate_hz: int, out_rate_hz: int, bitrate_kbps: int = DEFAULT_BITRATE_KBPS) -> None:
+    def __init__(
+        self,
+        fmt: AudioFormat,
+        in_rate_hz: int,
+        out_rate_hz: int,
+        bitrate_kbps: int = DEFAULT_BITRATE_KBPS,
+        *,
+        whole_file: bool = False,
+    ) -> None:
         super().__init__(in_rate_hz, out_rate_hz)
         spec = _CODECS[fmt]
         self.media_type = spec.media_type
-        self._sink = _ByteSink()
+        self._sink: _ByteSink | io.BytesIO = io.BytesIO() if whole_file else _ByteSink()
         self._container = av.open(self._sink, mode="w", format=spec.container, options=dict(spec.options))
         stream = self._container.add_stream(spec.codec, rate=out_rate_hz, layout="mono")
         assert isinstance(stream, av.AudioStream)
@@ -288,14 +301,14 @@ class CodecEncoder(_Rated):
 
     def encode(self, audio: np.ndarray) -> bytes:
         self._encode_frame(self._rate(audio))
-        return self._sink.drain()
+        return self._sink.drain() if isinstance(self._sink, _ByteSink) else b""
 
     def finish(self) -> bytes:
         self._encode_frame(self._tail())
         for packet in self._stream.encode(None):
             self._container.mux(packet)
         self._container.close()
-        return self._sink.drain()
+        return self._sink.drain() if isinstance(self._sink, _ByteSink) else self._sink.getvalue()
 
     def _encode_frame(self, audio: np.ndarray) -> None:
         if audio.size == 0:
@@ -322,9 +335,32 @@ def make_encoder(fmt: AudioFormat, in_rate_hz: int, out_rate_hz: int, bitrate_kb
 def encode_complete(
     fmt: AudioFormat, audio: np.ndarray, in_rate_hz: int, out_rate_hz: int, bitrate_kbps: int = DEFAULT_BITRATE_KBPS
 ) -> bytes:
-    """Encode a whole signal; WAV gets exact size fields, every other format is the stream encoding."""
+    """Encode a whole signal as a file whose headers state its length: WAV with exact size fields, FLAC with the
+    total sample count and MD5 in STREAMINFO, MP3 with an Xing/Info frame; PCM is the raw samples."""
     if fmt is AudioFormat.WAV:
         pcm = float_to_int16(resample(audio, in_rate_hz, out_rate_hz)).astype("<i2").tobytes()
         return wav_header(out_rate_hz, len(pcm) // 2) + pcm
-    encoder = make_encoder(fmt, in_rate_hz, out_rate_hz, bitrate_kbps)
+    encoder: AudioEncoder
+    if fmt is AudioFormat.PCM:
+        encoder = PcmEncoder(in_rate_hz, out_rate_hz)
+    else:
+        encoder = CodecEncoder(fmt, in_rate_hz, out_rate_hz, bitrate_kbps, whole_file=True)
     return encoder.encode(audio) + encoder.finish()
+
+
+class Pcm16Transcoder:
+    """int16 little-endian PCM at `in_rate_hz` in, one stream of `fmt` at `out_rate_hz` out (a single header or
+    container for everything fed), after a linear `gain` (clipped at full scale)."""
+
+    def __init__(
+        self, fmt: AudioFormat, in_rate_hz: int, out_rate_hz: int, bitrate_kbps: int = DEFAULT_BITRATE_KBPS, gain: float = 1.0
+    ) -> None:
+        self.gain = gain
+        self._encoder = make_encoder(fmt, in_rate_hz, out_rate_hz, bitrate_kbps)
+
+    def encode(self, pcm: bytes) -> bytes:
+        samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
+        return self._encoder.encode(samples * self.gain if self.gain != 1.0 else samples)
+
+    def finish(self) -> bytes:
+        return self._encoder.finish()

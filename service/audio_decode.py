@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import math
 import struct
 from collections.abc import Iterator
@@ -13,6 +14,9 @@ import numpy as np
 
 from service.errors import PromptAudioError, PromptAudioProblem
 
+log = logging.getLogger(__name__)
+
+READABLE_FORMATS = "WAV, FLAC, MP3, Ogg Vorbis or Opus, M4A/AAC or WebM"
 MIN_SAMPLE_RATE_HZ = 16_000  # the official load_wav asserts a file rate of at least 16 kHz
 MAX_SAMPLE_RATE_HZ = 384_000  # highest rate any common recorder or codec produces
 MIN_SECONDS = 1.0
@@ -23,6 +27,50 @@ _DECLARED_SLACK = 1.05
 _EXACT_LENGTH_CODECS = ("pcm_", "flac")  # codecs whose header states the exact sample count
 _WAV_STREAMING_SIZE = 0xFFFFFFFF
 _INT_SCALE = {np.dtype(np.int16): 2.0**15, np.dtype(np.int32): 2.0**31, np.dtype(np.int64): 2.0**63}
+
+
+# First bytes of the containers decode_audio reads (offset, magic, name); a raw int16 PCM stream starts with none.
+_MAGIC: tuple[tuple[int, bytes, str], ...] = (
+    (0, b"RIFF", "WAV"), (0, b"RF64", "WAV"), (0, b"fLaC", "FLAC"), (0, b"OggS", "Ogg"), (0, b"ID3", "MP3"),
+    (4, b"ftyp", "MP4/M4A"), (0, b"\x1aE\xdf\xa3", "WebM/Matroska"), (0, b"FORM", "AIFF"), (0, b"caff", "CAF"),
+)  # fmt: skip
+_MP3_KBPS = (0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320)  # MPEG-1 layer III
+_MP3_KBPS_LSF = (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160)  # MPEG-2/2.5 layer III
+_MP3_RATES = {3: (44100, 48000, 32000), 2: (22050, 24000, 16000), 0: (11025, 12000, 8000)}  # by version bits
+
+
+def container_format(data: bytes) -> str | None:
+    """The audio file format `data` starts with (by its magic bytes: "WAV", "FLAC", "MP3", ...), or None when it
+    starts like none of them, as raw PCM does. A bare MP3 or ADTS (AAC) stream counts when two frame headers chain.
+    """
+    for offset, magic, name in _MAGIC:
+        if data[offset : offset + len(magic)] == magic:
+            return name
+    for name, frame_length in (("MP3", _mp3_frame_length), ("AAC", _adts_frame_length)):
+        first = frame_length(data, 0)
+        if first and frame_length(data, first):
+            return name
+    return None
+
+
+def _mp3_frame_length(data: bytes, at: int) -> int:
+    """Length in bytes of the MPEG layer III frame whose header starts at `at`, or 0 when there is none there."""
+    if len(data) < at + 4 or data[at] != 0xFF or data[at + 1] & 0xE0 != 0xE0:
+        return 0
+    version, layer = (data[at + 1] >> 3) & 3, (data[at + 1] >> 1) & 3
+    bitrate_index, rate_index, padding = data[at + 2] >> 4, (data[at + 2] >> 2) & 3, (data[at + 2] >> 1) & 1
+    if layer != 1 or version == 1 or bitrate_index in (0, 15) or rate_index == 3:
+        return 0
+    kbps = (_MP3_KBPS if version == 3 else _MP3_KBPS_LSF)[bitrate_index]
+    return (144 if version == 3 else 72) * kbps * 1000 // _MP3_RATES[version][rate_index] + padding
+
+
+def _adts_frame_length(data: bytes, at: int) -> int:
+    """Length in bytes of the ADTS (AAC) frame whose header starts at `at`, or 0 when there is none there."""
+    if len(data) < at + 7 or data[at] != 0xFF or data[at + 1] & 0xF6 != 0xF0 or (data[at + 2] >> 2) & 0xF > 12:
+        return 0
+    length = (data[at + 3] & 3) << 11 | data[at + 4] << 3 | data[at + 5] >> 5
+    return length if length >= 7 else 0
 
 
 def decode_audio(
@@ -47,7 +95,11 @@ def decode_audio(
     try:
         container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
     except (av.FFmpegError, ValueError, OSError) as e:
-        raise PromptAudioError(f"prompt audio is not a readable audio file: {e}", reason=PromptAudioProblem.NOT_AUDIO) from e
+        log.info("prompt audio not opened: %s", e)  # FFmpeg's words are for the operator, not the client
+        raise PromptAudioError(
+            f"prompt audio is not an audio file this server can read (send {READABLE_FORMATS})",
+            reason=PromptAudioProblem.NOT_AUDIO,
+        ) from e
     with container:
         if not container.streams.audio:
             raise PromptAudioError("prompt file has no audio stream", reason=PromptAudioProblem.NOT_AUDIO)
@@ -176,7 +228,10 @@ def _decode_mono(container: Any, stream: Any, rate: int, max_seconds: float) -> 
                 raise PromptAudioError(f"prompt audio is longer than {max_seconds:g} s", reason=PromptAudioProblem.TOO_LONG)
             yield piece
     except (av.FFmpegError, ValueError) as e:
-        raise PromptAudioError(f"prompt audio cannot be decoded: {e}", reason=PromptAudioProblem.CORRUPT) from e
+        log.info("prompt audio not decoded: %s", e)
+        raise PromptAudioError(
+            "prompt audio is damaged: its audio data cannot be decoded", reason=PromptAudioProblem.CORRUPT
+        ) from e
 
 
 def _frame_to_mono(frame: Any) -> np.ndarray:

@@ -43,6 +43,12 @@ PROMPT_GRAPHS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 PROMPT_GRAPH_NAMES: tuple[str, ...] = tuple(PROMPT_GRAPHS)
 GROUP_CORE = "core"
 GROUP_PROMPT = "prompt"
+# The optional "float" group: twins of core graphs that a quantized bundle computes in int8, computing in floating
+# point instead, for runtimes that compute in bf16 (OpenVINO). A twin is named `<core name>_float`, has the core
+# graph's inputs and outputs, and keeps its weights compressed (precision "int8-weights": int8 MatMul weights behind
+# DequantizeLinear, other weights float16 behind Cast; export/quantize.py float_twin).
+GROUP_FLOAT = "float"
+FLOAT_SUFFIX = "_float"
 
 
 def expand_io_names(names: tuple[str, ...], num_layers: int) -> list[str]:
@@ -141,7 +147,7 @@ class GraphEntry:
 
     file: str
     sha256: str
-    precision: str  # "fp32", "int8" or "int4" (4-bit weight-only MatMulNBits)
+    precision: str  # "fp32", "int8", "int4" (4-bit weight-only MatMulNBits) or "int8-weights" (a float twin)
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     opset: int = 13
@@ -184,7 +190,7 @@ class Manifest:
     capabilities: Capabilities = field(default_factory=Capabilities)
 
     def graphs_in(self, group: str) -> dict[str, GraphEntry]:
-        """The graphs of one group ("core" or "prompt"), in manifest order."""
+        """The graphs of one group ("core", "prompt" or "float"), in manifest order."""
         return {n: g for n, g in self.graphs.items() if g.group == group}
 
     @property
@@ -241,9 +247,12 @@ class Manifest:
 def _check_groups(manifest: Manifest) -> None:
     """Graph groups agree with the table above and with the declared capabilities."""
     for name, g in manifest.graphs.items():
-        want = GROUP_PROMPT if name in PROMPT_GRAPHS else GROUP_CORE
+        want = GROUP_PROMPT if name in PROMPT_GRAPHS else GROUP_FLOAT if _is_float_twin(name) else GROUP_CORE
         if g.group != want:
             raise BundleError(f"manifest graph {name!r} is in group {g.group!r}, expected {want!r}")
+        core = manifest.graphs.get(name.removesuffix(FLOAT_SUFFIX)) if want == GROUP_FLOAT else None
+        if core is not None and (g.inputs, g.outputs) != (core.inputs, core.outputs):
+            raise BundleError(f"manifest graph {name!r} must have the inputs and outputs of its core graph")
     caps, prompt = manifest.capabilities, manifest.graphs_in(GROUP_PROMPT)
     if caps.prompt_analysis:
         missing = [n for n in PROMPT_GRAPH_NAMES if n not in prompt]
@@ -261,6 +270,10 @@ def _check_groups(manifest: Manifest) -> None:
         raise BundleError("manifest declares instruct without builtin_speakers (instruct voices a built-in speaker)")
     if not (caps.builtin_speakers or caps.prompt_analysis):
         raise BundleError("manifest declares neither builtin_speakers nor prompt_analysis: the model has no voice")
+
+
+def _is_float_twin(name: str) -> bool:
+    return name.endswith(FLOAT_SUFFIX) and name.removesuffix(FLOAT_SUFFIX) in GRAPH_IO
 
 
 def _flag(data: dict[str, Any], key: str, default: bool = False) -> bool:
@@ -327,6 +340,15 @@ class ModelBundle:
 
     def graph_path(self, name: str) -> Path:
         return self.root / self.manifest.graphs[name].file
+
+    def float_graph_path(self, name: str) -> Path | None:
+        """A floating-point form of core graph `name`: the graph itself when it is fp32, else its float twin (group
+        "float"), else None (a quantized graph without a twin)."""
+        entry = self.manifest.graphs[name]
+        if entry.precision == "fp32":
+            return self.graph_path(name)
+        twin = name + FLOAT_SUFFIX
+        return self.graph_path(twin) if twin in self.manifest.graphs else None
 
     def prompt_model_path(self, name: str) -> Path:
         """Path of a prompt model ("campplus" or "speech_tokenizer"); BundleError if the bundle has none."""

@@ -21,7 +21,7 @@ from service.errors import StoreUnavailableError
 
 log = logging.getLogger(__name__)
 
-KEY_SCHEMA_VERSION = 1
+KEY_SCHEMA_VERSION = 2  # 2: entries start with the audio's length (service.tts.pack_cached); whole FLACs state theirs
 DEFAULT_REDIS_PREFIX = "tts:audio:"
 REDIS_SOCKET_TIMEOUT_S = 0.25
 # After a Redis failure, requests skip Redis for this long instead of each paying a connect timeout.

@@ -7,7 +7,7 @@ import hashlib
 import logging
 from dataclasses import dataclass
 
-from service.audio_decode import decode_audio, pcm16_to_float
+from service.audio_decode import container_format, decode_audio, pcm16_to_float
 from service.bundle import PROMPT_GRAPH_NAMES, ModelBundle
 from service.engine.prompt import MAX_PROMPT_S, MelVariant, PromptAnalyzer
 from service.engine.sessions import RuntimeOptions
@@ -96,13 +96,14 @@ class Voices:
     def analyze(self, prompt: PromptAudio) -> PromptFeatures:
         """Decode and analyse a prompt (1-30 s), or take the cached analysis of the same bytes."""
         analyzer = self._analyzer()
-        key = f"{prompt.sha256}:{self.models}:{self.mel_variant}:{prompt.pcm_rate_hz or 'file'}"
+        pcm_rate_hz = self._raw_pcm_rate(prompt)
+        key = f"{prompt.sha256}:{self.models}:{self.mel_variant}:{pcm_rate_hz or 'file'}"
         cached = self.cache.get(key)
         if cached is not None:
             return cached
         try:
-            if prompt.pcm_rate_hz is not None:
-                audio, rate = pcm16_to_float(prompt.data, sample_rate=prompt.pcm_rate_hz, max_seconds=MAX_PROMPT_S)
+            if pcm_rate_hz is not None:
+                audio, rate = pcm16_to_float(prompt.data, sample_rate=pcm_rate_hz, max_seconds=MAX_PROMPT_S)
             else:
                 audio, rate = decode_audio(prompt.data, max_seconds=MAX_PROMPT_S)
             result = analyzer.analyze(audio, rate, mel_variant=self.mel_variant)
@@ -112,6 +113,19 @@ class Voices:
         features = PromptFeatures(result.embedding, result.speech_tokens, result.mel, result.duration_s, result.mel_variant)
         self.cache.put(key, features)
         return features
+
+    @staticmethod
+    def _raw_pcm_rate(prompt: PromptAudio) -> int | None:
+        """The rate to read a raw-PCM field at, or None to decode it as a file: a whole file sent where raw PCM is
+        expected (a WAV or MP3 as gRPC prompt_audio, a common mistake) would be cloned from its header bytes and at
+        the wrong rate, so it is recognised by its first bytes and decoded as the file it is."""
+        if prompt.pcm_rate_hz is None:
+            return None
+        found = container_format(prompt.data)
+        if found is not None:
+            log.info("%s holds a %s file, not raw PCM: decoding it as a file", prompt.field, found)
+            return None
+        return prompt.pcm_rate_hz
 
     def prompt_voice(self, prompt: PromptAudio, transcript: str = "", *, name: str = "prompt") -> Voice:
         """A one-off voice: zero-shot with the prompt's transcript, cross-lingual without one."""

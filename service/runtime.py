@@ -45,6 +45,11 @@ def runtime_options(s: Settings) -> RuntimeOptions:
         acoustic_slots=s.acoustic_slots,
         acoustic_nice=s.acoustic_nice,
         first_audio_priority=s.first_audio_priority,
+        stream_schedule=s.stream_schedule,
+        first_hop_tokens=s.first_hop_tokens,
+        prompt_window_s=s.prompt_window_s,
+        acoustic_backend=s.acoustic_backend,
+        compiled_cache_dir=s.cache_dir.expanduser() if s.cache_dir is not None else None,
     )
 
 

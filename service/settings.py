@@ -79,6 +79,31 @@ class Settings(BaseSettings):
         default=True,
         description="Pause LLM decoding while a request's first chunk is vocoded, unless a request waits for tokens.",
     )
+    acoustic_backend: Literal["auto", "ort", "openvino"] = Field(
+        default="auto",
+        description="Runtime of the flow estimator and HiFT: 'auto' = OpenVINO in bf16 where the CPU computes bf16 "
+        "natively (AVX-512 BF16 or AMX), else ONNX Runtime; 'ort'; 'openvino' (bf16 where native, else f32).",
+    )
+    stream_schedule: Literal["adaptive", "official"] = Field(
+        default="adaptive",
+        description="How streamed sentences are cut into chunks: 'adaptive' (a small first chunk, then each chunk "
+        "large enough to cover making the next, from the measured rates) or 'official' (every hop 100 tokens).",
+    )
+    first_hop_tokens: int | None = Field(
+        default=None,
+        ge=21,
+        le=400,
+        description="Speech tokens the first streamed chunk consumes (more than the 20-token overlap); empty = the "
+        "schedule's own (21 adaptive, 100 official).",
+    )
+    prompt_window_s: float | None = Field(
+        default=1.0,
+        ge=0.0,
+        le=60.0,
+        description="Seconds of a cloned voice's recording (the last ones, with their speech tokens) the flow sees "
+        "with each streamed chunk; 'all' = the whole recording (the official computation). Non-streamed sentences "
+        "always see all of it.",
+    )
     ort_spinning: bool = Field(
         default=False, description="Let idle ONNX Runtime threads spin (only worth it when one graph owns the cores)."
     )
@@ -142,6 +167,11 @@ class Settings(BaseSettings):
     cache_ttl_s: int = Field(default=86_400, ge=1, le=30 * 86_400, description="Lifetime of a Redis audio cache entry.")
 
     # voices
+    cache_dir: Path | None = Field(
+        default=Path("~/.cache/cosyvoice-lite"),
+        description="Where compiled graphs are kept between starts (OpenVINO's model cache: faster starts, less "
+        "memory); `~` is the user's home; empty = none. Unwritable: a warning at start, and no cache.",
+    )
     voices_dir: Path = Field(
         default=Path("data/voices"),
         description="Directory of saved voices when TTS_REDIS_URL is empty (created if missing; survives restarts). "
@@ -195,6 +225,16 @@ class Settings(BaseSettings):
         for item in value:
             ipaddress.ip_network(item, strict=False)  # raises ValueError with a clear message
         return value
+
+    @field_validator("prompt_window_s", mode="before")
+    @classmethod
+    def _all_is_none(cls, value: object) -> object:
+        return None if isinstance(value, str) and value.strip().lower() in ("all", "none", "") else value
+
+    @field_validator("cache_dir", mode="before")
+    @classmethod
+    def _empty_dir_is_none(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("redis_url", mode="before")
     @classmethod

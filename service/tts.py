@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import codecs
+import contextvars
 import logging
 import queue
+import struct
 import threading
 import time
 import unicodedata
@@ -15,6 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from service.audio import DEFAULT_BITRATE_KBPS, AudioFormat, encode_complete, make_encoder, media_type, output_sample_rate
+from service.audio_timeline import decoder_delay_s
 from service.cache import AudioCache, audio_cache_key
 from service.engine.synthesizer import AudioChunk, SynthesisOptions
 from service.engine.voice import Voice
@@ -82,7 +86,7 @@ class SynthesisObserver:
         """A job completed; `timings` holds its per-stage seconds and audio length."""
 
     def cancelled(self) -> None:
-        """A job stopped early because its client went away."""
+        """A job stopped early: its client went away or cancelled it."""
 
     def request_done(self, transport: str, route: str, status: str, seconds: float) -> None:
         """A call over a non-HTTP transport ended (`grpc`, `websocket`) with its final status, after `seconds`."""
@@ -105,6 +109,7 @@ class SpeechRequest:
     text_param: str = "text"  # request field names, for error messages
     speaker_param: str = "speaker"
     voice: Voice | None = None  # an already resolved voice (a one-off prompt, an instruct request)
+    timestamps: bool = False  # a SentenceMark after each sentence's audio (never served from the audio cache)
 
 
 @dataclass
@@ -158,6 +163,42 @@ class PreparedSpeech:
         return sum(len(s.ids) for s in self.sentences)
 
 
+@dataclass(frozen=True)
+class SentenceMark:
+    """Where one spoken sentence lies in a job's audio, in seconds of what a decoder yields (priming included)."""
+
+    index: int  # among the sentences the engine speaks, from 0
+    text: str  # as the frontend read it (normalized)
+    start_s: float
+    end_s: float
+
+
+class SentenceClock:
+    """Follows a job's output sample by sample (pauses included) and marks each sentence when its last chunk passes."""
+
+    def __init__(self, texts: Sequence[str], sample_rate: int, delay_s: float) -> None:
+        self.texts = texts
+        self.sample_rate = sample_rate
+        self.delay_s = delay_s
+        self._pos = 0  # model-rate samples so far
+        self._starts: dict[int, int] = {}
+
+    def advance(self, chunk: AudioChunk | None, n_samples: int) -> SentenceMark | None:
+        """Account `n_samples` of output (`chunk` None: silence); the mark of the sentence this chunk ends, if any."""
+        start = self._pos
+        self._pos += n_samples
+        if chunk is None:
+            return None
+        first = self._starts.setdefault(chunk.sentence_index, start)
+        if not (chunk.sentence_end or chunk.is_final):
+            return None
+        i = chunk.sentence_index
+        return SentenceMark(i, self.texts[i], self._seconds(first), self._seconds(self._pos))
+
+    def _seconds(self, samples: int) -> float:
+        return samples / self.sample_rate + self.delay_s
+
+
 _END = object()
 
 
@@ -184,6 +225,12 @@ class SpeechJob:
         self.cancel_event.set()
 
     def __iter__(self) -> Iterator[bytes]:
+        for item in self.events():
+            if isinstance(item, bytes):
+                yield item
+
+    def events(self) -> Iterator[bytes | SentenceMark]:
+        """The pieces, with a SentenceMark after each sentence's audio when the request asked for timestamps."""
         if self.cached is not None:
             yield self.cached
             return
@@ -193,7 +240,7 @@ class SpeechJob:
                 return
             if isinstance(item, BaseException):
                 raise item
-            assert isinstance(item, bytes)
+            assert isinstance(item, (bytes, SentenceMark))
             yield item
 
     def read_all(self) -> bytes:
@@ -288,12 +335,15 @@ class TTSService:
     def submit(self, request: SpeechRequest) -> SpeechJob:
         """Prepare, look up the cache, else start a job. Raises the request's TTSError before any audio exists."""
         prepared = self.prepare(request)
-        cached = self.cache.get(prepared.cache_key)
-        if cached is not None:
-            return SpeechJob(prepared, cached=cached, timings=SpeechTimings(frontend_s=prepared.frontend_s))
+        # stored bytes carry no sentence marks: a timestamped request is always synthesized
+        entry = None if request.timestamps else unpack_cached(self.cache.get(prepared.cache_key))
+        if entry is not None:
+            audio_s, data = entry  # the audio length comes with the bytes: SSE usage counts its tokens from it
+            return SpeechJob(prepared, cached=data, timings=SpeechTimings(frontend_s=prepared.frontend_s, audio_s=audio_s))
         job = SpeechJob(prepared, timings=SpeechTimings(frontend_s=prepared.frontend_s))
         self._admit(job)
-        self._pool.submit(self._run, job)
+        # the job thread runs in a copy of this context: its log lines carry the request's id (service.requestids)
+        self._pool.submit(contextvars.copy_context().run, self._run, job)
         return job
 
     def prepare(self, request: SpeechRequest) -> PreparedSpeech:
@@ -427,6 +477,7 @@ class TTSService:
         spoken = [s for s in p.sentences if s.ids]  # a pure pause (leading silence) is not for the engine
         lead_s = sum(s.pause_after_s for s in p.sentences if not s.ids)
         chunks = self.engine.synthesize([list(s.ids) for s in spoken], p.voice, self._options(req), job.cancel_event)
+        clock = self._clock(p, spoken) if req.timestamps else None
         for chunk, samples in with_pauses(chunks, [s.pause_after_s for s in spoken], lead_s, self.sample_rate):
             if job.cancel_event.is_set():
                 return None
@@ -435,6 +486,7 @@ class TTSService:
             else:
                 t.add_chunk(chunk, self.sample_rate)
                 self.observer.chunk_done()
+            mark = clock.advance(chunk, samples.size) if clock else None
             if encoder is None:
                 audio.append(samples)
                 continue
@@ -443,6 +495,8 @@ class TTSService:
             t.encode_s += time.monotonic() - start
             if data:
                 self._hand_over(job, data, pieces)
+            if mark is not None:
+                job.emit(mark)  # after the sentence's last audio; never part of the stored bytes
         if job.cancel_event.is_set():
             return None
         start = time.monotonic()
@@ -451,6 +505,11 @@ class TTSService:
         t.encode_s += time.monotonic() - start
         self._hand_over(job, tail, pieces)
         return pieces
+
+    def _clock(self, prepared: PreparedSpeech, spoken: list[Sentence]) -> SentenceClock:
+        """Sentence marks in seconds of the decoded output: the signal's time plus the format's decoder priming."""
+        delay_s = decoder_delay_s(prepared.request.fmt, prepared.sample_rate_hz)
+        return SentenceClock([s.text for s in spoken], self.sample_rate, delay_s)
 
     def _hand_over(self, job: SpeechJob, data: bytes, pieces: list[bytes]) -> None:
         if job.timings.first_chunk_s is None:
@@ -469,7 +528,24 @@ class TTSService:
             t.audio_s, t.total_s, t.rtf or 0.0, t.first_chunk_s or 0.0, t.queue_s,
         )  # fmt: skip
         if not job.cancel_event.is_set():
-            self.cache.put(job.prepared.cache_key, b"".join(pieces))
+            self.cache.put(job.prepared.cache_key, pack_cached(t.audio_s, b"".join(pieces)))
+
+
+_CACHED = struct.Struct("<4sd")  # an audio cache entry starts with b"TTS1" and the audio's length in seconds
+_CACHED_MAGIC = b"TTS1"
+
+
+def pack_cached(audio_s: float, data: bytes) -> bytes:
+    """An audio cache entry: the response bytes after a small header holding the audio's length in seconds."""
+    return _CACHED.pack(_CACHED_MAGIC, audio_s) + data
+
+
+def unpack_cached(entry: bytes | None) -> tuple[float, bytes] | None:
+    """(audio seconds, response bytes) of an entry written by pack_cached; None for a miss or anything else."""
+    if entry is None or len(entry) < _CACHED.size or not entry.startswith(_CACHED_MAGIC):
+        return None
+    _, audio_s = _CACHED.unpack_from(entry)
+    return float(audio_s), entry[_CACHED.size :]
 
 
 def with_pauses(
@@ -505,6 +581,17 @@ def _key_text(sentence: Sentence) -> str:
 
 def _join(audio: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(audio).astype(np.float32) if audio else np.zeros(0, dtype=np.float32)
+
+
+def decode_text(raw: bytes, what: str, param: str | None, charset: str = "utf-8") -> str:
+    """`raw` decoded as `charset` (strictly); InvalidInputError naming `what`, the first bad byte and its offset
+    otherwise. Every transport decodes request text with it: a GBK transcript is refused, never kept as mojibake."""
+    try:
+        return raw.decode(charset)
+    except UnicodeDecodeError as e:
+        name = codecs.lookup(charset).name.upper().replace("_", "-")
+        bad = f"byte 0x{raw[e.start]:02X} at offset {e.start}"
+        raise InvalidInputError(f"{what} is not valid {name} text ({bad}); encode text as UTF-8", param=param) from e
 
 
 def check_text(text: str, max_chars: int, param: str) -> None:

@@ -12,11 +12,13 @@ from typing import Any
 import numpy as np
 
 from service.bundle import ModelBundle
+from service.engine.chunking import ScheduleConfig
 from service.engine.flow import FlowRunner
 from service.engine.hift import HiFTNoise, HiFTRunner, sine_excitation
 from service.engine.llm import LLMRunner
 from service.engine.sessions import RuntimeOptions, open_sessions
-from service.engine.streaming import ReplayNoise, SentenceState, Token2Wav, WavChunk, stream_sentence
+from service.engine.streaming import RequestContext, stream_sentence
+from service.engine.token2wav import ReplayNoise, SentenceState, Token2Wav, WavChunk
 from service.engine.voice import FlowPrompt, LLMPrompt
 from service.frontend import TextFrontend
 
@@ -189,7 +191,8 @@ def verify_stream(engines: Engines, npz: Any) -> Iterator[Check]:
     )
     c = engines.bundle.constants
     t2w = _RecordingToken2Wav(Token2Wav(engines.flow, engines.hift, c))
-    got = list(stream_sentence(npz["tokens"].tolist(), FlowPrompt(npz["embedding"]), t2w, noise, first_hop=c.token_hop_len))
+    ctx = RequestContext.alone(noise, ScheduleConfig.official(c), c.sample_rate)  # the official chunk boundaries
+    got = list(stream_sentence(npz["tokens"].tolist(), FlowPrompt(npz["embedding"]), t2w, ctx))
     yield Check("stream", "chunk count", abs(len(got) - len(chunks)), 0.0)
     for i in chunks:
         call_tokens, finalize = t2w.calls[i] if i < len(t2w.calls) else ([], None)

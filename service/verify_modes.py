@@ -9,8 +9,10 @@ from typing import Any
 
 import numpy as np
 
+from service.engine.chunking import ScheduleConfig
 from service.engine.hift import HiFTNoise, HiFTRunner
-from service.engine.streaming import ReplayNoise, Token2Wav, stream_sentence
+from service.engine.streaming import RequestContext, stream_sentence
+from service.engine.token2wav import ReplayNoise, Token2Wav
 from service.engine.voice import FlowPrompt, LLMPrompt
 from service.verify import (
     _CASE,
@@ -110,7 +112,8 @@ def verify_prompt_stream(engines: Engines, npz: Any) -> Iterator[Check]:
         npz["stream_mi_flow_embedding"], _ids(npz, "stream_mi_flow_prompt_speech_token"), npz["stream_mi_prompt_speech_feat"]
     )
     noise = _LooseReplay(flow_noise, dummy)
-    got = list(stream_sentence(npz["stream_forced_tokens"].tolist(), prompt, t2w, noise, first_hop=c.token_hop_len))
+    ctx = RequestContext.alone(noise, ScheduleConfig.official(c), c.sample_rate)  # the official chunk boundaries
+    got = list(stream_sentence(npz["stream_forced_tokens"].tolist(), prompt, t2w, ctx))
     yield Check("zero_shot stream", "chunk count", abs(len(got) - n), 0.0)
     for i in range(min(n, len(got))):
         yield Check("zero_shot stream", f"chunk{i} samples", abs(got[i].audio.size - npz[f"stream_chunk{i}_yielded"].size), 0.0)

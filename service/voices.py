@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import stat
 import tempfile
 import threading
 import time
@@ -29,6 +30,7 @@ _NAME_PUNCTUATION = frozenset("-_.")
 REDIS_VOICES_KEY = "tts:voices"
 REDIS_ANALYSIS_PREFIX = "tts:prompt-analysis:"
 _REDIS_TIMEOUT_S = 0.5
+GROUP_SHARED_FILE_MODE = 0o660  # a saved voice: read and write for its owner and its group (mkstemp's 0600, g=u)
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,7 +145,12 @@ class VoiceStore(Protocol):
 
 
 class DirectoryVoiceStore:
-    """One file per voice in a directory that survives restarts; writes are atomic (temp file + rename)."""
+    """One file per voice in a directory that survives restarts; writes are atomic (temp file + rename).
+
+    The directory and the files give their group the owner's rights: the image runs as uid 10001 in group 0, and
+    OpenShift (or `docker run --user 12345`) runs it as another uid in group 0, so a voice saved by one can be
+    read, replaced and deleted by the other on the same volume.
+    """
 
     backend = "directory"
 
@@ -165,7 +172,7 @@ class DirectoryVoiceStore:
     def add(self, voice: SavedVoice, max_voices: int) -> None:
         with self._lock:
             try:
-                self.root.mkdir(parents=True, exist_ok=True)
+                self._make_root()
             except OSError as e:
                 raise StoreUnavailableError(f"cannot create the voices directory {self.root}: {e.strerror}") from e
             path = self._path(voice.name)
@@ -178,10 +185,19 @@ class DirectoryVoiceStore:
             except OSError as e:  # not writable, disk full: the server's problem, said plainly, nothing half-written
                 raise StoreUnavailableError(f"cannot write to the voices directory {self.root}: {e.strerror}") from e
 
+    def _make_root(self) -> None:
+        """Create the directory if missing, its group given the owner's rights (`chmod g=u`, see the class docstring)."""
+        if self.root.is_dir():
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        mode = stat.S_IMODE(self.root.stat().st_mode)
+        self.root.chmod(mode | (mode & 0o700) >> 3)
+
     def _write(self, path: Path, data: bytes) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.root, suffix=".partial")
         try:
             with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), GROUP_SHARED_FILE_MODE)
                 f.write(data)
             os.replace(tmp, path)
         except BaseException:

@@ -7,7 +7,6 @@ The gate file is TEST_GATE_FILE; it is created (open) at start unless TEST_GATE_
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gated_engine import FileGate, GatedEngine
 
 from service.api.app import create_app
+from service.api.logconfig import configure as configure_logging
 from service.bundle import ModelBundle
 from service.engine.sessions import RuntimeOptions
 from service.runtime import load_synthesizer
@@ -36,9 +36,9 @@ def main() -> None:
         return GatedEngine(load_synthesizer(bundle, runtime), gate)
 
     settings = Settings()
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_config = configure_logging(settings.log_level)  # as `python -m service.api` logs
     app = create_app(settings, engine_loader=loader)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, log_config=log_config,
                 timeout_graceful_shutdown=settings.drain_timeout_s)  # fmt: skip
 
 

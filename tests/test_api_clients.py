@@ -15,6 +15,7 @@ import av
 import numpy as np
 import pytest
 import requests
+import soundfile as sf
 from openai import BadRequestError, OpenAI
 from servers import AppServer
 
@@ -89,6 +90,19 @@ def test_openai_wav_file_has_exact_sizes(client: OpenAI, tmp_path: Path) -> None
     with wave.open(str(out)) as w:
         declared = w.getnframes()
         assert declared == len(w.readframes(declared)) // 2 == (out.stat().st_size - 44) // 2 > 22050 * 0.3
+
+
+def test_openai_flac_file_is_read_by_soundfile(client: OpenAI, tmp_path: Path) -> None:
+    """`sf.read` raised `array is too big` on this file: its STREAMINFO declared no sample count."""
+    out = tmp_path / "speech.flac"
+    seeded = {"seed": SEED}
+    client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format="flac", extra_body=seeded).write_to_file(
+        out
+    )
+    samples, rate = sf.read(out, dtype="int16")
+    wav = client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format="wav", extra_body=seeded)
+    assert rate == 22050 and samples.size == sf.info(out).frames > 22050 * 0.3
+    assert np.array_equal(samples, np.frombuffer(wav.content[44:], dtype="<i2"))
 
 
 def test_openai_with_streaming_response_receives_audio_progressively(client: OpenAI) -> None:

@@ -15,6 +15,7 @@ import av
 import numpy as np
 import pytest
 from api_bundles import flagged_bundle
+from audio_readers import flac_streaminfo, libsndfile_read_to_end, pcm_md5, pyav_read, soundfile_read
 from fastapi.testclient import TestClient
 
 from service.api import create_app
@@ -246,6 +247,46 @@ def test_a_streamed_v1_wav_keeps_the_streaming_header(client: TestClient) -> Non
     assert "content-length" not in resp.headers and resp.content[40:44] == b"\xff\xff\xff\xff"
 
 
+V1_FLAC = {"model": "tts-1", "input": TEXT, "voice": "alloy", "response_format": "flac", "seed": 33}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/tts", {"text": TEXT, "seed": 33, "format": "flac"}),
+        ("/v1/audio/speech", V1_FLAC),  # whole by default, like WAV
+        ("/v1/audio/speech", {**V1_FLAC, "stream": False}),
+    ],
+)
+def test_a_flac_that_is_not_streamed_states_its_length_and_soundfile_reads_it(
+    client: TestClient, path: str, body: dict[str, object]
+) -> None:
+    """soundfile (libsndfile) raised `array is too big` on these: STREAMINFO declared no sample count."""
+    resp = client.post(path, json=body)
+    assert resp.status_code == 200 and int(resp.headers["content-length"]) == len(resp.content)
+    samples, rate = soundfile_read(resp.content)
+    assert rate == 22050 and samples.size > 22050 * 0.3
+    assert flac_streaminfo(resp.content) == (22050, samples.size, pcm_md5(samples))
+    decoded, _, declared = pyav_read(resp.content)
+    assert np.array_equal(decoded, samples) and declared == pytest.approx(samples.size / 22050, abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/tts", {"text": TEXT, "seed": 33, "format": "flac", "stream": True}), ("/v1/audio/speech", {**V1_FLAC, "stream": True})],
+)
+def test_a_streamed_flac_decodes_to_the_end_with_libsndfile_and_ffmpeg(
+    client: TestClient, path: str, body: dict[str, object]
+) -> None:
+    as_wav = {**body, "format": "wav"} if path == "/tts" else {**body, "response_format": "wav"}
+    reference = wav_samples(client.post(path, json=as_wav).content)  # the same stream's samples, as WAV
+    resp = client.post(path, json=body)
+    assert resp.status_code == 200 and "content-length" not in resp.headers
+    assert flac_streaminfo(resp.content)[:2] == (22050, 0)  # the length is unknown when the header leaves
+    assert np.array_equal(libsndfile_read_to_end(resp.content), reference)
+    assert np.array_equal(pyav_read(resp.content)[0], reference)
+
+
 @pytest.mark.parametrize(
     ("path", "kwargs", "filename"),
     [
@@ -336,6 +377,67 @@ def test_openai_sse_events_carry_base64_audio_then_usage(client: TestClient) -> 
     usage = events[-1]["usage"]
     assert usage["input_tokens"] > 0 and usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
     assert usage["output_tokens"] == round(len(audio) / 2 / 24000 * 50)
+
+
+TIMED_TEXT = "[pause 200ms]今天天气很好。[pause 300ms]明天要下雨。记得带伞。"  # a lead pause, two sentences, a pause between
+
+
+def sse_events(resp: object) -> list[dict[str, object]]:
+    text = resp.text  # type: ignore[attr-defined]
+    return [json.loads(line[len("data: ") :]) for line in text.splitlines() if line.startswith("data: ")]
+
+
+@pytest.mark.parametrize(("fmt", "rate", "delay"), [("pcm", 24000, 0), ("mp3", 22050, 1105), ("opus", 24000, 0)])
+def test_openai_sse_timestamps_place_each_sentence_in_the_decoded_audio(
+    client: TestClient, fmt: str, rate: int, delay: int
+) -> None:
+    """`timestamps: true` adds a speech.audio.sentence event after each sentence's audio; its times are where the
+    sentence lies in what a decoder yields from the deltas (MP3: after LAME's 1105 priming samples)."""
+    body = {"model": "tts-1", "input": TIMED_TEXT, "voice": "alloy", "response_format": fmt, "stream_format": "sse"}
+    resp = client.post("/v1/audio/speech", json=body | {"timestamps": True})
+    events = sse_events(resp)
+    assert resp.status_code == 200 and events[-1]["type"] == "speech.audio.done"
+    marks = [e for e in events if e["type"] == "speech.audio.sentence"]
+    assert [(m["sentence"], m["text"]) for m in marks] == [(0, "今天天气很好。"), (1, "明天要下雨。记得带伞。")]
+    first, second = (dict(m) for m in marks)
+    model_rate = 22050  # the marks count the model's samples; the pauses are whole samples at that rate
+    assert first["start"] == pytest.approx(round(0.2 * model_rate) / model_rate + delay / rate, abs=1e-9)
+    assert second["start"] - first["end"] == pytest.approx(round(0.3 * model_rate) / model_rate, abs=1e-9)
+    audio = b"".join(base64.b64decode(str(e["audio"])) for e in events if e["type"] == "speech.audio.delta")
+    decoded = decoded_seconds(audio, fmt, rate)
+    frame_s = 576 / rate if fmt == "mp3" else 1 / rate  # an MP3 stream ends on a whole frame
+    assert second["end"] <= decoded + 1 / rate and decoded - second["end"] < frame_s + 1 / rate
+    before = [e for e in events[: events.index(marks[0])] if e["type"] == "speech.audio.delta"]
+    if fmt == "pcm":  # the first mark comes after its audio, but for what the 22,050 -> 24,000 Hz resampler holds
+        sent = sum(len(base64.b64decode(str(e["audio"]))) for e in before) / 2 / rate
+        assert sent >= first["end"] - 2 * 147 / model_rate  # (it releases whole blocks of 147 inputs, one held back)
+
+
+def test_openai_sse_timestamps_are_never_served_from_the_cache_and_need_sse(client: TestClient) -> None:
+    body = {"model": "tts-1", "input": "缓存里的一句话。", "voice": "alloy", "response_format": "pcm", "stream_format": "sse"}
+    assert client.post("/v1/audio/speech", json=body).status_code == 200  # now the bytes are cached
+    again = client.post("/v1/audio/speech", json=body | {"timestamps": True})
+    assert again.headers["x-cache"] == "miss"
+    assert [e["type"] for e in sse_events(again)].count("speech.audio.sentence") == 1
+    plain = client.post("/v1/audio/speech", json=body | {"stream_format": "audio", "timestamps": True})
+    assert plain.status_code == 400 and error_of(plain)["param"] == "timestamps"
+
+
+def test_sse_usage_of_a_cache_hit_counts_the_tokens_of_the_audio(client: TestClient) -> None:
+    """A cache hit reported output_tokens 0: the audio's length now comes with the cached bytes."""
+    body = {
+        "model": "tts-1",
+        "input": "Cached events.",
+        "voice": "alloy",
+        "response_format": "pcm",
+        "stream_format": "sse",
+        "seed": 41,
+    }
+    first, second = (client.post("/v1/audio/speech", json=body) for _ in range(2))
+    assert (first.headers["x-cache"], second.headers["x-cache"]) == ("miss", "hit")
+    done = [json.loads(r.text.strip().splitlines()[-1][len("data: ") :]) for r in (first, second)]
+    assert done[0]["type"] == done[1]["type"] == "speech.audio.done"
+    assert done[1]["usage"] == done[0]["usage"] and done[0]["usage"]["output_tokens"] > 0
 
 
 # ---- /inference_sft ---------------------------------------------------------------------------

@@ -67,6 +67,8 @@ def test_service_layering(path: Path) -> None:
     assert "torch" not in tops, "service/ must run without torch"
     if owner != "engine":
         assert "onnxruntime" not in tops, "only service/engine imports onnxruntime"
+    if path.relative_to(REPO / "service").as_posix() != "engine/ov_session.py":
+        assert "openvino" not in tops, "only service/engine/ov_session.py imports openvino (sessions.py picks the runtime)"
     if owner not in ("cache", "ratelimit", "voices"):
         assert not tops & {"redis", "limits"}, "only cache.py, voices.py and ratelimit.py (limits) reach redis"
     if owner != "api":

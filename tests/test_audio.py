@@ -11,6 +11,7 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
+from audio_readers import flac_streaminfo, libsndfile_read_to_end, pcm_md5, pyav_read, soundfile_read
 from scipy.signal import resample_poly as scipy_resample_poly
 
 from service.audio import (
@@ -167,6 +168,40 @@ def test_lossless_formats_round_trip_the_int16_samples() -> None:
     for fmt in (AudioFormat.WAV, AudioFormat.FLAC):
         samples, _, _ = decode(encode_complete(fmt, audio, MODEL_RATE, MODEL_RATE))
         assert np.array_equal(np.round(samples * 32768).astype(np.int16), expected), fmt
+
+
+def test_a_whole_flac_states_its_length_and_md5_and_soundfile_reads_it() -> None:
+    """libsndfile sizes its read from STREAMINFO: without the total it raised `array is too big`."""
+    audio = tone(1.3)
+    expected = float_to_int16(audio)
+    data = encode_complete(AudioFormat.FLAC, audio, MODEL_RATE, MODEL_RATE)
+    assert flac_streaminfo(data) == (MODEL_RATE, expected.size, pcm_md5(expected))
+    samples, rate = soundfile_read(data)
+    assert rate == MODEL_RATE and np.array_equal(samples, expected)
+    decoded, rate, declared = pyav_read(data)
+    assert np.array_equal(decoded, expected) and declared == pytest.approx(expected.size / MODEL_RATE, abs=1e-3)
+
+
+def test_a_streamed_flac_states_an_unknown_length_and_decodes_to_the_end() -> None:
+    """The header leaves before the last sample exists: total 0 (unknown), as FLAC allows; libsndfile and FFmpeg
+    still decode every sample, front to back."""
+    audio = tone(1.3)
+    expected = float_to_int16(audio)
+    enc = make_encoder(AudioFormat.FLAC, MODEL_RATE, MODEL_RATE)
+    first = enc.encode(audio[:5000])
+    data = first + b"".join(enc.encode(audio[i : i + 5000]) for i in range(5000, audio.size, 5000)) + enc.finish()
+    assert first[:4] == b"fLaC" and flac_streaminfo(data)[:2] == (MODEL_RATE, 0)
+    assert np.array_equal(libsndfile_read_to_end(data), expected)
+    assert np.array_equal(pyav_read(data)[0], expected)
+
+
+def test_a_whole_mp3_states_its_length() -> None:
+    """A whole MP3 gets its Xing/Info frame count, so readers know the duration without decoding it all."""
+    audio = tone(2.0)
+    data = encode_complete(AudioFormat.MP3, audio, MODEL_RATE, MODEL_RATE)
+    assert b"Info" in data[:2000] or b"Xing" in data[:2000]
+    samples, rate = soundfile_read(data)
+    assert rate == MODEL_RATE and samples.size == pytest.approx(audio.size, abs=MODEL_RATE * 0.03)
 
 
 def test_streamed_wav_starts_with_a_streaming_header_then_raw_samples() -> None:

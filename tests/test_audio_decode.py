@@ -12,7 +12,7 @@ import pytest
 from scipy.io import wavfile
 from scipy.signal import correlate
 
-from service.audio_decode import decode_audio, pcm16_to_float
+from service.audio_decode import container_format, decode_audio, pcm16_to_float
 from service.engine.features import resample
 from service.errors import ErrorCode, PromptAudioError, PromptAudioProblem
 
@@ -146,6 +146,50 @@ def test_pcm16_is_exact() -> None:
     audio, rate = pcm16_to_float(samples.tobytes(), max_seconds=30)
     assert rate == 16_000 and audio.dtype == np.float32
     np.testing.assert_array_equal(audio, samples.astype(np.float32) / 32768)
+
+
+def _without_id3(data: bytes) -> bytes:
+    """An MP3 without its ID3v2 tag (as some encoders write it): the bare frames."""
+    assert data[:3] == b"ID3"
+    size = (data[6] & 0x7F) << 21 | (data[7] & 0x7F) << 14 | (data[8] & 0x7F) << 7 | (data[9] & 0x7F)
+    return data[10 + size :]
+
+
+@pytest.mark.parametrize(
+    ("container", "codec", "name"),
+    [
+        ("wav", "pcm_s16le", "WAV"),
+        ("flac", "flac", "FLAC"),
+        ("mp3", "libmp3lame", "MP3"),
+        ("ogg", "libopus", "Ogg"),
+        ("ipod", "aac", "MP4/M4A"),
+        ("adts", "aac", "AAC"),
+        ("webm", "libopus", "WebM/Matroska"),
+    ],
+)
+def test_container_format_names_every_file_we_decode(ref_dir: Path, container: str, codec: str, name: str) -> None:
+    _, raw = wavfile.read(ref_dir / "prompts" / "en_24k.wav")
+    data = encode(raw.astype(np.float32) / 32768, 24_000, container, codec)
+    assert container_format(data) == name
+    if name == "MP3":
+        assert container_format(_without_id3(data)) == "MP3"
+
+
+def test_raw_pcm_is_no_container(ref_dir: Path) -> None:
+    """What the official gRPC client sends (16 kHz int16 samples), silence, tiny and loud noise: never a file."""
+    _, raw = wavfile.read(ref_dir / "prompts" / "zh_16k.wav")
+    rng = np.random.default_rng(5)
+    pcm = [
+        raw.astype("<i2").tobytes(),
+        bytes(32_000),
+        np.full(16_000, -1, "<i2").tobytes(),
+        rng.integers(-3, 4, 16_000).astype("<i2").tobytes(),
+        rng.integers(-32768, 32768, 16_000).astype("<i2").tobytes(),
+    ]
+    for data in pcm:
+        assert container_format(data) is None
+    starts = sum(container_format(rng.integers(-32768, 32768, 2048).astype("<i2").tobytes()) is not None for _ in range(500))
+    assert starts == 0
 
 
 # ---- refused input ----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from service.cache import (
     audio_cache_key,
     build_audio_cache,
 )
+from service.tts import pack_cached, unpack_cached
 
 BASE = {
     "bundle_sha256": "ab" * 32,
@@ -252,3 +253,10 @@ def test_redis_ping_reports_recovery_at_once(redis_server: RedisServer) -> None:
     c.put("k", b"v")
     assert c.get("k") == b"v"
     c.close()
+
+
+def test_a_cache_entry_holds_the_audio_length_before_the_bytes() -> None:
+    entry = pack_cached(2.5, b"RIFF....")
+    assert unpack_cached(entry) == (2.5, b"RIFF....")
+    assert unpack_cached(None) is None
+    assert unpack_cached(b"RIFF....WAVE") is None  # an entry of the old layout (bare bytes) is a miss, never audio

@@ -11,6 +11,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import container_image
 import httpx
 import pytest
 from deploy_servers import ProcessInDir
@@ -20,7 +21,14 @@ REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "docker" / "Dockerfile"
 INSTALL_COMMAND = re.compile(r"^(\S*python3?(\.\d+)? -m venv |\S*python3?(\.\d+)? -m pip install |\S*pip3? install )")
 # RUN steps of the runtime stage that are not install steps: checked, but not replayed (they change the system).
-SYSTEM_COMMANDS = ("groupadd ", "useradd ", "mkdir -p /app/data", "chown 10001:10001 /app/data")  # user, voices volume
+SYSTEM_COMMANDS = (  # user, voices volume, the venv trimmed of what the service never loads
+    "useradd ",
+    "mkdir -p /app/data",
+    "chown 10001:0 /app/data",
+    "chmod 775 /app/data",
+    "python3 trim_venv.py .venv",
+    "rm trim_venv.py",
+)
 # Secrets, virtualenvs, checkpoints, bytecode and other bundles must never reach the Docker daemon.
 KEPT_OUT_OF_CONTEXT = (
     ".env",
@@ -61,8 +69,12 @@ class Dockerfile:
 
 
 def expand(text: str, values: dict[str, str]) -> str:
-    """Docker's $VAR / ${VAR} substitution (unknown variables become empty, as in Docker)."""
-    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: values.get(m.group(1) or m.group(2), ""), text)
+    """Docker's $VAR / ${VAR} / ${VAR:-default} substitution (unknown variables become empty, as in Docker)."""
+    return re.sub(
+        r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)",
+        lambda m: values.get(m.group(1) or m.group(3), "") or (m.group(2) or ""),
+        text,
+    )
 
 
 def parse_dockerfile(text: str) -> Dockerfile:
@@ -186,6 +198,39 @@ def test_torch_is_installed_only_in_the_optional_export_stage() -> None:
     assert installing == ["export"]
     assert DOCKER.global_args["MODEL"] == "tiny", "the default image bakes in the committed tiny bundle"
     assert copy_pairs("--from=model /bundle models/default") == [("models/tiny", "models/default")]
+
+
+def test_the_model_stage_is_chosen_without_arg_defaults_as_old_buildah_chooses() -> None:
+    """buildah < 1.29 (Debian 12's podman) picks the stages to build from FROM lines expanded with the --build-arg
+    values only, not the ARG defaults: without MODEL given, the default model stage must still be named."""
+    text = re.sub(r"^ARG (\w+)=.*$", r"ARG \1", DOCKERFILE.read_text(encoding="utf-8"), flags=re.M)  # defaults dropped
+    picked = parse_dockerfile(text).resolve("model")
+    assert picked.name == f"model-{DOCKER.global_args['MODEL']}", picked.name
+    assert parse_dockerfile(text.replace("ARG MODEL\n", "ARG MODEL=exported\n")).resolve("model").name == "model-exported"
+
+
+def test_the_runtime_user_shares_group_0_with_arbitrary_uids() -> None:
+    """OpenShift runs the image as an arbitrary uid in group 0: the service user is in group 0 and the voices volume
+    is writable by the group (tests/test_image.py runs both for real)."""
+    assert DOCKER.runtime.args("USER")[-1] == "10001:0"
+    commands = run_commands(DOCKER.runtime)
+    assert "chown 10001:0 /app/data" in commands and "chmod 775 /app/data" in commands, commands
+    assert DOCKER.global_args["PYTHON_IMAGE"] == container_image.OFFICIAL_BASE
+
+
+def test_the_readme_container_commands_are_the_ones_the_image_test_runs() -> None:
+    """tests/test_image.py builds with container_image.build_argv, runs with run_argv and stops with stop_argv."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    for engine in ("docker", "podman"):
+        commands = [
+            container_image.build_argv(engine, container_image.IMAGE),
+            container_image.run_argv(engine, container_image.IMAGE),
+            container_image.run_argv(engine, container_image.IMAGE, "tts-any-uid", ports=("8001", "50001"), user="12345"),
+            container_image.stop_argv(engine),
+        ]
+        for argv in commands:
+            assert shlex.join(argv) in readme, f"the README does not give: {shlex.join(argv)}"
+    assert "podman healthcheck run tts" in readme
 
 
 def makefile_default(name: str) -> str:

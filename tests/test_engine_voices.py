@@ -15,8 +15,8 @@ from service.bundle import ModelBundle
 from service.engine.llm import LLMRunner
 from service.engine.scheduler import BatchScheduler
 from service.engine.sessions import RuntimeOptions
-from service.engine.streaming import POOLED_SOLVER_FRAMES, ChunkJob, GeneratorNoise
 from service.engine.synthesizer import SynthesisOptions, Synthesizer
+from service.engine.token2wav import POOLED_SOLVER_FRAMES, ChunkJob, GeneratorNoise
 from service.engine.voice import FlowPrompt, LLMPrompt, Voice
 from service.errors import InvalidInputError
 from service.verify import Engines

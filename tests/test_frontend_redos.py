@@ -24,6 +24,7 @@ SEEDS = (
     "**a", "*a ", "_a", "__a ", "~~a", "`a", "``", "[a](", "![a](b", "[a][", "<break ", "<break time='1", "[pause ",
     "[pause 1", "# ", "- ", "1. ", "> ", "| a ", "|-", "---", "```\n", "<https://a", "<speak ", "第I", "Ⅲ", "Henry I",
     "Chapter X", "1+1=", "1 + ", "-1-", "555-", "(555) ", "+1 5", "Dr. ", "A.", "Main St. ", "1 A B ",
+    "1.5-", "1,000.5 ", "1,0", "1000.5k", "1 km/", "$1-$", "¥1,0-", "$1.5M-", "-1.5%", "1.5% ", "1.5-2.", "1-1.",
 )  # fmt: skip
 EN_RULES = en_rules(OfficialNormalizer().number_words)  # with the memoized inflect the service uses
 BUDGET_S = 1.5  # a linear pass over 100 kB takes milliseconds; a quadratic one takes minutes

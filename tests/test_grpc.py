@@ -21,6 +21,7 @@ from service.api.errors import STATUS
 from service.errors import ErrorCode
 from service.rpc import cosyvoice_pb2, cosyvoice_pb2_grpc
 from service.rpc.errors import GRPC_STATUS
+from service.rpc.server import METHOD
 
 pytestmark = pytest.mark.integration
 
@@ -155,6 +156,64 @@ def test_a_prompt_that_is_not_pcm_is_invalid_argument(channel: grpc.Channel) -> 
     request.cross_lingual_request.prompt_audio = b"\x01\x02\x03"  # odd length: not int16 samples
     error = _code(channel, request)
     assert error.code() is grpc.StatusCode.INVALID_ARGUMENT and "prompt_audio" in error.details()
+
+
+def test_a_whole_audio_file_as_prompt_audio_is_decoded_as_a_file(
+    server: tuple[AppServer, int], channel: grpc.Channel, ref_dir: Path
+) -> None:
+    """A common mistake: the WAV file itself as prompt_audio (raw 16 kHz PCM). It was cloned from its header bytes at
+    the wrong rate (this 24 kHz file at 16 kHz); it is recognised by its first bytes and decoded as a file."""
+    request = official_request("cross_lingual", tts_text="<|en|>Hello there.")
+    request.cross_lingual_request.prompt_audio = (ref_dir / "prompts" / "en_24k.wav").read_bytes()
+    audio = official_call(channel, request)
+    assert audio.size > MODEL_RATE_HZ // 4
+    wait_until(lambda: "cross_lingual_request.prompt_audio holds a WAV file" in server[0].log_text(), 10, "the log line")
+    request.cross_lingual_request.prompt_audio = request.cross_lingual_request.prompt_audio[:3000]  # a cut file
+    error = _code(channel, request)
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert "truncated" in error.details() and "cross_lingual_request.prompt_audio" in error.details()
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """One length-delimited protobuf field (tag, varint length, bytes): strings go on the wire as they are given."""
+    length, varint = len(payload), b""
+    while length >= 0x80:
+        varint += bytes([length & 0x7F | 0x80])
+        length >>= 7
+    return bytes([number << 3 | 2]) + varint + bytes([length]) + payload
+
+
+def _raw_call(channel: grpc.Channel, message: bytes) -> grpc.RpcError:
+    """Inference with a hand-built message (the stubs refuse to serialize a string that is not UTF-8)."""
+    call = channel.unary_stream(METHOD, request_serializer=None, response_deserializer=cosyvoice_pb2.Response.FromString)
+    with pytest.raises(grpc.RpcError) as info:
+        list(call(message, timeout=60))
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("message", "field"),
+    [
+        (_field(1, _field(1, "中文女".encode()) + _field(2, "你好。".encode("gbk"))), "sft_request.tts_text"),
+        (_field(2, _field(1, "你好。".encode()) + _field(2, "希望你以后".encode("gbk"))), "zero_shot_request.prompt_text"),
+        (_field(4, _field(1, "你好。".encode()) + _field(2, b"\xff\xfe")), "instruct_request.spk_id"),
+    ],
+    ids=["sft-text", "zero-shot-prompt-text", "instruct-speaker"],
+)
+def test_a_string_that_is_not_utf8_is_invalid_argument_not_internal(
+    server: tuple[AppServer, int], channel: grpc.Channel, message: bytes, field: str
+) -> None:
+    """grpc's own deserializer answered INTERNAL and logged a traceback for these."""
+    error = _raw_call(channel, message)
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert field in error.details() and "not valid UTF-8" in error.details(), error.details()
+    log = server[0].log_text()
+    assert "Exception deserializing request" not in log and "Traceback" not in log
+
+
+def test_bytes_that_are_no_request_are_invalid_argument(channel: grpc.Channel) -> None:
+    error = _raw_call(channel, b"\x0a\xff\xff\xff")  # field 1 claims more bytes than follow
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT and "not a valid cosyvoice.Request" in error.details()
 
 
 def test_health_serving_and_reflection(channel: grpc.Channel) -> None:

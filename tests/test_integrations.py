@@ -42,6 +42,7 @@ def test_livekit_openai_tts_sse_pcm(client: OpenAI) -> None:
         input=TEXT, model="gpt-4o-mini-tts", voice="alloy", response_format="pcm", speed=1.0, stream_format="sse"
     ) as stream:
         assert stream.headers["content-type"].split(";")[0].strip().lower() == "text/event-stream"
+        assert stream.headers.get("x-request-id"), "the plugin warns on every call without one"
         types = []
         for line in stream.iter_lines():
             if not line or not line.startswith("data: "):
@@ -60,7 +61,7 @@ def test_livekit_openai_tts_tts1_mp3(client: OpenAI) -> None:
     with client.audio.speech.with_streaming_response.create(
         input=TEXT, model="tts-1", voice="nova", response_format="mp3", speed=1.0, stream_format="audio"
     ) as stream:
-        assert stream.headers["content-type"].split(";")[0] == "audio/mpeg"
+        assert stream.headers["content-type"].split(";")[0] == "audio/mpeg" and stream.headers.get("x-request-id")
         assert len(stream.read()) > 1000
 
 

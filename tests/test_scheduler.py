@@ -17,8 +17,9 @@ from service.engine.kvcache import KVCache
 from service.engine.llm import LLM_GRAPHS, DecodeBatch, LLMRunner
 from service.engine.scheduler import AcousticGate, BatchScheduler, Pacer
 from service.engine.sessions import RuntimeOptions, open_sessions
-from service.engine.streaming import ChunkJob, GeneratorNoise, default_first_hop
+from service.engine.streaming import default_first_hop
 from service.engine.synthesizer import SynthesisOptions, Synthesizer
+from service.engine.token2wav import ChunkJob, GeneratorNoise
 from service.errors import EngineError, ShuttingDownError
 
 TIMEOUT_S = 60.0
@@ -319,12 +320,12 @@ def test_scheduled_synthesizer_matches_the_direct_one(bundle: ModelBundle) -> No
 def test_scheduler_pauses_while_yield_to_holds_unless_a_consumer_waits(runner: LLMRunner) -> None:
     """With yield_to True, no step runs for a request nobody is reading; a blocked consumer resumes decoding."""
     urgent = threading.Event()
-    s = BatchScheduler(runner, max_batch=4, yield_to=urgent.is_set, urgent_tokens=1000)
+    s = BatchScheduler(runner, max_batch=4, yield_to=urgent.is_set)
     try:
         ids, emb = _inputs(runner, 5, 7)
         alone = list(runner.generate(ids, emb, np.random.default_rng(3), min_tokens=300, max_tokens=300))
         urgent.set()
-        stream = s.generate(ids, emb, np.random.default_rng(3), min_tokens=300, max_tokens=300)
+        stream = s.generate(ids, emb, np.random.default_rng(3), min_tokens=300, max_tokens=300, urgent_tokens=1000)
         got = [next(stream)]  # waiting for the first token: the consumer's wait lets the step run
         time.sleep(0.1)
         steps = s.stats.steps
@@ -448,12 +449,12 @@ def test_first_chunks_batched_equal_one_by_one(bundle: ModelBundle) -> None:
 def test_paused_scheduler_serves_only_consumers_still_waiting_for_their_first_audio(runner: LLMRunner) -> None:
     """Past `urgent_tokens`, a waiting consumer does not end the pause; it resumes once yield_to turns False."""
     urgent = threading.Event()
-    s = BatchScheduler(runner, max_batch=4, yield_to=urgent.is_set, urgent_tokens=10)
+    s = BatchScheduler(runner, max_batch=4, yield_to=urgent.is_set)
     try:
         ids, emb = _inputs(runner, 5, 8)
         alone = list(runner.generate(ids, emb, np.random.default_rng(4), min_tokens=40, max_tokens=40))
         urgent.set()
-        stream = s.generate(ids, emb, np.random.default_rng(4), min_tokens=40, max_tokens=40)
+        stream = s.generate(ids, emb, np.random.default_rng(4), min_tokens=40, max_tokens=40, urgent_tokens=10)
         got = [next(stream) for _ in range(10)]  # its first 10 tokens are urgent: served despite the pause
         done = threading.Event()
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -28,6 +30,8 @@ from service.engine.synthesizer import Synthesizer
 from service.errors import BundleError
 from service.runtime import runtime_options
 from service.settings import Settings
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_stages_get_their_own_thread_counts() -> None:
@@ -167,3 +171,15 @@ def test_prompt_model_file_with_other_names_is_refused_when_opened(tiny_bundle: 
     shutil.copyfile(root / "campplus.onnx", root / "speech_tokenizer_v1.onnx")  # swapped file, hashes not checked
     with pytest.raises(BundleError, match=r"speech_tokenizer_v1\.onnx: inputs \['input'\]"):
         open_sessions(ModelBundle.load(root), RuntimeOptions(intra_op_threads=1), names=["speech_tokenizer"])
+
+
+def test_onnxruntime_telemetry_is_off_unless_asked_for(tmp_path: Path) -> None:
+    """ORT 1.31 starts its telemetry at import (a device id under ~/.cache, a ProcessInfo event, a warning where
+    HOME is read-only): importing the engine in a fresh interpreter, without ORT_DISABLE_TELEMETRY set, does none."""
+    env = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
+    env |= {"HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / ".cache")}
+    probe = "import service.engine.sessions, os; print(os.environ.get('ORT_DISABLE_TELEMETRY'))"
+    done = subprocess.run([sys.executable, "-c", probe], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")] == [], "onnxruntime wrote its device id"
+    assert "telemetry" not in done.stderr and done.stdout.strip() == "1", (done.stdout, done.stderr)

@@ -12,20 +12,12 @@ import numpy as np
 import pytest
 
 from service.bundle import ModelBundle, ModelConstants
+from service.engine.chunking import ScheduleConfig
 from service.engine.flow import FlowRunner
 from service.engine.hift import HiFTNoise, HiFTRunner
 from service.engine.sessions import RuntimeOptions, open_sessions
-from service.engine.streaming import (
-    GeneratorNoise,
-    NoiseSource,
-    ReplayNoise,
-    SentenceState,
-    Token2Wav,
-    WavChunk,
-    default_first_hop,
-    stream_sentence,
-    whole_sentence,
-)
+from service.engine.streaming import RequestContext, default_first_hop, stream_sentence, whole_sentence
+from service.engine.token2wav import GeneratorNoise, NoiseSource, ReplayNoise, SentenceState, Token2Wav, WavChunk
 
 ACOUSTIC_GRAPHS = ("flow_encoder", "flow_lr", "flow_estimator", "hift_f0", "hift_source", "hift_decode")
 
@@ -41,6 +33,11 @@ def t2w(tiny_bundle: Path) -> Token2Wav:
 @pytest.fixture(scope="module")
 def ref(ref_dir: Path) -> Any:
     return np.load(ref_dir / "stream.npz")
+
+
+def fixed(c: ModelConstants, noise: NoiseSource, first_hop: int = 100, **kw: Any) -> RequestContext:
+    """A request on its own with the fixed schedule: `first_hop`, then the official hops."""
+    return RequestContext.alone(noise, ScheduleConfig.official(c).with_first_hop(first_hop), c.sample_rate, **kw)
 
 
 def _replay(ref: Any) -> ReplayNoise:
@@ -64,7 +61,7 @@ class RecordingT2W(Token2Wav):
 
 def test_replay_official_stream(t2w: Token2Wav, ref: Any) -> None:
     rec = RecordingT2W(t2w)
-    chunks = list(stream_sentence(ref["tokens"].tolist(), ref["embedding"], rec, _replay(ref), first_hop=100))
+    chunks = list(stream_sentence(ref["tokens"].tolist(), ref["embedding"], rec, fixed(rec.constants, _replay(ref))))
     n = int(ref["n_chunks"])
     assert rec.calls == list(zip(ref["chunk_token_len"].tolist(), ref["chunk_finalize"].tolist(), strict=True))
     assert [len(ch.audio) for ch in chunks] == ref["chunk_yield_samples"].tolist()
@@ -106,7 +103,7 @@ def test_small_first_hop_gives_early_short_chunk(t2w: Token2Wav, ref: Any) -> No
     c = t2w.constants
     rec = RecordingT2W(t2w)
     noise = GeneratorNoise(np.random.default_rng(0))
-    chunks = list(stream_sentence(ref["tokens"].tolist(), ref["embedding"], rec, noise, first_hop=30))
+    chunks = list(stream_sentence(ref["tokens"].tolist(), ref["embedding"], rec, fixed(c, noise, 30)))
     assert rec.calls == [(50, False), (120, False), (100, True)]  # windows [0,50), [30,150), [130,230)
     first = (c.tokens_to_mel_frames(50) - c.mel_overlap_len - c.mel_cache_len) * c.mel_hop_samples
     assert len(chunks[0].audio) == first == 8192
@@ -118,8 +115,9 @@ def test_small_first_hop_gives_early_short_chunk(t2w: Token2Wav, ref: Any) -> No
 
 def test_short_sentence_streams_as_one_final_chunk(t2w: Token2Wav, ref: Any) -> None:
     tokens = ref["tokens"][:45].tolist()  # < first_hop + overlap: no streaming chunk, like the official code
-    streamed = list(stream_sentence(tokens, ref["embedding"], t2w, GeneratorNoise(np.random.default_rng(4)), first_hop=30))
-    whole = list(whole_sentence(tokens, ref["embedding"], t2w, GeneratorNoise(np.random.default_rng(4))))
+    c = t2w.constants
+    streamed = list(stream_sentence(tokens, ref["embedding"], t2w, fixed(c, GeneratorNoise(np.random.default_rng(4)), 30)))
+    whole = list(whole_sentence(tokens, ref["embedding"], t2w, fixed(c, GeneratorNoise(np.random.default_rng(4)))))
     assert len(streamed) == len(whole) == 1 and streamed[0].is_last
     np.testing.assert_array_equal(streamed[0].audio, whole[0].audio)
     assert len(whole[0].audio) == t2w.constants.tokens_to_mel_frames(45) * t2w.constants.mel_hop_samples
@@ -129,7 +127,8 @@ def test_speed_stretches_whole_sentence(t2w: Token2Wav, ref: Any) -> None:
     tokens = ref["tokens"][:60].tolist()
     frames = t2w.constants.tokens_to_mel_frames(60)
     for speed in (2.0, 0.5):
-        (chunk,) = whole_sentence(tokens, ref["embedding"], t2w, GeneratorNoise(np.random.default_rng(1)), speed=speed)
+        ctx = fixed(t2w.constants, GeneratorNoise(np.random.default_rng(1)), speed=speed)
+        (chunk,) = whole_sentence(tokens, ref["embedding"], t2w, ctx)
         assert len(chunk.audio) == int(frames / speed) * t2w.constants.mel_hop_samples
 
 
@@ -168,7 +167,7 @@ class FakeT2W(Token2Wav):
 
 def _windows(constants: ModelConstants, n_tokens: int, first_hop: int) -> list[tuple[int, int]]:
     fake, noise = FakeT2W(constants), GeneratorNoise(np.random.default_rng())
-    list(stream_sentence(range(n_tokens), np.zeros(192, np.float32), fake, noise, first_hop=first_hop))
+    list(stream_sentence(range(n_tokens), np.zeros(192, np.float32), fake, fixed(constants, noise, first_hop)))
     return [(w[0], w[-1] + 1) for w in fake.windows]
 
 
@@ -205,7 +204,7 @@ def test_cancel_stops_between_tokens() -> None:
             yield t
 
     noise = GeneratorNoise(np.random.default_rng())
-    chunks = list(stream_sentence(tokens(), np.zeros(192, np.float32), fake, noise, first_hop=30, cancel=cancel))
+    chunks = list(stream_sentence(tokens(), np.zeros(192, np.float32), fake, fixed(c, noise, 30, cancel=cancel)))
     assert len(chunks) == 1 and not chunks[0].is_last  # the chunk at 50 tokens, then nothing (no final chunk)
     assert len(pulled) == 61
 

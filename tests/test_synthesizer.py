@@ -10,15 +10,22 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.bundle import ModelBundle
+from service.bundle import ModelBundle, ModelConstants
+from service.engine.chunking import ScheduleConfig
 from service.engine.hift import HiFTNoise
 from service.engine.llm import LLMRunner
 from service.engine.sessions import RuntimeOptions, open_sessions
-from service.engine.streaming import MIN_FIRST_AUDIO_FRAMES, ReplayNoise, first_hop_for_speed
+from service.engine.streaming import MIN_FIRST_AUDIO_FRAMES, default_first_hop, first_hop_for_speed
 from service.engine.synthesizer import AudioChunk, SynthesisOptions, Synthesizer
+from service.engine.token2wav import ReplayNoise
 from service.errors import EmptyTextError, InvalidInputError, UnknownSpeakerError
 
 SENTENCES = [[15947, 1002, 13], [40, 716, 13]]  # "Hello world." and a second short sentence
+
+
+def fixed_schedule(c: ModelConstants) -> ScheduleConfig:
+    """The first hop 21, then the official hops: chunk windows that do not depend on measured rates."""
+    return ScheduleConfig.official(c).with_first_hop(default_first_hop(c))
 
 
 @pytest.fixture(scope="module")
@@ -130,14 +137,16 @@ def test_stream_and_non_stream_share_tokens_and_vocoder_path_reproduces(bundle: 
 
 def test_stream_yields_first_chunk_before_last_sentence_starts(bundle: ModelBundle, sessions: Mapping[str, Any]) -> None:
     llm = CountingLLM(FakeLLM(160))
-    synth = Synthesizer(bundle, sessions, llm=llm)
+    synth = Synthesizer(bundle, sessions, llm=llm, schedule=fixed_schedule(bundle.constants))
     gen = synth.synthesize([[1], [2], [3]], "中文男", SynthesisOptions(stream=True, seed=0))
     first = next(gen)
     assert llm.counts == [41]  # first hop 21 + overlap 20; sentences 1 and 2 not started
     assert first.sentence_index == 0 and not first.is_final and len(first.audio) > 0
     rest = list(gen)
     per_sentence = [sum(1 for ch in [first, *rest] if ch.sentence_index == i) for i in range(3)]
-    assert per_sentence == [3, 3, 3]  # token windows [0, 41), [21, 141), final [121, 160)
+    # token windows [0, 41), [21, 141), final [121, 160) for the first audio; later sentences are not first audio
+    # (the listener has audio already) and start with the official hop: [0, 120), final [100, 160)
+    assert per_sentence == [3, 2, 2]
     assert [ch.is_final for ch in rest].count(True) == 1 and rest[-1].is_final
 
 
@@ -146,7 +155,7 @@ def test_stream_with_speed_streams_chunk_by_chunk(bundle: ModelBundle, sessions:
     runs = {}
     for speed in (1.0, 1.25, 0.8):
         llm = CountingLLM(FakeLLM(260))
-        synth = Synthesizer(bundle, sessions, llm=llm)
+        synth = Synthesizer(bundle, sessions, llm=llm, schedule=fixed_schedule(bundle.constants))
         chunks = []
         for ch in synth.synthesize([[1]], "中文男", SynthesisOptions(stream=True, speed=speed, seed=0)):
             if not chunks:
@@ -216,15 +225,16 @@ def test_validation_happens_before_any_work(bundle: ModelBundle, sessions: Mappi
     assert llm.counts == []
 
 
-def test_synthesize_tokens_replays_official_stream(synth: Synthesizer, ref_dir: Path) -> None:
+def test_synthesize_tokens_replays_official_stream(synth: Synthesizer, sessions: Mapping[str, Any], ref_dir: Path) -> None:
     ref = np.load(ref_dir / "stream.npz")
     n = int(ref["n_chunks"])
     noise = ReplayNoise(
         [ref[f"chunk{k}_flow_noise"][0] for k in range(n)],
         [HiFTNoise(ref[f"chunk{k}_hift_phase_used"][0, :, 0], ref[f"chunk{k}_hift_sine_noise"][0]) for k in range(n)],
     )
-    opts = SynthesisOptions(stream=True, first_hop_tokens=100)
-    chunks = list(synth.synthesize_tokens(ref["tokens"].tolist(), "中文男", opts, noise=noise))
+    official = Synthesizer(synth.bundle, sessions, schedule=ScheduleConfig.official(synth.bundle.constants))
+    opts = SynthesisOptions(stream=True)
+    chunks = list(official.synthesize_tokens(ref["tokens"].tolist(), "中文男", opts, noise=noise))
     assert [len(ch.audio) for ch in chunks] == ref["chunk_yield_samples"].tolist()
     assert [ch.is_final for ch in chunks] == [False, False, True]
     np.testing.assert_allclose(_audio(chunks), ref["audio"][0], atol=1e-4, rtol=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,15 @@ def test_directory_store_limits_duplicates_and_skips_damaged_files(tmp_path: Pat
     assert sorted(v.name for v in store.list()) == ["a", "中文名"]
     assert not list((tmp_path / "voices").glob("*.partial"))
     assert store.delete("a") and not store.delete("a")
+
+
+def test_directory_store_shares_its_directory_and_files_with_their_group(tmp_path: Path) -> None:
+    """The image's uid 10001 and an arbitrary uid (OpenShift's) share group 0: each must use what the other saved."""
+    root = tmp_path / "data" / "voices"
+    DirectoryVoiceStore(root).add(voice("a"), max_voices=5)
+    directory = stat.S_IMODE(root.stat().st_mode)
+    assert directory & 0o070 == (directory & 0o700) >> 3, oct(directory)  # g=u: the group may list, add and delete
+    assert [stat.S_IMODE(p.stat().st_mode) for p in root.iterdir()] == [0o660]
 
 
 def test_an_unwritable_directory_is_a_store_error_not_a_crash(tmp_path: Path) -> None:

@@ -1,8 +1,11 @@
 """WebSocket text-in / audio-out against a real server process with a real client (websockets): audio for the first
-sentence before the last delta is sent, frames and captions, flush, bad input close codes, keys, cancel, bounds."""
+sentence before the last delta is sent, frames and timed captions, flush, barge-in (`cancel`), bad input close codes,
+keys, disconnect, bounds."""
 
 from __future__ import annotations
 
+import io
+import itertools
 import json
 import struct
 import threading
@@ -11,7 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import av
 import pytest
+from gated_engine import FileGate
 from servers import AppServer, metric_value, wait_until
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
@@ -24,12 +29,24 @@ PATH = "/v1/audio/speech/stream"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, tiny_bundle: Path) -> Iterator[AppServer]:
+    """The app with a gated engine (tests/gated_engine.py): the gate is open unless a test closes it."""
     env = {"TTS_RATE_LIMIT_PER_MINUTE": "0", "TTS_INTRA_OP_THREADS": "1"}
-    app = AppServer(tmp_path_factory.mktemp("ws"), tiny_bundle, env, name="ws")
+    workdir = tmp_path_factory.mktemp("ws")
+    app = AppServer(workdir, tiny_bundle, env, name="ws", gate=workdir / "gate")
     app.start()
     yield app
     app.stop()
     app.dump_log()
+
+
+def gate_of(app: AppServer) -> FileGate:
+    assert app.gate_path is not None
+    return FileGate(app.gate_path)
+
+
+def metric(app: AppServer, name: str) -> float:
+    with app.client() as http:
+        return metric_value(http.get("/metrics").text, name)
 
 
 def ws_url(app: AppServer) -> str:
@@ -117,6 +134,76 @@ def test_frames_are_numbered_and_each_sentence_ends_with_its_caption(server: App
     assert events[-1] == {"type": "done", "sentences": 3, "frames": len(frames)}
 
 
+def decoded_samples(audio: bytes, fmt: str) -> int:
+    """Samples an independent decoder (PyAV) yields for one sentence's bytes, at the stream's own rate (Opus: 24 kHz)."""
+    if fmt == "pcm":
+        return len(audio) // 2
+    with av.open(io.BytesIO(audio)) as container:
+        stream = container.streams.audio[0]
+        samples = sum(frame.samples for frame in container.decode(stream))
+        return samples * 24000 // stream.codec_context.sample_rate if fmt == "opus" else samples
+
+
+@pytest.mark.parametrize(("fmt", "rate"), [("pcm", 16000), ("mp3", 22050), ("opus", 24000)])
+def test_each_caption_says_where_its_sentence_lies_on_the_connection_timeline(server: AppServer, fmt: str, rate: int) -> None:
+    """`start` and `end` of a sentence_end are seconds of decoded audio from the connection's first frame: sentence i
+    ends where i+1 starts, and end - start is exactly what a decoder yields for the sentence's frames (an MP3 stream
+    with its priming and its last frame's padding, Opus trimmed to its granule position)."""
+    config = {"format": fmt} | ({"sample_rate": rate} if fmt == "pcm" else {})
+    ws, ready = open_stream(server, config)
+    assert ready["sample_rate"] == rate
+    for piece in ("第一句话在这里。", "第二句话稍微长一点，", "还有一些内容。", "第三句"):
+        send_text(ws, piece)
+    ws.send(json.dumps({"type": "close"}))
+    frames, events = drain(ws)
+    ends = [e for e in events if e["type"] == "sentence_end"]
+    assert len(ends) == 3 and ends[0]["start"] == 0
+    for before, after in itertools.pairwise(ends):
+        assert after["start"] == before["end"]
+    for e in ends:
+        audio = b"".join(f[HEADER.size :] for f in frames[e["first_seq"] : e["last_seq"] + 1])
+        assert round((e["end"] - e["start"]) * rate) == decoded_samples(audio, fmt)
+
+
+def test_cancel_stops_speech_at_once_and_the_connection_takes_new_text(server: AppServer) -> None:
+    """Barge-in while the engine is held after its first chunk (gate closed: nothing can finish by speed): `cancelled`
+    comes at once with the last frame sent, the jobs are cancelled and their engine work released once the engine may
+    move again, and new text on the same connection is spoken after the cut, on the same timeline."""
+    ws, _ = open_stream(server)
+    ws.send(json.dumps({"type": "cancel"}))  # nothing to stop yet: answered at once all the same
+    assert json.loads(ws.recv(timeout=30)) == {"type": "cancelled", "last_seq": -1, "sentence": None, "time": 0.0}
+    cancelled_before = metric(server, "tts_synthesis_cancelled_total")
+    gate = gate_of(server)
+    gate.clear()
+    try:
+        send_text(ws, "今天天气很好，我们一起去公园散步吧，然后去湖边喝杯咖啡。明天见。还没有说完的话")
+        got: list[bytes | dict[str, Any]] = []
+        while not any(isinstance(m, bytes) for m in got):
+            message = ws.recv(timeout=60)
+            got.append(message if isinstance(message, bytes) else json.loads(message))
+        ws.send(json.dumps({"type": "cancel"}))
+        while not (isinstance(got[-1], dict) and got[-1]["type"] == "cancelled"):
+            message = ws.recv(timeout=30)  # the engine is still held: this must not wait for it
+            got.append(message if isinstance(message, bytes) else json.loads(message))
+    finally:
+        gate.set()
+    cancelled = got[-1]
+    assert isinstance(cancelled, dict)
+    seqs = [HEADER.unpack_from(m)[0] for m in got if isinstance(m, bytes)]
+    assert cancelled["last_seq"] == seqs[-1] and cancelled["sentence"] == 0
+    assert not any(isinstance(m, dict) and m["type"] == "sentence_end" for m in got), "the cut sentence has no caption"
+    wait_until(lambda: metric(server, "tts_synthesis_cancelled_total") > cancelled_before, 30, "the cut job's cancel")
+    wait_until(lambda: metric(server, "tts_jobs_running") == 0, 30, "every job of the connection to stop")
+    send_text(ws, "新的一句话。")
+    ws.send(json.dumps({"type": "close"}))
+    frames, events = drain(ws)
+    ends = [e for e in events if e["type"] == "sentence_end"]
+    assert [(e["sentence"], e["text"]) for e in ends] == [(2, "新的一句话。")]  # 1 was dropped, the text without an end too
+    assert ends[0]["first_seq"] == cancelled["last_seq"] + 1 and ends[0]["start"] == cancelled["time"] > 0
+    assert HEADER.unpack_from(frames[0])[0] == cancelled["last_seq"] + 1
+    assert events[-1] == {"type": "done", "sentences": 1, "frames": cancelled["last_seq"] + 1 + len(frames)}
+
+
 def test_flush_speaks_text_without_an_end_at_once(server: AppServer) -> None:
     ws, _ = open_stream(server)
     send_text(ws, "没有句号的一段话")
@@ -152,6 +239,26 @@ def test_bad_input_closes_with_a_4xx_code_and_a_json_reason(
             ws.send(m)
     got_code, reason = close_of(ws)
     assert (got_code, reason["code"]) == (code, error), reason
+
+
+def test_a_text_frame_that_is_not_utf8_fails_the_connection_without_a_traceback(server: AppServer) -> None:
+    """RFC 6455 makes the server fail the connection (1007) before the app sees the frame; uvicorn logged a traceback."""
+    ws, _ = open_stream(server)
+    ws.send(b'{"type": "text", "text": "' + "希望你".encode("gbk") + b'"}', text=True)
+    drain(ws, 30)
+    assert ws.close_code == 1007
+    wait_until(lambda: "not valid UTF-8" in server.log_text(), 10, "the warning line")
+    assert "Traceback" not in server.log_text() and "Invalid UTF-8 sequence" not in server.log_text()
+    other, ready = open_stream(server)  # the server goes on serving
+    assert ready["type"] == "ready"
+    other.close()
+
+
+def test_a_lone_surrogate_in_the_text_is_invalid_input(server: AppServer) -> None:
+    ws, _ = open_stream(server)
+    ws.send('{"type": "text", "text": "\\ud800你好。"}')
+    code, reason = close_of(ws)
+    assert (code, reason["code"]) == (4400, "invalid_input"), reason
 
 
 def test_too_much_text_without_an_end_is_refused(server: AppServer) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import socket
 import sys
 
@@ -10,6 +9,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from service.api.app import create_app
+from service.api.logconfig import configure as configure_logging
 from service.settings import Settings
 
 
@@ -26,12 +26,13 @@ def main() -> None:
         if problem:
             print(f"error: {name}: cannot listen on {settings.host}:{port}: {problem}", file=sys.stderr)
             sys.exit(2)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_config = configure_logging(settings.log_level)
     uvicorn.run(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=log_config,
         timeout_graceful_shutdown=settings.drain_timeout_s,
     )
 

@@ -18,16 +18,28 @@ from service.api.deps import AppState
 from service.api.docs import install_docs
 from service.api.errors import install_error_handlers
 from service.api.metrics import Metrics, RequestMetricsMiddleware
-from service.api.routes import lexicon, official, openai, ops, speech, stream, voices
+from service.api.routes import dashscope, lexicon, official, openai, ops, speech, stream, voices
 from service.api.routes.ops import STATIC_DIR
 from service.api.schemas import OPENAI_VOICES
+from service.api.textfields import TextRoute
+from service.api.tracing import RequestIdMiddleware
+from service.requestids import HEADER
 from service.rpc.server import GrpcServer
 from service.runtime import EngineLoader, Runtime, load_synthesizer
 from service.settings import RENAMED, Settings, unknown_env_vars
 
 log = logging.getLogger(__name__)
 # Every router of the app; the admission middleware guards those of their routes that carry the synthesis guards.
-ROUTERS = (speech.router, official.router, openai.router, stream.router, voices.router, lexicon.router, ops.router)
+ROUTERS = (
+    speech.router,
+    official.router,
+    openai.router,
+    stream.router,
+    dashscope.router,
+    voices.router,
+    lexicon.router,
+    ops.router,
+)
 
 
 def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader = load_synthesizer) -> FastAPI:
@@ -71,6 +83,7 @@ def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader 
         redoc_url=None,  # ReDoc only exists as a CDN script
     )
     app.state.tts = state
+    app.router.route_class = TextRoute  # routes added on the app itself (/docs) read text strictly like the routers'
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, upload_bytes=settings.max_upload_bytes)
     # outside the body limit (a refusal reads no body), inside CORS (browsers can read a refusal)
@@ -79,9 +92,14 @@ def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader 
     app.add_middleware(MultipartTTSMiddleware)  # outside admission: a multipart /tts is admitted as /tts/prompt
     if settings.cors_allow_origins:
         app.add_middleware(
-            CORSMiddleware, allow_origins=settings.cors_allow_origins, allow_methods=["GET", "POST"], allow_headers=["*"]
+            CORSMiddleware,
+            allow_origins=settings.cors_allow_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["*"],
+            expose_headers=[HEADER],  # a browser page may read the request id of an answer
         )
     app.add_middleware(RequestMetricsMiddleware, metrics=lambda: state.metrics)
+    app.add_middleware(RequestIdMiddleware)  # outermost: every answer carries x-request-id, refusals included
     for router in routers:
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static")

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
+from http import HTTPStatus
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.api.tracing import request_id_of
 from service.errors import (
     ErrorCode,
     InvalidInputError,
@@ -19,6 +23,7 @@ from service.errors import (
     TTSError,
     UnauthorizedError,
 )
+from service.requestids import HEADER
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +78,15 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+class RequestFieldError(StarletteHTTPException):
+    """A typed error found while the request body or query is parsed, where FastAPI lets only HTTP errors through
+    (it turns any other exception there into a bare "There was an error parsing the body")."""
+
+    def __init__(self, error: TTSError) -> None:
+        super().__init__(status_of(error), error.message)
+        self.error = error
+
+
 def status_of(error: TTSError, path: str = "") -> int:
     """HTTP status of `error` on `path`: the table, with OpenAI's statuses on OpenAI's own endpoints."""
     if path.startswith(OPENAI_ENDPOINTS) and error.code in OPENAI_STATUS:
@@ -120,10 +134,45 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
     first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
         return error_response(request.url.path, _json_error(first, exc.body))
-    loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "form", "path")]
-    param = ".".join(loc) or None
-    detail = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}" for e in errors[:5])
+    uploads = _upload_fields(request)
+    param = field_of(first.get("loc", ())) or None
+    detail = "; ".join(_describe(e, uploads) for e in errors[:5])
     return error_response(request.url.path, InvalidInputError(f"invalid request: {detail}", param=param))
+
+
+_SOURCES = frozenset({"body", "query", "form", "path", "header", "cookie"})
+_TYPE_NAMES = frozenset({"str", "int", "float", "bool", "bytes", "list", "dict", "none"})
+
+
+def field_of(loc: Sequence[object]) -> str:
+    """The request field a pydantic error location names, in the client's terms: without where it was read from
+    (body, query) and without the names pydantic gives union members it tried (`str`, `VoiceRef`)."""
+    return ".".join(str(part) for part in loc if part not in _SOURCES and not _is_union_member(part))
+
+
+def _is_union_member(part: object) -> bool:
+    # our fields are snake_case identifiers; pydantic tags a union member by its type (`str`, `VoiceRef`, `list[int]`)
+    return isinstance(part, str) and (part[:1].isupper() or not part.isidentifier() or part in _TYPE_NAMES)
+
+
+def _describe(error: Mapping[str, Any], uploads: frozenset[str]) -> str:
+    """`field: what is wrong`, with pydantic's wording where it is the client's, ours where it is pydantic's own."""
+    field = field_of(error.get("loc", ())) or "the request body"
+    kind, message = str(error.get("type", "")), str(error.get("msg", ""))
+    if field in uploads and kind != "missing":
+        return f"{field} must be a file upload (multipart/form-data, e.g. curl -F {field}=@voice.wav), not a text field"
+    if field == "the request body" and kind == "missing":
+        return "the request body is empty"
+    if field == "the request body" and kind in ("model_attributes_type", "dict_type"):
+        return "the request body must be a JSON object"
+    return f"{field}: {message.removeprefix('Value error, ')}"
+
+
+def _upload_fields(request: Request) -> frozenset[str]:
+    """The names of the route's file upload fields (UploadFile parameters)."""
+    route = request.scope.get("route")
+    params = route.dependant.body_params if isinstance(route, APIRoute) else []
+    return frozenset(p.alias for p in params if p.field_info.annotation is UploadFile)
 
 
 def _json_error(error: dict[str, Any], document: object) -> InvalidInputError:
@@ -138,22 +187,42 @@ def _json_error(error: dict[str, Any], document: object) -> InvalidInputError:
     return InvalidInputError(f"invalid JSON at line {line}, column {column}: {reason}")
 
 
+async def _on_request_field_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestFieldError)
+    return error_response(request.url.path, exc.error)
+
+
 async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = _HTTP_STATUS_CODES.get(exc.status_code, ErrorCode.INVALID_INPUT)
-    body = error_body(request.url.path, code, str(exc.detail))
+    body = error_body(request.url.path, code, _http_message(request, exc))
     return JSONResponse(body, status_code=exc.status_code, headers=dict(exc.headers or {}))
 
 
+def _http_message(request: Request, exc: StarletteHTTPException) -> str:
+    """The framework's bare "Not Found" / "Method Not Allowed" said in terms of the request; other details as given."""
+    if exc.detail != HTTPStatus(exc.status_code).phrase:
+        return str(exc.detail)
+    if exc.status_code == 404:
+        return f"there is no {request.url.path} on this server (the API is described at /docs)"
+    if exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        return f"{request.method} is not allowed on {request.url.path}" + (f"; use {allowed}" if allowed else "")
+    return str(exc.detail)
+
+
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    # answered outside RequestIdMiddleware (Starlette's outermost layer sends it), so the id is added here
+    rid = request_id_of(request.scope)
+    log.exception("unhandled error on %s %s (request %s)", request.method, request.url.path, rid)
     body = error_body(request.url.path, ErrorCode.ENGINE_FAILURE, "internal error")
-    return JSONResponse(body, status_code=500)
+    return JSONResponse(body, status_code=500, headers={HEADER: rid} if rid else None)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     """Route every error the app can raise through the table above."""
     app.add_exception_handler(TTSError, _on_tts_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(RequestFieldError, _on_request_field_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(Exception, _on_unexpected)

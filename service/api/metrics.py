@@ -60,16 +60,16 @@ class Metrics(SynthesisObserver):
         self.active_streams = Gauge("tts_active_streams", "Responses being streamed to clients", registry=r)
         self.engine_chunks = Counter("tts_engine_chunks", "Audio chunks produced by the engine", registry=r)
         self.cancelled_total = Counter(
-            "tts_synthesis_cancelled", "Synthesis jobs stopped because the client went away", registry=r
+            "tts_synthesis_cancelled", "Synthesis jobs stopped early: the client went away or cancelled", registry=r
         )
         self.transport_requests = Counter(
             "tts_transport_requests",
-            "gRPC calls and WebSocket sessions by transport, route and final status",
+            "gRPC calls, WebSocket sessions and DashScope tasks by transport, route and final status",
             ["transport", "route", "status"],
             registry=r,
         )
         self.transport_seconds = Histogram(
-            "tts_transport_seconds", "Duration of gRPC calls and WebSocket sessions", ["transport", "route"],
+            "tts_transport_seconds", "Duration of gRPC calls, WebSocket sessions and DashScope tasks", ["transport", "route"],
             buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self._cache = _CacheCollector()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 from service.audio import AudioFormat
 from service.frontend.lexicon import MAX_WORD_CHARS
@@ -42,7 +42,7 @@ class TTSBody(BaseModel):
     text: str = Field(description="Text to speak (Chinese, English, Japanese, Cantonese, Korean).")
     speaker: str | None = Field(None, description="Speaker name (GET /v1/audio/voices); default 中文女 (TTS_DEFAULT_SPEAKER).")
     format: str = Field("wav", description="Audio format.", json_schema_extra=_FORMAT_ENUM)
-    speed: float = Field(1.0, ge=0.5, le=2.0, description="Tempo factor.")
+    speed: float = Field(1.0, ge=0.5, le=2.0, allow_inf_nan=False, description="Tempo factor.")
     stream: bool = Field(False, description="Chunked response that starts with the first audio chunk (streaming WAV header).")
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="Same seed + same input = same audio.")
 
@@ -64,7 +64,7 @@ class SpeechBody(BaseModel):
         description="A speaker name, or an OpenAI voice: " + ", ".join(f"{k}→{v}" for k, v in OPENAI_VOICES.items()) + "."
     )
     response_format: str = Field("mp3", description="mp3, opus, aac, flac, wav or pcm.", json_schema_extra=_FORMAT_ENUM)
-    speed: float = Field(1.0, ge=0.25, le=4.0)
+    speed: float = Field(1.0, ge=0.25, le=4.0, allow_inf_nan=False)
     instructions: str | None = Field(
         None,
         max_length=OPENAI_MAX_INPUT_CHARS,
@@ -74,10 +74,25 @@ class SpeechBody(BaseModel):
     stream: bool | None = Field(
         None,
         description="Extension (not in OpenAI's API): `true` sends audio as it is synthesized (chunked; WAV gets a "
-        "streaming header with unknown sizes), `false` sends the whole file with Content-Length and exact WAV sizes. "
-        "Default: WAV whole, every other format streamed. `stream_format=sse` always streams.",
+        "streaming header with unknown sizes, FLAC an unknown sample count), `false` sends the whole file with "
+        "Content-Length, exact WAV sizes and FLAC's sample count and MD5. Default: WAV and FLAC whole, every other "
+        "format streamed. `stream_format=sse` always streams.",
     )
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="Extension (not in OpenAI's API): same seed, same audio.")
+    timestamps: bool = Field(
+        False,
+        description="Extension (not in OpenAI's API), with `stream_format=sse` only: a `speech.audio.sentence` event "
+        "after each sentence's audio, `{sentence, text, start, end}` with times in seconds of the decoded audio. "
+        "Such requests are never answered from the audio cache.",
+    )
+
+    @field_validator("voice", mode="before")
+    @classmethod
+    def _voice_shape(cls, value: object) -> object:
+        """One clear error for a voice of the wrong shape (pydantic would report each member of the union)."""
+        if isinstance(value, str) or (isinstance(value, dict) and isinstance(value.get("id"), str)):
+            return value
+        raise ValueError('expected a voice name or an object {"id": "<voice name>"}')
 
     @property
     def voice_name(self) -> str:

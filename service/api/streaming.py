@@ -16,7 +16,7 @@ from starlette.types import Receive, Scope, Send
 
 from service.api.deps import AppState
 from service.errors import TTSError
-from service.tts import SpeechJob
+from service.tts import SentenceMark, SpeechJob
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,10 @@ DISCONNECT_POLL_S = 0.1  # how often a request still waiting for its first audio
 T = TypeVar("T")
 
 
-def _next_piece(pieces: Iterator[bytes]) -> bytes | None:
+Item = bytes | SentenceMark
+
+
+def _next_piece(pieces: Iterator[Item]) -> Item | None:
     return next(pieces, None)
 
 
@@ -36,8 +39,8 @@ class JobPieces:
     def __init__(self, job: SpeechJob, state: AppState) -> None:
         self.job = job
         self._state = state
-        self._it = iter(job)
-        self._first: bytes | None = None
+        self._it = job.events()
+        self._first: Item | None = None
         self.token_rate_hz = 0
 
     async def start(self) -> None:
@@ -45,7 +48,15 @@ class JobPieces:
         self._first = await self._read()
 
     async def stream(self) -> AsyncGenerator[bytes, None]:
-        """Yield every piece; leaving early (disconnect, send error) cancels the synthesis."""
+        """Yield every piece of audio; leaving early (disconnect, send error) cancels the synthesis."""
+        async with aclosing(self.events()) as items:
+            async for item in items:
+                if isinstance(item, bytes):
+                    yield item
+
+    async def events(self) -> AsyncGenerator[Item, None]:
+        """Yield every piece, and a SentenceMark after each sentence when the request asked for timestamps;
+        leaving early cancels the synthesis."""
         metrics = self._state.metrics
         metrics.active_streams.inc()
         finished = False
@@ -61,7 +72,7 @@ class JobPieces:
                 self.job.cancel()  # the client left (or sending failed): stop the synthesis
             metrics.active_streams.dec()
 
-    async def _read(self) -> bytes | None:
+    async def _read(self) -> Item | None:
         return await anyio.to_thread.run_sync(_next_piece, self._it, abandon_on_cancel=True, limiter=self._state.stream_threads)
 
 
@@ -121,9 +132,12 @@ STREAM_HEADERS = {"X-Accel-Buffering": "no", "Cache-Control": "no-store"}
 
 
 async def _sse_events(pieces: JobPieces) -> AsyncIterator[bytes]:
-    async with aclosing(pieces.stream()) as audio:
-        async for piece in audio:
-            yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode("ascii")})
+    async with aclosing(pieces.events()) as items:
+        async for item in items:
+            if isinstance(item, SentenceMark):
+                yield _event(_sentence_event(item))
+            else:
+                yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(item).decode("ascii")})
     prepared, timings = pieces.job.prepared, pieces.job.timings
     # speech tokens come at a fixed rate (50 Hz for v1), so audio seconds x speed give the token count
     output_tokens = round(timings.audio_s * prepared.request.speed * pieces.token_rate_hz)
@@ -157,6 +171,11 @@ async def _cancel_on_disconnect(request: Request, job: SpeechJob) -> None:
     while not await request.is_disconnected():
         await anyio.sleep(DISCONNECT_POLL_S)
     job.cancel()
+
+
+def _sentence_event(mark: SentenceMark) -> dict[str, object]:
+    """`speech.audio.sentence` (our extension, with `timestamps: true`): a caption with its place in the audio."""
+    return {"type": "speech.audio.sentence", "sentence": mark.index, "text": mark.text, "start": mark.start_s, "end": mark.end_s}
 
 
 def _event(payload: dict[str, object]) -> bytes:

@@ -5,8 +5,8 @@ from service.engine.hift import HiFTNoise, HiFTRunner
 from service.engine.llm import DecodeBatch, LLMRequest, LLMRunner
 from service.engine.sampling import SamplingParams, ras_sampling
 from service.engine.sessions import RuntimeOptions, make_session_options, open_sessions
-from service.engine.streaming import GeneratorNoise, NoiseSource, ReplayNoise, Token2Wav
 from service.engine.synthesizer import AudioChunk, StageTimings, SynthesisOptions, Synthesizer
+from service.engine.token2wav import GeneratorNoise, NoiseSource, ReplayNoise, Token2Wav
 
 __all__ = [
     "AudioChunk",

@@ -278,8 +278,12 @@ class LLMRunner:
         min_tokens: int | None = None,
         max_tokens: int | None = None,
         cancel: threading.Event | None = None,
+        urgent_tokens: int = 0,
     ) -> Iterator[int]:
-        """Speech tokens (ints in 0..speech_token_size-1) until EOS, the max length, or `cancel` is set."""
+        """Speech tokens (ints in 0..speech_token_size-1) until EOS, the max length, or `cancel` is set.
+
+        `urgent_tokens` is for schedulers that serve several requests (BatchScheduler); one request alone has
+        nothing to put first."""
         request = self.start(text_ids, prompt, rng, min_tokens=min_tokens, max_tokens=max_tokens)
         yield from self._drain(request, cancel)
 

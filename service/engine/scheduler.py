@@ -16,6 +16,7 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 
+from service.engine.chunking import RateMeter
 from service.engine.llm import DecodeBatch, LLMRequest, LLMRunner
 from service.engine.sessions import lower_thread_priority
 from service.engine.voice import LLMPrompt, as_llm_prompt
@@ -40,6 +41,7 @@ class _Job:
     rng: np.random.Generator
     min_tokens: int | None
     max_tokens: int | None
+    urgent_tokens: int = 0  # its first `urgent_tokens` tokens feed the request's first audio
     out: queue.SimpleQueue[list[int] | BaseException | None] = field(default_factory=queue.SimpleQueue)
     abandoned: threading.Event = field(default_factory=threading.Event)
     sent: int = 0
@@ -81,23 +83,38 @@ class TokenStream(Iterator[int]):
         self._cancel = cancel
         self._buffer: deque[int] = deque()
         self._done = False
+        self._tail: BaseException | None = None  # an error seen by ready(), raised once the buffer is consumed
 
     def __iter__(self) -> TokenStream:
         return self
 
     def __next__(self) -> int:
         while not self._buffer:
+            if self._tail is not None:
+                error, self._tail = self._tail, None
+                self.close()
+                raise error
             if self._done:
                 raise StopIteration
-            item = self._wait()
-            if item is _END:
-                self._done = True
-            elif isinstance(item, BaseException):
-                self.close()
-                raise item
-            else:
-                self._buffer.extend(item)
+            self._take(self._wait())
         return self._buffer.popleft()
+
+    def ready(self) -> int:
+        """Tokens already decoded and not yet taken: what the next calls return without waiting."""
+        while not self._done and self._tail is None:
+            try:
+                self._take(self._job.out.get_nowait())
+            except queue.Empty:
+                break
+        return len(self._buffer)
+
+    def _take(self, item: list[int] | BaseException | None) -> None:
+        if item is _END:
+            self._done = True
+        elif isinstance(item, BaseException):
+            self._tail = item
+        else:
+            self._buffer.extend(item)
 
     def _wait(self) -> list[int] | BaseException | None:
         job = self._job
@@ -145,7 +162,9 @@ class BatchScheduler:
     returns True the thread pauses between decode steps, unless a prefill is queued or a consumer is
     blocked waiting for one of its first `urgent_tokens` tokens (those it needs for its own first audio).
     A consumer waiting for later tokens already has audio and waits: a listener who has heard nothing
-    yet is worse off.
+    yet is worse off. How many tokens are urgent is per request (`generate(urgent_tokens=...)`): the chunk
+    schedule's first-audio tokens. With a `meter`, the interval between decode steps (pauses included) is
+    recorded as each stream's token interval.
     """
 
     def __init__(
@@ -155,14 +174,15 @@ class BatchScheduler:
         max_batch: int = 16,
         name: str = "llm-scheduler",
         yield_to: Callable[[], bool] | None = None,
-        urgent_tokens: int = 0,
+        meter: RateMeter | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.runner = runner
         self.max_batch = max_batch
         self.yield_to = yield_to
-        self.urgent_tokens = urgent_tokens
+        self.meter = meter
+        self._last_step: float | None = None
         self.stats = SchedulerStats()
         self._cond = threading.Condition()
         self._pending: deque[_Job] = deque()
@@ -183,12 +203,14 @@ class BatchScheduler:
         min_tokens: int | None = None,
         max_tokens: int | None = None,
         cancel: threading.Event | None = None,
+        urgent_tokens: int = 0,
     ) -> TokenStream:
         """Queue a request (its prefill starts at once) and return its token stream.
 
         The scheduler thread owns `rng` until the stream ends. Raises ShuttingDownError after `close()`.
+        `urgent_tokens`: how many first tokens feed the request's first audio (see `yield_to`).
         """
-        job = _Job(list(map(int, text_ids)), as_llm_prompt(prompt), rng, min_tokens, max_tokens)
+        job = _Job(list(map(int, text_ids)), as_llm_prompt(prompt), rng, min_tokens, max_tokens, urgent_tokens)
         with self._cond:
             if self._closed:
                 raise ShuttingDownError("the LLM scheduler is stopped")
@@ -234,6 +256,8 @@ class BatchScheduler:
                     self._cond.wait(_YIELD_POLL_S)
             elif len(batch):
                 self._step(batch)
+            if not len(batch):
+                self._last_step = None  # idle time is no token interval
             if not len(batch) and batch.cache.nbytes() > self._idle_cache_bytes:
                 # Empty: give the grown KV buffers back now, before waiting for work. The next requests
                 # start from the small cache and grow it to their own length, not to the last burst's.
@@ -244,7 +268,7 @@ class BatchScheduler:
         """True while `yield_to` asks for the cores and no queued prefill or first-audio consumer needs the LLM now."""
         if self.yield_to is None or self._pending or not self.yield_to():
             return False
-        return not any(job.waiting and job.sent < self.urgent_tokens for job in list(self._jobs.values()))
+        return not any(job.waiting and job.sent < job.urgent_tokens for job in list(self._jobs.values()))
 
     def _next_admissions(self, in_batch: int) -> list[_Job] | None:
         """Wait for work; returns the jobs to prefill now ([] when only decoding), None when closed."""
@@ -284,6 +308,10 @@ class BatchScheduler:
 
     def _step(self, batch: DecodeBatch) -> None:
         rows = list(batch.requests)
+        now = time.perf_counter()
+        if self.meter is not None and self._last_step is not None:
+            self.meter.token_interval(now - self._last_step)
+        self._last_step = now
         try:
             done = self.runner.step(batch)
         except Exception as e:  # the batch is in an unknown state: fail its requests, keep serving others
@@ -486,9 +514,13 @@ class AcousticGate:
 
 
 class Pacer:
-    """Per-request deadline keeping for the AcousticGate: arrival time plus audio seconds delivered so far."""
+    """Per-request deadline keeping at the AcousticGate: arrival time plus audio seconds delivered so far.
 
-    def __init__(self, gate: AcousticGate, sample_rate: int, start: float | None = None) -> None:
+    Without a gate (`gate=None`) every call runs at once and pooled calls run alone; the Pacer still counts the
+    request's audio, which the chunk schedule reads.
+    """
+
+    def __init__(self, gate: AcousticGate | None, sample_rate: int, start: float | None = None) -> None:
         self.gate = gate
         self.sample_rate = sample_rate
         self.start = time.monotonic() if start is None else start
@@ -499,16 +531,22 @@ class Pacer:
         return self.start + self.audio_s
 
     @contextmanager
-    def turn(self) -> Iterator[Callable[[], None]]:
-        """Run one acoustic call when the gate gives this request its turn (first audio counts as urgent).
+    def turn(self, *, first: bool) -> Iterator[Callable[[], None]]:
+        """Run one acoustic call when the gate gives this request its turn; `first` (the call carries the request's
+        first audio, as the chunk schedule decides) makes it urgent.
 
         The block gets the slot's `step_aside` (see AcousticGate.slot) to call between solver steps.
         """
-        with self.gate.slot(self.deadline, first=self.audio_s == 0.0) as step_aside:
+        if self.gate is None:
+            yield _never_step_aside
+            return
+        with self.gate.slot(self.deadline, first=first) as step_aside:
             yield step_aside
 
     def pooled(self, key: Hashable, payload: P, execute: Callable[[list[P]], Iterable[R]], *, max_group: int) -> R:
         """This request's first-audio call, run together with at most `max_group - 1` other requests' (AcousticGate.pooled)."""
+        if self.gate is None:
+            return next(iter(execute([payload])))
         return self.gate.pooled(self.deadline, key, payload, execute, max_group=max_group)
 
     def delivered(self, samples: int) -> None:

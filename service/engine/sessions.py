@@ -21,6 +21,8 @@ from service.errors import BundleError
 ExecutionMode = Literal["sequential", "parallel"]
 GraphOptimization = Literal["all", "extended", "basic", "disabled"]
 Stage = Literal["llm", "acoustic"]
+StreamSchedule = Literal["adaptive", "official"]
+AcousticBackend = Literal["auto", "ort", "openvino"]
 
 _EXECUTION_MODES: dict[str, ort.ExecutionMode] = {
     "sequential": ort.ExecutionMode.ORT_SEQUENTIAL,
@@ -40,6 +42,9 @@ TRANSIENT_GRAPHS: frozenset[str] = frozenset({"llm_pos"})
 # the others run once per request or chunk, where the second copy of their weights (40-100 MB) is not
 # worth the few milliseconds it saves.
 PREPACKED_GRAPHS: frozenset[str] = frozenset({"llm_step", "flow_estimator", "hift_decode", "hift_f0"})
+# Graphs OpenVINO may run (acoustic_backend): measured faster in bf16 than ORT runs them (estimator int8: 1.5x,
+# HiFT decode fp32: 1.6x, on AVX-512 BF16). The LLM step stays on ORT (OpenVINO was 2x slower there).
+OPENVINO_GRAPHS: frozenset[str] = frozenset({"flow_estimator", "hift_decode", "hift_f0"})
 
 
 def graph_stage(name: str) -> Stage:
@@ -87,6 +92,19 @@ class RuntimeOptions:
     shrink_acoustic_arenas: bool = True
     # glibc malloc arenas for the whole process (see limit_malloc_arenas); 0 keeps glibc's default.
     malloc_arenas: int = 2
+    # How streamed sentences are cut into chunks: "adaptive" (service.engine.chunking) or "official" (the official
+    # v1 boundaries: every hop token_hop_len).
+    stream_schedule: StreamSchedule = "adaptive"
+    first_hop_tokens: int | None = None  # the first streamed chunk's hop; None: the schedule's own
+    # Seconds of a cloned voice's prompt the flow sees with each streamed chunk; None: all of it (official).
+    prompt_window_s: float | None = None
+    # Runtime of the OPENVINO_GRAPHS: "auto" = OpenVINO in bf16 where the CPU computes bf16 natively (AVX-512 BF16,
+    # AMX) and the openvino package is installed, else ORT; "ort"; "openvino" (bf16 where native, else f32).
+    # The engine's own default is ORT (parity checks, tools); the service's setting defaults to "auto".
+    acoustic_backend: AcousticBackend = "ort"
+    # Where OpenVINO keeps compiled graphs (imported at every start after the first: faster, and 0.19 GB less resident
+    # for the full-size estimator); None: compile in this process at every start.
+    compiled_cache_dir: Path | None = None
 
     def __post_init__(self) -> None:
         stage_threads = [t for t in (self.llm_threads, self.acoustic_threads) if t is not None]
@@ -102,6 +120,12 @@ class RuntimeOptions:
             raise ValueError("malloc_arenas must be >= 0")
         if self.max_batch < 0 or self.acoustic_slots < 0 or not 0 <= self.acoustic_nice <= 19:
             raise ValueError("max_batch and acoustic_slots must be >= 0, acoustic_nice in 0..19")
+        if self.stream_schedule not in ("adaptive", "official"):
+            raise ValueError("stream_schedule must be 'adaptive' or 'official'")
+        if self.prompt_window_s is not None and self.prompt_window_s < 0:
+            raise ValueError("prompt_window_s must be >= 0")
+        if self.acoustic_backend not in ("auto", "ort", "openvino"):
+            raise ValueError("acoustic_backend must be 'auto', 'ort' or 'openvino'")
 
     def threads_for(self, stage: Stage) -> int:
         """Intra-op threads of the sessions of one stage."""
@@ -249,6 +273,66 @@ def _check_io(path: Path, session: ort.InferenceSession, entry: GraphEntry) -> N
         )
 
 
+@dataclass(frozen=True)
+class GraphRuntime:
+    """Where one graph runs: "ort", or "openvino" at `precision` from the file `path` (the float twin of an int8 graph)."""
+
+    backend: Literal["ort", "openvino"]
+    path: Path
+    precision: str = "fp32"
+    fingerprint: str = ""  # sha256 of the file at `path`, from the manifest
+
+
+def graph_runtime(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> GraphRuntime:
+    """The one place that picks the runtime of a graph, from the settings, the CPU's features and the bundle's files.
+
+    OpenVINO runs OPENVINO_GRAPHS when asked (or on "auto" where bf16 is native), from floating-point weights: the
+    graph itself, or the float twin of a quantized graph; a quantized graph without a twin stays on ORT.
+    """
+    ort_runtime = GraphRuntime("ort", bundle.graph_path(name), bundle.manifest.graphs[name].precision)
+    if name not in OPENVINO_GRAPHS or opts.acoustic_backend == "ort":
+        return ort_runtime
+    from service.engine import ov_session
+
+    native = ov_session.native_bf16()
+    if opts.acoustic_backend == "auto" and not native:
+        return ort_runtime
+    if not ov_session.available():
+        raise BundleError("TTS_ACOUSTIC_BACKEND=openvino needs the openvino package (pip install openvino)")
+    path = bundle.float_graph_path(name)
+    if path is None:
+        return ort_runtime
+    entry = next(g for g in bundle.manifest.graphs.values() if bundle.root / g.file == path)
+    return GraphRuntime("openvino", path, "bf16" if native else "f32", entry.sha256)
+
+
+def _open_openvino(runtime: GraphRuntime, opts: RuntimeOptions, name: str) -> Any:
+    from service.engine.ov_session import OpenVINOSession, warm_cache
+
+    threads = opts.threads_for(graph_stage(name))
+    precision: Literal["bf16", "f32"] = "bf16" if runtime.precision == "bf16" else "f32"
+    cache = opts.compiled_cache_dir
+    if cache is not None:
+        cache = warm_cache(runtime.path, runtime.fingerprint, threads, precision, cache)
+    if opts.acoustic_nice <= 0:
+        return OpenVINOSession(runtime.path, threads, precision, cache)
+    result: dict[str, Any] = {}
+
+    def target() -> None:  # compiled at lower priority: OpenVINO's worker threads inherit it
+        lower_thread_priority(opts.acoustic_nice)
+        try:
+            result["session"] = OpenVINOSession(runtime.path, threads, precision, cache)
+        except BundleError as e:
+            result["error"] = e
+
+    worker = threading.Thread(target=target, name="ov-compile")
+    worker.start()
+    worker.join()
+    if "error" in result:
+        raise result["error"]
+    return result["session"]
+
+
 def open_sessions(
     bundle: ModelBundle,
     opts: RuntimeOptions | None = None,
@@ -273,6 +357,10 @@ def open_sessions(
             raise BundleError(f"{bundle.root}: the bundle has no prompt models (no '{name}' graph)")
         if name not in bundle.manifest.graphs:
             raise BundleError(f"{bundle.root}: manifest has no graph '{name}'")
+        runtime = graph_runtime(bundle, name, opts)
+        if runtime.backend == "openvino":
+            sessions[name] = _open_openvino(runtime, opts, name)
+            continue
         so = make_session_options(opts, name)
         path = bundle.graph_path(name)
         acoustic = graph_stage(name) == "acoustic"

@@ -12,22 +12,21 @@ from typing import Any, Protocol
 import numpy as np
 
 from service.bundle import ModelBundle
+from service.engine.chunking import RateMeter, ScheduleConfig
 from service.engine.flow import FlowRunner
 from service.engine.hift import HiFTRunner
 from service.engine.llm import LLMRunner, position_table
 from service.engine.scheduler import AcousticGate, BatchScheduler, Pacer
 from service.engine.sessions import TRANSIENT_GRAPHS, RuntimeOptions, limit_malloc_arenas, open_sessions, release_free_memory
 from service.engine.streaming import (
-    GeneratorNoise,
-    NoiseSource,
+    RequestContext,
     SpeechChunk,
-    Token2Wav,
     check_first_hop,
-    default_first_hop,
     first_hop_for_speed,
     stream_sentence,
     whole_sentence,
 )
+from service.engine.token2wav import GeneratorNoise, NoiseSource, Token2Wav
 from service.engine.voice import FlowPrompt, LLMPrompt, Voice
 from service.errors import EmptyTextError, InvalidInputError, UnknownSpeakerError
 
@@ -44,6 +43,7 @@ class TokenGenerator(Protocol):
         min_tokens: int | None = None,
         max_tokens: int | None = None,
         cancel: threading.Event | None = None,
+        urgent_tokens: int = 0,
     ) -> Iterator[int]: ...
 
 
@@ -59,7 +59,7 @@ class SynthesisOptions:
     stream: True yields chunks of `hop + overlap` tokens as the LLM produces them; False yields one
         chunk per sentence.
     first_hop_tokens: tokens consumed by the first streaming chunk (must exceed token_overlap_len);
-        None uses the engine default (see service.engine.streaming).
+        None uses the engine's schedule (see service.engine.chunking).
     n_timesteps: Euler steps of the flow solver; None uses the manifest value.
     """
 
@@ -81,13 +81,20 @@ class StageTimings:
 
 @dataclass(frozen=True)
 class AudioChunk:
-    """A piece of synthesized audio: float32 (N,) within ±audio_limit at the bundle's sample rate."""
+    """A piece of synthesized audio that says what it is: float32 (N,) within ±audio_limit at `sample_rate` Hz,
+    made from `speech_tokens` speech tokens of sentence `sentence_index`."""
 
     audio: np.ndarray
     sentence_index: int
     is_final: bool  # last chunk of the whole request
     timings: StageTimings
     sentence_end: bool = False  # last chunk of its sentence
+    sample_rate: int = 22050
+    speech_tokens: int = 0
+
+    @property
+    def seconds(self) -> float:
+        return self.audio.size / self.sample_rate
 
 
 @dataclass(frozen=True)
@@ -96,7 +103,7 @@ class _Plan:
 
     stream: bool
     speed: float
-    first_hop: int
+    schedule: ScheduleConfig
     n_timesteps: int | None
 
 
@@ -116,17 +123,37 @@ class Synthesizer:
         llm: TokenGenerator | None = None,
         first_hop_tokens: int | None = None,
         gate: AcousticGate | None = None,
+        schedule: ScheduleConfig | None = None,
+        prompt_window_s: float | None = None,
+        meter: RateMeter | None = None,
     ) -> None:
+        """`schedule`: how streamed sentences are cut (default: adaptive, ScheduleConfig.default; the official one
+        is ScheduleConfig.official). `prompt_window_s`: seconds of a cloned voice's prompt that the flow sees with
+        each streamed chunk (None: all of it, the official computation). `meter` learns the rates the adaptive
+        schedule plans with (the scheduler thread, if any, records into the same one)."""
         c = bundle.constants
         self.bundle = bundle
         self.sample_rate = c.sample_rate
         self.speakers: tuple[str, ...] = tuple(bundle.speakers)
         self.llm: TokenGenerator = llm if llm is not None else LLMRunner(sessions, c)
         self.token2wav = Token2Wav(FlowRunner(sessions, c), HiFTRunner(sessions, c), c)
-        self.first_hop_tokens = default_first_hop(c) if first_hop_tokens is None else first_hop_tokens
+        self.schedule = schedule if schedule is not None else ScheduleConfig.default(c)
+        if first_hop_tokens is not None:
+            self.schedule = self.schedule.with_first_hop(first_hop_tokens)
+        check_first_hop(self.schedule.first_hop, c)
+        if prompt_window_s is not None and prompt_window_s < 0:
+            raise ValueError("prompt_window_s must be >= 0")
+        self.prompt_window_frames = (
+            None if prompt_window_s is None else round(prompt_window_s * c.sample_rate / c.mel_hop_samples)
+        )
+        self.meter = meter if meter is not None else RateMeter()
         self.gate = gate
         self.scheduler = llm if isinstance(llm, BatchScheduler) else None
-        check_first_hop(self.first_hop_tokens, c)
+
+    @property
+    def first_hop_tokens(self) -> int:
+        """The first hop of streamed requests (before any change for their speed)."""
+        return self.schedule.first_hop
 
     @classmethod
     def load(cls, bundle: ModelBundle | str | Path, runtime: RuntimeOptions | None = None) -> Synthesizer:
@@ -150,12 +177,22 @@ class Synthesizer:
         gate = None
         if runtime.acoustic_slots > 0 or runtime.acoustic_nice > 0:
             gate = AcousticGate(runtime.acoustic_slots, nice=runtime.acoustic_nice)
-        llm = None
+        llm, meter = None, RateMeter()
         if runtime.max_batch > 0:
             yield_to = gate.first_audio_running if gate is not None and runtime.first_audio_priority else None
-            urgent = default_first_hop(loaded.constants) + loaded.constants.token_overlap_len  # a first chunk's tokens
-            llm = BatchScheduler(runner, max_batch=runtime.max_batch, yield_to=yield_to, urgent_tokens=urgent)
-        return cls(loaded, sessions, llm=llm or runner, gate=gate)
+            llm = BatchScheduler(runner, max_batch=runtime.max_batch, yield_to=yield_to, meter=meter)
+        official = runtime.stream_schedule == "official"
+        schedule = ScheduleConfig.official(loaded.constants) if official else None
+        return cls(
+            loaded,
+            sessions,
+            llm=llm or runner,
+            gate=gate,
+            first_hop_tokens=runtime.first_hop_tokens,
+            schedule=schedule,
+            prompt_window_s=runtime.prompt_window_s,
+            meter=meter,
+        )
 
     def close(self) -> None:
         """Stop the scheduler thread, if this synthesizer has one (requests still decoding fail)."""
@@ -182,7 +219,8 @@ class Synthesizer:
             raise EmptyTextError("nothing to synthesize: no sentences, or an empty sentence")
         plan = self._plan(options)
         llm_rng, noise_rng = _request_rngs(options.seed)
-        return _trimmed(self._sentences(texts, resolved, plan, llm_rng, GeneratorNoise(noise_rng), cancel, self._pacer()))
+        ctx = self._context(plan, GeneratorNoise(noise_rng), cancel)
+        return _trimmed(self._sentences(texts, resolved, plan, llm_rng, ctx))
 
     def synthesize_tokens(
         self,
@@ -196,7 +234,7 @@ class Synthesizer:
         """Vocoder-only path: audio for given speech tokens (flow + HiFT, same chunking as `synthesize`).
 
         With the same seed, the tokens `synthesize` generated for a one-sentence input give the same
-        audio here. `noise` replaces the seeded randomness (e.g. streaming.ReplayNoise with recorded draws).
+        audio here. `noise` replaces the seeded randomness (e.g. token2wav.ReplayNoise with recorded draws).
         """
         flow = self._resolve(voice).flow
         tokens = [int(t) for t in speech_tokens]
@@ -207,11 +245,13 @@ class Synthesizer:
             raise InvalidInputError(f"speech tokens must be in 0..{limit - 1}", param="speech_tokens")
         plan = self._plan(options)
         source = noise if noise is not None else GeneratorNoise(_request_rngs(options.seed)[1])
-        return _trimmed(self._chunks(iter(tokens), flow, 0, True, plan, source, cancel, self._pacer()))
+        return _trimmed(self._chunks(iter(tokens), flow, 0, True, plan, self._context(plan, source, cancel)))
 
     # ---- internals -----------------------------------------------------------------------------
-    def _pacer(self) -> Pacer | None:
-        return Pacer(self.gate, self.sample_rate) if self.gate is not None else None
+    def _context(self, plan: _Plan, noise: NoiseSource, cancel: threading.Event | None) -> RequestContext:
+        pace = Pacer(self.gate, self.sample_rate)
+        window = self.prompt_window_frames
+        return RequestContext(noise, pace, plan.schedule, plan.n_timesteps, plan.speed, cancel, self.meter, window)
 
     def voice(self, speaker: str) -> Voice:
         """The built-in speaker `speaker` of the bundle (UnknownSpeakerError when it has none of that name)."""
@@ -245,48 +285,33 @@ class Synthesizer:
             )
         if options.stream:
             first_hop = first_hop_for_speed(first_hop, options.speed, c)
-        return _Plan(options.stream, float(options.speed), first_hop, options.n_timesteps)
+        schedule = self.schedule.with_first_hop(first_hop)
+        return _Plan(options.stream, float(options.speed), schedule, options.n_timesteps)
 
     def _sentences(
-        self,
-        texts: list[list[int]],
-        voice: Voice,
-        plan: _Plan,
-        llm_rng: np.random.Generator,
-        noise: NoiseSource,
-        cancel: threading.Event | None,
-        pace: Pacer | None,
+        self, texts: list[list[int]], voice: Voice, plan: _Plan, llm_rng: np.random.Generator, ctx: RequestContext
     ) -> Iterator[AudioChunk]:
         for index, ids in enumerate(texts):
-            if cancel is not None and cancel.is_set():
+            if ctx.cancelled:
                 return
-            tokens = self.llm.generate(ids, voice.llm, llm_rng, cancel=cancel)
-            yield from self._chunks(tokens, voice.flow, index, index == len(texts) - 1, plan, noise, cancel, pace)
+            # the first sentence's first chunk carries the request's first audio: its tokens are urgent
+            urgent = plan.schedule.first_audio_tokens if index == 0 and plan.stream else 0
+            tokens = self.llm.generate(ids, voice.llm, llm_rng, cancel=ctx.cancel, urgent_tokens=urgent)
+            yield from self._chunks(tokens, voice.flow, index, index == len(texts) - 1, plan, ctx)
 
     def _chunks(
-        self,
-        tokens: Iterable[int],
-        prompt: FlowPrompt,
-        index: int,
-        last_sentence: bool,
-        plan: _Plan,
-        noise: NoiseSource,
-        cancel: threading.Event | None,
-        pace: Pacer | None,
+        self, tokens: Iterable[int], prompt: FlowPrompt, index: int, last_sentence: bool, plan: _Plan, ctx: RequestContext
     ) -> Iterator[AudioChunk]:
-        t2w, steps = self.token2wav, plan.n_timesteps
         pieces: Iterator[SpeechChunk]
         if plan.stream:
-            hop, speed = plan.first_hop, plan.speed
-            pieces = stream_sentence(
-                tokens, prompt, t2w, noise, first_hop=hop, speed=speed, n_timesteps=steps, cancel=cancel, pace=pace
-            )
+            pieces = stream_sentence(tokens, prompt, self.token2wav, ctx)
         else:
-            pieces = whole_sentence(tokens, prompt, t2w, noise, speed=plan.speed, n_timesteps=steps, cancel=cancel, pace=pace)
+            pieces = whole_sentence(tokens, prompt, self.token2wav, ctx)
         for piece in pieces:
             timings = StageTimings(llm_s=piece.llm_s, flow_s=piece.flow_s, hift_s=piece.hift_s)
-            yield AudioChunk(piece.audio, index, piece.is_last and last_sentence, timings, sentence_end=piece.is_last)
-            if cancel is not None and cancel.is_set():
+            final = piece.is_last and last_sentence
+            yield AudioChunk(piece.audio, index, final, timings, piece.is_last, self.sample_rate, piece.tokens)
+            if ctx.cancelled:
                 return
 
 

@@ -55,6 +55,19 @@ class FlowPrompt:
         """Prompt mel frames P (0 without a prompt)."""
         return 0 if self.mel is None else int(self.mel.shape[0])
 
+    def window(self, max_frames: int | None) -> FlowPrompt:
+        """The last `max_frames` prompt mel frames with their share of the prompt tokens (None or more: all of it).
+
+        The tokens kept are the last round(max_frames * tokens / frames), so the kept part has the prompt's own
+        frames-per-token ratio and its tokens line up with its frames as in the whole prompt.
+        """
+        if max_frames is None or self.mel is None or max_frames >= self.frames:
+            return self
+        if max_frames <= 0:
+            return FlowPrompt(self.embedding)
+        n_tokens = max(1, round(max_frames * len(self.tokens) / self.frames))
+        return FlowPrompt(self.embedding, self.tokens[-n_tokens:], self.mel[-max_frames:])
+
 
 def as_llm_prompt(prompt: LLMPrompt | np.ndarray) -> LLMPrompt:
     """An LLMPrompt, given one or a bare x-vector (a built-in speaker: its slot and nothing else)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from service.frontend.normalize import OfficialNormalizer
 from service.frontend.rules import apply_rules, clean_input
 from service.frontend.rules_en import en_rules
@@ -61,7 +63,12 @@ class EnhancedNormalizer:
 
     def __init__(self, base: OfficialNormalizer) -> None:
         self._base = base
-        self._en_rules = en_rules(base.number_words)
+        self._en_rules = en_rules(base.number_words, functools.lru_cache(maxsize=1024)(self._unit_words))
+
+    def _unit_words(self, unit: str) -> str:
+        """wetext's words for `unit` after a number (` km` -> kilometers, `°C` -> degrees Celsius); else `unit`."""
+        read = self._base.try_wetext(f"2{unit}", zh=False)
+        return read[len("two ") :] if read and read.startswith("two ") and read != f"two {unit.strip()}" else unit
 
     def clean(self, text: str) -> str:
         return clean_input(text)

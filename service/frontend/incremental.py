@@ -63,6 +63,10 @@ class IncrementalSegmenter:
         rest, self._buffer = self._buffer.strip(), ""
         return [rest] if rest else []
 
+    def discard(self) -> None:
+        """Forget whatever is held back (a cancel: the text will never be spoken)."""
+        self._buffer = ""
+
     def _boundary(self) -> int | None:
         """Index just past the first confirmed sentence end in the buffer (closing quotes included), or None."""
         text = self._buffer

@@ -1,4 +1,5 @@
-"""English (non-Chinese path) normalization fixes applied before wetext: addresses, phones, versions, money, decades.
+"""English (non-Chinese path) normalization fixes applied before wetext: addresses, phones, versions, money, decades,
+grouped and large decimals, decimal percentages and ranges.
 
 Phone numbers are read digit by digit in groups, zero as "oh" (555-0123 -> five five five, oh one two three):
 (555) 123-4567, 555-123-4567, 555.123.4567 and +1 555 123 4567, and a bare 555-0123 when its first digit
@@ -21,7 +22,18 @@ _SYMBOLS_EN = {
     ".": "dot", "/": "slash", "-": "dash", "_": "underscore", "@": "at", ":": "colon", "?": "question mark",
     "=": "equals", "&": "and", "#": "hash", "%": "percent", "+": "plus", "~": "tilde",
 }  # fmt: skip
-_CURRENCY_EN = {"$": ("dollar", "cent", "cents"), "€": ("euro", "cent", "cents"), "£": ("pound", "penny", "pence")}
+# symbol -> (unit, unit plural, minor unit, minor plural); the yen has no minor unit in use (a fraction is read as
+# a decimal). "¥" is read "yen" as wetext reads it in English (in Chinese text, rules_zh reads it 元).
+_CURRENCY_EN = {
+    "$": ("dollar", "dollars", "cent", "cents"),
+    "€": ("euro", "euros", "cent", "cents"),
+    "£": ("pound", "pounds", "penny", "pence"),
+    "¥": ("yen", "yen", "", ""),
+}
+_CURRENCY_SYMBOLS = "$€£¥"
+# End of a number rule: no digit or decimal part follows; then maybe a unit (a short word: km, mg, °C, km/h), but
+# not a plural "s" (1,000s = thousands, not seconds).
+_UNIT = r"(?![\d,]|\.\d)(?:(?P<gap> ?+)(?P<unit>(?!s(?![\w°/]))[A-Za-z°µ][A-Za-z°µ/²³]{0,7}+)(?![\w°/]))?+"
 _MAGNITUDE_EN = {"k": "thousand", "K": "thousand", "M": "million", "B": "billion"}
 _URL_TAIL = ".,;:!?)]'\""  # sentence punctuation right after an address is not part of it
 
@@ -51,24 +63,52 @@ def _version(words: Callable[[str], str]) -> Callable[[regex.Match[str]], str]:
     return read
 
 
+def en_decimal(words: Callable[[str], str], number: str) -> str:
+    """`1,234.5` -> one thousand, two hundred and thirty-four point five: the whole part in words (grouping commas
+    dropped), the fraction digit by digit. wetext misreads these (`1234.5` -> "thousand two hundred ... point five",
+    `1,234.5` read as 1,234 then ".5" -> "thirty-four.five")."""
+    whole, _, frac = number.replace(",", "").partition(".")
+    spoken = words(whole or "0")
+    return f"{spoken} point {en_digits(frac)}" if frac else spoken
+
+
 def _money(words: Callable[[str], str]) -> Callable[[regex.Match[str]], str]:
     def read(m: regex.Match[str]) -> str:
-        major, minor_one, minor_many = _CURRENCY_EN[m.group("cur")]
+        one, many, minor_one, minor_many = _CURRENCY_EN[m.group("cur")]
         whole = m.group("whole").replace(",", "")
         frac = m.group("frac") or ""
         magnitude = _MAGNITUDE_EN.get(m.group("mag") or "", m.group("mag") or "")
-        if magnitude or (frac and len(frac) != 2):
-            amount = f"{whole}.{frac}" if frac else words(whole)
-            return " ".join(w for w in (amount, magnitude, f"{major}s") if w)
+        if magnitude or (frac and (len(frac) != 2 or not minor_one)):
+            amount = en_decimal(words, f"{whole}.{frac.rstrip('0')}" if frac.rstrip("0") else whole)
+            return " ".join(w for w in (amount, magnitude, many) if w)
         cents = int(frac or "0")
         parts = []
         if int(whole) or not cents:
-            parts.append(f"{words(whole)} {major}{'' if int(whole) == 1 else 's'}")
+            parts.append(f"{words(whole)} {one if int(whole) == 1 else many}")
         if cents:
             parts.append(f"{words(str(cents))} {minor_one if cents == 1 else minor_many}")
         return " and ".join(parts)
 
     return read
+
+
+def _number(words: Callable[[str], str], unit_words: Callable[[str], str]) -> Callable[[regex.Match[str]], str]:
+    """A grouped or large number in words; a unit right after it (`1,234.5 km`) is read as wetext reads units, since
+    wetext no longer sees a number before it. `unit_words` gets the unit with the blank before it, if any."""
+
+    def read(m: regex.Match[str]) -> str:
+        spoken = en_decimal(words, m.group("num"))
+        unit = (m.group("gap") or "") + (m.group("unit") or "")
+        read_unit = unit_words(unit) if unit else unit
+        return f"{spoken} {read_unit}" if read_unit != unit else spoken + unit
+
+    return read
+
+
+def _number_range(m: regex.Match[str]) -> str:
+    """`1.5-2.5`, `1,000-2,000` -> "... to ..."; a hyphen between plain integers is left to wetext (3-5, 1990-1995)."""
+    a, b = m.group("a"), m.group("b")
+    return f"{a} to {b}" if any(c in a + b for c in ".,") else str(m.group())
 
 
 _PHONE_DIGITS = ("oh", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -88,8 +128,9 @@ def _decade(m: regex.Match[str]) -> str:
     return en_decade(m.group("num"))
 
 
-def en_rules(words: Callable[[str], str]) -> tuple[Rule, ...]:
-    """The English rules in order; `words` spells an ASCII digit string (a thread-safe inflect wrapper)."""
+def en_rules(words: Callable[[str], str], unit_words: Callable[[str], str] = str) -> tuple[Rule, ...]:
+    """The English rules in order; `words` spells an ASCII digit string (a thread-safe inflect wrapper), `unit_words`
+    reads what follows a number put in words (` km` -> kilometers; anything that is no unit unchanged)."""
     return (
         rule("email", r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63}){1,8}", _address),
         rule("url", r"(?<![A-Za-z0-9])(?i:(?:https?|ftp)://|www\.)[A-Za-z0-9\-._~/?#\[\]@!$&'*+,;=%:]{1,2000}+", _address),
@@ -106,18 +147,37 @@ def en_rules(words: Callable[[str], str]) -> tuple[Rule, ...]:
         rule("long_digits", r"(?<![\d.])\d{12,}+(?!\.\d)", lambda m: en_digits(m.group())),
         rule("version", r"(?<![0-9A-Za-z.])(?P<v>[vV])?(?P<num>\d{1,4}(?:\.\d{1,4}){2,6})(?![0-9A-Za-z]|\.\d)", _version(words)),
         rule(
+            "money_range",
+            rf"(?P<a>[{_CURRENCY_SYMBOLS}]\s*+\d[\d,]*+(?:\.\d++)?+(?:\s*+[kKMB](?![A-Za-z]))?+)\s*+[-—–~]\s*+"
+            rf"(?=[{_CURRENCY_SYMBOLS}]?\s*+\d)",
+            r"\g<a> to ",
+        ),
+        rule(
             "money",
-            r"(?P<cur>[$€£])\s*+(?P<whole>\d++(?:,\d{3})*+)(?:\.(?P<frac>\d++))?+"
+            rf"(?P<cur>[{_CURRENCY_SYMBOLS}])\s*+(?P<whole>\d++(?:,\d{{3}})*+)(?:\.(?P<frac>\d++))?+"
             r"(?:\s*+(?P<mag>[kKMB](?![A-Za-z])|thousand|million|billion|trillion))?+",
             _money(words),
         ),
-        rule("thousands_separator", r"(?<![\d.,])\d{1,3}(?:,\d{3})++(?![\d,])", lambda m: words(m.group().replace(",", ""))),
-        rule("decade", r"(?<![\w.])['’]?(?P<num>(?:1\d|20)\d0|[2-9]0)s(?![\w'’])", _decade),
         rule(
             "percent_range",
             r"(?<![\d.])(?P<a>\d++(?:\.\d++)?+)%?+\s*+[-—–~]\s*+(?P<b>\d++(?:\.\d++)?+)%",
             r"\g<a>% to \g<b>%",
         ),
         rule("dash_range", r"(?<=\d)\s*+[—–~]\s*+(?=\d)", " to "),
+        rule(
+            "number_range",
+            r"(?<![\w.,-])(?P<a>\d[\d,]*+(?:\.\d++)?+)\s*+-\s*+(?P<b>\d[\d,]*+(?:\.\d++)?+)(?![\w-]|[.,]\d)",
+            _number_range,
+        ),
+        rule(
+            "decimal_percent",
+            r"(?<![\w.,])(?P<num>\d[\d,]*+\.\d++)\s?+%",
+            lambda m: en_decimal(words, m.group("num")) + " percent",
+        ),
+        rule(
+            "thousands_separator", rf"(?<![\d.,])(?P<num>\d{{1,3}}(?:,\d{{3}})++(?:\.\d++)?+){_UNIT}", _number(words, unit_words)
+        ),
+        rule("large_decimal", rf"(?<![\w.,])(?P<num>\d{{4,}}+\.\d++){_UNIT}", _number(words, unit_words)),
+        rule("decade", r"(?<![\w.])['’]?(?P<num>(?:1\d|20)\d0|[2-9]0)s(?![\w'’])", _decade),
         rule("plus_suffix", r"(?<=\d)\+(?!\d)", " plus"),
     )

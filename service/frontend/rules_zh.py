@@ -1,11 +1,12 @@
-"""Chinese normalization fixes applied before wetext: codes read digit by digit, ordinals, arithmetic, money, ranges."""
+"""Chinese normalization fixes applied before wetext: codes read digit by digit, ordinals, arithmetic, money, ranges
+(of amounts and of decimals), negative percentages."""
 
 from __future__ import annotations
 
 import regex
 
 from service.frontend.arithmetic import ZH_ARITHMETIC_RULES
-from service.frontend.readings import zh_cardinal, zh_digits
+from service.frontend.readings import zh_cardinal, zh_decimal, zh_digits
 from service.frontend.roman import ZH_ROMAN_RULES
 from service.frontend.rules import Rule, rule
 
@@ -18,6 +19,8 @@ _CURRENCY_ZH = {
     "HK$": "港元", "HKD": "港元", "€": "欧元", "EUR": "欧元", "£": "英镑", "GBP": "英镑",
 }  # fmt: skip
 _MAGNITUDE_ZH = {"k": "千", "K": "千", "M": "百万", "B": "十亿"}
+_CURRENCY_PATTERN = r"HK\$|US\$|RMB|CNY|USD|HKD|EUR|GBP|[¥￥$€£]"
+_AMOUNT = r"\d[\d,]*+(?:\.\d++)?+(?:万亿|亿|万|千|百万|[kKMB](?![A-Za-z]))?+"
 # Words after which a run of digits is an identifier, read digit by digit.
 _CODE_WORDS = (
     "电话号码|电话|手机号码|手机号|手机|号码|热线|拨打|致电|传真|座机|分机号|分机|身份证号码|身份证号|身份证|证件号|"
@@ -62,10 +65,18 @@ def _is_dotted_date(parts: list[str]) -> bool:
     return len(parts) == 3 and len(parts[0]) == 4 and 1 <= int(parts[1]) <= 12 and 1 <= int(parts[2]) <= 31
 
 
+def _decimal_range(m: regex.Match[str]) -> str:
+    """`1.5-2.5` -> 1.5到2.5 (wetext reads a hyphen between decimals as 减); plain integers are left to wetext (3-5)."""
+    a, b = m.group("a"), m.group("b")
+    return f"{a}到{b}" if "." in a + b else str(m.group())
+
+
 def _money(m: regex.Match[str]) -> str:
+    """`¥1,234.50` -> 一千二百三十四点五元. An amount with a fraction is read here: wetext takes 1000.05 for a date."""
     number = m.group("num").replace(",", "")
     if "." in number:
         number = number.rstrip("0").rstrip(".")
+        number = zh_decimal(number) if "." in number else number
     magnitude = m.group("mag") or ""
     magnitude = _MAGNITUDE_ZH.get(magnitude, magnitude)
     unit = _CURRENCY_ZH[m.group("cur")]
@@ -91,6 +102,12 @@ ZH_RULES: tuple[Rule, ...] = (
     rule("ordinal", r"(?<=第)\d{1,12}+(?![\d.,:])", lambda m: zh_cardinal(m.group())),
     rule("two_digit_year", r"(?<![\d.])(\d{2})年(?=\d{1,2}月)", lambda m: zh_digits(m.group(1), yao=False) + "年"),
     rule("version", r"(?<![0-9A-Za-z.])(?P<v>[vV])?(?P<num>\d{1,4}(?:\.\d{1,4}){2,6})(?![0-9A-Za-z]|\.\d)", _version),
+    # $1,000-$2,000 -> $1,000到$2,000 (wetext read the hyphen as 负 before the second amount)
+    rule(
+        "money_range",
+        rf"(?P<a>(?:{_CURRENCY_PATTERN})\s*+{_AMOUNT})\s*+[-—–~～〜]\s*+(?=(?:{_CURRENCY_PATTERN})?\s*+\d)",
+        r"\g<a>到",
+    ),
     rule("thousands_separator", r"(?<![\d.,])\d{1,3}(?:,\d{3})++(?![\d,])", lambda m: m.group().replace(",", "")),
     rule(
         "money",
@@ -103,6 +120,9 @@ ZH_RULES: tuple[Rule, ...] = (
         r"\g<a>%到\g<b>%",
     ),
     rule("dash_range", r"(?<=\d)\s*+[—–~～〜]\s*+(?=\d)", "到"),
+    rule("decimal_range", r"(?<![0-9A-Za-z.-])(?P<a>\d++(?:\.\d++)?+)-(?P<b>\d++(?:\.\d++)?+)(?![0-9A-Za-z.-])", _decimal_range),
+    # -1.5% -> 负1.5%, which wetext reads 负百分之一点五 (it read -1.5% as 百分之负一点五)
+    rule("negative_percent", r"(?<![0-9A-Za-z.%)-])[-−](?=\d++(?:\.\d++)?+%)", "负"),
     rule("leading_decimal_point", r"(?<![0-9A-Za-z.])\.(?=\d)", "0."),
     rule("two_oclock", r"(?<![\d.第])2(?=点(?![\d零一二三四五六七八九十]))", "两"),
     rule("word_hyphen_number", r"(?<=[A-Za-z])-(?=\d)", " "),

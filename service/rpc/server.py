@@ -16,8 +16,10 @@ from service.audio import AudioFormat
 from service.cloning import PromptAudio
 from service.engine.voice import Voice
 from service.errors import InvalidInputError, TTSError
+from service.requestids import HEADER, in_own_context, request_id
 from service.rpc import cosyvoice_pb2, cosyvoice_pb2_grpc
 from service.rpc.errors import GRPC_STATUS
+from service.rpc.parsing import MalformedRequest, parse_request
 from service.runtime import Runtime
 from service.tts import SpeechRequest
 
@@ -29,9 +31,14 @@ PROMPT_RATE_HZ = 16_000  # prompt_audio: raw int16 mono PCM at 16 kHz, as the of
 _KEY_HINT = "`authorization: Bearer <key>` or `x-api-key: <key>` metadata"
 
 
+def metadata_of(context: grpc.ServicerContext) -> dict[str, str]:
+    """The call's text metadata, keys lower-cased."""
+    return {k.lower(): v for k, v in context.invocation_metadata() if isinstance(v, str)}
+
+
 def caller_of(context: grpc.ServicerContext) -> Caller:
     """The API key in the call's metadata (Bearer or x-api-key), the peer's address and any x-forwarded-for."""
-    meta = {k.lower(): v for k, v in context.invocation_metadata() if isinstance(v, str)}
+    meta = metadata_of(context)
     key = presented_key(meta.get("authorization", ""), meta.get("x-api-key", ""))
     return Caller(key=key, peer=_peer_host(context.peer()), forwarded_for=meta.get("x-forwarded-for", ""), key_hint=_KEY_HINT)
 
@@ -53,7 +60,16 @@ class CosyVoiceServicer(cosyvoice_pb2_grpc.CosyVoiceServicer):
         self.runtime = runtime
 
     def Inference(  # the proto's method name
-        self, request: cosyvoice_pb2.Request, context: grpc.ServicerContext
+        self, request: cosyvoice_pb2.Request | MalformedRequest, context: grpc.ServicerContext
+    ) -> Iterator[cosyvoice_pb2.Response]:
+        """The call under its request id (the client's `x-request-id` metadata, or a new one), sent back in the initial
+        metadata and named by every log line written for it."""
+        rid = request_id(metadata_of(context).get(HEADER))
+        context.send_initial_metadata(((HEADER, rid),))
+        return in_own_context(rid, self._call(request, context))
+
+    def _call(
+        self, request: cosyvoice_pb2.Request | MalformedRequest, context: grpc.ServicerContext
     ) -> Iterator[cosyvoice_pb2.Response]:
         start, status = time.monotonic(), grpc.StatusCode.OK
         try:
@@ -73,9 +89,13 @@ class CosyVoiceServicer(cosyvoice_pb2_grpc.CosyVoiceServicer):
                 status = grpc.StatusCode.CANCELLED
             self.runtime.observer.request_done("grpc", METHOD, status.name, time.monotonic() - start)
 
-    def _inference(self, request: cosyvoice_pb2.Request, context: grpc.ServicerContext) -> Iterator[cosyvoice_pb2.Response]:
+    def _inference(
+        self, request: cosyvoice_pb2.Request | MalformedRequest, context: grpc.ServicerContext
+    ) -> Iterator[cosyvoice_pb2.Response]:
         runtime = self.runtime
         runtime.gate.check(caller_of(context))
+        if isinstance(request, MalformedRequest):
+            raise request.error
         slot = runtime.claim()
         try:
             job = runtime.service.submit(self._speech(request))
@@ -122,6 +142,17 @@ class CosyVoiceServicer(cosyvoice_pb2_grpc.CosyVoiceServicer):
         return runtime.voices.prompt_voice(prompt, transcript, name=name), name
 
 
+def inference_handler(servicer: CosyVoiceServicer) -> grpc.GenericRpcHandler:
+    """The CosyVoice service as the generated stubs would register it, with our request deserializer: a request whose
+    strings are not UTF-8 reaches the servicer as a MalformedRequest (INVALID_ARGUMENT), not grpc's INTERNAL."""
+    method = grpc.unary_stream_rpc_method_handler(
+        servicer.Inference,
+        request_deserializer=parse_request,
+        response_serializer=cosyvoice_pb2.Response.SerializeToString,
+    )
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, {"Inference": method})
+
+
 class GrpcServer:
     """The gRPC transport of one runtime: CosyVoice, grpc.health.v1 and server reflection on `host:port`.
 
@@ -140,7 +171,7 @@ class GrpcServer:
             ("grpc.max_receive_message_length", s.max_upload_bytes + 65_536),  # a prompt as large as HTTP allows
         ]
         self.server = grpc.server(futures.ThreadPoolExecutor(s.concurrent_requests + s.queue_max + 4), options=options)
-        cosyvoice_pb2_grpc.add_CosyVoiceServicer_to_server(CosyVoiceServicer(runtime), self.server)  # type: ignore[no-untyped-call]
+        self.server.add_generic_rpc_handlers((inference_handler(CosyVoiceServicer(runtime)),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self.server)

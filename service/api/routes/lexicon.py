@@ -18,13 +18,14 @@ from service.api.schemas import (
     NormalizeBody,
     NormalizeResult,
 )
+from service.api.textfields import TextRoute
 from service.errors import InvalidInputError, NotFoundError, TTSError
 from service.frontend import TextFrontend
 from service.frontend.lexicon import MAX_WORD_CHARS
 from service.tts import check_text
 
 log = logging.getLogger(__name__)
-router = APIRouter(prefix="/v1", tags=["text"])
+router = APIRouter(prefix="/v1", tags=["text"], route_class=TextRoute)
 
 # Handlers are plain `def`: FastAPI runs them in its thread pool, so Redis round trips and normalization
 # never block the event loop.

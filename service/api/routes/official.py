@@ -13,13 +13,14 @@ from service.api.deps import SYNTHESIS_GUARDS, ServiceDep, StateDep, VoicesDep
 from service.api.errors import ERROR_RESPONSES
 from service.api.routes.common import audio_headers, audio_responses, read_upload, submit
 from service.api.streaming import chunked_response
+from service.api.textfields import TextRoute
 from service.audio import AudioFormat
 from service.cloning import PromptAudio
 from service.engine.voice import Voice
 from service.errors import UnsupportedCapabilityError
 from service.tts import SpeechRequest
 
-router = APIRouter(tags=["official CosyVoice API"])
+router = APIRouter(tags=["official CosyVoice API"], route_class=TextRoute)
 
 _ROUTE = {
     "dependencies": SYNTHESIS_GUARDS,

@@ -31,12 +31,13 @@ from service.api.schemas import (
     VoiceList,
 )
 from service.api.streaming import chunked_response, sse_response, whole_response
+from service.api.textfields import TextRoute
 from service.audio import AudioFormat, parse_format
 from service.cloning import Voices
-from service.errors import UnknownModelError
+from service.errors import InvalidInputError, UnknownModelError
 from service.tts import SpeechRequest, TTSService
 
-router = APIRouter(prefix="/v1", tags=["openai"])
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=TextRoute)
 OWNER = "cosyvoice-lite"
 
 
@@ -61,11 +62,16 @@ def model_ids(state: AppState) -> list[str]:
     return [state.model_id, *OPENAI_MODEL_ALIASES]
 
 
+# Formats whose header states the length only when the whole file is written before it is sent (WAV's sizes, FLAC's
+# sample count): a file client (soundfile, `wave`) reads them by that length, so they are whole unless asked otherwise.
+WHOLE_BY_DEFAULT = (AudioFormat.WAV, AudioFormat.FLAC)
+
+
 def streamed(body: SpeechBody, fmt: AudioFormat) -> bool:
-    """Chunked unless the caller says `stream: false`; WAV defaults to the whole file so its header has exact sizes."""
+    """Chunked unless the caller says `stream: false`; WAV and FLAC default to the whole file (exact lengths)."""
     if body.stream_format == "sse":
         return True
-    return body.stream if body.stream is not None else fmt is not AudioFormat.WAV
+    return body.stream if body.stream is not None else fmt not in WHOLE_BY_DEFAULT
 
 
 @router.post(
@@ -73,7 +79,7 @@ def streamed(body: SpeechBody, fmt: AudioFormat) -> bool:
     dependencies=[*SYNTHESIS_GUARDS, *JSON_BODY],
     response_class=Response,
     responses={**audio_responses(), **ERROR_RESPONSES},
-    summary="OpenAI text-to-speech (streamed, except WAV; `stream_format=sse` for events)",
+    summary="OpenAI text-to-speech (streamed, except WAV and FLAC; `stream_format=sse` for events)",
 )
 async def speech(request: Request, body: SpeechBody, service: ServiceDep, state: StateDep, voices: VoicesDep) -> Response:
     """OpenAI's contract. `pcm` is int16 mono at TTS_OPENAI_PCM_SAMPLE_RATE_HZ (24,000 Hz by default,
@@ -85,6 +91,8 @@ async def speech(request: Request, body: SpeechBody, service: ServiceDep, state:
             f"the model {body.model!r} does not exist; use one of {', '.join(model_ids(state))}", param="model"
         )
     fmt = parse_format(body.response_format, "response_format")
+    if body.timestamps and body.stream_format != "sse":
+        raise InvalidInputError("timestamps need stream_format 'sse' (they are events beside the audio)", param="timestamps")
     chunked = streamed(body, fmt)
     wanted = SpeechRequest(
         text=body.input,
@@ -99,6 +107,7 @@ async def speech(request: Request, body: SpeechBody, service: ServiceDep, state:
         max_chars=openai_max_chars(state),
         text_param="input",
         speaker_param="voice",
+        timestamps=body.timestamps,
     )
     wanted = await anyio.to_thread.run_sync(instructed, wanted, body.instructions, service, voices)
     job = await submit(service, wanted)

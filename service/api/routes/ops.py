@@ -13,9 +13,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from service.api.deps import ServiceDep, StateDep
 from service.api.routes.common import model_facts, openai_max_chars
 from service.api.schemas import FORMATS, OPENAI_VOICES, Health, Readiness, ServiceInfo
+from service.api.textfields import TextRoute
 from service.errors import NotFoundError, TTSError
 
-router = APIRouter(tags=["operations"])
+router = APIRouter(tags=["operations"], route_class=TextRoute)
 STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
 
 

@@ -13,11 +13,12 @@ from service.api.errors import ERROR_RESPONSES
 from service.api.routes.common import audio_headers, audio_responses, read_upload, submit
 from service.api.schemas import MAX_SEED, TTSBody
 from service.api.streaming import chunked_response, whole_response
+from service.api.textfields import TextRoute
 from service.audio import parse_format
 from service.cloning import PromptAudio
 from service.tts import SpeechRequest
 
-router = APIRouter(tags=["synthesis"])
+router = APIRouter(tags=["synthesis"], route_class=TextRoute)
 
 
 @router.post(
@@ -65,7 +66,7 @@ async def tts_with_prompt(
     prompt_wav: Annotated[UploadFile, File(description="Prompt recording, 1-30 s (wav, flac, mp3, ogg/opus, m4a).")],
     prompt_text: Annotated[str, Form(description="Words spoken in the prompt; empty = cross-lingual cloning.")] = "",
     format: Annotated[str, Form(description="Audio format.")] = "wav",
-    speed: Annotated[float, Form(ge=0.5, le=2.0, description="Tempo factor.")] = 1.0,
+    speed: Annotated[float, Form(ge=0.5, le=2.0, allow_inf_nan=False, description="Tempo factor.")] = 1.0,
     stream: Annotated[bool, Form(description="Chunked response from the first audio chunk.")] = False,
     seed: Annotated[int | None, Form(ge=0, le=MAX_SEED, description="Same seed + same input = same audio.")] = None,
 ) -> Response:

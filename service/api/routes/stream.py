@@ -1,5 +1,6 @@
 """WebSocket text-in / audio-out: text deltas in (an LLM's reply as it is written), each sentence synthesized as soon
-as it is complete, audio frames out with sequence numbers and a caption per sentence. Protocol: docs/websocket.md."""
+as it is complete, audio frames out with sequence numbers and a timed caption per sentence, `cancel` for barge-in.
+Protocol: docs/websocket.md."""
 
 from __future__ import annotations
 
@@ -7,27 +8,27 @@ import json
 import logging
 import struct
 import time
-from contextlib import aclosing
-from dataclasses import replace
-from typing import Literal, NoReturn, TypeVar
+from collections.abc import Mapping
+from typing import Literal, TypeVar, get_args
 
 import anyio
-from anyio.abc import ObjectReceiveStream, ObjectSendStream
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
 
 from service.access import Caller, presented_key
 from service.api.deps import AppState
-from service.api.errors import STATUS
+from service.api.errors import STATUS, field_of
+from service.api.pipeline import SpeechPipeline, SpokenSentence, reraise_first
 from service.api.routes.openai import resolve_voice
 from service.api.schemas import MAX_SEED
-from service.api.streaming import JobPieces
+from service.api.tracing import request_id_of
 from service.audio import AudioFormat, output_sample_rate
+from service.audio_timeline import sample_counter
 from service.engine.voice import Voice
-from service.errors import EmptyTextError, EngineError, InvalidInputError, OverloadedError, TTSError
+from service.errors import EngineError, InvalidInputError, TTSError
 from service.frontend.incremental import IncrementalSegmenter
 from service.runtime import Slot
-from service.tts import SpeechJob, SpeechRequest, TTSService
+from service.tts import SpeechRequest, TTSService
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -38,8 +39,6 @@ SUBPROTOCOL = "tts.v1"  # browsers: offer it with "api-key.<key>" (they cannot s
 KEY_PROTOCOL_PREFIX = "api-key."
 FRAME_HEADER = struct.Struct(">II")  # binary frame: sequence number, sentence index (uint32 big-endian), then audio
 CONFIG_TIMEOUT_S = 10.0  # the config message must come this soon after the connection opens
-QUEUED_SENTENCES = 8  # sentences waiting for synthesis; more and the server stops reading the client's text
-OVERLOADED_WAIT_S = 30.0  # a sentence the service cannot take yet is retried this long before the session fails
 PCM_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
 INTERNAL_ERROR_CLOSE = 1011
 
@@ -54,9 +53,14 @@ class StreamConfig(BaseModel):
     )
     format: Literal["pcm", "mp3", "opus"] = "pcm"
     sample_rate: int | None = Field(None, description="pcm only: one of 8000, 16000, 22050, 24000, 44100, 48000.")
-    speed: float = Field(1.0, ge=0.5, le=2.0)
+    speed: float = Field(1.0, ge=0.5, le=2.0, allow_inf_nan=False)
     language: Literal["auto", "zh", "en", "ja", "ko", "yue"] = "auto"
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
+
+
+def _message_types(model: type[BaseModel]) -> tuple[str, ...]:
+    """The `type` values a message model takes (its Literal)."""
+    return tuple(str(v) for v in get_args(model.model_fields["type"].annotation))
 
 
 class TextMessage(BaseModel):
@@ -67,11 +71,15 @@ class TextMessage(BaseModel):
 
 class ControlMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    type: Literal["flush", "close"]
+    type: Literal["flush", "close", "cancel"]
 
 
-CONFIG_MESSAGE: TypeAdapter[StreamConfig] = TypeAdapter(StreamConfig)
-CLIENT_MESSAGE: TypeAdapter[TextMessage | ControlMessage] = TypeAdapter(TextMessage | ControlMessage)
+ClientMessage = TextMessage | ControlMessage
+JSON_OBJECT: TypeAdapter[dict[str, JsonValue]] = TypeAdapter(dict[str, JsonValue])
+CONFIG_MESSAGES: dict[str, TypeAdapter[StreamConfig]] = {"config": TypeAdapter(StreamConfig)}
+CLIENT_MESSAGES: dict[str, TypeAdapter[ClientMessage]] = {
+    kind: TypeAdapter(model) for model in (TextMessage, ControlMessage) for kind in _message_types(model)
+}
 
 
 def close_code(error: TTSError) -> int:
@@ -91,15 +99,13 @@ def close_reason(error: TTSError) -> str:
 
 
 class SpeechStreamSession:
-    """One connection: admission, config, then a reader (text -> sentences), a submitter (sentences -> jobs, at
-    most two ahead of the audio being sent) and a sender (jobs -> frames), joined by bounded streams."""
+    """One connection: admission, config, then a reader (text -> sentences) feeding a SpeechPipeline (sentences ->
+    jobs, at most two at a time -> frames), which this session frames as the protocol says (it is the pipeline's sink)."""
 
     def __init__(self, ws: WebSocket, state: AppState) -> None:
         self.ws = ws
         self.state = state
         self.runtime = state.runtime
-        self.seq = 0  # audio frames sent
-        self.sentences_done = 0
         self.status = "ok"
 
     async def run(self) -> None:
@@ -141,7 +147,7 @@ class SpeechStreamSession:
             raw = await self._receive_text()
         if scope.cancelled_caught:
             raise InvalidInputError(f"no config message within {CONFIG_TIMEOUT_S:g} s", param="config")
-        config = _parse(raw, CONFIG_MESSAGE)
+        config = _parse(raw, CONFIG_MESSAGES)
         fmt = AudioFormat(config.format)
         if config.sample_rate is not None and (fmt is not AudioFormat.PCM or config.sample_rate not in PCM_RATES):
             rates = ", ".join(map(str, PCM_RATES))
@@ -173,7 +179,8 @@ class SpeechStreamSession:
             "voice": speaker,
             "frame_header": "seq:u32be,sentence:u32be",
         }
-        await self.ws.send_json(ready | {"max_pending_chars": s.max_chars, "model": self.runtime.model_id})
+        limits = {"max_pending_chars": s.max_chars, "model": self.runtime.model_id, "request_id": request_id_of(self.ws.scope)}
+        await self.ws.send_json(ready | limits)
         return config, template
 
     async def _receive_text(self) -> str:
@@ -185,88 +192,54 @@ class SpeechStreamSession:
             raise InvalidInputError("messages must be JSON text frames, not binary", param="message")
         return str(message["text"])
 
-    # ---- the three stages ----------------------------------------------------------------------
+    # ---- reading, and framing what the pipeline produces ----------------------------------------
     async def _serve(self, service: TTSService, config: StreamConfig, template: SpeechRequest) -> None:
-        sentences_in, sentences_out = anyio.create_memory_object_stream[tuple[int, str]](QUEUED_SENTENCES)
-        jobs_in, jobs_out = anyio.create_memory_object_stream[tuple[int, str, SpeechJob | None]](0)
+        rate = output_sample_rate(template.fmt, service.sample_rate, template.pcm_rate_hz)
+        pipeline = SpeechPipeline(self.state, service, template, self, lambda: sample_counter(template.fmt, rate), rate)
         segmenter = IncrementalSegmenter(max_chars=template.max_chars, language=config.language)
         try:
             async with anyio.create_task_group() as group:
-                group.start_soon(self._submit, service, template, sentences_out, jobs_in)
-                group.start_soon(self._send, jobs_out)
-                await self._read(segmenter, sentences_in)  # returns after `close`; raises on disconnect or bad input
+                group.start_soon(pipeline.run)
+                await self._read(segmenter, pipeline)  # returns after `close`; raises on disconnect or bad input
         except BaseExceptionGroup as group_error:
-            _reraise_first(group_error)
-        await self.ws.send_json({"type": "done", "sentences": self.sentences_done, "frames": self.seq})
+            reraise_first(group_error)
+        await self.ws.send_json({"type": "done", "sentences": pipeline.sentences_done, "frames": pipeline.seq})
         await self.ws.close(1000)
 
-    async def _read(self, segmenter: IncrementalSegmenter, out: ObjectSendStream[tuple[int, str]]) -> None:
-        """Client messages -> complete sentences. Blocks (stops reading) while QUEUED_SENTENCES wait."""
-        index = 0
-        async with out:
-            while True:
-                message = _parse(await self._receive_text(), CLIENT_MESSAGE)
-                ready = segmenter.feed(message.text) if isinstance(message, TextMessage) else segmenter.flush()
-                for sentence in ready:
-                    await out.send((index, sentence))
-                    index += 1
-                if isinstance(message, ControlMessage) and message.type == "close":
-                    return
-
-    async def _submit(
-        self,
-        service: TTSService,
-        template: SpeechRequest,
-        sentences: ObjectReceiveStream[tuple[int, str]],
-        jobs: ObjectSendStream[tuple[int, str, SpeechJob | None]],
-    ) -> None:
-        """Sentences -> running jobs, one ahead of the sender: sentence 2 synthesizes while sentence 1 is sent."""
-        async with sentences, jobs:
-            async for index, text in sentences:
-                job = await self._start(service, replace(template, text=text))
-                try:
-                    await jobs.send((index, text, job))
-                except BaseException:
-                    if job is not None:
-                        job.cancel()
-                    raise
-
-    async def _start(self, service: TTSService, request: SpeechRequest) -> SpeechJob | None:
-        """Submit one sentence; None when it has nothing to speak (e.g. only an emoji). While the service is full,
-        retry for up to OVERLOADED_WAIT_S: the connection holds its place and must not lose a sentence."""
-        deadline = time.monotonic() + OVERLOADED_WAIT_S
+    async def _read(self, segmenter: IncrementalSegmenter, pipeline: SpeechPipeline) -> None:
+        """Client messages -> complete sentences. Blocks (stops reading) while the queued sentences hold
+        `max_chars` characters; a `cancel` is acted on before the next message is read."""
         while True:
-            try:
-                return await anyio.to_thread.run_sync(service.submit, request)
-            except EmptyTextError:
-                return None
-            except OverloadedError:
-                if time.monotonic() > deadline:
-                    raise
-                await anyio.sleep(0.05)
+            message = _parse(await self._receive_text(), CLIENT_MESSAGES)
+            if isinstance(message, ControlMessage) and message.type == "cancel":
+                await self._cancel(segmenter, pipeline)
+                continue
+            ready = segmenter.feed(message.text) if isinstance(message, TextMessage) else segmenter.flush()
+            for sentence in ready:
+                await pipeline.put(sentence)
+            if isinstance(message, ControlMessage) and message.type == "close":
+                pipeline.finish()
+                return
 
-    async def _send(self, jobs: ObjectReceiveStream[tuple[int, str, SpeechJob | None]]) -> None:
-        """Jobs -> binary frames (header + audio) and one `sentence_end` per sentence, in order."""
-        async with jobs:
-            async for index, text, job in jobs:
-                first_seq, audio_bytes = self.seq, 0
-                if job is not None:
-                    audio_bytes = await self._send_audio(index, job)
-                end = {"type": "sentence_end", "sentence": index, "text": text, "first_seq": first_seq}
-                await self.ws.send_json(end | {"last_seq": self.seq - 1, "audio_bytes": audio_bytes, "spoken": job is not None})
-                self.sentences_done += 1
+    async def _cancel(self, segmenter: IncrementalSegmenter, pipeline: SpeechPipeline) -> None:
+        """Barge-in: drop the text without an end, the queued sentences and the sentence being spoken, then say where
+        the audio stopped. The connection takes new text at once."""
+        cut = pipeline.speaking
+        segmenter.discard()
+        await pipeline.cancel()
+        await self.ws.send_json({"type": "cancelled", "last_seq": pipeline.seq - 1, "sentence": cut, "time": pipeline.time_s})
 
-    async def _send_audio(self, index: int, job: SpeechJob) -> int:
-        """The job's audio as numbered frames; leaving early (disconnect, failure) cancels its synthesis."""
-        pieces, sent = JobPieces(job, self.state), 0
-        await pieces.start()
-        async with aclosing(pieces.stream()) as audio:
-            async for piece in audio:
-                if piece:
-                    await self.ws.send_bytes(FRAME_HEADER.pack(self.seq, index) + piece)
-                    self.seq += 1
-                    sent += len(piece)
-        return sent
+    async def begin(self, index: int, text: str, start_s: float) -> None:
+        """Nothing is sent before a sentence's audio in this protocol."""
+
+    async def audio(self, index: int, seq: int, piece: bytes) -> None:
+        await self.ws.send_bytes(FRAME_HEADER.pack(seq, index) + piece)
+
+    async def end(self, sentence: SpokenSentence) -> None:
+        s = sentence
+        caption = {"type": "sentence_end", "sentence": s.index, "text": s.text, "first_seq": s.first_seq}
+        timing = {"last_seq": s.last_seq, "audio_bytes": s.audio_bytes, "start": s.start_s, "end": s.end_s}
+        await self.ws.send_json(caption | timing | {"spoken": s.spoken})
 
     async def _fail(self, error: TTSError) -> None:
         self.status = error.code.value
@@ -278,26 +251,26 @@ class SpeechStreamSession:
             pass  # the client is gone already
 
 
-def _reraise_first(group_error: BaseExceptionGroup[BaseException]) -> NoReturn:
-    """The error that ended a session's task group: ours (TTSError) or the client leaving, before anything else."""
-    for kind in (TTSError, WebSocketDisconnect):
-        match = group_error.subgroup(lambda e, kind=kind: isinstance(e, kind))  # type: ignore[misc]
-        if match is not None:
-            first: BaseException = match.exceptions[0]
-            while isinstance(first, BaseExceptionGroup):
-                first = first.exceptions[0]
-            raise first
-    raise group_error
-
-
-def _parse(raw: str, adapter: TypeAdapter[T]) -> T:
-    """A client message read by `adapter`; InvalidInputError naming what is wrong."""
+def _parse(raw: str, adapters: Mapping[str, TypeAdapter[T]]) -> T:
+    """A client message: a JSON object whose `type` picks the model; InvalidInputError naming what is wrong, in the
+    protocol's terms (a field of that message, never the name of a model class)."""
     try:
-        return adapter.validate_json(raw)
+        document = JSON_OBJECT.validate_json(raw)
     except ValidationError as e:
         first = e.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or "message"
-        raise InvalidInputError(f"invalid message: {where}: {first['msg']}", param=where) from e
+        reason = f"the message is not valid JSON: {first['msg']}" if first["type"] == "json_invalid" else ""
+        raise InvalidInputError(reason or "the message must be a JSON object", param="message") from e
+    kind = document.get("type")
+    adapter = adapters.get(kind) if isinstance(kind, str) else None
+    if adapter is None:
+        given = f"unknown message type {kind!r}" if kind is not None else 'the message has no "type"'
+        raise InvalidInputError(f"{given}; this message must be one of: {', '.join(adapters)}", param="type")
+    try:
+        return adapter.validate_python(document)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = field_of(first["loc"]) or "message"
+        raise InvalidInputError(f"invalid {kind} message: {where}: {first['msg']}", param=where) from e
 
 
 @router.websocket(PATH, name="speech_stream")

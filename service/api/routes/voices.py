@@ -10,9 +10,10 @@ from fastapi import APIRouter, File, Form, UploadFile
 from service.api.deps import ADMIN, LISTING, StateDep, VoicesDep
 from service.api.errors import ERROR_RESPONSES
 from service.api.routes.common import read_upload
+from service.api.textfields import TextRoute
 from service.cloning import PromptAudio
 
-router = APIRouter(prefix="/v1/voices", tags=["voices"])
+router = APIRouter(prefix="/v1/voices", tags=["voices"], route_class=TextRoute)
 
 
 @router.post("", dependencies=ADMIN, status_code=201, responses=ERROR_RESPONSES, summary="Save a cloned voice")

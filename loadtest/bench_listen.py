@@ -1,0 +1,135 @@
+"""Listener benchmark over HTTP: first audio, time to continuous audio (TTCA) and stall per voice and client count.
+
+One server process (`bench_http.py serve`: default settings, every sentence forced to `--tokens` speech tokens,
+250 = 5 s) with two saved voices written to its voice directory (3 s and 10 s recordings). For each voice (the
+built-in default speaker, then the saved ones) and each client count (1, 2, 4), that many clients send
+`--per-client` streamed `POST /tts` pcm requests back to back; every piece's arrival time and size is recorded
+and turned into what a player hears (loadtest/listener.py). Prints one JSON line: p50 and max per row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from loadtest.bench_engine import SHORT_TEXT, closed_loop
+from loadtest.bench_http import PCM_BYTES_PER_S, REPO, free_port, peak_rss_mb, server_env, wait_ready, write_saved_voice
+from loadtest.listener import Listening, listen, pcm_pieces
+
+BUILTIN = "built-in speaker"
+TOKENS_5S = 250
+
+
+def stream_listen(client: httpx.Client, seed: int, speaker: str | None) -> Listening | None:
+    """One streamed /tts pcm request, read to the end; None when it failed."""
+    body: dict[str, Any] = {"text": SHORT_TEXT, "stream": True, "format": "pcm", "seed": seed}
+    if speaker:
+        body["speaker"] = speaker
+    arrivals: list[tuple[float, int]] = []
+    t0 = time.perf_counter()
+    try:
+        with client.stream("POST", "/tts", json=body) as resp:
+            if resp.status_code != 200:
+                raise RuntimeError(f"HTTP {resp.status_code}: {resp.read()[:200]!r}")
+            for piece in resp.iter_raw():
+                arrivals.append((time.perf_counter() - t0, len(piece)))
+        return listen(pcm_pieces(arrivals, PCM_BYTES_PER_S))
+    except Exception as e:  # counted as a failure; the benchmark goes on
+        print(f"request failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
+
+
+def row(label: str, clients: int, heard: list[Listening | None], wall_s: float) -> dict[str, Any]:
+    """p50 and max of first audio, TTCA and stall over the requests of one (voice, clients) row."""
+    ok = [h for h in heard if h is not None]
+    out: dict[str, Any] = {"voice": label, "clients": clients, "requests": len(heard), "failures": len(heard) - len(ok)}
+    for name in ("first_audio_s", "ttca_s", "stall_s", "rtf"):
+        values = [getattr(h, name) for h in ok]
+        out[f"{name}_p50"] = statistics.median(values) if values else float("nan")
+        out[f"{name}_max"] = max(values) if values else float("nan")
+    out["audio_per_wall"] = sum(h.audio_s for h in ok) / wall_s if wall_s else 0.0
+    out["runs"] = [asdict(h) for h in ok]
+    return out
+
+
+def measure(client: httpx.Client, voices: dict[str, str | None], levels: list[int], per_client: int) -> list[dict[str, Any]]:
+    rows = []
+    for v, (label, speaker) in enumerate(voices.items()):
+        stream_listen(client, 10**6 + v, speaker)  # warm-up of this voice's shapes (not counted)
+        for n in levels:
+            base = 10**4 * (v + 1) + 100 * n  # seeds no other request used: the audio cache must not answer
+
+            def request(i: int, base: int = base, speaker: str | None = speaker) -> Listening | None:
+                return stream_listen(client, base + i, speaker)
+
+            heard, wall = closed_loop(n, per_client, request)
+            rows.append(row(label, n, heard, wall))
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "runs"}), file=sys.stderr, flush=True)
+    return rows
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-listen-voices-") as voices_dir:
+        voices: dict[str, str | None] = {BUILTIN: None}
+        for seconds in args.prompt_seconds:
+            voices[f"saved voice, {seconds:g} s recording"] = write_saved_voice(args.bundle, Path(voices_dir), seconds)
+        return serve_and(
+            args, {"TTS_VOICES_DIR": voices_dir}, lambda client: measure(client, voices, args.levels, args.per_client)
+        )
+
+
+def serve_and(
+    args: argparse.Namespace, env: dict[str, str], work: Callable[[httpx.Client], list[dict[str, Any]]]
+) -> dict[str, Any]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    extra = dict(kv.split("=", 1) for kv in args.env)
+    cmd = [sys.executable, str(REPO / "loadtest" / "bench_http.py"), "serve", str(args.bundle)]
+    cmd += ["--port", str(port), "--tokens", str(args.tokens)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=server_env(args.n_timesteps, env | extra))
+    try:
+        wait_ready(url, proc)
+        with httpx.Client(base_url=url, timeout=httpx.Timeout(900.0)) as client:
+            rows = work(client)
+        return {"rows": rows, "server_peak_rss_mb": peak_rss_mb(proc.pid), "env": extra, "tokens": args.tokens}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("bundle", type=Path)
+    p.add_argument("--tokens", type=int, default=TOKENS_5S, help="speech tokens per request (250 = 5 s of audio)")
+    p.add_argument("--levels", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--per-client", type=int, default=3)
+    p.add_argument("--prompt-seconds", type=float, nargs="*", default=[3.0, 10.0], help="saved voices' recording lengths")
+    p.add_argument("--n-timesteps", type=int)
+    p.add_argument("--env", nargs="*", default=[], help="extra TTS_*=value settings for the server")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    print(json.dumps(run(args) | {"bundle": str(args.bundle)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""The speed issue's targets and the listener's tables (first audio, TTCA, stall) of docs/benchmarks.md."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+MB_PER_GB = 1000.0
+NOT_RUN = ("not measured in this run", None)
+Target = tuple[str, str, bool | None]
+BUILTIN = "built-in speaker"
+SAVED_3S = "saved voice, 3 s recording"
+SAVED_10S = "saved voice, 10 s recording"
+TTCA_MEANS = (
+    "TTCA (time to continuous audio) is the earliest moment a player can start and never have to wait: the largest "
+    "(arrival time − seconds of audio received before it) over the pieces of the stream."
+)
+
+
+def _f(x: float, digits: int = 2) -> str:
+    return f"{x:.{digits}f}"
+
+
+def _table(head: list[str], rows: Iterable[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    return [*out, ""]
+
+
+def listen_row(results: dict[str, Any], voice: str, clients: int) -> dict[str, Any] | None:
+    """The default-settings listener row of one voice and client count (the listen part), or None."""
+    rows = (results.get("listen") or {}).get("default", {}).get("rows", [])
+    return next((r for r in rows if r["voice"] == voice and r["clients"] == clients), None)
+
+
+def targets(results: dict[str, Any]) -> list[Target]:
+    """(target, measured, met) for each goal of the speed issue "Speech that plays without gaps", always all of them
+    (met is None when the part that measures it did not run). Full-size int8 bundle, default settings, HTTP."""
+    http = results.get("http") or {}
+    levels = {lv["clients"]: lv for lv in http.get("levels", [])}
+    rows: list[tuple[str, tuple[str, bool | None]]] = [
+        ("built-in speaker, 1 client: first audio ≤ 0.7 s, TTCA ≤ 1.2 s", _first_ttca(results, BUILTIN, 1, 0.7, 1.2)),
+        (
+            "saved voice, 10 s recording, 1 client: first audio ≤ 1.5 s, TTCA ≤ 2.5 s",
+            _first_ttca(results, SAVED_10S, 1, 1.5, 2.5),
+        ),
+        ("saved voice, 3 s recording, 1 client: TTCA ≤ 2.0 s", _first_ttca(results, SAVED_3S, 1, None, 2.0)),
+        ("built-in speaker, 2 clients: TTCA ≤ 2.0 s", _first_ttca(results, BUILTIN, 2, None, 2.0)),
+        ("8 clients, ~15-character sentence: ≥ 1.5 audio s/s, first audio p95 ≤ 3.0 s", _eight(levels)),
+        ("server peak RSS ≤ 1.0 GB under 1-8 streams", _rss(http)),
+        ("parity: `service verify` passes on the reference fixtures", _parity(results)),
+    ]
+    return [(name, measured, ok) for name, (measured, ok) in rows]
+
+
+def _first_ttca(results: dict[str, Any], voice: str, clients: int, first: float | None, ttca: float) -> tuple[str, bool | None]:
+    row = listen_row(results, voice, clients)
+    if row is None:
+        return NOT_RUN
+    got_first, got_ttca = row["first_audio_s_p50"], row["ttca_s_p50"]
+    ok = got_ttca <= ttca and (first is None or got_first <= first)
+    return f"first audio {_f(got_first)} s, TTCA {_f(got_ttca)} s", ok
+
+
+def _eight(levels: dict[int, dict[str, Any]]) -> tuple[str, bool | None]:
+    if 8 not in levels:
+        return NOT_RUN
+    lv = levels[8]
+    ok = lv["first_chunk_p95_s"] <= 3.0 and lv["audio_per_wall"] >= 1.5 and lv["failures"] == 0
+    return f"{_f(lv['audio_per_wall'])} audio s/s, p95 {_f(lv['first_chunk_p95_s'])} s, {lv['failures']} failures", ok
+
+
+def _rss(http: dict[str, Any]) -> tuple[str, bool | None]:
+    if not http:
+        return NOT_RUN
+    peak = http["server_peak_rss_mb"]
+    return f"{peak / MB_PER_GB:.2f} GB", peak <= MB_PER_GB
+
+
+def _parity(results: dict[str, Any]) -> tuple[str, bool | None]:
+    parity = results.get("parity")
+    return (parity["summary"], parity["passed"]) if parity else NOT_RUN
+
+
+def target_lines(results: dict[str, Any]) -> list[str]:
+    rows = [[t, m, "**met**" if ok else ("not met" if ok is False else "–")] for t, m, ok in targets(results)]
+    return ["### Targets", "", *_table(["target", "measured", "status"], rows)]
+
+
+def _listen_rows(label: str, run: dict[str, Any]) -> list[list[str]]:
+    out = []
+    for r in run.get("rows", []):
+        row = [label, r["voice"], str(r["clients"]), str(r["requests"] - r["failures"])]
+        for key in ("first_audio_s", "ttca_s", "stall_s"):
+            row.append(f"{_f(r[key + '_p50'])} / {_f(r[key + '_max'])}")
+        row += [_f(r["rtf_p50"]), _f(r["audio_per_wall"])]
+        out.append(row)
+    return out
+
+
+def listen_lines(results: dict[str, Any]) -> list[str]:
+    """The headline tables: what a listener hears, default settings first, then the comparison setups."""
+    listen = results.get("listen")
+    if not listen:
+        return []
+    head = ["setup", "voice", "clients", "requests", "first audio s p50 / max", "TTCA s p50 / max", "stall s p50 / max"]
+    head += ["streamed RTF p50", "audio s / wall s"]
+    rows = _listen_rows("default settings", listen["default"])
+    for label, run in listen.get("compare", {}).items():
+        rows += _listen_rows(label, run)
+    tokens = listen["default"].get("tokens", 250)
+    title = f"### What a listener hears: streamed `POST /tts` pcm, a 5 s sentence ({tokens} forced tokens)"
+    stall = "Stall: seconds a player that starts at the first audio sits silent."
+    return [title, "", f"{TTCA_MEANS} {stall}", "", *_table(head, rows)]

@@ -1,0 +1,258 @@
+"""Sentences to audio for the WebSocket transports: complete sentences wait in a queue bounded by characters, each
+becomes its own job one ahead of the audio being sent, the audio goes out in order on a timeline of decoded samples,
+and `cancel()` stops the sentence being spoken and drops the rest while the connection goes on."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from contextlib import aclosing
+from dataclasses import dataclass, replace
+from typing import NoReturn, Protocol
+
+import anyio
+from anyio.abc import ObjectReceiveStream, ObjectSendStream
+from starlette.websockets import WebSocketDisconnect
+
+from service.api.deps import AppState
+from service.api.streaming import JobPieces
+from service.audio_timeline import SampleCounter
+from service.errors import EmptyTextError, OverloadedError, TTSError
+from service.tts import SpeechJob, SpeechRequest, TTSService
+
+OVERLOADED_WAIT_S = 30.0  # a sentence the service cannot take yet is retried this long before the session fails
+Handoff = tuple[int, str, SpeechJob | None]
+
+
+@dataclass(frozen=True)
+class SpokenSentence:
+    """One sentence as its listener got it: its frames and where its audio lies on the connection's timeline."""
+
+    index: int
+    text: str
+    first_seq: int
+    frames: int
+    audio_bytes: int
+    start_s: float
+    end_s: float
+    spoken: bool  # False: nothing to say (e.g. only an emoji); no frames
+
+    @property
+    def last_seq(self) -> int:
+        return self.first_seq + self.frames - 1
+
+
+class AudioSink(Protocol):
+    """How a transport frames what the pipeline produces (sent in this order for each sentence)."""
+
+    async def begin(self, index: int, text: str, start_s: float) -> None:
+        """Before the sentence's first audio, which will start at `start_s` on the timeline."""
+
+    async def audio(self, index: int, seq: int, piece: bytes) -> None:
+        """One piece of the sentence's audio; `seq` numbers the pieces of the whole pipeline from 0."""
+
+    async def end(self, sentence: SpokenSentence) -> None:
+        """After the sentence's last audio (never for a sentence cut off by `cancel()`)."""
+
+
+class SentenceQueue:
+    """Complete sentences waiting for synthesis; `put` waits while they hold `max_chars` characters or more."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars = max_chars
+        self._items: deque[tuple[int, str]] = deque()
+        self._chars = 0
+        self._finished = False
+        self._changed = anyio.Event()
+
+    async def put(self, index: int, text: str) -> None:
+        while self._chars >= self.max_chars:
+            await self._changed.wait()
+        self._items.append((index, text))
+        self._chars += len(text)
+        self._notify()
+
+    async def get(self) -> tuple[int, str] | None:
+        """The next sentence; None once `finish()` was called and none is left."""
+        while not self._items:
+            if self._finished:
+                return None
+            await self._changed.wait()
+        index, text = self._items.popleft()
+        self._chars -= len(text)
+        self._notify()
+        return index, text
+
+    def finish(self) -> None:
+        self._finished = True
+        self._notify()
+
+    def clear(self) -> None:
+        self._items.clear()
+        self._chars = 0
+        self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+
+class SpeechPipeline:
+    """One connection's (or one task's) speech. `run()` speaks what `put()` queues until `finish()`; each sentence is a
+    job of its own, started while the previous one is sent, so at most two jobs exist. The timeline counts what a
+    decoder yields for the bytes sent: a fresh `counter()` per sentence, at `rate_hz`."""
+
+    def __init__(
+        self,
+        state: AppState,
+        service: TTSService,
+        template: SpeechRequest,
+        sink: AudioSink,
+        counter: Callable[[], SampleCounter],
+        rate_hz: int,
+    ) -> None:
+        self.state = state
+        self.service = service
+        self.template = template
+        self.sink = sink
+        self.counter = counter
+        self.rate_hz = rate_hz
+        self.queue = SentenceQueue(template.max_chars)
+        self.seq = 0  # pieces sent
+        self.samples = 0  # the timeline: decoded samples of everything sent, a cut-off sentence's part included
+        self.sentences_done = 0
+        self.speaking: int | None = None  # index of the sentence whose audio is being sent
+        self._next_index = 0
+        self._jobs: set[SpeechJob] = set()
+        self._turn: anyio.CancelScope | None = None
+        self._stopped = anyio.Event()
+
+    @property
+    def time_s(self) -> float:
+        """Seconds of audio sent so far (the end of the timeline)."""
+        return self.samples / self.rate_hz
+
+    async def put(self, text: str) -> None:
+        """Queue one complete sentence (waits while the queue is full)."""
+        await self.queue.put(self._next_index, text)
+        self._next_index += 1
+
+    def finish(self) -> None:
+        """No more sentences: `run()` returns once the queued ones are spoken."""
+        self.queue.finish()
+
+    async def run(self) -> None:
+        """Speak until `finish()`; a `cancel()` ends the current turn and the next one starts. However it ends (a
+        failure, the connection going away), no job of this pipeline outlives it."""
+        try:
+            while True:
+                self._stopped = anyio.Event()
+                with anyio.CancelScope() as self._turn:
+                    try:
+                        await self._speak()
+                        return
+                    finally:
+                        self._drop()
+                        self._stopped.set()
+        finally:
+            self._turn = None
+            self._drop()
+
+    async def cancel(self) -> None:
+        """Stop the sentence being spoken (its synthesis is cancelled, as on a disconnect) and drop every sentence
+        waiting; returns once nothing of them will be sent any more. Sentences put afterwards are spoken as usual."""
+        if self._turn is None:
+            self._drop()
+            return
+        stopped = self._stopped
+        self._turn.cancel()
+        await stopped.wait()
+
+    def _drop(self) -> None:
+        self.queue.clear()
+        for job in self._jobs:
+            job.cancel()
+        self._jobs.clear()
+        self.speaking = None
+
+    async def _speak(self) -> None:
+        jobs_in, jobs_out = anyio.create_memory_object_stream[Handoff](0)
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._submit, jobs_in)
+                await self._send(jobs_out)
+        except BaseExceptionGroup as group_error:
+            reraise_first(group_error)
+
+    async def _submit(self, jobs: ObjectSendStream[Handoff]) -> None:
+        """Sentences -> running jobs, one ahead of the sender: sentence 2 synthesizes while sentence 1 is sent."""
+        async with jobs:
+            while (item := await self.queue.get()) is not None:
+                index, text = item
+                job = await self._start(replace(self.template, text=text))
+                await jobs.send((index, text, job))
+
+    async def _start(self, request: SpeechRequest) -> SpeechJob | None:
+        """Submit one sentence; None when it has nothing to speak (e.g. only an emoji). While the service is full,
+        retry for up to OVERLOADED_WAIT_S: the connection holds its place and must not lose a sentence."""
+        deadline = time.monotonic() + OVERLOADED_WAIT_S
+        while True:
+            try:
+                with anyio.CancelScope(shield=True):  # a job that exists is registered, so that a cancel reaches it
+                    job = await anyio.to_thread.run_sync(self.service.submit, request)
+                    self._jobs.add(job)
+                return job
+            except EmptyTextError:
+                return None
+            except OverloadedError:
+                if time.monotonic() > deadline:
+                    raise
+                await anyio.sleep(0.05)
+
+    async def _send(self, jobs: ObjectReceiveStream[Handoff]) -> None:
+        async with jobs:
+            async for index, text, job in jobs:
+                await self._speak_one(index, text, job)
+
+    async def _speak_one(self, index: int, text: str, job: SpeechJob | None) -> None:
+        first_seq, start, counter, sent = self.seq, self.samples, self.counter(), 0
+        self.speaking = index
+        await self.sink.begin(index, text, start / self.rate_hz)
+        try:
+            if job is not None:
+                sent = await self._send_audio(index, job, counter)
+        finally:
+            self.samples = start + counter.samples  # what was sent of a cut-off sentence stays on the timeline
+            if job is not None:
+                self._jobs.discard(job)
+        self.speaking = None
+        frames = self.seq - first_seq
+        spoken = SpokenSentence(index, text, first_seq, frames, sent, start / self.rate_hz, self.time_s, job is not None)
+        await self.sink.end(spoken)
+        self.sentences_done += 1
+
+    async def _send_audio(self, index: int, job: SpeechJob, counter: SampleCounter) -> int:
+        """The job's audio through the sink; leaving early (cancel, disconnect, failure) cancels its synthesis."""
+        pieces, sent = JobPieces(job, self.state), 0
+        await pieces.start()
+        async with aclosing(pieces.stream()) as audio:
+            async for piece in audio:
+                if piece:
+                    await self.sink.audio(index, self.seq, piece)  # a cancel lands before a frame is written, never inside
+                    counter.feed(piece)
+                    self.seq += 1
+                    sent += len(piece)
+        return sent
+
+
+def reraise_first(group_error: BaseExceptionGroup[BaseException]) -> NoReturn:
+    """The error that ended a task group: ours (TTSError) or the client leaving, before anything else."""
+    for kind in (TTSError, WebSocketDisconnect):
+        match = group_error.subgroup(lambda e, kind=kind: isinstance(e, kind))  # type: ignore[misc]
+        if match is not None:
+            first: BaseException = match.exceptions[0]
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            raise first
+    raise group_error

@@ -1,0 +1,122 @@
+"""The chunk schedule as a pure policy: plain state in, next hop out, driven step by step without threads or a clock."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from service.bundle import ModelConstants
+from service.engine.chunking import (
+    Progress,
+    RateMeter,
+    Rates,
+    ScheduleConfig,
+    chunk_audio_s,
+    chunk_cost_s,
+    first_audio,
+    next_hop,
+)
+
+C = ModelConstants()
+ADAPTIVE = ScheduleConfig.default(C)
+# seconds per unit of work on a host that is about twice as fast as real time, and on one slower than real time
+FAST = Rates(token_s=0.007, solver_frame_s=0.002, vocoder_frame_s=0.0006)
+SLOW = Rates(token_s=0.02, solver_frame_s=0.02, vocoder_frame_s=0.005)
+
+
+def start(**kw: object) -> Progress:
+    return Progress(**({"chunks": 0, "last_hop": 0, "buffered": 0, "llm_done": False, "audio_s": 0.0} | kw))  # type: ignore[arg-type]
+
+
+def hops(config: ScheduleConfig, rates: Rates | None, n_chunks: int, **kw: object) -> list[int]:
+    """Hops of a sentence's first `n_chunks` chunks when the LLM keeps up (tokens arrive as needed)."""
+    out, audio = [], 0.0
+    for k in range(n_chunks):
+        p = start(chunks=k, last_hop=out[-1] if out else 0, buffered=C.token_overlap_len if k else 0, audio_s=audio, **kw)
+        out.append(next_hop(config, p, rates, C))
+        audio += chunk_audio_s(out[-1], C)
+    return out
+
+
+def test_official_schedule_reproduces_the_official_boundaries() -> None:
+    official = ScheduleConfig.official(C)
+    assert (official.first_hop, official.min_hop, official.max_hop, official.adaptive) == (100, 100, 200, False)
+    assert hops(official, FAST, 4) == [100, 100, 100, 100]  # measured rates change nothing
+    scaled = ScheduleConfig.official(dataclasses.replace(C, stream_scale_factor=2.0))
+    assert hops(scaled, None, 4) == [100, 200, 200, 200]  # the official growth, capped at token_max_hop_len
+
+
+def test_first_audio_is_decided_in_one_place() -> None:
+    assert first_audio(start())
+    assert not first_audio(start(chunks=1))  # a later chunk of the first sentence
+    assert not first_audio(start(audio_s=0.5))  # the first chunk of a later sentence: the listener has audio
+    assert next_hop(ADAPTIVE.with_first_hop(33), start(), SLOW, C) == 33  # the first hop whatever the rates
+    assert ADAPTIVE.first_audio_tokens == 21 + 20 and ADAPTIVE.with_first_hop(33).first_audio_tokens == 53
+
+
+def test_a_later_sentence_does_not_restart_with_the_first_hop() -> None:
+    fixed = ScheduleConfig.official(C).with_first_hop(21)
+    assert next_hop(fixed, start(audio_s=1.0), None, C) == 100
+    assert next_hop(ADAPTIVE, start(audio_s=1.0, llm_done=True, buffered=200), FAST, C) < 100
+
+
+def test_adaptive_schedule_before_any_measurement_takes_the_official_hop() -> None:
+    assert hops(ADAPTIVE, None, 3) == [21, 100, 100]
+
+
+def test_each_chunk_covers_the_time_the_next_takes() -> None:
+    """The property the schedule exists for: a chunk's audio lasts at least as long as making the next chunk of its
+    size, and no smaller hop would do."""
+    for rates in (FAST, dataclasses.replace(FAST, solver_frame_s=0.004)):
+        for prompt_frames in (0, 86, 172):
+            for k, hop in enumerate(hops(ADAPTIVE, rates, 5, prompt_frames=prompt_frames)[1:], start=1):
+                assert hop < ADAPTIVE.max_hop, (rates, prompt_frames, k)  # these hosts can keep up
+                assert chunk_audio_s(hop, C) >= chunk_cost_s(hop, ADAPTIVE, rates, C, prompt_frames)
+                smaller = hop - 1
+                if smaller >= ADAPTIVE.min_hop:
+                    assert chunk_audio_s(smaller, C) < chunk_cost_s(smaller, ADAPTIVE, rates, C, prompt_frames)
+
+
+def test_costlier_work_means_longer_chunks() -> None:
+    mid = dataclasses.replace(FAST, solver_frame_s=0.006)
+    base = hops(ADAPTIVE, mid, 3)[1]
+    assert ADAPTIVE.min_hop < base < ADAPTIVE.max_hop
+    assert hops(ADAPTIVE, mid, 3, prompt_frames=86)[1] > base  # a cloned voice's prompt frames are solved each time
+    assert hops(ADAPTIVE, dataclasses.replace(mid, solver_frame_s=0.007), 3)[1] > base
+    assert hops(ADAPTIVE, mid, 3, speed=1.5)[1] > base  # faster speech: a chunk's audio is shorter
+    assert hops(ADAPTIVE, FAST, 3)[1] <= base
+
+
+def test_waiting_for_tokens_counts_unless_the_llm_is_done() -> None:
+    slow_llm = dataclasses.replace(FAST, token_s=0.03)  # slower than real time (50 tokens/s)
+    waiting = next_hop(ADAPTIVE, start(chunks=1, last_hop=21, buffered=20), slow_llm, C)
+    done = next_hop(ADAPTIVE, start(chunks=1, last_hop=21, buffered=500, llm_done=True), slow_llm, C)
+    assert waiting == ADAPTIVE.max_hop  # nothing covers: take the largest hop (least re-solved overlap)
+    assert done < waiting  # everything decoded: only the acoustic cost counts
+
+
+def test_a_host_slower_than_real_time_gets_the_largest_hop() -> None:
+    assert hops(ADAPTIVE, SLOW, 3) == [21, ADAPTIVE.max_hop, ADAPTIVE.max_hop]
+
+
+def test_schedule_config_is_validated() -> None:
+    with pytest.raises(ValueError, match="first_hop_tokens must be > token_overlap_len"):
+        ScheduleConfig.default(C, first_hop=20)
+    with pytest.raises(ValueError, match="min_hop"):
+        dataclasses.replace(ADAPTIVE, min_hop=20)
+    with pytest.raises(ValueError, match="max_hop"):
+        dataclasses.replace(ADAPTIVE, max_hop=10)
+
+
+def test_rate_meter_learns_every_part_before_it_answers() -> None:
+    meter = RateMeter(smoothing=0.5)
+    meter.token_interval(0.01)
+    meter.flow_call(100, 0.2)
+    assert meter.rates() is None
+    meter.vocoder_call(50, 0.05)
+    assert meter.rates() == Rates(token_s=0.01, solver_frame_s=0.002, vocoder_frame_s=0.001)
+    meter.flow_call(100, 0.4)
+    meter.token_interval(0.0)  # nothing to learn from
+    rates = meter.rates()
+    assert rates is not None and rates.solver_frame_s == pytest.approx(0.003) and rates.token_s == 0.01
