@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 from conftest import TINY_COSYVOICE2_REF
 from cv2_reference import checkpoint as ck
+from cv2_reference import readme_tables
 from cv2_reference.environment import git_object_id, git_tree_id
 from cv2_reference.qwen_tokenizer import QWEN2_FILE_SHA256, byte_to_unicode, vocab_and_merges
 from cv2_reference.standins import write_standins
@@ -118,3 +121,68 @@ def test_the_tiny_checkpoint_matches_its_shapes_table() -> None:
     llm = torch.load(TINY_COSYVOICE2_REF / "llm.pt", weights_only=True)
     tied = shapes["_tied"]["llm.pt"]
     assert all(torch.equal(llm[key], llm[target]) for key, target in tied.items())
+
+
+def official_schedule(prompt_tokens: int, n_tokens: int, first_hop: int = 25) -> list[tuple[int, int, bool]]:
+    """(token_offset, tokens given, finalize) of each token2wav call, as README's "Streaming" section states the rule."""
+    pad = math.ceil(prompt_tokens / 25) * 25 - prompt_tokens
+    hop, offset, calls = first_hop, 0, []
+    while n_tokens - offset >= (this := hop + pad if offset == 0 else hop) + 3:
+        calls.append((offset, offset + this + 3, False))
+        offset, hop = offset + this, min(100, hop * 2)
+    return [*calls, (offset, n_tokens, True)]
+
+
+def fixture_meta() -> dict[str, Any]:
+    return json.loads((TINY_COSYVOICE2_REF / "fixtures_meta.json").read_text(encoding="utf-8"))
+
+
+def test_the_recorded_stream_schedules_follow_the_documented_rule() -> None:
+    meta = fixture_meta()
+    for run in meta["stream"].values():
+        s = run["schedule"]
+        recorded = list(zip(s["chunk_offset"], s["chunk_token_len"], s["chunk_finalize"], strict=True))
+        assert recorded == official_schedule(run["prompt_tokens"], run["forced_tokens"])
+        assert s["chunk_flow_streaming"] == [not final for final in s["chunk_finalize"]]
+    hop = meta["official_defects"]["token_hop_len_not_reset"]
+    prompt_tokens = meta["prompts"]["zh_16k"]["trimmed_tokens"]
+    first = [given for _, given, _ in official_schedule(prompt_tokens, hop["forced_tokens"])]
+    later = [given for _, given, _ in official_schedule(prompt_tokens, hop["forced_tokens"], first_hop=100)]
+    assert (hop["first_request_token2wav_token_lens"], hop["second_request_token2wav_token_lens"]) == (first, later)
+
+
+def test_the_recorded_chunk_sizes_follow_token2wav() -> None:
+    meta = fixture_meta()
+    for run in meta["stream"].values():
+        s = run["schedule"]
+        prompt_frames = 2 * run["prompt_tokens"]
+        for k, (offset, given, final) in enumerate(
+            zip(s["chunk_offset"], s["chunk_token_len"], s["chunk_finalize"], strict=True)
+        ):
+            solved = given if final else given - 3  # non-final calls hold the last 3 tokens back as look-ahead
+            assert s["chunk_flow_frames"][k] == prompt_frames + 2 * solved
+            assert s["chunk_new_mel_frames"][k] == 2 * (solved - offset)
+            assert s["chunk_hift_mel_frames"][k] == s["chunk_new_mel_frames"][k] + (8 if k else 0)
+            assert s["chunk_cache_source_samples"][k] == (3840 if k else 0)
+            assert s["chunk_yielded_samples"][k] == 480 * s["chunk_hift_mel_frames"][k] - (0 if final else 3840)
+
+
+def test_the_fixture_arrays_agree_with_their_documented_relations() -> None:
+    with np.load(TINY_COSYVOICE2_REF / "stream.npz") as stream, np.load(TINY_COSYVOICE2_REF / "flow_noise.npz") as noise:
+        assert noise["rand_noise"].shape == (80, fixture_meta()["flow_noise"]["stored_frames"])
+        mel = stream["zs_k1_hift_mel"]
+        assert np.array_equal(mel[:, :8], stream["zs_k0_hift_mel"][:, -8:])  # the 8-frame mel cache
+        assert np.array_equal(mel[:, 8:], stream["zs_k1_flow_new_mel"])
+        assert np.array_equal(stream["zs_k1_hift_source"][:3840], stream["zs_k0_hift_source"][-3840:])  # cache_source
+    with np.load(TINY_COSYVOICE2_REF / "zero_shot.npz") as z:
+        hidden, nocache = z["case0_llm_step_hidden"], z["case0_llm_nocache_hidden"]
+        assert np.abs(hidden - nocache).max() < 1e-5
+        logp = z["case0_llm_logp_rows"]
+        assert np.allclose(np.exp(logp).sum(axis=1), 1, atol=1e-4)
+        assert np.allclose(logp[:, 6561], z["case0_llm_logp_eos"][z["case0_llm_logp_row_index"]])
+
+
+def test_the_readme_tables_are_generated_from_the_committed_fixtures() -> None:
+    readme = (TINY_COSYVOICE2_REF / "README.md").read_text(encoding="utf-8")
+    for name, block in readme_tables.blocks(TINY_COSYVOICE2_REF, fixture_meta()).items():
+        assert f"<!-- generated:{name} -->\n{block}\n<!-- /generated:{name} -->" in readme, f"README block {name} is stale"
