@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from export.cosyvoice2.config import NOISE_FRAMES, FlowConfig
 from export.cosyvoice2.modules.encoder import UpsampleConformerEncoder
-from export.cosyvoice2.modules.estimator import CausalConditionalDecoder, EstimatorCache
+from export.cosyvoice2.modules.estimator import CausalConditionalDecoder
 from export.modules.flow import time_span
 
 FULL_ATTENTION = 1 << 30  # a chunk size no sequence reaches: one chunk, i.e. the non-streaming masks
@@ -116,7 +116,3 @@ class CausalMaskedDiffWithXvec(nn.Module):
         chunk_frames = self.cfg.estimator.static_chunk_size if streaming else FULL_ATTENTION
         mel = self.solve(mu, self.speaker(embedding), cond, noise[:, :, :frames], chunk_frames)
         return mel[:, :, prompt_feat.shape[1] :]
-
-
-def empty_estimator_cache(flow: CausalMaskedDiffWithXvec, batch: int) -> EstimatorCache:
-    return flow.estimator.empty_cache(batch)
