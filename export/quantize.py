@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Literal
@@ -55,16 +57,28 @@ def quantize_graph(src: Path, dst: Path) -> None:
     AVX2-only host, the tiny bundle's decode-step log-probs moved by 0.74 with 8-bit weights against 0.25
     for 4-bit ones. VNNI hosts lose half a bit of weight precision and no speed.
     """
-    logging.getLogger("root").setLevel(logging.ERROR)  # the quantizer logs a harmless pre-processing hint
-    quantize_dynamic(
-        str(src),
-        str(dst),
-        op_types_to_quantize=["MatMul"],
-        weight_type=QuantType.QInt8,
-        per_channel=False,
-        reduce_range=True,
-        extra_options={"MatMulConstBOnly": True},
-    )
+    with _root_level(logging.ERROR):  # the quantizer logs a harmless pre-processing hint on the root logger
+        quantize_dynamic(
+            str(src),
+            str(dst),
+            op_types_to_quantize=["MatMul"],
+            weight_type=QuantType.QInt8,
+            per_channel=False,
+            reduce_range=True,
+            extra_options={"MatMulConstBOnly": True},
+        )
+
+
+@contextmanager
+def _root_level(level: int) -> Iterator[None]:
+    """The root logger at `level` for the block, then as it was (the caller's logging is not ours to change)."""
+    root = logging.getLogger()
+    before = root.level
+    root.setLevel(level)
+    try:
+        yield
+    finally:
+        root.setLevel(before)
 
 
 def quantize_graph_4bit(src: Path, dst: Path, block_size: int = INT4_BLOCK_SIZE) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer
 
 from service.audio_decode import decode_audio
 from service.bundle import ModelBundle
@@ -53,6 +53,9 @@ def run_verification2(
         if not path.is_file():
             report.skipped.append(f"{name}: not present")
             continue
+        if name == TOKENIZER_FILE and importlib.util.find_spec("tokenizers") is None:
+            report.skipped.append(f"{name}: the `tokenizers` package is not installed (it comes with requirements-export.txt)")
+            continue
         for check in stage(path):
             report.checks.append(check)
             if on_check is not None:
@@ -69,6 +72,8 @@ def _graph_names(bundle: ModelBundle) -> tuple[str, ...]:
 
 def verify_tokenizer(bundle: ModelBundle, path: Path) -> Iterator[Check]:
     """The bundle's tokenizer on every recorded normalized sentence and raw text: the official ids exactly."""
+    from tokenizers import Tokenizer  # export-side package: serving does not need it, so neither does the image
+
     tokenizer = Tokenizer.from_file(str(bundle.tokenizer_path))
     for i, case in enumerate(json.loads(path.read_text(encoding="utf-8"))["cases"]):
         got = [tokenizer.encode(s).ids for s in case["normalized_sentences"]]
