@@ -83,6 +83,7 @@ def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
         acoustic_backend=args.acoustic_backend,
         stream_schedule=args.stream_schedule,
         prompt_window_s=None if args.prompt_window_s < 0 else args.prompt_window_s,
+        compiled_cache_dir=args.cache_dir,
     )
 
 
@@ -289,6 +290,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--prompt-window-s", type=float, default=defaults["prompt_window_s"].default, help="flow prompt window (-1: all)"
     )
     p.add_argument("--prompt-seconds", type=float, default=0.0, help="speak in a cloned voice with a prompt this long")
+    cache = defaults["cache_dir"].default
+    p.add_argument(
+        "--cache-dir", type=Path, default=cache.expanduser() if cache else None, help="OpenVINO model cache (as TTS_CACHE_DIR)"
+    )
     return p.parse_args(argv)
 
 
@@ -321,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         "rss_after_load_mb": rss_loaded,
         "peak_rss_mb": peak_rss_mb(),
     }
-    print(json.dumps(result))
+    print(json.dumps(result, default=str))
     return 0
 
 
