@@ -105,7 +105,7 @@ def write_saved_voice(bundle_dir: Path, voices_dir: Path, seconds: float, seed: 
 
     from service.bundle import ModelBundle
     from service.cloning import models_fingerprint
-    from service.voices import DirectoryVoiceStore, PromptFeatures, SavedVoice
+    from service.stores.voices import DirectoryVoiceStore, PromptFeatures, SavedVoice
 
     bundle = ModelBundle.load(bundle_dir)
     tokens, mel = random_prompt(bundle.constants, seconds, seed)

@@ -16,7 +16,7 @@ from service.errors import EmptyTextError, EngineError, TTSError, UnknownSpeaker
 
 if TYPE_CHECKING:
     from service.engine.synthesizer import AudioChunk
-    from service.verify import Check
+    from service.verify.checks import Check
 
 # The frontend (inflect, wetext, jieba), scipy and the engine take seconds to import; they are imported
 # inside the commands so that `--help` and input errors (bad bundle, unknown speaker) answer at once.
@@ -101,7 +101,7 @@ def write_wav(path: Path, sample_rate: int, chunks: Iterable[AudioChunk], progre
 
     With `progress_start` (a perf_counter value) prints `chunk i sentence s samples n t=<seconds>` per chunk.
     """
-    from service.audio import float_to_int16
+    from service.audio.encode import float_to_int16
 
     partial = path.with_name(path.name + ".partial")
     total = 0
@@ -135,7 +135,7 @@ def verify_command(args: argparse.Namespace) -> int:
         print(f"error: {args.fixtures}: not a directory", file=sys.stderr)
         return EXIT_USAGE
     from service.engine.sessions import RuntimeOptions
-    from service.verify import run_verification
+    from service.verify.run import run_verification
 
     report = run_verification(
         bundle,

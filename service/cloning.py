@@ -7,14 +7,14 @@ import hashlib
 import logging
 from dataclasses import dataclass
 
-from service.audio_decode import container_format, decode_audio, pcm16_to_float
+from service.audio.decode import container_format, decode_audio, pcm16_to_float
 from service.bundle import PROMPT_GRAPH_NAMES, ModelBundle
 from service.engine.prompt import MAX_PROMPT_S, MelVariant, PromptAnalyzer
 from service.engine.sessions import RuntimeOptions
 from service.engine.voice import Voice
 from service.errors import InvalidInputError, NotFoundError, PromptAudioError, UnsupportedCapabilityError, VoiceExistsError
 from service.frontend import TextFrontend
-from service.voices import AnalysisCache, PromptFeatures, SavedVoice, VoiceStore, check_voice_name
+from service.stores.voices import AnalysisCache, PromptFeatures, SavedVoice, VoiceStore, check_voice_name
 
 log = logging.getLogger(__name__)
 

@@ -11,16 +11,18 @@ from typing import TypeVar
 
 from service.access import ApiKeys, ClientIdentity, Gate
 from service.bundle import ModelBundle
-from service.cache import CacheStats, RedisLexiconStore, build_audio_cache
 from service.cloning import Voices
 from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import Synthesizer
 from service.errors import BundleError, NotReadyError, ShuttingDownError, TTSError
 from service.frontend import TextFrontend
-from service.ratelimit import RateLimiter
 from service.settings import OPENAI_VOICES, Settings
-from service.tts import Engine, SynthesisObserver, TTSService
-from service.voices import AnalysisCache, DirectoryVoiceStore, RedisVoiceStore, VoiceStore
+from service.speech.job import SynthesisObserver
+from service.speech.service import Engine, TTSService
+from service.stores.audio_cache import CacheStats, build_audio_cache
+from service.stores.lexicon import RedisLexiconStore
+from service.stores.ratelimit import RateLimiter
+from service.stores.voices import AnalysisCache, DirectoryVoiceStore, RedisVoiceStore, VoiceStore
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

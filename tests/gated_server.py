@@ -24,7 +24,7 @@ from service.bundle import ModelBundle
 from service.engine.sessions import RuntimeOptions
 from service.runtime import load_synthesizer
 from service.settings import Settings
-from service.tts import Engine
+from service.speech.service import Engine
 
 
 def main() -> None:

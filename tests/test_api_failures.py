@@ -19,7 +19,7 @@ from service.engine.synthesizer import AudioChunk, SynthesisOptions
 from service.engine.voice import Voice
 from service.runtime import load_synthesizer
 from service.settings import Settings
-from service.tts import Engine
+from service.speech.service import Engine
 
 # The speaker picks where the simulated failure happens: before any audio, or at the second sentence.
 FAIL_AT_ONCE = "韩语女"

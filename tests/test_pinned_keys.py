@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from service.audio import AudioFormat
+from service.audio.encode import AudioFormat
 from service.runtime import Runtime
 from service.settings import Settings
-from service.tts import SpeechRequest
-from service.voices import DirectoryVoiceStore, SavedVoice
+from service.speech.request import SpeechRequest
+from service.stores.voices import DirectoryVoiceStore, SavedVoice
 
 PINNED = Path(__file__).resolve().parent / "pinned"
 VOICE_FILE = "70696e6e6564.voice"  # the UTF-8 hex of "pinned"

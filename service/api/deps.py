@@ -12,13 +12,13 @@ from service.access import ApiKeys
 from service.api.auth import caller_of, was_admitted
 from service.api.metrics import Metrics
 from service.bundle import ModelBundle
-from service.cache import RedisLexiconStore
 from service.cloning import Voices
 from service.errors import NotFoundError, UnsupportedMediaTypeError
 from service.frontend import Lexicon, TextFrontend
 from service.runtime import Runtime
 from service.settings import Settings
-from service.tts import TTSService
+from service.speech.service import TTSService
+from service.stores.lexicon import RedisLexiconStore
 
 
 @dataclass

@@ -12,7 +12,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from service.access import Caller, presented_key
-from service.audio import AudioFormat
+from service.audio.encode import AudioFormat
 from service.cloning import PromptAudio
 from service.engine.voice import Voice
 from service.errors import InvalidInputError, TTSError
@@ -21,7 +21,7 @@ from service.rpc import cosyvoice_pb2, cosyvoice_pb2_grpc
 from service.rpc.errors import GRPC_STATUS
 from service.rpc.parsing import MalformedRequest, parse_request
 from service.runtime import Runtime
-from service.tts import SpeechRequest
+from service.speech.request import SpeechRequest
 
 log = logging.getLogger(__name__)
 

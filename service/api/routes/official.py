@@ -14,11 +14,12 @@ from service.api.errors import ERROR_RESPONSES
 from service.api.routes.common import audio_headers, audio_responses, read_upload, submit
 from service.api.streaming import chunked_response
 from service.api.textfields import TextRoute
-from service.audio import AudioFormat
+from service.audio.encode import AudioFormat
 from service.cloning import PromptAudio, Voices
 from service.engine.voice import Voice
 from service.errors import UnsupportedCapabilityError
-from service.tts import SpeechRequest, TTSService
+from service.speech.request import SpeechRequest
+from service.speech.service import TTSService
 
 router = APIRouter(tags=["official CosyVoice API"], route_class=TextRoute)
 

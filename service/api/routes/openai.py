@@ -32,10 +32,11 @@ from service.api.schemas import (
 )
 from service.api.streaming import chunked_response, sse_response, whole_response
 from service.api.textfields import TextRoute
-from service.audio import AudioFormat, parse_format
+from service.audio.encode import AudioFormat, parse_format
 from service.cloning import Voices
 from service.errors import InvalidInputError, UnknownModelError
-from service.tts import SpeechRequest, TTSService
+from service.speech.request import SpeechRequest
+from service.speech.service import TTSService
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=TextRoute)
 OWNER = "cosyvoice-lite"

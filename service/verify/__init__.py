@@ -1,0 +1,1 @@
+"""Verification against the reference fixtures: `checks` measures, the stage modules replay, `run` runs them all."""
