@@ -11,7 +11,7 @@ import numpy as np
 from export import checkpoint, prompt_models
 from export.onnx_io import ExportError
 from export.prompt_models import PromptModel
-from service.bundle import Capabilities
+from service.bundle import PROMPT_GRAPHS, Capabilities
 
 
 @dataclass(frozen=True)
@@ -21,11 +21,15 @@ class VoicePlan:
     speakers: dict[str, np.ndarray]
     prompt_models: dict[str, PromptModel]
     instruct: bool
+    instruct2: bool = False  # CosyVoice2: instructions with a cloned voice (needs the prompt models)
 
     @property
     def capabilities(self) -> Capabilities:
         return Capabilities(
-            builtin_speakers=bool(self.speakers), prompt_analysis=bool(self.prompt_models), instruct=self.instruct
+            builtin_speakers=bool(self.speakers),
+            prompt_analysis=bool(self.prompt_models),
+            instruct=self.instruct,
+            instruct2=self.instruct2 and bool(self.prompt_models),
         )
 
     def prompt_source_hashes(self) -> dict[str, str]:
@@ -50,16 +54,21 @@ def plan_voices(
     instruct: bool = False,
     with_prompt_models: bool = True,
     log: Callable[[str], None] = print,
+    prompt_table: prompt_models.PromptTable = PROMPT_GRAPHS,
 ) -> VoicePlan:
-    """Read speakers, check prompt models, and refuse a bundle that could voice nothing (ExportError, one line)."""
+    """Read speakers, check prompt models, and refuse a bundle that could voice nothing (ExportError, one line).
+
+    `prompt_table` names the family's prompt model files (v1's by default).
+    """
     speakers = load_speakers(model_dir, embed_dim, random_init=random_init, seed=seed)
-    models = prompt_models.find(model_dir) if with_prompt_models else {}
-    if not with_prompt_models and prompt_models.present(model_dir):
-        log("note: --no-prompt-models: campplus.onnx/speech_tokenizer_v1.onnx left out, the bundle cannot clone voices")
+    models = prompt_models.find(model_dir, prompt_table) if with_prompt_models else {}
+    files = [file for file, _, _ in prompt_table.values()]
+    if not with_prompt_models and prompt_models.present(model_dir, prompt_table):
+        log(f"note: --no-prompt-models: {'/'.join(files)} left out, the bundle cannot clone voices")
     if not speakers and not models:
         raise ExportError(
             f"{model_dir}: no built-in speakers ({checkpoint.SPEAKERS_FILE} missing or empty) and no prompt models "
-            "(campplus.onnx + speech_tokenizer_v1.onnx): the bundle could not voice anything"
+            f"({' + '.join(files)}): the bundle could not voice anything"
         )
     if instruct and not speakers:
         raise ExportError(

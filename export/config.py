@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,12 +133,38 @@ def _construct_tagged(loader: _Loader, suffix: str, node: yaml.Node) -> Any:
 _Loader.add_multi_constructor("!", _construct_tagged)
 
 
-def _resolve_refs(obj: Any, root: dict[str, Any]) -> Any:
-    if isinstance(obj, _Tagged) and obj.tag == "ref":
-        name = str(obj.get("value", "")).strip().strip("<>")
+_REF = re.compile(r"<([A-Za-z_][A-Za-z0-9_]*)>")
+_ARITHMETIC = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.USub)
+
+
+def _arithmetic(expr: str) -> Any:
+    """Value of an expression of numbers and + - * / // (what `!ref <a> * <b>` becomes once its refs are numbers)."""
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError as e:
+        raise ConfigError(f"!ref expression {expr!r} is not arithmetic") from e
+    if not all(isinstance(node, _ARITHMETIC) for node in ast.walk(tree)):
+        raise ConfigError(f"!ref expression {expr!r} is not arithmetic")
+    return eval(compile(tree, "<ref>", "eval"), {"__builtins__": {}})  # noqa: S307 - numbers and operators only
+
+
+def _resolve_ref(text: str, root: dict[str, Any]) -> Any:
+    """`<name>` -> root[name] (resolved); `<a> * <b>` (hyperpyyaml's arithmetic form) -> the number."""
+    names = _REF.findall(text)
+    for name in names:
         if name not in root:
             raise ConfigError(f"!ref <{name}> points at nothing")
-        return _resolve_refs(root[name], root)
+    if len(names) == 1 and text == f"<{names[0]}>":
+        return _resolve_refs(root[names[0]], root)
+    values = {name: _resolve_refs(root[name], root) for name in names}
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values.values()):
+        raise ConfigError(f"!ref {text}: only numbers can be combined")
+    return _arithmetic(_REF.sub(lambda m: repr(values[m.group(1)]), text))
+
+
+def _resolve_refs(obj: Any, root: dict[str, Any]) -> Any:
+    if isinstance(obj, _Tagged) and obj.tag == "ref":
+        return _resolve_ref(str(obj.get("value", "")).strip(), root)
     if isinstance(obj, dict):
         items = {k: _resolve_refs(v, root) for k, v in obj.items()}
         if isinstance(obj, _Tagged):
@@ -149,13 +177,13 @@ def _resolve_refs(obj: Any, root: dict[str, Any]) -> Any:
     return obj
 
 
-def _need(section: dict[str, Any], key: str, where: str) -> Any:
+def need(section: dict[str, Any], key: str, where: str) -> Any:
     if key not in section:
         raise ConfigError(f"{where}: missing key '{key}'")
     return section[key]
 
 
-def _expect_class(node: Any, suffix: str, where: str) -> dict[str, Any]:
+def expect_class(node: Any, suffix: str, where: str) -> dict[str, Any]:
     tag = getattr(node, "tag", "")
     if not isinstance(node, dict) or not tag.endswith(suffix):
         raise ConfigError(f"{where}: expected {suffix}, found {tag or type(node).__name__}")
@@ -191,18 +219,18 @@ def _encoder(node: Any, where: str, default_input: int | None = None) -> Encoder
 
 
 def _llm(node: Any) -> LLMConfig:
-    node = _expect_class(node, "TransformerLM", "llm")
+    node = expect_class(node, "TransformerLM", "llm")
     sampling = node.get("sampling", {})
-    tei = int(_need(node, "text_encoder_input_size", "llm"))
+    tei = int(need(node, "text_encoder_input_size", "llm"))
     return LLMConfig(
-        text_token_size=int(_need(node, "text_token_size", "llm")),
-        speech_token_size=int(_need(node, "speech_token_size", "llm")),
+        text_token_size=int(need(node, "text_token_size", "llm")),
+        speech_token_size=int(need(node, "speech_token_size", "llm")),
         text_encoder_input_size=tei,
-        llm_input_size=int(_need(node, "llm_input_size", "llm")),
-        llm_output_size=int(_need(node, "llm_output_size", "llm")),
+        llm_input_size=int(need(node, "llm_input_size", "llm")),
+        llm_output_size=int(need(node, "llm_output_size", "llm")),
         spk_embed_dim=int(node.get("spk_embed_dim", 192)),
-        text_encoder=_encoder(_need(node, "text_encoder", "llm"), "llm.text_encoder", tei),
-        llm=_encoder(_need(node, "llm", "llm"), "llm.llm", int(node["llm_input_size"])),
+        text_encoder=_encoder(need(node, "text_encoder", "llm"), "llm.text_encoder", tei),
+        llm=_encoder(need(node, "llm", "llm"), "llm.llm", int(node["llm_input_size"])),
         top_p=float(sampling.get("top_p", 0.8)),
         top_k=int(sampling.get("top_k", 25)),
         win_size=int(sampling.get("win_size", 10)),
@@ -211,24 +239,24 @@ def _llm(node: Any) -> LLMConfig:
 
 
 def _flow(node: Any) -> FlowConfig:
-    node = _expect_class(node, "MaskedDiffWithXvec", "flow")
-    lr = _expect_class(_need(node, "length_regulator", "flow"), "InterpolateRegulator", "flow.length_regulator")
-    dec = _expect_class(_need(node, "decoder", "flow"), "ConditionalCFM", "flow.decoder")
-    est = _expect_class(_need(dec, "estimator", "flow.decoder"), "ConditionalDecoder", "flow.decoder.estimator")
+    node = expect_class(node, "MaskedDiffWithXvec", "flow")
+    lr = expect_class(need(node, "length_regulator", "flow"), "InterpolateRegulator", "flow.length_regulator")
+    dec = expect_class(need(node, "decoder", "flow"), "ConditionalCFM", "flow.decoder")
+    est = expect_class(need(dec, "estimator", "flow.decoder"), "ConditionalDecoder", "flow.decoder.estimator")
     cfm = dec.get("cfm_params", {})
     cfm = cfm.get("content", cfm)
     return FlowConfig(
-        input_size=int(_need(node, "input_size", "flow")),
-        output_size=int(_need(node, "output_size", "flow")),
+        input_size=int(need(node, "input_size", "flow")),
+        output_size=int(need(node, "output_size", "flow")),
         spk_embed_dim=int(node.get("spk_embed_dim", 192)),
-        vocab_size=int(_need(node, "vocab_size", "flow")),
+        vocab_size=int(need(node, "vocab_size", "flow")),
         input_frame_rate=int(node.get("input_frame_rate", 50)),
-        encoder=_encoder(_need(node, "encoder", "flow"), "flow.encoder"),
+        encoder=_encoder(need(node, "encoder", "flow"), "flow.encoder"),
         lr_channels=int(lr.get("channels", 80)),
         lr_sampling_ratios=tuple(int(x) for x in lr.get("sampling_ratios", [1, 1, 1, 1])),
         estimator=EstimatorConfig(
-            in_channels=int(_need(est, "in_channels", "flow.decoder.estimator")),
-            out_channels=int(_need(est, "out_channels", "flow.decoder.estimator")),
+            in_channels=int(need(est, "in_channels", "flow.decoder.estimator")),
+            out_channels=int(need(est, "out_channels", "flow.decoder.estimator")),
             channels=tuple(int(x) for x in est.get("channels", [256, 256])),
             attention_head_dim=int(est.get("attention_head_dim", 64)),
             n_blocks=int(est.get("n_blocks", 1)),
@@ -242,9 +270,9 @@ def _flow(node: Any) -> FlowConfig:
     )
 
 
-def _hift(node: Any, sample_rate: int) -> HiFTConfig:
-    node = _expect_class(node, "HiFTGenerator", "hift")
-    f0 = _expect_class(_need(node, "f0_predictor", "hift"), "ConvRNNF0Predictor", "hift.f0_predictor")
+def hift_config(node: Any, sample_rate: int) -> HiFTConfig:
+    node = expect_class(node, "HiFTGenerator", "hift")
+    f0 = expect_class(need(node, "f0_predictor", "hift"), "ConvRNNF0Predictor", "hift.f0_predictor")
     istft = node.get("istft_params", {"n_fft": 16, "hop_len": 4})
     return HiFTConfig(
         in_channels=int(node.get("in_channels", 80)),
@@ -271,9 +299,8 @@ def _hift(node: Any, sample_rate: int) -> HiFTConfig:
     )
 
 
-def load_config(path: str | Path) -> CosyVoiceConfig:
-    """Parse `cosyvoice.yaml`; raises ConfigError with a message naming the file and the key."""
-    path = Path(path)
+def read_yaml(path: Path) -> dict[str, Any]:
+    """An official hyperpyyaml file as nested mappings (class tags kept in `.tag`, `!ref`s resolved)."""
     try:
         raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506 - SafeLoader subclass
     except (OSError, yaml.YAMLError) as e:
@@ -281,13 +308,23 @@ def load_config(path: str | Path) -> CosyVoiceConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level is not a mapping")
     try:
-        root = _resolve_refs(raw, raw)
+        resolved: dict[str, Any] = _resolve_refs(raw, raw)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from e
+    return resolved
+
+
+def load_config(path: str | Path) -> CosyVoiceConfig:
+    """Parse `cosyvoice.yaml`; raises ConfigError with a message naming the file and the key."""
+    path = Path(path)
+    root = read_yaml(path)
+    try:
         sample_rate = int(root.get("sample_rate", 22050))
         return CosyVoiceConfig(
             sample_rate=sample_rate,
-            llm=_llm(_need(root, "llm", str(path))),
-            flow=_flow(_need(root, "flow", str(path))),
-            hift=_hift(_need(root, "hift", str(path)), sample_rate),
+            llm=_llm(need(root, "llm", str(path))),
+            flow=_flow(need(root, "flow", str(path))),
+            hift=hift_config(need(root, "hift", str(path)), sample_rate),
         )
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from e

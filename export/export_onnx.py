@@ -1,4 +1,4 @@
-"""CLI: export an official CosyVoice-300M (base, -SFT, -Instruct) checkpoint directory to a verified ONNX model bundle."""
+"""CLI: export an official CosyVoice-300M (base, -SFT, -Instruct) or CosyVoice2-0.5B checkpoint to a verified ONNX bundle."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="export_onnx.py",
         description=(
             "Export a CosyVoice-300M, -300M-SFT or -300M-Instruct checkpoint (cosyvoice.yaml, llm.pt, flow.pt, hift.pt; "
-            "optional spk2info.pt, campplus.onnx + speech_tokenizer_v1.onnx) to an ONNX bundle."
+            "optional spk2info.pt, campplus.onnx + speech_tokenizer_v1.onnx), or a CosyVoice2-0.5B one (cosyvoice2.yaml, "
+            "llm.pt, flow.pt, hift.pt, CosyVoice-BlankEN/; campplus.onnx + speech_tokenizer_v2.onnx) to an ONNX bundle."
         ),
     )
     p.add_argument("--model-dir", required=True, type=Path, help="official checkpoint directory")
@@ -33,7 +34,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[],
         help="also write OUT-int8 (dynamic INT8 LLM/flow weights) and/or OUT-int4 (4-bit LLM decode step); repeatable",
     )
-    p.add_argument("--random-init", action="store_true", help="seeded random weights from cosyvoice.yaml alone (benchmarks)")
+    p.add_argument(
+        "--random-init",
+        action="store_true",
+        help="seeded random weights from the config alone (cosyvoice.yaml; cosyvoice2.yaml + CosyVoice-BlankEN/config.json)",
+    )
     p.add_argument(
         "--test-model",
         action="store_true",
@@ -57,7 +62,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--verify", action="store_true", help="check every graph against the torch modules in onnxruntime")
     p.add_argument("--tolerance", type=float, default=1e-4, help="max abs error allowed by --verify (default 1e-4)")
     p.add_argument("--seed", type=int, default=0, help="seed for --random-init weights and speakers (default 0)")
-    p.add_argument("--tokenizer", type=Path, help="path to whisper's multilingual.tiktoken (default: searched)")
+    p.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="v1: whisper's multilingual.tiktoken (default: searched); CosyVoice2: a tokenizer.json, qwen.tiktoken or a "
+        "directory with the Qwen2 tokenizer files (default: the checkpoint's CosyVoice-BlankEN)",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
     return p.parse_args(argv)
 
@@ -69,12 +79,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from export import checkpoint
     from export.bundle_writer import ExportOptions, run_export
+    from export.cosyvoice2 import bundle_writer as cosyvoice2
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     if not args.model_dir.is_dir():
         print(f"error: --model-dir {args.model_dir} is not a directory", file=sys.stderr)
         return 2
+    v2 = cosyvoice2.is_cosyvoice2_dir(args.model_dir)
+    default_name = cosyvoice2.MODEL_NAME if v2 else checkpoint.model_name_for(args.model_dir)
     opts = ExportOptions(
         model_dir=args.model_dir,
         out=args.out,
@@ -84,13 +97,15 @@ def main(argv: list[str] | None = None) -> int:
         tolerance=args.tolerance,
         quantize="int8" if "int8" in args.quantize else None,
         tokenizer=args.tokenizer,
-        model_name=args.model_name or checkpoint.model_name_for(args.model_dir),
+        model_name=args.model_name or default_name,
         test_model=args.test_model,
-        instruct=args.instruct or checkpoint.is_instruct_dir(args.model_dir),
+        instruct=args.instruct or (not v2 and checkpoint.is_instruct_dir(args.model_dir)),
         prompt_models=not args.no_prompt_models,
     )
     try:
-        report = run_export(opts)
+        if v2 and "int4" in args.quantize:
+            raise ExportError("--quantize int4 is not offered for CosyVoice2 bundles (int8 is)")
+        report = cosyvoice2.run_export(opts) if v2 else run_export(opts)
         int4_out = write_int4(args.out) if "int4" in args.quantize else None
     except (ExportError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -11,6 +11,9 @@ import onnx
 from export.onnx_io import ExportError
 from service.bundle import GROUP_PROMPT, PROMPT_GRAPHS, GraphEntry, sha256_file
 
+# Graph name -> (file name, input names, output names): PROMPT_GRAPHS (v1) or V2_PROMPT_GRAPHS.
+PromptTable = dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]]
+
 
 @dataclass(frozen=True)
 class PromptModel:
@@ -21,9 +24,9 @@ class PromptModel:
     entry: GraphEntry
 
 
-def present(model_dir: Path) -> dict[str, Path]:
-    """Graph name -> path of the prompt model files that exist in `model_dir`."""
-    paths = {name: model_dir / file for name, (file, _, _) in PROMPT_GRAPHS.items()}
+def present(model_dir: Path, table: PromptTable = PROMPT_GRAPHS) -> dict[str, Path]:
+    """Graph name -> path of the prompt model files (of the family's `table`) that exist in `model_dir`."""
+    paths = {name: model_dir / file for name, (file, _, _) in table.items()}
     return {name: path for name, path in paths.items() if path.is_file()}
 
 
@@ -40,9 +43,9 @@ def graph_io(path: Path) -> tuple[tuple[str, ...], tuple[str, ...], int]:
     return inputs, outputs, opset
 
 
-def inspect(name: str, path: Path) -> PromptModel:
-    """Check a prompt model's input/output names against PROMPT_GRAPHS; ExportError naming both sides if they differ."""
-    file, want_in, want_out = PROMPT_GRAPHS[name]
+def inspect(name: str, path: Path, table: PromptTable = PROMPT_GRAPHS) -> PromptModel:
+    """Check a prompt model's input/output names against `table`; ExportError naming both sides if they differ."""
+    file, want_in, want_out = table[name]
     inputs, outputs, opset = graph_io(path)
     if set(inputs) != set(want_in) or set(outputs) != set(want_out):
         raise ExportError(
@@ -54,17 +57,17 @@ def inspect(name: str, path: Path) -> PromptModel:
     return PromptModel(name, path, entry)
 
 
-def find(model_dir: Path) -> dict[str, PromptModel]:
+def find(model_dir: Path, table: PromptTable = PROMPT_GRAPHS) -> dict[str, PromptModel]:
     """Both prompt models of `model_dir` checked, or {} when it has neither; ExportError when only one is there."""
-    found = present(model_dir)
-    if found and len(found) < len(PROMPT_GRAPHS):
+    found = present(model_dir, table)
+    if found and len(found) < len(table):
         have = ", ".join(p.name for p in found.values())
-        lack = ", ".join(file for name, (file, _, _) in PROMPT_GRAPHS.items() if name not in found)
+        lack = ", ".join(file for name, (file, _, _) in table.items() if name not in found)
         raise ExportError(
             f"{model_dir}: has {have} but not {lack}; prompt analysis needs both "
             "(add the missing file, or pass --no-prompt-models to export without voice cloning)"
         )
-    return {name: inspect(name, path) for name, path in found.items()}
+    return {name: inspect(name, path, table) for name, path in found.items()}
 
 
 def copy_into(models: dict[str, PromptModel], out_dir: Path) -> dict[str, GraphEntry]:

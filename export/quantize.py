@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Literal
@@ -55,16 +57,28 @@ def quantize_graph(src: Path, dst: Path) -> None:
     AVX2-only host, the tiny bundle's decode-step log-probs moved by 0.74 with 8-bit weights against 0.25
     for 4-bit ones. VNNI hosts lose half a bit of weight precision and no speed.
     """
-    logging.getLogger("root").setLevel(logging.ERROR)  # the quantizer logs a harmless pre-processing hint
-    quantize_dynamic(
-        str(src),
-        str(dst),
-        op_types_to_quantize=["MatMul"],
-        weight_type=QuantType.QInt8,
-        per_channel=False,
-        reduce_range=True,
-        extra_options={"MatMulConstBOnly": True},
-    )
+    with _root_level(logging.ERROR):  # the quantizer logs a harmless pre-processing hint on the root logger
+        quantize_dynamic(
+            str(src),
+            str(dst),
+            op_types_to_quantize=["MatMul"],
+            weight_type=QuantType.QInt8,
+            per_channel=False,
+            reduce_range=True,
+            extra_options={"MatMulConstBOnly": True},
+        )
+
+
+@contextmanager
+def _root_level(level: int) -> Iterator[None]:
+    """The root logger at `level` for the block, then as it was (the caller's logging is not ours to change)."""
+    root = logging.getLogger()
+    before = root.level
+    root.setLevel(level)
+    try:
+        yield
+    finally:
+        root.setLevel(before)
 
 
 def quantize_graph_4bit(src: Path, dst: Path, block_size: int = INT4_BLOCK_SIZE) -> None:
@@ -180,27 +194,39 @@ def precision_plan(scheme: Scheme) -> dict[str, str]:
     return plan
 
 
-def write_quantized_bundle(src_dir: Path, dst_dir: Path, manifest: Manifest, scheme: Scheme) -> Manifest:
+def write_quantized_bundle(
+    src_dir: Path,
+    dst_dir: Path,
+    manifest: Manifest,
+    scheme: Scheme,
+    *,
+    plan: dict[str, str] | None = None,
+    matmul_graphs: tuple[str, ...] = INT8_GRAPHS,
+    table_graphs: tuple[str, ...] = EMBEDDING_GRAPHS,
+    half_kv_graphs: tuple[str, ...] = (HALF_KV_GRAPH,),
+) -> Manifest:
     """Copy the fp32 bundle in `src_dir` to `dst_dir` with its weights quantized by `scheme`; returns the new manifest.
 
     Only core graphs are quantized (and the decode step takes a float16 K/V cache, `half_kv_cache`); the prompt
-    group, capabilities and other files are carried over unchanged.
+    group, capabilities and other files are carried over unchanged. The keyword arguments name another family's
+    graphs (defaults: the v1 bundle's): graph -> precision, graphs with INT8 MatMuls, with int8 lookup tables, and
+    with float16 K/V cache inputs.
     """
     dst_dir.mkdir(parents=True, exist_ok=False)
-    plan = precision_plan(scheme)
+    plan = precision_plan(scheme) if plan is None else plan
     graphs = dict(manifest.graphs)
     for name, entry in manifest.graphs.items():
         src, dst = src_dir / entry.file, dst_dir / entry.file
         precision = plan.get(name) if entry.group == GROUP_CORE else None  # the prompt models are copied as they are
         if precision == "int4":
             quantize_graph_4bit(src, dst)
-        elif precision is not None and name in INT8_GRAPHS:
+        elif precision is not None and name in matmul_graphs:
             quantize_graph(src, dst)
         else:
             shutil.copy2(src, dst)
-        if precision is not None and name in EMBEDDING_GRAPHS:
+        if precision is not None and name in table_graphs:
             quantize_embeddings(dst)
-        if precision is not None and name == HALF_KV_GRAPH:
+        if precision is not None and name in half_kv_graphs:
             half_kv_cache(dst)
         if precision is not None:
             graphs[name] = replace(entry, sha256=sha256_file(dst), precision=precision)

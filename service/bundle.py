@@ -50,15 +50,72 @@ GROUP_PROMPT = "prompt"
 GROUP_FLOAT = "float"
 FLOAT_SUFFIX = "_float"
 
+FAMILY_V1 = "cosyvoice1"  # CosyVoice-300M (-SFT, -Instruct); a manifest without `family` is one
+FAMILY_V2 = "cosyvoice2"  # CosyVoice2-0.5B
+V2_TOKENIZER_NAME = "tokenizer.json"  # the Qwen2 byte-level BPE with CosyVoice's special tokens (`tokenizers` format)
+V2_NOISE_NAME = "flow_noise.npy"  # the flow's fixed noise buffer (80, 15000) float32 (official rand_noise)
+# CosyVoice2 graphs. Templates: `{i}` one name per LLM layer, `{e}` per token-rate encoder block, `{u}` per
+# up-sampled encoder block, `{b}` per estimator transformer block (counts in manifest.cosyvoice2 / constants).
+V2_GRAPH_IO: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "llm_prompt": (("text_ids",), ("x",)),
+    "llm_embed": (("token",), ("x",)),
+    "llm_step": (("x", "past_len", "past_k_{i}", "past_v_{i}"), ("logp", "new_k", "new_v")),
+    "flow_speaker": (("embedding",), ("spks",)),
+    "flow_encoder": (
+        ("tokens", "context", "chunk", "look_ahead", "up_tail", "enc_k_{e}", "enc_v_{e}", "up_k_{u}", "up_v_{u}"),
+        ("h", "look_ahead_out", "up_tail_out", "enc_new_k", "enc_new_v", "up_new_k", "up_new_v"),
+    ),
+    "flow_estimator": (
+        ("x", "mu", "t", "spks", "cond", "chunk", "tails", "past_k_{b}", "past_v_{b}"),
+        ("v", "tails_out", "new_k", "new_v"),
+    ),
+    "hift_f0": GRAPH_IO["hift_f0"],
+    "hift_source": GRAPH_IO["hift_source"],
+    "hift_decode": GRAPH_IO["hift_decode"],
+}
+# CosyVoice2 prompt models: the same CAM++ and a 25 Hz speech tokenizer (inputs feats, feats_length; output indices).
+V2_PROMPT_GRAPHS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "campplus": PROMPT_GRAPHS["campplus"],
+    "speech_tokenizer": ("speech_tokenizer_v2.onnx", ("feats", "feats_length"), ("indices",)),
+}
 
-def expand_io_names(names: tuple[str, ...], num_layers: int) -> list[str]:
-    """Expand `{i}` templates into per-layer names, grouped by template (all past_k, then past_v, ...)."""
+
+@dataclass(frozen=True)
+class FamilyLayout:
+    """What a bundle of one model family holds: its core graphs, prompt models and other required files."""
+
+    graph_io: dict[str, tuple[tuple[str, ...], tuple[str, ...]]]
+    prompt_graphs: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]]
+    tokenizer: str
+    required_files: tuple[str, ...]
+
+
+FAMILIES: dict[str, FamilyLayout] = {
+    FAMILY_V1: FamilyLayout(GRAPH_IO, PROMPT_GRAPHS, TOKENIZER_NAME, (SPEAKERS_NAME, TOKENIZER_NAME)),
+    FAMILY_V2: FamilyLayout(V2_GRAPH_IO, V2_PROMPT_GRAPHS, V2_TOKENIZER_NAME, (SPEAKERS_NAME, V2_TOKENIZER_NAME, V2_NOISE_NAME)),
+}
+
+
+def family_layout(family: str) -> FamilyLayout:
+    """The layout of a known family; BundleError naming the known ones otherwise."""
+    if family not in FAMILIES:
+        raise BundleError(f"manifest family {family!r} is not known (known: {', '.join(FAMILIES)})")
+    return FAMILIES[family]
+
+
+def expand_io_names(names: tuple[str, ...], num_layers: int, counts: dict[str, int] | None = None) -> list[str]:
+    """Expand `{i}` templates into per-layer names, grouped by template (all past_k, then past_v, ...).
+
+    `counts` gives the number of names for other one-letter templates (CosyVoice2: `{e}`, `{u}`, `{b}`).
+    """
+    sizes = {"i": num_layers, **(counts or {})}
     out: list[str] = []
     for name in names:
-        if "{i}" in name:
-            out.extend(name.format(i=i) for i in range(num_layers))
-        else:
+        key = next((k for k in sizes if "{" + k + "}" in name), None)
+        if key is None:
             out.append(name)
+        else:
+            out.extend(name.replace("{" + key + "}", str(n)) for n in range(sizes[key]))
     return out
 
 
@@ -142,6 +199,37 @@ class ModelConstants:
 
 
 @dataclass(frozen=True)
+class CosyVoice2Constants:
+    """CosyVoice2 facts beyond ModelConstants: stop tokens, the flow's chunk geometry and its cache shapes.
+
+    In a CosyVoice2 manifest ModelConstants reads: llm_num_heads = the LLM's K/V heads (grouped-query attention),
+    token_hop_len / token_max_hop_len / stream_scale_factor = the streaming hop schedule (25, 100, 2), mel_cache_len
+    = the vocoder's mel overlap (8 frames), token_overlap_len = 0 (no flow overlap: the flow keeps caches).
+    """
+
+    stop_tokens: int = 3  # speech_token_size + 0..2 all end the utterance
+    text_vocab_size: int = 151936
+    chunk_tokens: int = 25  # static_chunk_size: attention chunk of the encoder (x token_mel_ratio for the estimator)
+    token_mel_ratio: int = 2
+    pre_lookahead: int = 3  # tokens of look-ahead the encoder reads past a chunk
+    encoder_blocks: int = 6
+    up_blocks: int = 4
+    encoder_heads: int = 8
+    encoder_head_dim: int = 64
+    encoder_dim: int = 512
+    conv_tail: int = 2  # left context kept by every causal convolution
+    estimator_blocks: int = 56
+    estimator_heads: int = 8
+    estimator_head_dim: int = 64
+    estimator_tail_channels: int = 8256  # sum of the estimator's causal-conv input channels (the `tails` input)
+    noise_frames: int = 15000
+
+    def graph_counts(self) -> dict[str, int]:
+        """Template counts of V2_GRAPH_IO besides `{i}`."""
+        return {"e": self.encoder_blocks, "u": self.up_blocks, "b": self.estimator_blocks}
+
+
+@dataclass(frozen=True)
 class GraphEntry:
     """One ONNX graph of the bundle."""
 
@@ -161,6 +249,7 @@ class Capabilities:
     builtin_speakers: bool = True  # speakers.json lists speakers (SFT and instruct need one)
     prompt_analysis: bool = False  # the prompt group is present: voices from prompt audio (zero-shot, cross-lingual)
     instruct: bool = False  # trained for instruct text in front of the LLM text (CosyVoice-300M-Instruct)
+    instruct2: bool = False  # an instruction in front of the text with a cloned voice (CosyVoice2 inference_instruct2)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Capabilities:
@@ -188,6 +277,12 @@ class Manifest:
     test_model: bool = False  # a miniature model for tests and CI, not for speech
     description: str = ""  # one sentence for people: what this model is
     capabilities: Capabilities = field(default_factory=Capabilities)
+    family: str = FAMILY_V1  # the model family (its graphs and engine); absent from v1 manifests
+    cosyvoice2: CosyVoice2Constants | None = None  # CosyVoice2 only
+
+    @property
+    def layout(self) -> FamilyLayout:
+        return family_layout(self.family)
 
     def graphs_in(self, group: str) -> dict[str, GraphEntry]:
         """The graphs of one group ("core", "prompt" or "float"), in manifest order."""
@@ -205,8 +300,18 @@ class Manifest:
         )
 
     def to_json(self) -> str:
-        """Serialize deterministically (sorted keys, no timestamps) so exports are reproducible."""
-        return json.dumps(dataclasses.asdict(self), ensure_ascii=False, indent=2, sort_keys=True) + "\n"
+        """Serialize deterministically (sorted keys, no timestamps) so exports are reproducible.
+
+        Keys added for CosyVoice2 are left out at their v1 values, so a v1 manifest keeps its bytes.
+        """
+        data = dataclasses.asdict(self)
+        if data["family"] == FAMILY_V1:
+            del data["family"]
+        if data["cosyvoice2"] is None:
+            del data["cosyvoice2"]
+        if not data["capabilities"]["instruct2"]:
+            del data["capabilities"]["instruct2"]
+        return json.dumps(data, ensure_ascii=False, indent=2, sort_keys=True) + "\n"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
@@ -235,7 +340,12 @@ class Manifest:
                 test_model=_flag(data, "test_model"),
                 description=str(data.get("description", "")),
                 capabilities=Capabilities.from_dict(dict(data.get("capabilities", {}))),
+                family=str(data.get("family", FAMILY_V1)),
+                cosyvoice2=CosyVoice2Constants(**data["cosyvoice2"]) if data.get("cosyvoice2") is not None else None,
             )
+            family_layout(manifest.family)
+            if (manifest.family == FAMILY_V2) != (manifest.cosyvoice2 is not None):
+                raise BundleError("manifest key 'cosyvoice2' must be present exactly when family is 'cosyvoice2'")
         except BundleError:
             raise
         except (KeyError, TypeError, ValueError) as e:
@@ -246,8 +356,9 @@ class Manifest:
 
 def _check_groups(manifest: Manifest) -> None:
     """Graph groups agree with the table above and with the declared capabilities."""
+    prompt_graphs = manifest.layout.prompt_graphs
     for name, g in manifest.graphs.items():
-        want = GROUP_PROMPT if name in PROMPT_GRAPHS else GROUP_FLOAT if _is_float_twin(name) else GROUP_CORE
+        want = GROUP_PROMPT if name in prompt_graphs else GROUP_FLOAT if _is_float_twin(name) else GROUP_CORE
         if g.group != want:
             raise BundleError(f"manifest graph {name!r} is in group {g.group!r}, expected {want!r}")
         core = manifest.graphs.get(name.removesuffix(FLOAT_SUFFIX)) if want == GROUP_FLOAT else None
@@ -255,10 +366,10 @@ def _check_groups(manifest: Manifest) -> None:
             raise BundleError(f"manifest graph {name!r} must have the inputs and outputs of its core graph")
     caps, prompt = manifest.capabilities, manifest.graphs_in(GROUP_PROMPT)
     if caps.prompt_analysis:
-        missing = [n for n in PROMPT_GRAPH_NAMES if n not in prompt]
+        missing = [n for n in prompt_graphs if n not in prompt]
         if missing:
             raise BundleError(f"manifest declares prompt_analysis but lists no graph for {', '.join(missing)}")
-        for name, (_, inputs, outputs) in PROMPT_GRAPHS.items():
+        for name, (_, inputs, outputs) in prompt_graphs.items():
             if (prompt[name].inputs, prompt[name].outputs) != (inputs, outputs):
                 raise BundleError(
                     f"manifest graph {name!r} has inputs {list(prompt[name].inputs)} / outputs "
@@ -268,6 +379,8 @@ def _check_groups(manifest: Manifest) -> None:
         raise BundleError(f"manifest lists prompt graphs ({', '.join(prompt)}) but does not declare prompt_analysis")
     if caps.instruct and not caps.builtin_speakers:
         raise BundleError("manifest declares instruct without builtin_speakers (instruct voices a built-in speaker)")
+    if caps.instruct2 and not caps.prompt_analysis:
+        raise BundleError("manifest declares instruct2 without prompt_analysis (instruct2 voices a prompt recording)")
     if not (caps.builtin_speakers or caps.prompt_analysis):
         raise BundleError("manifest declares neither builtin_speakers nor prompt_analysis: the model has no voice")
 
@@ -321,8 +434,12 @@ class ModelBundle:
         return self.manifest.constants
 
     @property
+    def family(self) -> str:
+        return self.manifest.family
+
+    @property
     def tokenizer_path(self) -> Path:
-        return self.root / TOKENIZER_NAME
+        return self.root / self.manifest.layout.tokenizer
 
     @property
     def manifest_sha256(self) -> str:
@@ -352,10 +469,11 @@ class ModelBundle:
 
     def prompt_model_path(self, name: str) -> Path:
         """Path of a prompt model ("campplus" or "speech_tokenizer"); BundleError if the bundle has none."""
-        if name not in PROMPT_GRAPHS:
-            raise BundleError(f"unknown prompt model {name!r} (known: {', '.join(PROMPT_GRAPH_NAMES)})")
+        prompt_graphs = self.manifest.layout.prompt_graphs
+        if name not in prompt_graphs:
+            raise BundleError(f"unknown prompt model {name!r} (known: {', '.join(prompt_graphs)})")
         if not self.has_prompt_analysis:
-            raise BundleError(f"{self.root}: the bundle has no prompt models (exported without {PROMPT_GRAPHS[name][0]})")
+            raise BundleError(f"{self.root}: the bundle has no prompt models (exported without {prompt_graphs[name][0]})")
         return self.graph_path(name)
 
     @classmethod
@@ -393,11 +511,12 @@ def _checked_speakers(path: Path, manifest: Manifest) -> dict[str, np.ndarray]:
 
 def _check_files(root: Path, manifest: Manifest, verify_hashes: bool) -> None:
     """Every core graph listed, every listed file (graphs of both groups, speakers, tokenizer) present and hashed."""
-    missing_graphs = [g for g in GRAPH_NAMES if g not in manifest.graphs]
+    layout = manifest.layout
+    missing_graphs = [g for g in layout.graph_io if g not in manifest.graphs]
     if missing_graphs:
         raise BundleError(f"{root}: manifest lists no graph for {', '.join(missing_graphs)}")
     expected = {g.file: g.sha256 for g in manifest.graphs.values()} | manifest.files
-    for required in (SPEAKERS_NAME, TOKENIZER_NAME):
+    for required in layout.required_files:
         expected.setdefault(required, "")
     missing = sorted(f for f in expected if not (root / f).is_file())
     if missing:

@@ -12,7 +12,9 @@ from servers import RedisServer
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "tests" / "reference"  # vendored copy of ../shared/reference (see its README.md)
 TINY_REF = REFERENCE / "tiny"
+TINY_COSYVOICE2_REF = REFERENCE / "tiny-cosyvoice2"  # generated here by scripts/cosyvoice2_*.py (see its README.md)
 TINY_BUNDLE = REPO / "models" / "tiny"
+TINY_V2_REF = REFERENCE / "tiny-cosyvoice2"
 # Apps built by tests listen for gRPC only where a test asks for it (tests/test_grpc.py): every app on the default
 # port 50000 would collide with the others and with a `make run` on this machine.
 os.environ.setdefault("TTS_GRPC_PORT", "0")
@@ -43,6 +45,34 @@ def tiny_bundle() -> Path:
     if not (TINY_BUNDLE / "manifest.json").is_file():
         pytest.fail(f"{TINY_BUNDLE} is missing: run `make models/tiny`")
     return TINY_BUNDLE
+
+
+@pytest.fixture(scope="session")
+def cv2_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small random CosyVoice2 checkpoint in the official layout, written by our torch modules (needs torch)."""
+    from cosyvoice2_checkpoint import build_checkpoint
+
+    return build_checkpoint(tmp_path_factory.mktemp("cv2-checkpoint") / "CosyVoice2-tiny")
+
+
+@pytest.fixture(scope="session")
+def cv2_bundle(cv2_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`cv2_checkpoint` exported with --verify --test-model --quantize int8 (the int8 twin beside it, `-int8`)."""
+    from cosyvoice2_checkpoint import export_checkpoint
+
+    return export_checkpoint(cv2_checkpoint, tmp_path_factory.mktemp("cv2-bundle") / "cv2")
+
+
+@pytest.fixture(scope="session")
+def cv2_ref_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The official-layout tiny CosyVoice2 checkpoint (tests/reference/tiny-cosyvoice2) exported (fp32, --verify)."""
+    from cosyvoice2_checkpoint import run_export
+
+    out = tmp_path_factory.mktemp("cv2-ref") / "tiny-cosyvoice2"
+    proc = run_export("--model-dir", TINY_V2_REF, "--out", out, "--verify", "--test-model")
+    if proc.returncode != 0:
+        pytest.fail(f"export of {TINY_V2_REF} failed:\n{proc.stderr}")
+    return out
 
 
 @pytest.fixture(scope="module")

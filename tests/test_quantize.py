@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 
-from export.quantize import INT4_BLOCK_SIZE, kv_cache_dtype, quantize_embeddings, step_deviation, write_quantized_bundle
+from export.quantize import (
+    INT4_BLOCK_SIZE,
+    kv_cache_dtype,
+    quantize_embeddings,
+    quantize_graph,
+    step_deviation,
+    write_quantized_bundle,
+)
 from service.bundle import ModelBundle
 from service.engine.llm import LLM_GRAPHS, LLMRunner
 from service.engine.scheduler import BatchScheduler
@@ -121,3 +129,15 @@ def test_engine_keeps_the_cache_in_the_graph_type(tiny_bundle: Path, quantized: 
         assert scheduler.stats.max_rows > 1
     finally:
         scheduler.close()
+
+
+def test_quantizing_leaves_the_callers_logging_as_it_was(tiny_bundle: Path, tmp_path: Path) -> None:
+    """ORT's quantizer is quieted for the call only: a served app's (or a test's) warnings still reach the root."""
+    root = logging.getLogger()
+    before = root.level
+    root.setLevel(logging.WARNING)
+    try:
+        quantize_graph(ModelBundle.load(tiny_bundle).graph_path("flow_estimator"), tmp_path / "q.onnx")
+        assert root.level == logging.WARNING
+    finally:
+        root.setLevel(before)

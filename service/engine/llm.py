@@ -60,7 +60,7 @@ class LLMRequest:
             raise ValueError("a sampled request needs an rng")
         else:
             token = ras_sampling(logp, self.tokens, self.rng, params, eos=eos, ignore_eos=i < self.min_len)
-            if token == eos:
+            if token >= eos:  # EOS, or (CosyVoice2) one of the stop tokens after it
                 self.finish("eos")
                 return
         self.tokens.append(token)
@@ -141,8 +141,12 @@ class LLMRunner:
     token per row, each row with its own past length).
 
     `sessions` maps graph names to objects with ORT's `run(output_names, feeds)`; thread-safe as
-    long as each DecodeBatch is driven by one thread at a time.
+    long as each DecodeBatch is driven by one thread at a time. Another family's LLM with the same
+    step-graph contract (prefill + batched decode over an explicit K/V cache) subclasses it: `GRAPHS`,
+    `_bind` (its other graphs), `encode` and `_run_step` (the step's feeds).
     """
+
+    GRAPHS: tuple[str, ...] = LLM_GRAPHS
 
     def __init__(
         self,
@@ -152,16 +156,20 @@ class LLMRunner:
         position_rows: int = 512,
         positions: PositionTable | None = None,
     ) -> None:
-        missing = [g for g in LLM_GRAPHS if g not in sessions]
+        missing = [g for g in self.GRAPHS if g not in sessions]
         if missing:
-            raise ValueError(f"LLMRunner needs sessions for {', '.join(missing)}")
+            raise ValueError(f"{type(self).__name__} needs sessions for {', '.join(missing)}")
         self.constants = constants
         self.params = SamplingParams(constants.top_p, constants.top_k, constants.win_size, constants.tau_r)
-        self._encoder = sessions["llm_encoder"]
         self._embed = sessions["llm_embed"]
         self._step = sessions["llm_step"]
         self.kv_dtype = kv_cache_dtype(self._step)
-        self.positions = positions or position_table(sessions["llm_pos"], constants, position_rows)
+        self._bind(sessions, position_rows, positions)
+
+    def _bind(self, sessions: Mapping[str, Any], position_rows: int, positions: PositionTable | None) -> None:
+        """The v1 text encoder and the decoder's relative-position table."""
+        self._encoder = sessions["llm_encoder"]
+        self.positions = positions or position_table(sessions["llm_pos"], self.constants, position_rows)
 
     # ---- building requests -------------------------------------------------------------------
     def encode(self, text_ids: Sequence[int], prompt: LLMPrompt | np.ndarray) -> np.ndarray:

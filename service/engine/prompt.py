@@ -16,7 +16,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import numpy as np
 
@@ -75,7 +75,7 @@ class PromptAnalyzer:
         self.min_seconds = min_seconds
 
     @classmethod
-    def load(cls, campplus_path: Path | str, tokenizer_path: Path | str, options: RuntimeOptions | None = None) -> PromptAnalyzer:
+    def load(cls, campplus_path: Path | str, tokenizer_path: Path | str, options: RuntimeOptions | None = None) -> Self:
         """Open `campplus.onnx` and `speech_tokenizer_v1.onnx` on the CPU; raises BundleError if unreadable."""
         return cls(
             open_graph(Path(campplus_path), options, "campplus"), open_graph(Path(tokenizer_path), options, "speech_tokenizer")

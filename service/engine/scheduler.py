@@ -155,8 +155,8 @@ class BatchScheduler:
     blocked waiting for one of its first `urgent_tokens` tokens (those it needs for its own first audio).
     A consumer waiting for later tokens already has audio and waits: a listener who has heard nothing
     yet is worse off. How many tokens are urgent is per request (`generate(urgent_tokens=...)`): the chunk
-    schedule's first-audio tokens. With a `meter`, the interval between decode steps (pauses included) is
-    recorded as each stream's token interval.
+    schedule's first-audio tokens. With a `meter`, the interval between two decode steps (other requests' prefills
+    included, first-audio pauses not) is recorded as each stream's token interval.
     """
 
     def __init__(
@@ -244,6 +244,7 @@ class BatchScheduler:
             self._drop_abandoned(batch)
             if len(batch) and self._yielding():
                 self.stats.pauses += 1
+                self._last_step = None  # a first-audio pause is not the decode rate the schedule plans with
                 with self._cond:
                     self._cond.wait(_YIELD_POLL_S)
             elif len(batch):

@@ -8,8 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from service.bundle import ModelBundle
+from service.bundle import FAMILY_V2, ModelBundle
 from service.engine.sessions import RuntimeOptions
+from service.families.cosyvoice2.verify import run_verification2
 from service.verify.checks import Check, VerifyReport
 from service.verify.modes import has_mode_fixtures, verify_modes
 from service.verify.prompts import PROMPT_MODELS, PROMPTS_FILE, verify_prompts
@@ -31,10 +32,13 @@ def run_verification(
     runtime: RuntimeOptions | None = None,
     on_check: Callable[[Check], None] | None = None,
 ) -> VerifyReport:
-    """Replay every fixture file present in `fixtures` (layout of tests/reference/tiny).
+    """Replay every fixture file present in `fixtures` (layout of tests/reference/tiny, or of tiny-cosyvoice2 for a
+    CosyVoice2 bundle).
 
     Missing files are listed in `report.skipped`; `on_check` sees each result as soon as it exists.
     """
+    if bundle.family == FAMILY_V2:
+        return run_verification2(bundle, Path(fixtures), runtime, on_check)
     engines = Engines.open(bundle, runtime)
     report = VerifyReport()
 

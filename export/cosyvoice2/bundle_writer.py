@@ -1,0 +1,235 @@
+"""Build a CosyVoice2 bundle: modules from the checkpoint, graphs with explicit caches, tokenizer, noise, manifest."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from tokenizers import Tokenizer
+
+from export import checkpoint
+from export.bundle_writer import ExportOptions, ExportReport, _graph_entries, _log_errors, _staging_dir, publish
+from export.capabilities import VoicePlan, plan_voices
+from export.cosyvoice2 import tokenizer as qwen_tokenizer
+from export.cosyvoice2.config import QWEN_CONFIG, QWEN_DIR, YAML_NAME, CosyVoice2Config, load_config
+from export.cosyvoice2.constants import cosyvoice2_constants, model_constants
+from export.cosyvoice2.graphs.flow import export_flow, verify_flow
+from export.cosyvoice2.graphs.llm import export_llm, verify_llm
+from export.cosyvoice2.modules.flow import CausalMaskedDiffWithXvec, flow_noise
+from export.cosyvoice2.modules.llm import Qwen2LM, drop_unused
+from export.graphs.hift import export_hift, verify_hift
+from export.modules.hift import HiFTGenerator, normalize_hift_state_dict
+from export.onnx_io import OPSET, ExportError
+from export.prompt_models import copy_into
+from export.quantize import write_quantized_bundle
+from service.bundle import (
+    FAMILY_V2,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    SPEAKERS_NAME,
+    V2_NOISE_NAME,
+    V2_PROMPT_GRAPHS,
+    V2_TOKENIZER_NAME,
+    Manifest,
+    sha256_file,
+    write_speakers,
+)
+
+EXPORTER_VERSION = "1"
+MODEL_NAME = "CosyVoice2-0.5B"
+WEIGHT_FILES = ("llm.pt", "flow.pt", "hift.pt")
+# int8 twin: weight MatMuls of the decode step, encoder and estimator; the large lookup tables (Qwen text embedding
+# 151936 x 896, speech embedding, flow token embedding) as int8 rows; float16 K/V caches for the decode step and the
+# estimator (half the bytes the engine keeps per position and per frame).
+INT8_PLAN = {
+    "llm_step": "int8",
+    "flow_encoder": "int8",
+    "flow_estimator": "int8",
+    "llm_prompt": "int8",
+    "llm_embed": "int8",
+}
+INT8_MATMUL_GRAPHS = ("llm_step", "flow_encoder", "flow_estimator")
+INT8_TABLE_GRAPHS = ("llm_prompt", "llm_embed", "flow_encoder")
+HALF_KV_GRAPHS = ("llm_step", "flow_estimator")
+
+
+def is_cosyvoice2_dir(model_dir: Path) -> bool:
+    """A checkpoint directory in the CosyVoice2 layout (it has cosyvoice2.yaml)."""
+    return (model_dir / YAML_NAME).is_file()
+
+
+@dataclass(frozen=True)
+class Models:
+    llm: Qwen2LM
+    flow: CausalMaskedDiffWithXvec
+    hift: HiFTGenerator
+
+
+def missing_files(model_dir: Path, random_init: bool) -> list[str]:
+    """Required checkpoint files absent from `model_dir` (the yaml and the Qwen2 config for --random-init)."""
+    needed = [YAML_NAME, f"{QWEN_DIR}/{QWEN_CONFIG}"] + ([] if random_init else list(WEIGHT_FILES))
+    return [f for f in needed if not (model_dir / f).is_file()]
+
+
+def build_models(cfg: CosyVoice2Config, opts: ExportOptions) -> Models:
+    """Construct the three modules; load the official weights strictly, or seed random ones."""
+    torch.manual_seed(opts.seed)
+    models = Models(Qwen2LM(cfg.llm), CausalMaskedDiffWithXvec(cfg.flow), HiFTGenerator(cfg.hift))
+    if not opts.random_init:
+        checkpoint.load_strict(models.llm, opts.model_dir / "llm.pt", normalize=drop_unused)
+        checkpoint.load_strict(models.flow, opts.model_dir / "flow.pt")
+        checkpoint.load_strict(models.hift, opts.model_dir / "hift.pt", normalize=normalize_hift_state_dict)
+    for m in (models.llm, models.flow, models.hift):
+        m.eval()
+    models.hift.fold_weight_norm()
+    return models
+
+
+def tokenizer_source(opts: ExportOptions) -> Path:
+    """Where the text tokenizer comes from: --tokenizer (a tokenizer.json, a qwen.tiktoken or a directory), else the
+    checkpoint's CosyVoice-BlankEN, else (--random-init only) dashscope's qwen.tiktoken when it is installed."""
+    candidates = [opts.tokenizer, opts.model_dir / QWEN_DIR, qwen_tokenizer.dashscope_ranks() if opts.random_init else None]
+    for path in candidates:
+        if path is not None and qwen_tokenizer.usable(path):
+            return path
+    raise ExportError(
+        f"no Qwen2 tokenizer files (tokenizer.json, or vocab.json + merges.txt) in {opts.model_dir / QWEN_DIR}; pass --tokenizer"
+    )
+
+
+def _verify(models: Models, out_dir: Path) -> dict[str, float]:
+    return verify_llm(models.llm, out_dir) | verify_flow(models.flow, out_dir) | verify_hift(models.hift, out_dir)
+
+
+def _write_noise(path: Path) -> None:
+    buf = io.BytesIO()
+    np.save(buf, flow_noise()[0].numpy().astype(np.float32), allow_pickle=False)
+    path.write_bytes(buf.getvalue())
+
+
+def _source_hashes(opts: ExportOptions, plan: VoicePlan, tokenizer: Path) -> dict[str, str]:
+    names = [YAML_NAME, f"{QWEN_DIR}/{QWEN_CONFIG}"] + ([] if opts.random_init else list(WEIGHT_FILES))
+    if not opts.random_init and (opts.model_dir / checkpoint.SPEAKERS_FILE).is_file():
+        names.append(checkpoint.SPEAKERS_FILE)
+    hashes = {n: sha256_file(opts.model_dir / n) for n in names}
+    for path in qwen_tokenizer.source_files(tokenizer):
+        hashes[f"tokenizer:{path.name}"] = sha256_file(path)
+    return hashes | plan.prompt_source_hashes()
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What the export reads besides the weights: config, voices, text tokenizer (built) and where it came from."""
+
+    cfg: CosyVoice2Config
+    plan: VoicePlan
+    tokenizer: Tokenizer
+    tokenizer_source: Path
+
+
+def _write_bundle(inputs: _Inputs, models: Models, opts: ExportOptions, tmp: Path) -> Manifest:
+    cfg, plan = inputs.cfg, inputs.plan
+    extra = cosyvoice2_constants(cfg)
+    graphs = export_llm(models.llm, tmp, extra) + export_flow(models.flow, tmp, extra) + export_hift(models.hift, tmp)
+    write_speakers(tmp / SPEAKERS_NAME, plan.speakers)
+    qwen_tokenizer.write_tokenizer(inputs.tokenizer, tmp / V2_TOKENIZER_NAME)
+    _write_noise(tmp / V2_NOISE_NAME)
+    manifest = Manifest(
+        format_version=FORMAT_VERSION,
+        model=opts.model_name + ("-random-init" if opts.random_init else ""),
+        precision="fp32",
+        constants=model_constants(cfg),
+        graphs=_graph_entries(tmp, graphs) | copy_into(plan.prompt_models, tmp),
+        source_files=_source_hashes(opts, plan, inputs.tokenizer_source),
+        files={n: sha256_file(tmp / n) for n in (SPEAKERS_NAME, V2_TOKENIZER_NAME, V2_NOISE_NAME)},
+        exporter={
+            "exporter_version": EXPORTER_VERSION,
+            "torch": torch.__version__.split("+")[0],
+            "onnx": onnx.__version__,
+            "opset": str(OPSET),
+            "random_init": str(opts.random_init).lower(),
+            "seed": str(opts.seed),
+        },
+        random_weights=opts.random_weights,
+        test_model=opts.test_model,
+        description=opts.description(),
+        capabilities=plan.capabilities,
+        family=FAMILY_V2,
+        cosyvoice2=extra,
+    )
+    (tmp / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")
+    return manifest
+
+
+def run_export(opts: ExportOptions, log: Callable[[str], None] = print) -> ExportReport:
+    """Export (and optionally verify/quantize) a CosyVoice2 bundle; raises ExportError/ConfigError on failure."""
+    start = time.perf_counter()
+    missing = missing_files(opts.model_dir, opts.random_init)
+    if missing:
+        raise checkpoint.CheckpointError(f"{opts.model_dir}: missing checkpoint file(s): {', '.join(missing)}")
+    if opts.instruct:
+        raise ExportError("--instruct is CosyVoice-300M-Instruct's mode; a CosyVoice2 bundle offers instruct2 (prompt voices)")
+    cfg = load_config(opts.model_dir)
+    source = tokenizer_source(opts)
+    tokenizer = qwen_tokenizer.build_tokenizer(source)  # fails before the slow part
+    plan = plan_voices(
+        opts.model_dir,
+        cfg.flow.spk_embed_dim,
+        random_init=opts.random_init,
+        seed=opts.seed,
+        with_prompt_models=opts.prompt_models,
+        log=log,
+        prompt_table=V2_PROMPT_GRAPHS,
+    )
+    inputs = _Inputs(cfg, VoicePlan(plan.speakers, plan.prompt_models, False, instruct2=True), tokenizer, source)
+    models = build_models(cfg, opts)
+    report = ExportReport(out=opts.out)
+    tmp = _staging_dir(opts.out, "partial")
+    try:
+        tmp.mkdir()
+        manifest = _write_bundle(inputs, models, opts, tmp)
+        if opts.verify:
+            report.errors = _verify(models, tmp)
+            _log_errors(log, "fp32 ONNX vs torch", report.errors, opts.tolerance)
+            bad = {k: v for k, v in report.errors.items() if not v <= opts.tolerance}
+            if bad:
+                listed = ", ".join(f"{k}={v:.2e}" for k, v in bad.items())
+                raise ExportError(f"verification failed: {listed} > {opts.tolerance:g}")
+        publish(tmp, opts.out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    report.sizes = {e.file: (opts.out / e.file).stat().st_size for e in manifest.graphs.values()}
+    if opts.quantize == "int8":
+        report.int8_out, report.int8_errors = _export_int8(models, opts, manifest, log)
+    elif opts.quantize is not None:
+        raise ExportError(f"--quantize {opts.quantize} is not offered for CosyVoice2 bundles (int8 is)")
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _export_int8(
+    models: Models, opts: ExportOptions, manifest: Manifest, log: Callable[[str], None]
+) -> tuple[Path, dict[str, float]]:
+    out = opts.out.with_name(opts.out.name + "-int8")
+    tmp = _staging_dir(out, "partial")
+    try:
+        write_quantized_bundle(
+            opts.out, tmp, manifest, "int8", plan=INT8_PLAN, matmul_graphs=INT8_MATMUL_GRAPHS, table_graphs=INT8_TABLE_GRAPHS,
+            half_kv_graphs=HALF_KV_GRAPHS,
+        )  # fmt: skip
+        errors = _verify(models, tmp) if opts.verify else {}
+        if errors:
+            _log_errors(log, "int8 ONNX vs fp32 torch (deviation, not a failure)", errors, None)
+        publish(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return out, errors

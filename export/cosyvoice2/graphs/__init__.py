@@ -1,0 +1,1 @@
+"""CosyVoice2 graph wrappers with explicit caches, their export and onnxruntime parity checks."""

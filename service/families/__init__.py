@@ -1,0 +1,1 @@
+"""Model families: each package assembles one family's engine from its bundle."""

@@ -1,0 +1,351 @@
+"""CosyVoice2 engine: sentences of text ids + a voice -> audio chunks (Qwen2 LLM -> cached chunk flow -> HiFT).
+
+Streaming follows the official CosyVoice2Model.tts schedule, per request (the official mutates one shared hop
+length): a first hop of 25 tokens plus what brings prompt + hop to a chunk boundary, then 50, then 100 each,
+every chunk waiting for 3 look-ahead tokens. Unlike the official, which runs the flow over the prompt and every
+token so far for each chunk, the flow continues from its caches: each mel frame is solved once per request.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from service.bundle import FAMILY_V2, V2_GRAPH_IO, V2_NOISE_NAME, CosyVoice2Constants, ModelBundle
+from service.engine.acoustic_gate import AcousticGate, Pacer
+from service.engine.dsp import StreamingStretch
+from service.engine.hift import HiFTRunner
+from service.engine.scheduler import BatchScheduler
+from service.engine.sessions import RuntimeOptions, limit_malloc_arenas, open_sessions
+from service.engine.synthesizer import AudioChunk, StageTimings, SynthesisOptions, TokenGenerator
+from service.errors import BundleError, EmptyTextError, InvalidInputError
+from service.families.cosyvoice2.flow import FlowRunner2, FlowState
+from service.families.cosyvoice2.hift import Vocoder, VocoderStream
+from service.families.cosyvoice2.llm import Qwen2Runner
+from service.families.cosyvoice2.voice import FlowPrompt2, Voice2
+
+DEFAULT_OPTIONS = SynthesisOptions()
+DEFAULT_PROMPT_CACHE_BYTES = 2 << 30  # prompt flow states kept for reuse (a 10 s prompt: ~1 GB fp16 full-size)
+
+
+@dataclass(frozen=True)
+class HopSchedule:
+    """Tokens per streaming chunk: first `first + pad`, then x `scale` per chunk up to `most`, plus look-ahead."""
+
+    chunk: int = 25
+    first: int = 25
+    most: int = 100
+    scale: int = 2
+    look_ahead: int = 3
+
+    @classmethod
+    def of(cls, extra: CosyVoice2Constants, first: int, most: int, scale: float) -> HopSchedule:
+        return cls(extra.chunk_tokens, first, most, max(1, int(scale)), extra.pre_lookahead)
+
+    def next_hop(self, hop: int) -> int:
+        return min(self.most, hop * self.scale)
+
+
+class PromptStates:
+    """Flow states after a prompt's prompt-only chunks, by voice fingerprint, least recently used dropped first.
+
+    States are shared, never written: a request continues from `FlowState.copy()`, which shares the arrays
+    (flow calls replace arrays, they never write into them).
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._states: OrderedDict[tuple[str, int], FlowState] = OrderedDict()
+
+    def get(self, key: tuple[str, int]) -> FlowState | None:
+        with self._lock:
+            state = self._states.get(key)
+            if state is not None:
+                self._states.move_to_end(key)
+            return state
+
+    def put(self, key: tuple[str, int], state: FlowState) -> None:
+        size = state.nbytes()
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            self._states[key] = state
+            self._states.move_to_end(key)
+            while sum(s.nbytes() for s in self._states.values()) > self.max_bytes:
+                self._states.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+
+@dataclass(frozen=True)
+class MelChunk:
+    """A piece of a sentence's mel (80, frames) from the flow, and the seconds the flow took for it."""
+
+    mel: np.ndarray
+    final: bool
+    flow_s: float
+    tokens: int  # speech tokens whose frames this chunk holds
+
+
+@dataclass
+class _Sentence:
+    """One sentence's streaming progress: speech tokens, flow tokens encoded, current hop."""
+
+    prompt: FlowPrompt2
+    state: FlowState
+    hop: int
+    speech: list[int]
+    offset: int = 0  # speech tokens whose audio is out
+
+    @property
+    def encoded(self) -> int:
+        return self.state.encoder.tokens
+
+
+class CosyVoice2Engine:
+    """Owns the sessions of one CosyVoice2 bundle; every request's state lives in its own generator (thread-safe)."""
+
+    def __init__(
+        self,
+        bundle: ModelBundle,
+        sessions: Mapping[str, Any],
+        *,
+        llm: TokenGenerator | None = None,
+        gate: AcousticGate | None = None,
+        prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
+        official_final_chunk: bool = False,
+    ) -> None:
+        """`official_final_chunk`: end every stream like the official code, with one full-attention flow pass over the
+        whole sentence for the last chunk (exact official audio, at the cost of that pass before the last audio)."""
+        extra = bundle.manifest.cosyvoice2
+        if bundle.family != FAMILY_V2 or extra is None:
+            raise BundleError(f"{bundle.root}: not a CosyVoice2 bundle (family {bundle.family!r})")
+        c = bundle.constants
+        self.bundle, self.constants, self.extra = bundle, c, extra
+        self.sample_rate = c.sample_rate
+        self.runner = Qwen2Runner(sessions, c, extra)
+        self.llm: TokenGenerator = llm if llm is not None else self.runner
+        self.scheduler = llm if isinstance(llm, BatchScheduler) else None
+        noise = np.load(bundle.root / V2_NOISE_NAME, allow_pickle=False)
+        self.flow = FlowRunner2(sessions, c, extra, noise)
+        self.vocoder = Vocoder(HiFTRunner(sessions, c))
+        self.schedule = HopSchedule.of(extra, c.token_hop_len, c.token_max_hop_len, c.stream_scale_factor)
+        self.gate = gate
+        self.prompt_states = PromptStates(prompt_cache_bytes)
+        self.official_final_chunk = official_final_chunk
+
+    @classmethod
+    def load(cls, bundle: ModelBundle | str | Path, runtime: RuntimeOptions | None = None, **kwargs: Any) -> CosyVoice2Engine:
+        """Load a bundle, open its graphs, and start the batching scheduler / acoustic gate `runtime` asks for."""
+        loaded = bundle if isinstance(bundle, ModelBundle) else ModelBundle.load(bundle)
+        runtime = runtime or RuntimeOptions()
+        limit_malloc_arenas(runtime.malloc_arenas)
+        sessions = open_sessions(loaded, runtime, names=tuple(V2_GRAPH_IO))
+        runner = Qwen2Runner(sessions, loaded.constants, _extra(loaded))
+        gate = AcousticGate(runtime.acoustic_slots, nice=runtime.acoustic_nice) if runtime.acoustic_slots > 0 else None
+        llm: TokenGenerator = runner
+        if runtime.max_batch > 0:
+            yield_to = gate.first_audio_running if gate is not None and runtime.first_audio_priority else None
+            llm = BatchScheduler(runner, max_batch=runtime.max_batch, yield_to=yield_to)
+        return cls(loaded, sessions, llm=llm, gate=gate, **kwargs)
+
+    def close(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.close()
+
+    # ---- requests -------------------------------------------------------------------------------
+    def synthesize(
+        self,
+        sentences: Sequence[Sequence[int]],
+        voice: Voice2,
+        options: SynthesisOptions = DEFAULT_OPTIONS,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[AudioChunk]:
+        """Audio for each sentence of text ids in `voice` (validation errors are raised here, work is lazy).
+
+        Streaming yields a chunk per hop as tokens arrive; otherwise one chunk per sentence (official
+        non-streaming flow: full attention over prompt and tokens). `speed` also streams (each chunk's mel is
+        stretched as it comes); the official allows it only without streaming.
+        """
+        texts = [list(map(int, s)) for s in sentences]
+        if not texts or any(not s for s in texts):
+            raise EmptyTextError("nothing to synthesize: no sentences, or an empty sentence")
+        self._check(voice, options)
+        llm_rng, noise_rng = np.random.default_rng(options.seed).spawn(2)
+        pace = Pacer(self.gate, self.sample_rate)
+        return self._sentences(texts, voice, options, llm_rng, noise_rng, cancel, pace)
+
+    def synthesize_tokens(
+        self,
+        speech_tokens: Sequence[int],
+        voice: Voice2,
+        options: SynthesisOptions = DEFAULT_OPTIONS,
+        *,
+        exact_final: bool = False,
+    ) -> Iterator[np.ndarray]:
+        """Flow + HiFT only: audio pieces for given speech tokens with the chunking `synthesize` uses.
+
+        `exact_final` makes the last streaming chunk the official one: a full-attention recompute of the
+        whole sequence (the official final call drops the streaming flag), not the cached chunk-causal solve.
+        """
+        tokens = [int(t) for t in speech_tokens]
+        if not tokens:
+            raise EmptyTextError("no speech tokens to vocode")
+        if min(tokens) < 0 or max(tokens) >= self.constants.speech_token_size:
+            raise InvalidInputError(f"speech tokens must be in 0..{self.constants.speech_token_size - 1}", param="speech_tokens")
+        self._check(voice, options)
+        rng = np.random.default_rng(options.seed).spawn(2)[1]
+        pace = Pacer(None, self.sample_rate)
+        return (piece for piece, _ in self._sentence(iter(tokens), voice.flow, options, rng, pace, None, exact_final))
+
+    def prompt_state(self, prompt: FlowPrompt2, n_timesteps: int, fingerprint: str) -> FlowState:
+        """The voice's prompt-only flow state (cached by fingerprint), as a copy this request may extend."""
+        key = (fingerprint, n_timesteps)
+        state = self.prompt_states.get(key)
+        if state is None:
+            state = self.flow.prompt_state(prompt, n_timesteps)
+            self.prompt_states.put(key, state)
+        return state.copy()
+
+    # ---- internals --------------------------------------------------------------------------------
+    def _check(self, voice: Voice2, options: SynthesisOptions) -> None:
+        c = self.constants
+        if voice.flow.embedding.shape != (c.spk_embed_dim,):
+            raise InvalidInputError(f"a voice's speaker embedding must have {c.spk_embed_dim} values", param="voice")
+        if not (math.isfinite(options.speed) and options.speed > 0):
+            raise InvalidInputError(f"speed must be a positive number, got {options.speed}", param="speed")
+        if options.n_timesteps is not None and options.n_timesteps < 1:
+            raise InvalidInputError(f"n_timesteps must be >= 1, got {options.n_timesteps}", param="n_timesteps")
+        hop = options.first_hop_tokens
+        if hop is not None and (hop < 1 or hop % self.schedule.chunk):
+            message = f"first_hop_tokens must be a positive multiple of {self.schedule.chunk}"
+            raise InvalidInputError(message, param="first_hop_tokens")
+
+    def _sentences(
+        self,
+        texts: list[list[int]],
+        voice: Voice2,
+        options: SynthesisOptions,
+        llm_rng: np.random.Generator,
+        noise_rng: np.random.Generator,
+        cancel: threading.Event | None,
+        pace: Pacer,
+    ) -> Iterator[AudioChunk]:
+        for index, ids in enumerate(texts):
+            if cancel is not None and cancel.is_set():
+                return
+            clock = time.perf_counter()
+            urgent = 2 * self.schedule.chunk + self.schedule.look_ahead  # a first chunk's tokens (first hop + pad)
+            tokens = self.llm.generate(ids, voice.llm, llm_rng, cancel=cancel, urgent_tokens=urgent)
+            exact = self.official_final_chunk
+            pieces = self._sentence(iter(tokens), voice.flow, options, noise_rng, pace, voice.fingerprint, exact)
+            for audio, (last, flow_s, hift_s, tokens_in) in pieces:
+                llm_s = max(0.0, time.perf_counter() - clock - flow_s - hift_s)
+                timings = StageTimings(llm_s=llm_s, flow_s=flow_s, hift_s=hift_s)
+                final = last and index == len(texts) - 1
+                rate = self.sample_rate
+                yield AudioChunk(audio, index, final, timings, sentence_end=last, sample_rate=rate, speech_tokens=tokens_in)
+                clock = time.perf_counter()
+                if cancel is not None and cancel.is_set():
+                    return
+
+    def mel_chunks(
+        self,
+        tokens: Iterator[int],
+        prompt: FlowPrompt2,
+        options: SynthesisOptions = DEFAULT_OPTIONS,
+        *,
+        fingerprint: str | None = None,
+        exact_final: bool = False,
+        pace: Pacer | None = None,
+    ) -> Iterator[MelChunk]:
+        """The flow half of a sentence: mel chunks (80, 2 * tokens) as `tokens` arrive (one chunk without streaming).
+
+        Streaming chunks end on attention-chunk boundaries (prompt + first hop is a multiple of the chunk), so
+        each call continues exactly where the previous one stopped. `fingerprint` names the voice whose
+        prompt-only state may be cached; `exact_final` makes the last chunk the official full-attention one.
+        """
+        steps = options.n_timesteps or self.constants.n_timesteps
+        pace = pace or Pacer(None, self.sample_rate)
+        if not options.stream:
+            speech = list(tokens)
+            mel, flow_s = self._whole(prompt, speech, steps, pace)
+            yield MelChunk(mel, True, flow_s, len(speech))
+            return
+        state = self.prompt_state(prompt, steps, fingerprint) if fingerprint else self.flow.prompt_state(prompt, steps)
+        base = options.first_hop_tokens or self.schedule.first
+        job = _Sentence(prompt, state, base + (-len(prompt.tokens)) % self.schedule.chunk, [])
+        look = self.schedule.look_ahead
+        for token in tokens:
+            job.speech.append(int(token))
+            while len(job.speech) - job.offset >= job.hop + look:
+                yield self._flow_chunk(job, pace, final=False)
+                base = self.schedule.next_hop(base)  # the pad belongs to the first chunk only
+                job.hop = base
+        yield self._flow_chunk(job, pace, final=True, exact=exact_final)
+
+    def _sentence(
+        self,
+        tokens: Iterator[int],
+        prompt: FlowPrompt2,
+        options: SynthesisOptions,
+        rng: np.random.Generator,
+        pace: Pacer,
+        fingerprint: str | None,
+        exact_final: bool,
+    ) -> Iterator[tuple[np.ndarray, tuple[bool, float, float, int]]]:
+        """Audio pieces of one sentence with (final, flow seconds, vocoder seconds, speech tokens)."""
+        vocoder = VocoderStream(self.vocoder, rng)
+        stretch = StreamingStretch(options.speed) if options.stream and options.speed != 1.0 else None
+        for chunk in self.mel_chunks(tokens, prompt, options, fingerprint=fingerprint, exact_final=exact_final, pace=pace):
+            clock = time.perf_counter()
+            with pace.turn(first=pace.audio_s == 0.0):
+                mel = stretch.push(chunk.mel, final=chunk.final) if stretch is not None else chunk.mel
+                audio = vocoder.push(mel, final=chunk.final, speed=1.0 if options.stream else options.speed)
+            pace.delivered(audio.shape[0])
+            yield audio, (chunk.final, chunk.flow_s, time.perf_counter() - clock, chunk.tokens)
+
+    def _flow_chunk(self, job: _Sentence, pace: Pacer, *, final: bool, exact: bool = False) -> MelChunk:
+        """Flow for the next hop (or the rest): the new tokens after what is encoded, with their look-ahead."""
+        prompt_tokens = len(job.prompt.tokens)
+        seq = np.asarray([*job.prompt.tokens, *job.speech], dtype=np.int64)
+        end = len(seq) if final else prompt_tokens + job.offset + job.hop
+        start = job.encoded
+        clock = time.perf_counter()
+        if final and exact:
+            mel, _ = self._whole(job.prompt, job.speech, len(job.state.steps), pace)
+            mel = mel[:, 2 * job.offset :]
+        else:
+            with pace.turn(first=pace.audio_s == 0.0) as step_aside:
+                context = seq[end : end + self.schedule.look_ahead]
+                mel = self.flow.advance(seq[start:end], context, job.prompt, job.state, between_steps=step_aside)
+            mel = mel[:, max(0, 2 * (prompt_tokens - start)) :]
+        tokens = end - prompt_tokens - job.offset
+        job.offset = end - prompt_tokens
+        return MelChunk(mel, final, time.perf_counter() - clock, tokens)
+
+    def _whole(self, prompt: FlowPrompt2, speech: list[int], steps: int, pace: Pacer) -> tuple[np.ndarray, float]:
+        """The official non-streaming flow: prompt + all tokens in one call, full attention -> mel (80, 2N), seconds."""
+        clock = time.perf_counter()
+        seq = np.asarray([*prompt.tokens, *speech], dtype=np.int64)
+        state = self.flow.empty_state(steps)
+        with pace.turn(first=pace.audio_s == 0.0) as step_aside:
+            mel = self.flow.advance(seq, seq[:0], prompt, state, full_attention=True, between_steps=step_aside)
+        return mel[:, 2 * len(prompt.tokens) :], time.perf_counter() - clock
+
+
+def _extra(bundle: ModelBundle) -> CosyVoice2Constants:
+    extra = bundle.manifest.cosyvoice2
+    if bundle.family != FAMILY_V2 or extra is None:
+        raise BundleError(f"{bundle.root}: not a CosyVoice2 bundle (family {bundle.family!r})")
+    return extra

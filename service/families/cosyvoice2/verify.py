@@ -1,0 +1,255 @@
+"""Replay the CosyVoice2 reference fixtures (layout of tests/reference/tiny-cosyvoice2) through a bundle, stage by stage."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from service.audio.decode import decode_audio
+from service.bundle import ModelBundle
+from service.engine.features import kaldi_fbank, resample, subtract_mean, whisper_log_mel
+from service.engine.prompt import MAX_PROMPT_S
+from service.engine.sessions import RuntimeOptions, open_sessions
+from service.engine.synthesizer import SynthesisOptions
+from service.engine.voice import LLMPrompt
+from service.families.cosyvoice2.engine import CosyVoice2Engine
+from service.families.cosyvoice2.hift import VocoderStream, sine_excitation2
+from service.families.cosyvoice2.prompt import MEL_RATE_HZ, PromptAnalyzer2, prompt_mel
+from service.families.cosyvoice2.voice import FlowPrompt2
+from service.verify.checks import CASE, Check, VerifyReport, indices, max_abs, mismatches
+
+MODE_FILES = ("zero_shot.npz", "cross_lingual.npz", "instruct2.npz")
+STREAM_FILE, HIFT_FILE, PROMPTS_FILE, TOKENIZER_FILE = "stream.npz", "hift.npz", "prompts.npz", "tokenizer_cases.json"
+PROMPT_MODELS = ("campplus.onnx", "speech_tokenizer_v2.onnx")
+# Every model stage is held to 1e-4 (float32, recorded randomness injected); integer results must match exactly.
+TOL = 1e-4
+# Prompt features are numpy float64 against torch float32 (as for v1, service/verify_prompts.py): log-mel bins of
+# near-silent frames differ in the 4th decimal.
+TOL_RESAMPLE, TOL_FBANK, TOL_WHISPER_MEL, TOL_MEL80 = 1e-6, 2e-3, 1e-4, 1e-3
+SAFE_FSQ_MARGIN = 5e-3  # tokens whose FSQ values were closer to a rounding boundary may flip on our own whisper mel
+
+
+def run_verification2(
+    bundle: ModelBundle, fixtures: Path, runtime: RuntimeOptions | None = None, on_check: Callable[[Check], None] | None = None
+) -> VerifyReport:
+    """Every CosyVoice2 fixture file present in `fixtures`; missing ones are listed in `report.skipped`."""
+    runtime = runtime or RuntimeOptions(max_batch=0, acoustic_slots=0)
+    engine = CosyVoice2Engine(bundle, open_sessions(bundle, runtime, names=_graph_names(bundle)))
+    report = VerifyReport()
+    stages: list[tuple[str, Callable[[Path], Iterator[Check]]]] = [
+        (TOKENIZER_FILE, lambda p: verify_tokenizer(bundle, p)),
+        (PROMPTS_FILE, lambda p: verify_prompts(fixtures, runtime)),
+        *[(name, lambda p, n=name: verify_mode(engine, p, n.removesuffix(".npz"))) for name in MODE_FILES],
+        (HIFT_FILE, lambda p: verify_hift(engine, p)),
+        (STREAM_FILE, lambda p: verify_streams(engine, p)),
+    ]
+    for name, stage in stages:
+        path = fixtures / name
+        if not path.is_file():
+            report.skipped.append(f"{name}: not present")
+            continue
+        if name == TOKENIZER_FILE and importlib.util.find_spec("tokenizers") is None:
+            report.skipped.append(f"{name}: the `tokenizers` package is not installed (it comes with requirements-export.txt)")
+            continue
+        for check in stage(path):
+            report.checks.append(check)
+            if on_check is not None:
+                on_check(check)
+    return report
+
+
+def _graph_names(bundle: ModelBundle) -> tuple[str, ...]:
+    return tuple(bundle.manifest.layout.graph_io)
+
+
+# ---- text ---------------------------------------------------------------------------------------
+
+
+def verify_tokenizer(bundle: ModelBundle, path: Path) -> Iterator[Check]:
+    """The bundle's tokenizer on every recorded normalized sentence and raw text: the official ids exactly."""
+    from tokenizers import Tokenizer  # export-side package: serving does not need it, so neither does the image
+
+    tokenizer = Tokenizer.from_file(str(bundle.tokenizer_path))
+    for i, case in enumerate(json.loads(path.read_text(encoding="utf-8"))["cases"]):
+        got = [tokenizer.encode(s).ids for s in case["normalized_sentences"]]
+        bad = sum(mismatches(g, w) > 0 for g, w in zip(got, case["ids"], strict=False)) + abs(len(got) - len(case["ids"]))
+        yield Check("tokenizer", f"case{i} ({case['name']}) ids", float(bad), 0.0)
+        if "raw_ids" in case:
+            yield Check(
+                "tokenizer",
+                f"case{i} ({case['name']}) raw ids",
+                mismatches(tokenizer.encode(case["text"]).ids, case["raw_ids"]),
+                0.0,
+            )
+
+
+# ---- prompt analysis ----------------------------------------------------------------------------
+
+
+def verify_prompts(fixtures: Path, runtime: RuntimeOptions | None) -> Iterator[Check]:
+    """Per prompt: each feature from its recorded input, then the whole analysis of the WAV file."""
+    if any(not (fixtures / m).is_file() for m in PROMPT_MODELS):
+        return
+    analyzer = PromptAnalyzer2.load(fixtures / PROMPT_MODELS[0], fixtures / PROMPT_MODELS[1], runtime)
+    with np.load(fixtures / PROMPTS_FILE) as npz:
+        names = sorted(k.removesuffix("_speech_16k") for k in npz.files if k.endswith("_speech_16k"))
+        for name in names:
+            want = {k.removeprefix(name + "_"): npz[k] for k in npz.files if k.startswith(name + "_")}
+            speech_16k = want["speech_16k"]
+            yield Check("prompt", f"{name} fbank", max_abs(subtract_mean(kaldi_fbank(speech_16k))[0], want["fbank"]), TOL_FBANK)
+            yield Check(
+                "prompt", f"{name} whisper mel", max_abs(whisper_log_mel(speech_16k), want["whisper_mel"]), TOL_WHISPER_MEL
+            )
+            yield Check("prompt", f"{name} mel80 (24 kHz)", max_abs(prompt_mel(want["speech_24k"]), want["mel80"]), TOL_MEL80)
+            yield Check("prompt", f"{name} embedding", max_abs(analyzer.embedding(want["fbank"]), want["embedding"]), TOL)
+            tokens = analyzer.speech_tokens(want["whisper_mel"])
+            yield Check("prompt", f"{name} tokens (recorded mel)", mismatches(tokens, want["speech_token"]), 0.0)
+            wav = fixtures / "prompts" / f"{name}.wav"
+            if wav.is_file():
+                yield from _file_checks(analyzer, name, wav, want)
+
+
+def _file_checks(analyzer: PromptAnalyzer2, name: str, wav: Path, want: dict[str, np.ndarray]) -> Iterator[Check]:
+    audio, rate = decode_audio(wav.read_bytes(), max_seconds=MAX_PROMPT_S)
+    for target, key in ((16_000, "speech_16k"), (MEL_RATE_HZ, "speech_24k")):
+        yield Check(
+            "prompt", f"{name} resample file->{target // 1000}k", max_abs(resample(audio, rate, target), want[key]), TOL_RESAMPLE
+        )
+    got = analyzer.analyze2(audio, rate)
+    n = got.speech_tokens.shape[0]
+    safe = want["fsq_margin"][:n] > SAFE_FSQ_MARGIN
+    tokens_ok = got.speech_tokens.shape[0] == min(want["speech_token"].shape[0], want["mel80"].shape[0] // 2)
+    error = mismatches(got.speech_tokens[safe], want["speech_token"][:n][safe]) if tokens_ok else float("inf")
+    yield Check("prompt", f"{name} trimmed tokens, own mel ({int(safe.sum())}/{safe.size})", error, 0.0)
+    yield Check("prompt", f"{name} trimmed mel80", max_abs(got.mel, want["mel80"][: 2 * n]), TOL_MEL80)
+
+
+# ---- model stages per mode ----------------------------------------------------------------------
+
+
+def _ids(npz: Any, key: str) -> tuple[int, ...]:
+    return tuple(int(t) for t in npz[key]) if key in npz.files else ()
+
+
+def flow_prompt(npz: Any, key: str) -> FlowPrompt2:
+    return FlowPrompt2(
+        npz[key + "mi_embedding"], _ids(npz, key + "mi_flow_prompt_speech_token"), npz[key + "mi_prompt_speech_feat"]
+    )
+
+
+def verify_mode(engine: CosyVoice2Engine, path: Path, mode: str) -> Iterator[Check]:
+    """LLM prefill and teacher-forced log-probs, flow spks / mu / estimator step 1 / solver output, HiFT on the
+    recorded source, for every case of one mode file."""
+    with np.load(path) as npz:
+        for c in indices(npz, CASE):
+            key, label = f"case{c}_", f"{mode} case{c}"
+            yield from _llm_case(engine, npz, key, label)
+            yield from _flow_case(engine, npz, key, label)
+            f0 = engine.vocoder.runner.predict_f0(npz[key + "hift_mel"])
+            yield Check(label, "hift f0", max_abs(f0, npz[key + "hift_f0"]), TOL)
+            wav = engine.vocoder.runner.decode(npz[key + "hift_mel"], npz[key + "hift_source"])
+            yield Check(label, "hift speech (recorded source)", max_abs(wav, npz[key + "hift_speech"]), TOL)
+
+
+def _llm_case(engine: CosyVoice2Engine, npz: Any, key: str, label: str) -> Iterator[Check]:
+    text = npz[key + "mi_text"].tolist()
+    prompt = LLMPrompt(None, _ids(npz, key + "mi_prompt_text"), _ids(npz, key + "mi_llm_prompt_speech_token"))
+    yield Check(label, "llm prefill input", max_abs(engine.runner.encode(text, prompt), npz[key + "llm_prefill_input"]), TOL)
+    forced = npz[key + "forced_tokens"]
+    logp = engine.runner.teacher_force(text, prompt, forced)
+    rows = npz[key + "llm_logp_row_index"]
+    yield Check(label, "llm logp rows", max_abs(logp[rows], npz[key + "llm_logp_rows"]), TOL)
+    eos = engine.constants.eos_token
+    taken = np.append(logp[np.arange(len(forced)), forced], logp[len(forced), eos])
+    yield Check(label, "llm logp of taken tokens", max_abs(taken, npz[key + "llm_logp_taken"]), TOL)
+    yield Check(label, "llm logp of eos", max_abs(logp[:, eos], npz[key + "llm_logp_eos"]), TOL)
+
+
+def _flow_case(engine: CosyVoice2Engine, npz: Any, key: str, label: str) -> Iterator[Check]:
+    flow, prompt = engine.flow, flow_prompt(npz, key)
+    yield Check(label, "flow spks", max_abs(flow.speaker(prompt.embedding), npz[key + "flow_spks"]), TOL)
+    seq = np.asarray([*prompt.tokens, *npz[key + "forced_tokens"].tolist()], dtype=np.int64)
+    state = flow.empty_state(engine.constants.n_timesteps)
+    mu = flow.encode(seq, seq[:0], state.encoder, 1 << 30)
+    yield Check(label, "flow mu", max_abs(mu, npz[key + "flow_mu"]), TOL)
+    if key + "est1_out" in npz.files:
+        yield Check(label, "flow estimator step 1", max_abs(_estimator_step1(engine, mu, prompt), npz[key + "est1_out"]), TOL)
+    (chunk,) = engine.mel_chunks(iter(npz[key + "forced_tokens"].tolist()), prompt, SynthesisOptions(stream=False))
+    solver_out = npz[key + "flow_solver_out"]
+    yield Check(label, "flow mel", max_abs(chunk.mel, solver_out[:, 2 * len(prompt.tokens) :]), TOL)
+
+
+def _estimator_step1(engine: CosyVoice2Engine, mu: np.ndarray, prompt: FlowPrompt2) -> np.ndarray:
+    """Both CFG rows of the estimator at t = 0 over the whole sequence (full attention, no cache)."""
+    flow = engine.flow
+    frames = mu.shape[1]
+    cond = np.zeros_like(mu)
+    cond[:, : prompt.mel.shape[0]] = prompt.mel.T
+    spks = flow.speaker(prompt.embedding)
+    x = flow.noise[:, :frames]
+    feeds = {
+        "x": np.stack([x, x]),
+        "mu": np.stack([mu, np.zeros_like(mu)]),
+        "t": np.zeros(2, dtype=np.float32),
+        "spks": np.stack([spks, np.zeros_like(spks)]),
+        "cond": np.stack([cond, np.zeros_like(cond)]),
+        "chunk": np.array([1 << 30], dtype=np.int64),
+    }
+    return flow.estimate(feeds, flow.empty_state(1).steps[0])
+
+
+# ---- HiFT alone ----------------------------------------------------------------------------------
+
+
+def verify_hift(engine: CosyVoice2Engine, path: Path) -> Iterator[Check]:
+    """The vocoder with every random draw recorded: f0, SineGen2 + source graph (cache applied), decode."""
+    runner = engine.vocoder.runner
+    with np.load(path) as npz:
+        for c in indices(npz, CASE):
+            key, label = f"case{c}_", f"hift case{c}"
+            mel = npz[key + "mel"]
+            if c == 0:  # the other cases injected their f0 contour into the official call
+                yield Check(label, "f0", max_abs(runner.predict_f0(mel), npz[key + "f0"]), TOL)
+            source = runner.source(sine_excitation2(npz[key + "f0"], engine.constants, npz[key + "sine_noise"]))
+            cache = npz[key + "cache_source"]
+            source[: cache.shape[0]] = cache
+            yield Check(label, "source", max_abs(source, npz[key + "source"]), TOL)
+            yield Check(label, "speech", max_abs(runner.decode(mel, source), npz[key + "speech"]), TOL)
+
+
+# ---- streaming -----------------------------------------------------------------------------------
+
+
+def verify_streams(engine: CosyVoice2Engine, path: Path) -> Iterator[Check]:
+    """Each recorded stream=True run: the chunk schedule, every chunk's new mel from the cached flow (the last one
+    with the official full-attention pass, and the chunk-masked harness extra), and the yielded audio with the
+    recorded HiFT sources."""
+    with np.load(path) as npz:
+        for run in sorted({k.split("_chunk_offset")[0] for k in npz.files if k.endswith("_chunk_offset")}):
+            yield from _stream(engine, npz, run)
+
+
+def _stream(engine: CosyVoice2Engine, npz: Any, run: str) -> Iterator[Check]:
+    label = f"stream {run}"
+    key = run + "_"
+    prompt = flow_prompt(npz, key)
+    tokens = npz[key + "forced_tokens"].tolist()
+    options = SynthesisOptions(stream=True)
+    chunks = list(engine.mel_chunks(iter(tokens), prompt, options, exact_final=True))
+    n = int(npz[key + "chunk_offset"].shape[0])
+    frames = [int(c.mel.shape[1]) for c in chunks]
+    yield Check(label, "chunk schedule (new mel frames)", mismatches(frames, npz[key + "chunk_new_mel_frames"]), 0.0)
+    for k, chunk in enumerate(chunks[:n]):
+        yield Check(label, f"chunk{k} flow mel", max_abs(chunk.mel, npz[f"{key}k{k}_flow_new_mel"]), TOL)
+    if key + "extra_final_chunkmask_new_mel" in npz.files:
+        causal = list(engine.mel_chunks(iter(tokens), prompt, options))[-1].mel
+        yield Check(label, "final chunk, chunk masks (cached)", max_abs(causal, npz[key + "extra_final_chunkmask_new_mel"]), TOL)
+    vocoder = VocoderStream(engine.vocoder, np.random.default_rng(0))
+    for k, chunk in enumerate(chunks[:n]):
+        audio = vocoder.push(chunk.mel, final=k == n - 1, source=npz[f"{key}k{k}_hift_source"])
+        yield Check(label, f"chunk{k} audio (recorded source)", max_abs(audio, npz[f"{key}k{k}_yielded"]), TOL)
