@@ -31,15 +31,13 @@ LAYERS: dict[str, int] = {
     "service.frontend": 2,
     "service.engine": 2,
     "service.stores": 2,
-    "service.verify.checks": 2,
+    "service.verify": 2,  # the checks every family's verification reports with
     "service.access": 3,
-    "service.cloning": 3,
     "service.families.model": 3,
     "service.families": 4,  # the families themselves (service.families.<name>)
     "service.families.registry": 5,
     "service.speech": 6,
     "service.runtime": 7,
-    "service.verify": 7,
     "service.api": 8,
     "service.rpc": 8,
     "service.cli": 8,

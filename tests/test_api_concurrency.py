@@ -17,7 +17,7 @@ from service.api import create_app
 from service.api.deps import AppState
 from service.bundle import ModelBundle
 from service.engine.sessions import RuntimeOptions
-from service.runtime import load_synthesizer
+from service.families.cosyvoice1.model import load_synthesizer
 from service.settings import Settings
 from service.speech.service import Engine
 

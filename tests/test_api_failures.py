@@ -17,7 +17,7 @@ from service.bundle import ModelBundle
 from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import AudioChunk, SynthesisOptions
 from service.engine.voice import Voice
-from service.runtime import load_synthesizer
+from service.families.cosyvoice1.model import load_synthesizer
 from service.settings import Settings
 from service.speech.service import Engine
 

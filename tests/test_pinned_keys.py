@@ -71,7 +71,7 @@ def test_audio_cache_keys_are_unchanged(runtime: Runtime) -> None:
 
 
 def test_the_prompt_analysis_key_is_unchanged(runtime: Runtime) -> None:
-    from service.cloning import PromptAudio
+    from service.families.model import PromptAudio
 
     voices = runtime.voices
     keys: list[str] = []

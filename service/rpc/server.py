@@ -13,9 +13,8 @@ from grpc_reflection.v1alpha import reflection
 
 from service.access import Caller, presented_key
 from service.audio.encode import AudioFormat
-from service.cloning import PromptAudio
-from service.engine.voice import Voice
 from service.errors import InvalidInputError, TTSError
+from service.families.model import ModelVoice, PromptAudio
 from service.requestids import HEADER, in_own_context, request_id
 from service.rpc import cosyvoice_pb2, cosyvoice_pb2_grpc
 from service.rpc.errors import GRPC_STATUS
@@ -126,7 +125,7 @@ class CosyVoiceServicer(cosyvoice_pb2_grpc.CosyVoiceServicer):
             speaker_param=f"{kind}.spk_id",
         )
 
-    def _voice(self, kind: str, payload: object) -> tuple[Voice | None, str]:
+    def _voice(self, kind: str, payload: object) -> tuple[ModelVoice | None, str]:
         """(voice, speaker name): a built-in speaker by name, or a voice from the prompt / the instruction."""
         runtime = self.runtime
         if kind == "sft_request":

@@ -7,8 +7,8 @@ import unicodedata
 from dataclasses import dataclass
 
 from service.audio.encode import DEFAULT_BITRATE_KBPS, AudioFormat
-from service.engine.voice import Voice
 from service.errors import InvalidInputError, TextTooLongError
+from service.families.model import ModelVoice
 from service.frontend import Sentence
 
 _ALLOWED_CONTROLS = frozenset("\t\n\r")
@@ -30,7 +30,7 @@ class SpeechRequest:
     max_chars: int = 4096
     text_param: str = "text"  # request field names, for error messages
     speaker_param: str = "speaker"
-    voice: Voice | None = None  # an already resolved voice (a one-off prompt, an instruct request)
+    voice: ModelVoice | None = None  # an already resolved voice (a one-off prompt, an instruct request)
     timestamps: bool = False  # a SentenceMark after each sentence's audio (never served from the audio cache)
 
 
@@ -45,7 +45,7 @@ class PreparedSpeech:
     media_type: str
     started: float  # time.monotonic() when the request reached the service
     frontend_s: float
-    voice: Voice
+    voice: ModelVoice
 
     @property
     def input_tokens(self) -> int:

@@ -6,7 +6,7 @@ import contextvars
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -14,8 +14,7 @@ import numpy as np
 
 from service.audio.encode import encode_complete, make_encoder, media_type, output_sample_rate
 from service.audio.timeline import decoder_delay_s
-from service.engine.synthesizer import AudioChunk, SynthesisOptions
-from service.engine.voice import Voice
+from service.engine.synthesizer import SynthesisOptions
 from service.errors import (
     EngineError,
     InvalidInputError,
@@ -24,6 +23,7 @@ from service.errors import (
     TTSError,
     UnknownSpeakerError,
 )
+from service.families.model import Engine, ModelVoice
 from service.frontend import Sentence
 from service.speech.job import SentenceClock, SpeechJob, SpeechTimings, SynthesisObserver, join_audio, with_pauses
 from service.speech.request import PreparedSpeech, SpeechRequest, check_text, key_text
@@ -41,25 +41,7 @@ class Frontend(Protocol):
         ...
 
 
-class Engine(Protocol):
-    """What the service needs from service.engine.synthesizer.Synthesizer."""
-
-    @property
-    def sample_rate(self) -> int: ...
-
-    @property
-    def speakers(self) -> Sequence[str]: ...
-
-    def voice(self, speaker: str) -> Voice:
-        """The built-in speaker `speaker` (UnknownSpeakerError when there is none of that name)."""
-        ...
-
-    def synthesize(
-        self, sentences: list[list[int]], voice: Voice, options: SynthesisOptions, cancel: threading.Event
-    ) -> Iterator[AudioChunk]: ...
-
-
-VoiceResolver = Callable[[str], Voice | None]  # a saved voice by name, or None (service.voices)
+VoiceResolver = Callable[[str], ModelVoice | None]  # a saved voice by name, or None (the model's voices)
 
 
 class TTSService:
@@ -174,7 +156,7 @@ class TTSService:
             return name
         return self.aliases.get(name.lower(), name)
 
-    def resolve_voice(self, request: SpeechRequest) -> Voice:
+    def resolve_voice(self, request: SpeechRequest) -> ModelVoice:
         """The request's voice: given, a built-in speaker, a saved voice, or either of them through an alias
         (UnknownSpeakerError naming what exists). Reads the saved-voice store: call it off the event loop."""
         if request.voice is not None:

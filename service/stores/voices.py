@@ -143,6 +143,39 @@ class VoiceStore(Protocol):
     def close(self) -> None: ...
 
 
+class MemoryVoiceStore:
+    """Saved voices in this process only (the CLI and benchmarks: nothing survives the process)."""
+
+    backend = "memory"
+
+    def __init__(self) -> None:
+        self._voices: dict[str, SavedVoice] = {}
+        self._lock = threading.Lock()
+
+    def list(self) -> list[SavedVoice]:
+        with self._lock:
+            return sorted(self._voices.values(), key=lambda v: v.created_at)
+
+    def get(self, name: str) -> SavedVoice | None:
+        with self._lock:
+            return self._voices.get(name)
+
+    def add(self, voice: SavedVoice, max_voices: int) -> None:
+        with self._lock:
+            if voice.name in self._voices:
+                raise VoiceExistsError(f"a voice named {voice.name!r} exists; delete it first", param="name")
+            if len(self._voices) >= max_voices:
+                raise TooManyVoicesError(f"the store holds its maximum of {max_voices} voices (TTS_MAX_VOICES)")
+            self._voices[voice.name] = voice
+
+    def delete(self, name: str) -> bool:
+        with self._lock:
+            return self._voices.pop(name, None) is not None
+
+    def close(self) -> None:
+        pass
+
+
 class DirectoryVoiceStore:
     """One file per voice in a directory that survives restarts; writes are atomic (temp file + rename).
 

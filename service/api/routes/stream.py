@@ -24,8 +24,8 @@ from service.api.schemas import MAX_SEED
 from service.api.tracing import request_id_of
 from service.audio.encode import AudioFormat, output_sample_rate
 from service.audio.timeline import sample_counter
-from service.engine.voice import Voice
 from service.errors import EngineError, InvalidInputError, TTSError
+from service.families.model import ModelVoice
 from service.frontend.incremental import IncrementalSegmenter
 from service.runtime import Slot
 from service.speech.request import SpeechRequest
@@ -157,7 +157,7 @@ class SpeechStreamSession:
         wanted = config.voice or s.default_speaker
         speaker = service.voice_name(wanted)  # an OpenAI name: what it speaks as (named in `ready`)
         probe = SpeechRequest(text="", speaker=wanted, speaker_param="voice")  # an error names what the client sent
-        voice: Voice = await anyio.to_thread.run_sync(service.resolve_voice, probe)  # saved voices: resolved once
+        voice: ModelVoice = await anyio.to_thread.run_sync(service.resolve_voice, probe)  # saved voices: resolved once
         template = SpeechRequest(
             text="",
             speaker=speaker,

@@ -1,4 +1,4 @@
-"""Replay every reference fixture present (model stages, prompt analysis, cloning modes) through a bundle."""
+"""Replay every v1 reference fixture present (model stages, prompt analysis, cloning modes) through a bundle."""
 
 from __future__ import annotations
 
@@ -8,13 +8,19 @@ from typing import Any
 
 import numpy as np
 
-from service.bundle import FAMILY_V2, ModelBundle
+from service.bundle import ModelBundle
 from service.engine.sessions import RuntimeOptions
-from service.families.cosyvoice2.verify import run_verification2
+from service.families.cosyvoice1.verify.modes import has_mode_fixtures, verify_modes
+from service.families.cosyvoice1.verify.prompts import PROMPT_MODELS, PROMPTS_FILE, verify_prompts
+from service.families.cosyvoice1.verify.stages import (
+    Engines,
+    verify_flow,
+    verify_hift,
+    verify_llm,
+    verify_stream,
+    verify_tokenizer,
+)
 from service.verify.checks import Check, VerifyReport
-from service.verify.modes import has_mode_fixtures, verify_modes
-from service.verify.prompts import PROMPT_MODELS, PROMPTS_FILE, verify_prompts
-from service.verify.stages import Engines, verify_flow, verify_hift, verify_llm, verify_stream, verify_tokenizer
 
 FIXTURE_FILES = ("tokenizer.json", "llm.npz", "flow.npz", "hift.npz", "stream.npz")
 
@@ -32,13 +38,10 @@ def run_verification(
     runtime: RuntimeOptions | None = None,
     on_check: Callable[[Check], None] | None = None,
 ) -> VerifyReport:
-    """Replay every fixture file present in `fixtures` (layout of tests/reference/tiny, or of tiny-cosyvoice2 for a
-    CosyVoice2 bundle).
+    """Replay every fixture file present in `fixtures` (layout of tests/reference/tiny).
 
     Missing files are listed in `report.skipped`; `on_check` sees each result as soon as it exists.
     """
-    if bundle.family == FAMILY_V2:
-        return run_verification2(bundle, Path(fixtures), runtime, on_check)
     engines = Engines.open(bundle, runtime)
     report = VerifyReport()
 

@@ -14,8 +14,7 @@ from service.engine.hift import HiFTNoise, HiFTRunner
 from service.engine.streaming import RequestContext, stream_sentence
 from service.engine.token2wav import ReplayNoise, Token2Wav
 from service.engine.voice import FlowPrompt, LLMPrompt
-from service.verify.checks import CASE, Check, indices, max_abs
-from service.verify.stages import (
+from service.families.cosyvoice1.verify.stages import (
     TOL_FLOW_MEL,
     TOL_FLOW_MU,
     TOL_FLOW_STEP,
@@ -25,6 +24,7 @@ from service.verify.stages import (
     TOL_STREAM_AUDIO,
     Engines,
 )
+from service.verify.checks import CASE, Check, indices, max_abs
 
 MODE_FILES = ("zero_shot.npz", "cross_lingual.npz", "instruct.npz")
 META_NAME = "modes_meta.json"
