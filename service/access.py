@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from service.errors import ForbiddenError, UnauthorizedError
-from service.ratelimit import RateLimiter
+from service.stores.ratelimit import RateLimiter
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
 import wave
 from collections.abc import Iterable, Sequence
@@ -16,7 +17,7 @@ from service.errors import EmptyTextError, EngineError, TTSError, UnknownSpeaker
 
 if TYPE_CHECKING:
     from service.engine.synthesizer import AudioChunk
-    from service.verify import Check
+    from service.verify.checks import Check
 
 # The frontend (inflect, wetext, jieba), scipy and the engine take seconds to import; they are imported
 # inside the commands so that `--help` and input errors (bad bundle, unknown speaker) answer at once.
@@ -78,17 +79,21 @@ def synth_command(args: argparse.Namespace) -> int:
     if not args.text.strip():
         raise EmptyTextError("the text is empty")
     from service.engine.sessions import RuntimeOptions
-    from service.engine.synthesizer import SynthesisOptions, Synthesizer
-    from service.frontend import TextFrontend
+    from service.engine.synthesizer import SynthesisOptions
+    from service.families.model import ModelContext
+    from service.families.registry import load_model
 
-    sentences = TextFrontend.load(bundle.tokenizer_path).sentences(args.text)
-    synthesizer = Synthesizer.load(bundle, RuntimeOptions(intra_op_threads=args.threads))
-    options = SynthesisOptions(speed=args.speed, seed=args.seed, stream=args.stream)
-    start = time.perf_counter()
-    chunks = synthesizer.synthesize([s.ids for s in sentences], args.speaker, options)
-    total = write_wav(args.out, synthesizer.sample_rate, chunks, start if args.stream else None)
+    model = load_model(bundle, ModelContext(options=RuntimeOptions(intra_op_threads=args.threads), prompt_analysis=False))
+    try:
+        sentences = model.frontend.sentences(args.text)
+        options = SynthesisOptions(speed=args.speed, seed=args.seed, stream=args.stream)
+        start = time.perf_counter()
+        chunks = model.synthesize([list(s.ids) for s in sentences], model.voice(args.speaker), options, threading.Event())
+        total = write_wav(args.out, model.sample_rate, chunks, start if args.stream else None)
+    finally:
+        model.close()
     elapsed = time.perf_counter() - start
-    seconds = total / synthesizer.sample_rate
+    seconds = total / model.sample_rate
     rtf = f"{elapsed / seconds:.2f}" if seconds else "n/a"
     print(f"wrote {args.out}: {len(sentences)} sentence(s), {total} samples = {seconds:.2f} s in {elapsed:.2f} s (RTF {rtf})")
     if bundle.manifest.warning:
@@ -101,7 +106,7 @@ def write_wav(path: Path, sample_rate: int, chunks: Iterable[AudioChunk], progre
 
     With `progress_start` (a perf_counter value) prints `chunk i sentence s samples n t=<seconds>` per chunk.
     """
-    from service.audio import float_to_int16
+    from service.audio.encode import float_to_int16
 
     partial = path.with_name(path.name + ".partial")
     total = 0
@@ -135,7 +140,7 @@ def verify_command(args: argparse.Namespace) -> int:
         print(f"error: {args.fixtures}: not a directory", file=sys.stderr)
         return EXIT_USAGE
     from service.engine.sessions import RuntimeOptions
-    from service.verify import run_verification
+    from service.families.registry import run_verification
 
     report = run_verification(
         bundle,

@@ -11,26 +11,21 @@ from typing import TypeVar
 
 from service.access import ApiKeys, ClientIdentity, Gate
 from service.bundle import ModelBundle
-from service.cache import CacheStats, RedisLexiconStore, build_audio_cache
-from service.cloning import Voices
 from service.engine.sessions import RuntimeOptions
-from service.engine.synthesizer import Synthesizer
 from service.errors import BundleError, NotReadyError, ShuttingDownError, TTSError
+from service.families.model import EngineLoader, Model, ModelContext, VoiceLibrary
+from service.families.registry import load_model
 from service.frontend import TextFrontend
-from service.ratelimit import RateLimiter
 from service.settings import OPENAI_VOICES, Settings
-from service.tts import Engine, SynthesisObserver, TTSService
-from service.voices import AnalysisCache, DirectoryVoiceStore, RedisVoiceStore, VoiceStore
+from service.speech.job import SynthesisObserver
+from service.speech.service import TTSService
+from service.stores.audio_cache import CacheStats, build_audio_cache
+from service.stores.lexicon import RedisLexiconStore
+from service.stores.ratelimit import RateLimiter
+from service.stores.voices import AnalysisCache, DirectoryVoiceStore, RedisVoiceStore, VoiceStore
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-EngineLoader = Callable[[ModelBundle, RuntimeOptions], Engine]
-
-
-def load_synthesizer(bundle: ModelBundle, runtime: RuntimeOptions) -> Engine:
-    """Default engine: the ONNX Runtime synthesizer of the bundle."""
-    return Synthesizer.load(bundle, runtime)
 
 
 def runtime_options(s: Settings) -> RuntimeOptions:
@@ -54,7 +49,8 @@ def runtime_options(s: Settings) -> RuntimeOptions:
 
 
 class Runtime:
-    """One loaded model and everything around it. Built cheaply from settings; `load()` does the heavy part.
+    """One loaded model (its family's, from the registry) and everything around it. Built cheaply from settings;
+    `load()` does the heavy part.
 
     Thread-safe: transports call `admit`, `service`, `frontend` from any thread. `observer` receives what
     the synthesis service measures (the HTTP app passes its Prometheus metrics).
@@ -65,13 +61,13 @@ class Runtime:
         settings: Settings,
         *,
         observer: SynthesisObserver | None = None,
-        engine_loader: EngineLoader = load_synthesizer,
+        engine_loader: EngineLoader | None = None,
         reserved_voice_names: tuple[str, ...] = (),
     ) -> None:
         self.settings = settings
         self.reserved_voice_names = reserved_voice_names  # names saved voices may not take (e.g. OpenAI's)
         self.observer = observer or SynthesisObserver()
-        self.engine_loader = engine_loader
+        self.engine_loader = engine_loader  # None: the family's own engine (tests and benchmarks wrap it)
         s = settings
         self.keys = ApiKeys([k.get_secret_value() for k in s.api_keys], [k.get_secret_value() for k in s.admin_api_keys])
         self.identity = ClientIdentity(s.trusted_proxies, self.keys.enabled)
@@ -81,7 +77,7 @@ class Runtime:
         self._service: TTSService | None = None
         self._frontend: TextFrontend | None = None
         self.lexicon_store: RedisLexiconStore | None = None  # None: the lexicon lives in this process
-        self._voices: Voices | None = None
+        self._model: Model | None = None
         self.normalizer: dict[str, str] = {}
         self.model_created = 0  # Unix time the bundle's manifest was written (OpenAI's `created`)
         self.closing = False
@@ -104,22 +100,18 @@ class Runtime:
         if s.default_speaker not in bundle.speakers:
             known = ", ".join(bundle.speakers)
             raise BundleError(f"TTS_DEFAULT_SPEAKER {s.default_speaker!r} is not in the bundle; it has {known}")
-        # lexicon entries live in Redis (shared by replicas) when it is configured, else in this process
-        self.lexicon_store = RedisLexiconStore(self.redis_url) if self.redis_url else None
-        frontend = TextFrontend.load(bundle.tokenizer_path, lexicon_store=self.lexicon_store)
-        engine = self.engine_loader(bundle, runtime_options(s))
+        model = load_model(bundle, self._model_context())
         cache = build_audio_cache(self.redis_url, s.cache_max_bytes, s.cache_ttl_s)
         watch_cache: Callable[[CacheStats], None] | None = getattr(self.observer, "watch_cache", None)
         if watch_cache is not None:  # an observer that exports the cache's counters (the HTTP metrics)
             watch_cache(cache.stats)
-        voices = self._load_voices(bundle, frontend)
         aliases = voice_aliases(s.voice_aliases, tuple(bundle.speakers))
-        _warn_unknown_targets(s.voice_aliases, tuple(bundle.speakers), voices)
+        _warn_unknown_targets(s.voice_aliases, tuple(bundle.speakers), model.voices)
         service = TTSService(
-            frontend,
-            engine,
+            model.frontend,
+            model,
             cache,
-            saved_voices=voices.resolve,
+            saved_voices=model.voices.resolve,
             aliases=aliases,
             bundle_sha256=bundle.manifest_sha256,
             concurrency=s.concurrent_requests,
@@ -138,21 +130,24 @@ class Runtime:
         if bundle.manifest.warning:
             log.warning("%s", bundle.manifest.warning)
         self.model_created = int((bundle.root / "manifest.json").stat().st_mtime)  # read here, not on an event loop
-        self.bundle, self.normalizer = bundle, frontend.normalizer_info
-        self._frontend, self._service, self._voices = frontend, service, voices
+        self.bundle, self.normalizer = bundle, model.frontend.normalizer_info
+        self._frontend, self._service, self._model = model.frontend, service, model
 
-    def _load_voices(self, bundle: ModelBundle, frontend: TextFrontend) -> Voices:
+    def _model_context(self) -> ModelContext:
+        """Options, shared stores and limits from the settings; the lexicon in Redis when it is configured."""
         s = self.settings
+        # lexicon entries live in Redis (shared by replicas) when it is configured, else in this process
+        self.lexicon_store = RedisLexiconStore(self.redis_url) if self.redis_url else None
         store: VoiceStore = RedisVoiceStore(self.redis_url) if self.redis_url else DirectoryVoiceStore(s.voices_dir)
-        return Voices.load(
-            bundle,
-            frontend,
-            store,
-            AnalysisCache(self.redis_url, ttl_s=s.cache_ttl_s),
-            runtime_options(s),
+        return ModelContext(
+            options=runtime_options(s),
+            lexicon_store=self.lexicon_store,
+            voice_store=store,
+            analysis_cache=AnalysisCache(self.redis_url, ttl_s=s.cache_ttl_s),
             mel_variant=s.prompt_mel_variant,
             max_voices=s.max_voices,
-            reserved_names=self.reserved_voice_names,
+            reserved_voice_names=self.reserved_voice_names,
+            engine_loader=self.engine_loader,
         )
 
     def close(self) -> None:
@@ -161,13 +156,10 @@ class Runtime:
         gc.unfreeze()  # what this runtime held may now be collected
         service = self._service
         if service is not None:
-            service.close()
+            service.close()  # its jobs cancelled, its workers stopped, then the model (engine and voice stores) closed
             service.cache.close()
         if self.lexicon_store is not None:
             self.lexicon_store.close()
-        if self._voices is not None:
-            self._voices.store.close()
-            self._voices.cache.close()
 
     # ---- what transports use ------------------------------------------------------------------
     def _ready(self, part: T | None) -> T:
@@ -193,9 +185,14 @@ class Runtime:
         return self._service
 
     @property
-    def voices(self) -> Voices:
+    def model(self) -> Model:
+        """The loaded model; NotReadyError while loading, ShuttingDownError once closing."""
+        return self._ready(self._model)
+
+    @property
+    def voices(self) -> VoiceLibrary:
         """Prompt analysis and saved voices; NotReadyError while loading, ShuttingDownError once closing."""
-        return self._ready(self._voices)
+        return self.model.voices
 
     @property
     def frontend(self) -> TextFrontend:
@@ -230,7 +227,7 @@ def voice_aliases(configured: Mapping[str, str], speakers: Sequence[str]) -> dic
     return defaults | {name.lower(): target for name, target in configured.items()}
 
 
-def _warn_unknown_targets(configured: Mapping[str, str], speakers: Sequence[str], voices: Voices) -> None:
+def _warn_unknown_targets(configured: Mapping[str, str], speakers: Sequence[str], voices: VoiceLibrary) -> None:
     """A warning per alias whose target is no built-in speaker and no saved voice yet (it may be saved later)."""
     for name, target in configured.items():
         if target in speakers:

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from service.engine.synthesizer import AudioChunk, SynthesisOptions
 from service.engine.voice import Voice
-from service.tts import Engine
+from service.speech.service import Engine
 
 GATE_TIMEOUT_S = 60.0
 

@@ -22,9 +22,9 @@ from service.api.app import create_app
 from service.api.logconfig import configure as configure_logging
 from service.bundle import ModelBundle
 from service.engine.sessions import RuntimeOptions
-from service.runtime import load_synthesizer
+from service.families.cosyvoice1.model import load_synthesizer
 from service.settings import Settings
-from service.tts import Engine
+from service.speech.service import Engine
 
 
 def main() -> None:

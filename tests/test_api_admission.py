@@ -20,13 +20,14 @@ from service.api import create_app
 from service.api.admission import AdmissionMiddleware, synthesis_routes
 from service.api.app import ROUTERS
 from service.api.deps import AppState
-from service.cache import MemoryAudioCache
 from service.engine.synthesizer import AudioChunk, StageTimings, SynthesisOptions
 from service.engine.voice import Voice
 from service.errors import OverloadedError
 from service.frontend import Sentence
 from service.settings import Settings
-from service.tts import SpeechRequest, TTSService
+from service.speech.request import SpeechRequest
+from service.speech.service import TTSService
+from service.stores.audio_cache import MemoryAudioCache
 
 KEY = "admission-key-0123"
 SPEAKER = "中文女"

@@ -17,9 +17,9 @@ from service.api import create_app
 from service.api.deps import AppState
 from service.bundle import ModelBundle
 from service.engine.sessions import RuntimeOptions
-from service.runtime import load_synthesizer
+from service.families.cosyvoice1.model import load_synthesizer
 from service.settings import Settings
-from service.tts import Engine
+from service.speech.service import Engine
 
 # Three sentences the frontend keeps apart (each is longer than its 60-character merge threshold).
 THREE_SENTENCES = (

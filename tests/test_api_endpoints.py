@@ -20,9 +20,9 @@ from fastapi.testclient import TestClient
 
 from service.api import create_app
 from service.api.schemas import SPEAKER_DESCRIPTIONS
-from service.audio import AudioFormat
+from service.audio.encode import AudioFormat
 from service.settings import OPENAI_VOICES, Settings
-from service.tts import SpeechRequest
+from service.speech.request import SpeechRequest
 
 FORMATS = ["wav", "pcm", "mp3", "opus", "flac", "aac"]
 TEXT = "你好，今天天气很好。"

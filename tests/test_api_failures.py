@@ -17,9 +17,9 @@ from service.bundle import ModelBundle
 from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import AudioChunk, SynthesisOptions
 from service.engine.voice import Voice
-from service.runtime import load_synthesizer
+from service.families.cosyvoice1.model import load_synthesizer
 from service.settings import Settings
-from service.tts import Engine
+from service.speech.service import Engine
 
 # The speaker picks where the simulated failure happens: before any audio, or at the second sentence.
 FAIL_AT_ONCE = "韩语女"

@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api import create_app
-from service.cloning import PromptAudio
+from service.families.model import PromptAudio
 from service.settings import Settings
 
 ADMIN = "admin-key-0123456789"

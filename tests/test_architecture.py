@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import import_graph
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,22 +70,64 @@ def test_service_layering(path: Path) -> None:
         assert "onnxruntime" not in tops, "only service/engine imports onnxruntime"
     if path.relative_to(REPO / "service").as_posix() != "engine/ov_session.py":
         assert "openvino" not in tops, "only service/engine/ov_session.py imports openvino (sessions.py picks the runtime)"
-    if owner not in ("cache", "ratelimit", "voices"):
-        assert not tops & {"redis", "limits"}, "only cache.py, voices.py and ratelimit.py (limits) reach redis"
+    if owner != "stores":
+        assert not tops & {"redis", "limits"}, "only service/stores reaches redis (and limits, the rate-limit counters)"
     if owner != "api":
         assert not tops & {"fastapi", "starlette", "uvicorn"}, "only service/api imports the web stack"
     internal = {m for m in mods if m.startswith("service.")}
     layer = {m.split(".")[1] for m in internal}
     if owner == "engine":
-        assert not layer & {"frontend", "tts", "api", "cache", "ratelimit", "settings"}
+        assert not layer & {"frontend", "speech", "api", "rpc", "stores", "settings", "families"}
     if owner == "frontend":
-        assert not layer & {"engine", "tts", "api", "cache", "ratelimit", "settings"}
+        assert not layer & {"engine", "speech", "api", "rpc", "stores", "settings", "families"}
     if owner in ("errors", "bundle", "settings"):
         assert layer <= {"errors", "bundle"}
-    if owner == "tts":
-        assert "api" not in layer
-    if owner in ("runtime", "access", "ratelimit"):
-        assert "api" not in layer, "the runtime is transport-neutral: HTTP, gRPC and the CLI build on it"
+    if owner == "speech":
+        assert not layer & {"api", "rpc", "runtime"}
+    if owner in ("runtime", "access", "stores"):
+        assert not layer & {"api", "rpc"}, "the runtime is transport-neutral: HTTP, gRPC and the CLI build on it"
+
+
+TRANSPORTS = ("api", "rpc")
+FAMILY_PROTOCOL = "service.families.model"
+
+
+def _family_package(module: str) -> str | None:
+    """`service.families.<name>` for a module inside a family package; None for the protocol, the registry, others."""
+    parts = module.split(".")
+    if parts[:2] != ["service", "families"] or len(parts) < 3 or parts[2] in ("model", "registry"):
+        return None
+    return ".".join(parts[:3])
+
+
+@pytest.mark.parametrize("path", ALL_SERVICE, ids=lambda p: str(p.relative_to(REPO)))
+def test_transports_see_the_family_protocol_only(path: Path) -> None:
+    """HTTP and gRPC reach a model through the runtime, speech and the family protocol: never an engine, a family
+    package or the registry (so a new family touches no route)."""
+    if _owner(path) not in TRANSPORTS:
+        return
+    internal = {m for m in imports_of(path) if m.startswith("service.")}
+    assert not {m for m in internal if m.startswith("service.engine")}, "transports do not import the engine"
+    families = {m for m in internal if m.startswith("service.families")}
+    beyond = sorted(m for m in families if m != FAMILY_PROTOCOL and not m.startswith(f"{FAMILY_PROTOCOL}."))
+    assert not beyond, f"transports import the family protocol ({FAMILY_PROTOCOL}) only, not {beyond}"
+
+
+@pytest.mark.parametrize("path", ALL_SERVICE, ids=lambda p: str(p.relative_to(REPO)))
+def test_only_the_registry_imports_a_family(path: Path) -> None:
+    """A family package is imported by itself and by service/families/registry.py, nowhere else in service/."""
+    own = _family_package(module_name(path))
+    if module_name(path) == "service.families.registry":
+        return
+    foreign = {f for m in imports_of(path) if (f := _family_package(m)) is not None and f != own}
+    assert not foreign, f"only service/families/registry.py imports a family package, not {sorted(foreign)}"
+
+
+def test_the_import_graph_has_no_cycle_and_points_down() -> None:
+    """Zero cycles between modules; no module imports one of a higher layer (scripts/import_graph.py ranks them)."""
+    graph = import_graph.build()
+    assert import_graph.cycles(graph) == []
+    assert import_graph.upward(graph) == []
 
 
 @pytest.mark.parametrize("path", ALL_EXPORT, ids=lambda p: str(p.relative_to(REPO)))

@@ -14,7 +14,7 @@ import pytest
 from audio_readers import flac_streaminfo, libsndfile_read_to_end, pcm_md5, pyav_read, soundfile_read
 from scipy.signal import resample_poly as scipy_resample_poly
 
-from service.audio import (
+from service.audio.encode import (
     OPUS_SAMPLE_RATE_HZ,
     AudioFormat,
     StreamResampler,

@@ -12,7 +12,7 @@ import pytest
 from scipy.io import wavfile
 from scipy.signal import correlate
 
-from service.audio_decode import container_format, decode_audio, pcm16_to_float
+from service.audio.decode import container_format, decode_audio, pcm16_to_float
 from service.engine.features import resample
 from service.errors import ErrorCode, PromptAudioError, PromptAudioProblem
 

@@ -8,8 +8,8 @@ import av
 import numpy as np
 import pytest
 
-from service.audio import AudioFormat, make_encoder
-from service.audio_timeline import DECODER_DELAY_SAMPLES, decoder_delay_s, sample_counter
+from service.audio.encode import AudioFormat, make_encoder
+from service.audio.timeline import DECODER_DELAY_SAMPLES, decoder_delay_s, sample_counter
 
 MODEL_RATE = 22050
 

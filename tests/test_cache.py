@@ -12,15 +12,16 @@ import pytest
 import redis
 from servers import RedisServer, free_port
 
-from service import cache as cache_mod
-from service.cache import (
+from service.stores import audio_cache as cache_mod
+from service.stores.audio_cache import (
     AudioCache,
     MemoryAudioCache,
     RedisAudioCache,
     audio_cache_key,
     build_audio_cache,
+    pack_cached,
+    unpack_cached,
 )
-from service.tts import pack_cached, unpack_cached
 
 BASE = {
     "bundle_sha256": "ab" * 32,
@@ -213,7 +214,7 @@ def test_redis_down_is_a_fast_counted_miss_then_recovers(
     c = RedisAudioCache(redis_server.url, ttl_s=60)
     c.put("k", b"v")
     redis_server.kill()
-    caplog.set_level(logging.WARNING, logger="service.cache")
+    caplog.set_level(logging.WARNING, logger="service.stores.audio_cache")
     t0 = time.monotonic()
     for _ in range(20):
         assert c.get("k") is None

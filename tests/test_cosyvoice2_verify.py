@@ -10,7 +10,7 @@ import pytest
 
 from service.bundle import ModelBundle
 from service.engine.sessions import RuntimeOptions
-from service.verify import run_verification
+from service.families.registry import run_verification
 
 pytestmark = pytest.mark.export
 REPO = Path(__file__).resolve().parents[1]

@@ -32,7 +32,7 @@ def test_default_settings_decode_concurrent_requests_together(tiny_bundle: Path)
         for t in threads:
             t.join(timeout=120)
         service = app.state.tts.service
-        scheduler = service.engine.scheduler
+        scheduler = app.state.tts.runtime.model.engine.scheduler  # the CosyVoice-300M model's synthesizer
         assert service.concurrency == settings.concurrent_requests > 1
         assert scheduler is not None, "the default engine has a batching scheduler"
         stats = scheduler.stats

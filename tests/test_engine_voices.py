@@ -19,8 +19,8 @@ from service.engine.synthesizer import SynthesisOptions, Synthesizer
 from service.engine.token2wav import POOLED_SOLVER_FRAMES, ChunkJob, GeneratorNoise
 from service.engine.voice import FlowPrompt, LLMPrompt, Voice
 from service.errors import InvalidInputError
-from service.verify import Engines
-from service.verify_modes import verify_modes
+from service.families.cosyvoice1.verify.modes import verify_modes
+from service.families.cosyvoice1.verify.stages import Engines
 
 
 @pytest.fixture(scope="module")

@@ -18,13 +18,14 @@ from service.access import ApiKeys, Caller
 from service.api import create_app
 from service.api.auth import caller_of
 from service.bundle import ModelBundle
-from service.cache import MemoryAudioCache
 from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import Synthesizer
 from service.errors import ForbiddenError, UnauthorizedError
 from service.frontend import Sentence, TextFrontend
 from service.settings import Settings
-from service.tts import SpeechRequest, TTSService
+from service.speech.request import SpeechRequest
+from service.speech.service import TTSService
+from service.stores.audio_cache import MemoryAudioCache
 
 USER = "lexicon-user-key-01"
 ADMIN = "lexicon-admin-key-1"

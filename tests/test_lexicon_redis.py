@@ -12,9 +12,9 @@ import pytest
 import redis
 from servers import AppServer, RedisServer, metric_value, running_apps  # redis_server: conftest.py
 
-from service.cache import DEFAULT_LEXICON_PREFIX, LEXICON_UNREAD_VERSION, LEXICON_WRITE_RETRY_AFTER_S, RedisLexiconStore
 from service.errors import StoreUnavailableError
 from service.frontend import Lexicon, LexiconStore
+from service.stores.lexicon import DEFAULT_LEXICON_PREFIX, LEXICON_UNREAD_VERSION, LEXICON_WRITE_RETRY_AFTER_S, RedisLexiconStore
 
 pytestmark = pytest.mark.integration
 

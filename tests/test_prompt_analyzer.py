@@ -191,7 +191,7 @@ def test_model_output_of_the_wrong_shape_is_an_engine_error() -> None:
 
 
 def test_verify_prompts_section(ref_dir: Path, tmp_path: Path) -> None:
-    from service.verify_prompts import PROMPT_MODELS, PROMPTS_FILE, verify_prompts
+    from service.families.cosyvoice1.verify.prompts import PROMPT_MODELS, PROMPTS_FILE, verify_prompts
 
     checks = list(verify_prompts(ref_dir))
     assert len(checks) == 11 * len(PROMPTS) and len({c.name for c in checks}) == len(checks)

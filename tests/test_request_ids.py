@@ -107,7 +107,7 @@ def test_the_id_is_in_the_access_line_and_the_synthesis_lines(server: tuple[AppS
     )
     assert resp.status_code == 200 and resp.headers["x-request-id"] == "trace-http-41"
     wait_until(lambda: '"POST /tts HTTP/1.1" 200 OK [trace-http-41]' in app.log_text(), 10, "the access line")
-    assert re.search(r"service\.tts \[trace-http-41\]: synthesized", app.log_text()), app.log_text()[-2000:]
+    assert re.search(r"service\.speech\.service \[trace-http-41\]: synthesized", app.log_text()), app.log_text()[-2000:]
 
 
 @pytest.mark.integration
@@ -123,7 +123,7 @@ def test_grpc_returns_the_id_in_initial_metadata_and_logs_with_it(server: tuple[
         fresh = cosyvoice_pb2_grpc.CosyVoiceStub(channel).Inference(request, timeout=60)
         list(fresh)
         assert FRESH.fullmatch(dict(fresh.initial_metadata())["x-request-id"])
-    wait_until(lambda: "service.tts [trace-grpc-42]: synthesized" in app.log_text(), 10, "the synthesis line")
+    wait_until(lambda: "service.speech.service [trace-grpc-42]: synthesized" in app.log_text(), 10, "the synthesis line")
 
 
 @pytest.mark.integration

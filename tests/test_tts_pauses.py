@@ -7,12 +7,14 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from service.audio import AudioFormat
-from service.cache import MemoryAudioCache
+from service.audio.encode import AudioFormat
 from service.engine.synthesizer import AudioChunk, StageTimings, SynthesisOptions
 from service.engine.voice import Voice
 from service.frontend import Sentence
-from service.tts import SpeechRequest, TTSService, with_pauses
+from service.speech.job import with_pauses
+from service.speech.request import SpeechRequest
+from service.speech.service import TTSService
+from service.stores.audio_cache import MemoryAudioCache
 
 RATE = 1000
 SPEAKER = "voice"

@@ -10,7 +10,14 @@ import pytest
 from servers import RedisServer
 
 from service.errors import InvalidInputError, StoreUnavailableError, TooManyVoicesError, VoiceExistsError
-from service.voices import AnalysisCache, DirectoryVoiceStore, PromptFeatures, RedisVoiceStore, SavedVoice, check_voice_name
+from service.stores.voices import (
+    AnalysisCache,
+    DirectoryVoiceStore,
+    PromptFeatures,
+    RedisVoiceStore,
+    SavedVoice,
+    check_voice_name,
+)
 
 
 def voice(name: str, transcript: str = "") -> SavedVoice:

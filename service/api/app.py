@@ -22,9 +22,10 @@ from service.api.routes import dashscope, lexicon, official, openai, ops, speech
 from service.api.routes.ops import STATIC_DIR
 from service.api.textfields import TextRoute
 from service.api.tracing import RequestIdMiddleware
+from service.families.model import EngineLoader
 from service.requestids import HEADER
 from service.rpc.server import GrpcServer
-from service.runtime import EngineLoader, Runtime, load_synthesizer
+from service.runtime import Runtime
 from service.settings import OPENAI_VOICES, RENAMED, Settings, unknown_env_vars
 
 log = logging.getLogger(__name__)
@@ -41,10 +42,10 @@ ROUTERS = (
 )
 
 
-def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader = load_synthesizer) -> FastAPI:
+def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader | None = None) -> FastAPI:
     """Build one app instance. Nothing global: two apps in one process share no state or metrics.
 
-    `engine_loader` builds the engine from the loaded bundle (tests wrap the real synthesizer with it).
+    `engine_loader` builds the engine from the loaded bundle (None: its family's own; tests wrap the real one).
     """
     settings = settings or Settings()
     for name in unknown_env_vars(os.environ):

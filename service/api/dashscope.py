@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from service.audio import AudioFormat
+from service.audio.encode import AudioFormat
 from service.errors import ErrorCode, InvalidInputError, TTSError, UnknownModelError, UnsupportedCapabilityError
 from service.frontend.incremental import LANGUAGES
 

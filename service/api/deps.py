@@ -12,13 +12,13 @@ from service.access import ApiKeys
 from service.api.auth import caller_of, was_admitted
 from service.api.metrics import Metrics
 from service.bundle import ModelBundle
-from service.cache import RedisLexiconStore
-from service.cloning import Voices
 from service.errors import NotFoundError, UnsupportedMediaTypeError
+from service.families.model import VoiceLibrary
 from service.frontend import Lexicon, TextFrontend
 from service.runtime import Runtime
 from service.settings import Settings
-from service.tts import TTSService
+from service.speech.service import TTSService
+from service.stores.lexicon import RedisLexiconStore
 
 
 @dataclass
@@ -92,12 +92,12 @@ def get_frontend(state: StateDep) -> TextFrontend:
 FrontendDep = Annotated[TextFrontend, Depends(get_frontend)]
 
 
-def get_voices(state: StateDep) -> Voices:
+def get_voices(state: StateDep) -> VoiceLibrary:
     """Prompt analysis and saved voices; 503 while the model is loading or the app is stopping."""
     return state.runtime.voices
 
 
-VoicesDep = Annotated[Voices, Depends(get_voices)]
+VoicesDep = Annotated[VoiceLibrary, Depends(get_voices)]
 
 
 def get_lexicon(frontend: FrontendDep) -> Lexicon:

@@ -17,9 +17,11 @@ from starlette.websockets import WebSocketDisconnect
 
 from service.api.deps import AppState
 from service.api.streaming import JobPieces
-from service.audio_timeline import SampleCounter
+from service.audio.timeline import SampleCounter
 from service.errors import EmptyTextError, OverloadedError, TTSError
-from service.tts import SpeechJob, SpeechRequest, TTSService
+from service.speech.job import SpeechJob
+from service.speech.request import SpeechRequest
+from service.speech.service import TTSService
 
 OVERLOADED_WAIT_S = 30.0  # a sentence the service cannot take yet is retried this long before the session fails
 Handoff = tuple[int, str, SpeechJob | None]

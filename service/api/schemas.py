@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
-from service.audio import AudioFormat
+from service.audio.encode import AudioFormat
 from service.frontend.lexicon import MAX_WORD_CHARS
 from service.settings import OPENAI_VOICES
 

@@ -16,7 +16,7 @@ from starlette.types import Receive, Scope, Send
 
 from service.api.deps import AppState
 from service.errors import TTSError
-from service.tts import SentenceMark, SpeechJob
+from service.speech.job import SentenceMark, SpeechJob
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from starlette.responses import Response
 
 from service.api.errors import RequestFieldError
 from service.errors import InvalidInputError
-from service.tts import decode_text
+from service.speech.request import decode_text
 
 _JSON_KEY = re.compile(rb'"([^"\\\n]{1,64})"\s*:')  # a JSON object key (the last one before a bad byte names it)
 

@@ -13,7 +13,7 @@ from google.protobuf.message import DecodeError, Message
 
 from service.errors import InvalidInputError
 from service.rpc import cosyvoice_pb2
-from service.tts import decode_text
+from service.speech.request import decode_text
 
 _RAW_PACKAGE = "cosyvoice_raw"
 

@@ -12,16 +12,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from service.access import Caller, presented_key
-from service.audio import AudioFormat
-from service.cloning import PromptAudio
-from service.engine.voice import Voice
+from service.audio.encode import AudioFormat
 from service.errors import InvalidInputError, TTSError
+from service.families.model import ModelVoice, PromptAudio
 from service.requestids import HEADER, in_own_context, request_id
 from service.rpc import cosyvoice_pb2, cosyvoice_pb2_grpc
 from service.rpc.errors import GRPC_STATUS
 from service.rpc.parsing import MalformedRequest, parse_request
 from service.runtime import Runtime
-from service.tts import SpeechRequest
+from service.speech.request import SpeechRequest
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +125,7 @@ class CosyVoiceServicer(cosyvoice_pb2_grpc.CosyVoiceServicer):
             speaker_param=f"{kind}.spk_id",
         )
 
-    def _voice(self, kind: str, payload: object) -> tuple[Voice | None, str]:
+    def _voice(self, kind: str, payload: object) -> tuple[ModelVoice | None, str]:
         """(voice, speaker name): a built-in speaker by name, or a voice from the prompt / the instruction."""
         runtime = self.runtime
         if kind == "sft_request":

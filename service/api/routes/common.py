@@ -9,9 +9,11 @@ from fastapi import UploadFile
 
 from service.api.deps import AppState
 from service.api.schemas import OPENAI_MAX_INPUT_CHARS, ModelFacts
-from service.audio import AudioFormat, media_type
+from service.audio.encode import AudioFormat, media_type
 from service.errors import PayloadTooLargeError, PromptAudioError, PromptAudioProblem
-from service.tts import SpeechJob, SpeechRequest, TTSService
+from service.speech.job import SpeechJob
+from service.speech.request import SpeechRequest
+from service.speech.service import TTSService
 
 INSTRUCTIONS_WARNING = '299 cosyvoice-lite "instructions are ignored: this model has no instruct capability"'
 

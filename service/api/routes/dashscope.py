@@ -24,12 +24,13 @@ from service.api.deps import AppState
 from service.api.pipeline import SpeechPipeline, SpokenSentence, reraise_first
 from service.api.routes.openai import instructed
 from service.api.routes.stream import close_reason
-from service.audio import AudioFormat, Pcm16Transcoder
-from service.audio_timeline import PcmCounter, decoder_delay_s
+from service.audio.encode import AudioFormat, Pcm16Transcoder
+from service.audio.timeline import PcmCounter, decoder_delay_s
 from service.errors import ErrorCode, InvalidInputError, TextTooLongError, TTSError, UnsupportedCapabilityError
 from service.frontend.incremental import IncrementalSegmenter
 from service.runtime import Slot
-from service.tts import SpeechRequest, TTSService
+from service.speech.request import SpeechRequest
+from service.speech.service import TTSService
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["dashscope"])

@@ -22,7 +22,7 @@ from service.api.textfields import TextRoute
 from service.errors import InvalidInputError, NotFoundError, TTSError
 from service.frontend import TextFrontend
 from service.frontend.lexicon import MAX_WORD_CHARS
-from service.tts import check_text
+from service.speech.request import check_text
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["text"], route_class=TextRoute)

@@ -14,11 +14,11 @@ from service.api.errors import ERROR_RESPONSES
 from service.api.routes.common import audio_headers, audio_responses, read_upload, submit
 from service.api.streaming import chunked_response
 from service.api.textfields import TextRoute
-from service.audio import AudioFormat
-from service.cloning import PromptAudio, Voices
-from service.engine.voice import Voice
+from service.audio.encode import AudioFormat
 from service.errors import UnsupportedCapabilityError
-from service.tts import SpeechRequest, TTSService
+from service.families.model import ModelVoice, PromptAudio, VoiceLibrary
+from service.speech.request import SpeechRequest
+from service.speech.service import TTSService
 
 router = APIRouter(tags=["official CosyVoice API"], route_class=TextRoute)
 
@@ -32,7 +32,7 @@ PromptWav = Annotated[UploadFile, File(description="Prompt recording (wav, flac,
 
 
 async def _pcm_response(
-    request: Request, service: ServiceDep, state: StateDep, text: str, voice: Voice | None, speaker: str = ""
+    request: Request, service: ServiceDep, state: StateDep, text: str, voice: ModelVoice | None, speaker: str = ""
 ) -> Response:
     """Raw int16 mono PCM at the model's rate, one piece per sentence (the official servers' reply)."""
     wanted = SpeechRequest(
@@ -108,7 +108,7 @@ async def inference_instruct(
     return await _pcm_response(request, service, state, tts_text, voice)
 
 
-def _instruct_voice(service: TTSService, voices: Voices, spk_id: str, instruct_text: str) -> Voice:
+def _instruct_voice(service: TTSService, voices: VoiceLibrary, spk_id: str, instruct_text: str) -> ModelVoice:
     """The speaker (a saved voice is read from its store) styled by `instruct_text` (normalized and encoded): file,
     Redis and CPU work, so routes call it in a worker thread."""
     base = service.resolve_voice(SpeechRequest("", spk_id, speaker_param="spk_id"))

@@ -32,16 +32,17 @@ from service.api.schemas import (
 )
 from service.api.streaming import chunked_response, sse_response, whole_response
 from service.api.textfields import TextRoute
-from service.audio import AudioFormat, parse_format
-from service.cloning import Voices
+from service.audio.encode import AudioFormat, parse_format
 from service.errors import InvalidInputError, UnknownModelError
-from service.tts import SpeechRequest, TTSService
+from service.families.model import VoiceLibrary
+from service.speech.request import SpeechRequest
+from service.speech.service import TTSService
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=TextRoute)
 OWNER = "cosyvoice-lite"
 
 
-def instructed(wanted: SpeechRequest, instructions: str | None, service: TTSService, voices: Voices) -> SpeechRequest:
+def instructed(wanted: SpeechRequest, instructions: str | None, service: TTSService, voices: VoiceLibrary) -> SpeechRequest:
     """On an Instruct bundle, `instructions` drive instruct mode (the voice's flow, the instructions before the
     text); elsewhere the request is unchanged and the response says they were ignored."""
     if not instructions or not voices.can_instruct:

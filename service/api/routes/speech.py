@@ -14,9 +14,9 @@ from service.api.routes.common import audio_headers, audio_responses, read_uploa
 from service.api.schemas import MAX_SEED, TTSBody
 from service.api.streaming import chunked_response, whole_response
 from service.api.textfields import TextRoute
-from service.audio import parse_format
-from service.cloning import PromptAudio
-from service.tts import SpeechRequest
+from service.audio.encode import parse_format
+from service.families.model import PromptAudio
+from service.speech.request import SpeechRequest
 
 router = APIRouter(tags=["synthesis"], route_class=TextRoute)
 

@@ -22,13 +22,14 @@ from service.api.errors import STATUS, field_of
 from service.api.pipeline import SpeechPipeline, SpokenSentence, reraise_first
 from service.api.schemas import MAX_SEED
 from service.api.tracing import request_id_of
-from service.audio import AudioFormat, output_sample_rate
-from service.audio_timeline import sample_counter
-from service.engine.voice import Voice
+from service.audio.encode import AudioFormat, output_sample_rate
+from service.audio.timeline import sample_counter
 from service.errors import EngineError, InvalidInputError, TTSError
+from service.families.model import ModelVoice
 from service.frontend.incremental import IncrementalSegmenter
 from service.runtime import Slot
-from service.tts import SpeechRequest, TTSService
+from service.speech.request import SpeechRequest
+from service.speech.service import TTSService
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -156,7 +157,7 @@ class SpeechStreamSession:
         wanted = config.voice or s.default_speaker
         speaker = service.voice_name(wanted)  # an OpenAI name: what it speaks as (named in `ready`)
         probe = SpeechRequest(text="", speaker=wanted, speaker_param="voice")  # an error names what the client sent
-        voice: Voice = await anyio.to_thread.run_sync(service.resolve_voice, probe)  # saved voices: resolved once
+        voice: ModelVoice = await anyio.to_thread.run_sync(service.resolve_voice, probe)  # saved voices: resolved once
         template = SpeechRequest(
             text="",
             speaker=speaker,

@@ -12,7 +12,7 @@ from service.api.deps import ADMIN, AUTHENTICATED, LISTING, StateDep, VoicesDep
 from service.api.errors import ERROR_RESPONSES
 from service.api.routes.common import read_upload
 from service.api.textfields import TextRoute
-from service.cloning import PromptAudio
+from service.families.model import PromptAudio
 
 router = APIRouter(prefix="/v1/voices", tags=["voices"], route_class=TextRoute)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from service.audio_decode import decode_audio
+from service.audio.decode import decode_audio
 from service.bundle import ModelBundle
 from service.engine.features import kaldi_fbank, resample, subtract_mean, whisper_log_mel
 from service.engine.prompt import MAX_PROMPT_S
@@ -21,7 +21,7 @@ from service.families.cosyvoice2.engine import CosyVoice2Engine
 from service.families.cosyvoice2.hift import VocoderStream, sine_excitation2
 from service.families.cosyvoice2.prompt import MEL_RATE_HZ, PromptAnalyzer2, prompt_mel
 from service.families.cosyvoice2.voice import FlowPrompt2
-from service.verify import _CASE, Check, VerifyReport, indices, max_abs, mismatches
+from service.verify.checks import CASE, Check, VerifyReport, indices, max_abs, mismatches
 
 MODE_FILES = ("zero_shot.npz", "cross_lingual.npz", "instruct2.npz")
 STREAM_FILE, HIFT_FILE, PROMPTS_FILE, TOKENIZER_FILE = "stream.npz", "hift.npz", "prompts.npz", "tokenizer_cases.json"
@@ -146,7 +146,7 @@ def verify_mode(engine: CosyVoice2Engine, path: Path, mode: str) -> Iterator[Che
     """LLM prefill and teacher-forced log-probs, flow spks / mu / estimator step 1 / solver output, HiFT on the
     recorded source, for every case of one mode file."""
     with np.load(path) as npz:
-        for c in indices(npz, _CASE):
+        for c in indices(npz, CASE):
             key, label = f"case{c}_", f"{mode} case{c}"
             yield from _llm_case(engine, npz, key, label)
             yield from _flow_case(engine, npz, key, label)
@@ -210,7 +210,7 @@ def verify_hift(engine: CosyVoice2Engine, path: Path) -> Iterator[Check]:
     """The vocoder with every random draw recorded: f0, SineGen2 + source graph (cache applied), decode."""
     runner = engine.vocoder.runner
     with np.load(path) as npz:
-        for c in indices(npz, _CASE):
+        for c in indices(npz, CASE):
             key, label = f"case{c}_", f"hift case{c}"
             mel = npz[key + "mel"]
             if c == 0:  # the other cases injected their f0 contour into the official call

@@ -1,11 +1,11 @@
-"""Audio cache (protocol, in-process LRU, fail-soft Redis, cache key) and the Redis pronunciation lexicon store."""
+"""Audio cache: the protocol, an in-process LRU, fail-soft Redis, the cache key and the layout of an entry."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
-import secrets
+import struct
 import threading
 import time
 from collections import OrderedDict
@@ -13,19 +13,13 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import redis
-from redis.backoff import NoBackoff
-from redis.commands.core import Script
-from redis.retry import Retry
 
-from service.errors import StoreUnavailableError
+from service.stores.redis_client import REDIS_RETRY_AFTER_S, REDIS_SOCKET_TIMEOUT_S, redis_client
 
 log = logging.getLogger(__name__)
 
-KEY_SCHEMA_VERSION = 2  # 2: entries start with the audio's length (service.tts.pack_cached); whole FLACs state theirs
+KEY_SCHEMA_VERSION = 2  # 2: entries start with the audio's length (pack_cached); whole FLACs state theirs
 DEFAULT_REDIS_PREFIX = "tts:audio:"
-REDIS_SOCKET_TIMEOUT_S = 0.25
-# After a Redis failure, requests skip Redis for this long instead of each paying a connect timeout.
-REDIS_RETRY_AFTER_S = 1.0
 
 
 @dataclass
@@ -142,13 +136,7 @@ class RedisAudioCache:
         self.ttl_s = ttl_s
         self.prefix = prefix
         self.stats = CacheStats()
-        self._client = redis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            retry_on_timeout=False,
-        )
+        self._client = redis_client(url, timeout_s)
         self._down_until = 0.0
         self._lock = threading.Lock()
 
@@ -245,143 +233,18 @@ def audio_cache_key(
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-DEFAULT_LEXICON_PREFIX = "tts:lexicon:"
-LEXICON_WRITE_RETRY_AFTER_S = 5  # Retry-After of a lexicon write refused because Redis is down
-LEXICON_UNREAD_VERSION = "redis:unread"  # version while Redis has never been read (only the defaults apply)
-
-# Writes run as scripts so the entry, the epoch and the counter change together (KEYS: entries, version, epoch).
-_PUT_SCRIPT = """
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('SET', KEYS[3], ARGV[3], 'NX')
-return redis.call('INCR', KEYS[2])
-"""
-_DELETE_SCRIPT = """
-local removed = redis.call('HDEL', KEYS[1], ARGV[1])
-if removed > 0 then
-  redis.call('SET', KEYS[3], ARGV[2], 'NX')
-  redis.call('INCR', KEYS[2])
-end
-return removed
-"""
+_CACHED = struct.Struct("<4sd")  # an audio cache entry starts with b"TTS1" and the audio's length in seconds
+_CACHED_MAGIC = b"TTS1"
 
 
-class _RedisHealth:
-    """Up/down state of one Redis client: after a failure, reads skip Redis for REDIS_RETRY_AFTER_S."""
-
-    def __init__(self, what: str) -> None:
-        self._what = what
-        self._down_until = 0.0
-        self._lock = threading.Lock()
-
-    def available(self) -> bool:
-        with self._lock:
-            return time.monotonic() >= self._down_until
-
-    def down(self, op: str, error: Exception) -> None:
-        with self._lock:
-            was_up = self._down_until == 0.0
-            self._down_until = time.monotonic() + REDIS_RETRY_AFTER_S
-        if was_up:
-            log.warning("%s: Redis %s failed (%s: %s)", self._what, op, type(error).__name__, error)
-
-    def up(self) -> None:
-        with self._lock:
-            was_down = self._down_until != 0.0
-            self._down_until = 0.0
-        if was_down:
-            log.info("%s: Redis is reachable again", self._what)
+def pack_cached(audio_s: float, data: bytes) -> bytes:
+    """An audio cache entry: the response bytes after a small header holding the audio's length in seconds."""
+    return _CACHED.pack(_CACHED_MAGIC, audio_s) + data
 
 
-class RedisLexiconStore:
-    """LexiconStore shared by replicas: a Redis hash word -> pinyin plus a version counter INCRemented by every
-    write, so each replica sees a change on its next request. An epoch token, set by the first write, is part of
-    the version, so a flushed or restarted Redis never hands out an old version number for different entries.
-
-    Reads never raise while Redis is unreachable: `version()` and `get_all()` serve the last entries read (none
-    before the first read: then only the built-in defaults apply). `get_all()` raises StoreUnavailableError only
-    when Redis fails between the two calls, so the caller keeps its own last snapshot. Writes raise
-    StoreUnavailableError (HTTP 503 with Retry-After) when Redis does not take them.
-    """
-
-    def __init__(self, url: str, prefix: str = DEFAULT_LEXICON_PREFIX, *, timeout_s: float = REDIS_SOCKET_TIMEOUT_S) -> None:
-        self._client = redis.Redis.from_url(
-            url,
-            decode_responses=True,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            retry_on_timeout=False,
-        )
-        self._keys = [prefix + "entries", prefix + "version", prefix + "epoch"]
-        self._put = self._client.register_script(_PUT_SCRIPT)
-        self._delete = self._client.register_script(_DELETE_SCRIPT)
-        self._health = _RedisHealth("lexicon store")
-        self._lock = threading.Lock()
-        self._last: tuple[str, dict[str, str]] | None = None
-
-    def version(self) -> str:
-        """`redis:<epoch>:<counter>` read from Redis; the last one read while Redis is unreachable."""
-        if self._health.available():
-            try:
-                epoch, counter = self._client.mget(self._keys[2], self._keys[1])
-            except redis.RedisError as e:
-                self._health.down("version read", e)
-            else:
-                self._health.up()
-                return _lexicon_version(epoch, counter)
-        return self._fallback()[0]
-
-    def get_all(self) -> dict[str, str]:
-        """Every stored entry, read together with its version (kept as the fallback for outages)."""
-        if not self._health.available():
-            return dict(self._fallback()[1])
-        try:
-            with self._client.pipeline(transaction=True) as pipe:
-                pipe.mget(self._keys[2], self._keys[1])
-                pipe.hgetall(self._keys[0])
-                (epoch, counter), entries = pipe.execute()
-        except redis.RedisError as e:
-            self._health.down("read", e)
-            raise StoreUnavailableError("the lexicon store (Redis) cannot be read now") from e
-        self._health.up()
-        with self._lock:
-            self._last = (_lexicon_version(epoch, counter), dict(entries))
-        return dict(entries)
-
-    def put(self, word: str, pinyin: str) -> None:
-        """Insert or replace one entry and bump the version; StoreUnavailableError when Redis is down."""
-        self._write("write", self._put, [word, pinyin, secrets.token_hex(6)])
-
-    def delete(self, word: str) -> bool:
-        """Remove one entry (True if it existed; the version moves only then); StoreUnavailableError when Redis is down."""
-        return bool(self._write("delete", self._delete, [word, secrets.token_hex(6)]))
-
-    def ping(self) -> bool:
-        try:
-            return bool(self._client.ping())
-        except redis.RedisError:
-            return False
-
-    def close(self) -> None:
-        self._client.close()
-
-    def _write(self, op: str, script: Script, args: list[str]) -> object:
-        # Writes always try Redis (ignoring the read back-off), so an operator's retry works as soon as it is back.
-        try:
-            result = script(keys=self._keys, args=args)
-        except redis.RedisError as e:
-            self._health.down(op, e)
-            raise StoreUnavailableError(
-                f"the lexicon store (Redis) is unavailable; the {op} was not applied", retry_after_s=LEXICON_WRITE_RETRY_AFTER_S
-            ) from e
-        self._health.up()
-        return result
-
-    def _fallback(self) -> tuple[str, dict[str, str]]:
-        with self._lock:
-            return self._last if self._last is not None else (LEXICON_UNREAD_VERSION, {})
-
-
-def _lexicon_version(epoch: object, counter: object) -> str:
-    """Values come decoded (str) or None for keys never written."""
-    return f"redis:{epoch or '-'}:{counter or 0}"
+def unpack_cached(entry: bytes | None) -> tuple[float, bytes] | None:
+    """(audio seconds, response bytes) of an entry written by pack_cached; None for a miss or anything else."""
+    if entry is None or len(entry) < _CACHED.size or not entry.startswith(_CACHED_MAGIC):
+        return None
+    _, audio_s = _CACHED.unpack_from(entry)
+    return float(audio_s), entry[_CACHED.size :]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import struct
 from typing import Protocol
 
-from service.audio import AudioFormat
+from service.audio.encode import AudioFormat
 
 # Samples a decoder outputs before the first input sample when the stream carries no gapless information (a streamed
 # MP3 has no LAME/Xing tag; ADTS has no edit list): LAME's encoder delay 576 + the MP3 decoder's 529, and the AAC

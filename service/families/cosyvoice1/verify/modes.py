@@ -14,8 +14,7 @@ from service.engine.hift import HiFTNoise, HiFTRunner
 from service.engine.streaming import RequestContext, stream_sentence
 from service.engine.token2wav import ReplayNoise, Token2Wav
 from service.engine.voice import FlowPrompt, LLMPrompt
-from service.verify import (
-    _CASE,
+from service.families.cosyvoice1.verify.stages import (
     TOL_FLOW_MEL,
     TOL_FLOW_MU,
     TOL_FLOW_STEP,
@@ -23,11 +22,9 @@ from service.verify import (
     TOL_LLM_INPUT,
     TOL_LLM_LOGP,
     TOL_STREAM_AUDIO,
-    Check,
     Engines,
-    indices,
-    max_abs,
 )
+from service.verify.checks import CASE, Check, indices, max_abs
 
 MODE_FILES = ("zero_shot.npz", "cross_lingual.npz", "instruct.npz")
 META_NAME = "modes_meta.json"
@@ -140,7 +137,7 @@ def verify_modes(engines: Engines, fixtures: Path) -> Iterator[Check]:
         if not (fixtures / name).is_file():
             continue
         with np.load(fixtures / name) as npz:
-            for c in indices(npz, _CASE):
+            for c in indices(npz, CASE):
                 prompt = meta[mode][c].get("prompt")
                 mel = mels[f"{prompt}_mel80"] if prompt else None
                 yield from verify_mode_case(engines, npz, f"case{c}_", f"{mode} case{c}", mel)

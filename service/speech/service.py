@@ -2,42 +2,34 @@
 
 from __future__ import annotations
 
-import codecs
 import contextvars
 import logging
-import queue
-import struct
 import threading
 import time
-import unicodedata
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-from service.audio import DEFAULT_BITRATE_KBPS, AudioFormat, encode_complete, make_encoder, media_type, output_sample_rate
-from service.audio_timeline import decoder_delay_s
-from service.cache import AudioCache, audio_cache_key
-from service.engine.synthesizer import AudioChunk, SynthesisOptions
-from service.engine.voice import Voice
+from service.audio.encode import encode_complete, make_encoder, media_type, output_sample_rate
+from service.audio.timeline import decoder_delay_s
+from service.engine.synthesizer import SynthesisOptions
 from service.errors import (
     EngineError,
     InvalidInputError,
     OverloadedError,
     ShuttingDownError,
-    TextTooLongError,
     TTSError,
     UnknownSpeakerError,
 )
+from service.families.model import Engine, ModelVoice
 from service.frontend import Sentence
+from service.speech.job import SentenceClock, SpeechJob, SpeechTimings, SynthesisObserver, join_audio, with_pauses
+from service.speech.request import PreparedSpeech, SpeechRequest, check_text, key_text
+from service.stores.audio_cache import AudioCache, audio_cache_key, pack_cached, unpack_cached
 
 log = logging.getLogger(__name__)
-
-_OUTPUT_QUEUE_ITEMS = 16  # encoded pieces a job may run ahead of its reader
-_READER_STALL_S = 120.0  # a reader that takes nothing for this long is treated as gone
-_ALLOWED_CONTROLS = frozenset("\t\n\r")
 
 
 class Frontend(Protocol):
@@ -49,222 +41,7 @@ class Frontend(Protocol):
         ...
 
 
-class Engine(Protocol):
-    """What the service needs from service.engine.synthesizer.Synthesizer."""
-
-    @property
-    def sample_rate(self) -> int: ...
-
-    @property
-    def speakers(self) -> Sequence[str]: ...
-
-    def voice(self, speaker: str) -> Voice:
-        """The built-in speaker `speaker` (UnknownSpeakerError when there is none of that name)."""
-        ...
-
-    def synthesize(
-        self, sentences: list[list[int]], voice: Voice, options: SynthesisOptions, cancel: threading.Event
-    ) -> Iterator[AudioChunk]: ...
-
-
-VoiceResolver = Callable[[str], Voice | None]  # a saved voice by name, or None (service.voices)
-
-
-class SynthesisObserver:
-    """Receives what the service measures; these defaults record nothing (the API's Metrics overrides them)."""
-
-    def queue_changed(self, waiting: int, running: int) -> None:
-        """Jobs waiting for a worker and jobs running, after every change."""
-
-    def first_chunk(self, seconds: float) -> None:
-        """Seconds from request arrival to its first encoded bytes."""
-
-    def chunk_done(self) -> None:
-        """The engine produced one more audio chunk."""
-
-    def finished(self, timings: SpeechTimings) -> None:
-        """A job completed; `timings` holds its per-stage seconds and audio length."""
-
-    def cancelled(self) -> None:
-        """A job stopped early: its client went away or cancelled it."""
-
-    def request_done(self, transport: str, route: str, status: str, seconds: float) -> None:
-        """A call over a non-HTTP transport ended (`grpc`, `websocket`) with its final status, after `seconds`."""
-
-
-@dataclass(frozen=True)
-class SpeechRequest:
-    """One synthesis request, already validated for type and range by the API schema."""
-
-    text: str
-    speaker: str  # a built-in speaker or a saved voice (by name); ignored when `voice` is given
-    fmt: AudioFormat = AudioFormat.WAV
-    speed: float = 1.0
-    seed: int | None = None
-    engine_stream: bool = False  # stream inside a sentence too (first audio after the engine's first hop)
-    chunked: bool = False  # deliver the response in pieces (else one complete file)
-    pcm_rate_hz: int | None = None  # output rate of raw PCM; None = the model's
-    bitrate_kbps: int = DEFAULT_BITRATE_KBPS  # MP3/Opus/AAC only
-    max_chars: int = 4096
-    text_param: str = "text"  # request field names, for error messages
-    speaker_param: str = "speaker"
-    voice: Voice | None = None  # an already resolved voice (a one-off prompt, an instruct request)
-    timestamps: bool = False  # a SentenceMark after each sentence's audio (never served from the audio cache)
-
-
-@dataclass
-class SpeechTimings:
-    """Seconds spent per stage of one request, and the audio it produced."""
-
-    frontend_s: float = 0.0
-    queue_s: float = 0.0
-    llm_s: float = 0.0
-    flow_s: float = 0.0
-    hift_s: float = 0.0
-    encode_s: float = 0.0
-    first_chunk_s: float | None = None
-    total_s: float = 0.0
-    audio_s: float = 0.0
-
-    def add_chunk(self, chunk: AudioChunk, sample_rate: int) -> None:
-        """Account one engine chunk: its stage seconds and its audio length."""
-        self.llm_s += chunk.timings.llm_s
-        self.flow_s += chunk.timings.flow_s
-        self.hift_s += chunk.timings.hift_s
-        self.audio_s += chunk.audio.size / sample_rate
-
-    @property
-    def rtf(self) -> float | None:
-        """Real-time factor: synthesis seconds per second of audio (None without audio)."""
-        return self.total_s / self.audio_s if self.audio_s > 0 else None
-
-    def server_timing(self) -> str:
-        """Value of a `Server-Timing` header (milliseconds)."""
-        stages = {"frontend": self.frontend_s, "queue": self.queue_s, "llm": self.llm_s, "flow": self.flow_s}
-        stages |= {"hift": self.hift_s, "encode": self.encode_s, "total": self.total_s}
-        return ", ".join(f"{k};dur={v * 1000:.1f}" for k, v in stages.items())
-
-
-@dataclass(frozen=True)
-class PreparedSpeech:
-    """A request after validation and the text frontend: what the engine will read, and its cache key."""
-
-    request: SpeechRequest
-    sentences: tuple[Sentence, ...]
-    cache_key: str
-    sample_rate_hz: int
-    media_type: str
-    started: float  # time.monotonic() when the request reached the service
-    frontend_s: float
-    voice: Voice
-
-    @property
-    def input_tokens(self) -> int:
-        return sum(len(s.ids) for s in self.sentences)
-
-
-@dataclass(frozen=True)
-class SentenceMark:
-    """Where one spoken sentence lies in a job's audio, in seconds of what a decoder yields (priming included)."""
-
-    index: int  # among the sentences the engine speaks, from 0
-    text: str  # as the frontend read it (normalized)
-    start_s: float
-    end_s: float
-
-
-class SentenceClock:
-    """Follows a job's output sample by sample (pauses included) and marks each sentence when its last chunk passes."""
-
-    def __init__(self, texts: Sequence[str], sample_rate: int, delay_s: float) -> None:
-        self.texts = texts
-        self.sample_rate = sample_rate
-        self.delay_s = delay_s
-        self._pos = 0  # model-rate samples so far
-        self._starts: dict[int, int] = {}
-
-    def advance(self, chunk: AudioChunk | None, n_samples: int) -> SentenceMark | None:
-        """Account `n_samples` of output (`chunk` None: silence); the mark of the sentence this chunk ends, if any."""
-        start = self._pos
-        self._pos += n_samples
-        if chunk is None:
-            return None
-        first = self._starts.setdefault(chunk.sentence_index, start)
-        if not (chunk.sentence_end or chunk.is_final):
-            return None
-        i = chunk.sentence_index
-        return SentenceMark(i, self.texts[i], self._seconds(first), self._seconds(self._pos))
-
-    def _seconds(self, samples: int) -> float:
-        return samples / self.sample_rate + self.delay_s
-
-
-_END = object()
-
-
-@dataclass(eq=False)
-class SpeechJob:
-    """The bytes of one response: a cache hit, or the output of a job running in the worker pool.
-
-    Iterating blocks until the next piece is ready. `cancel()` (the client went away) makes the
-    worker stop at its next chunk; iterating a failed job raises the job's TTSError.
-    """
-
-    prepared: PreparedSpeech
-    cached: bytes | None = None
-    timings: SpeechTimings = field(default_factory=SpeechTimings)
-    cancel_event: threading.Event = field(default_factory=threading.Event)
-    admitted_at: float = 0.0
-    _out: queue.Queue[object] = field(default_factory=lambda: queue.Queue(_OUTPUT_QUEUE_ITEMS))
-
-    @property
-    def cache_hit(self) -> bool:
-        return self.cached is not None
-
-    def cancel(self) -> None:
-        self.cancel_event.set()
-
-    def __iter__(self) -> Iterator[bytes]:
-        for item in self.events():
-            if isinstance(item, bytes):
-                yield item
-
-    def events(self) -> Iterator[bytes | SentenceMark]:
-        """The pieces, with a SentenceMark after each sentence's audio when the request asked for timestamps."""
-        if self.cached is not None:
-            yield self.cached
-            return
-        while True:
-            item = self._out.get()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            assert isinstance(item, (bytes, SentenceMark))
-            yield item
-
-    def read_all(self) -> bytes:
-        """The complete response (blocks until the job ends)."""
-        return b"".join(self)
-
-    def emit(self, item: object) -> None:
-        """Worker side: hand a piece to the reader, waiting while it is behind; gives up when cancelled."""
-        deadline = time.monotonic() + _READER_STALL_S
-        while not self.cancel_event.is_set():
-            try:
-                self._out.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                if time.monotonic() > deadline:
-                    log.warning("reader took nothing for %.0f s; cancelling its synthesis", _READER_STALL_S)
-                    self.cancel_event.set()
-
-    def close(self) -> None:
-        """Worker side: mark the end (never blocks)."""
-        try:
-            self._out.put_nowait(_END)
-        except queue.Full:
-            self.cancel_event.set()  # nobody is reading; the reader is gone
+VoiceResolver = Callable[[str], ModelVoice | None]  # a saved voice by name, or None (the model's voices)
 
 
 class TTSService:
@@ -361,7 +138,7 @@ class TTSService:
         variant = f"{request.fmt.value};{'chunked' if request.chunked else 'file'};engine_stream={request.engine_stream}"
         key = audio_cache_key(
             bundle_sha256=self.bundle_sha256,
-            text="\n".join(_key_text(s) for s in sentences),
+            text="\n".join(key_text(s) for s in sentences),
             speaker=voice.fingerprint,  # the numbers the audio depends on, not a name that may be reused
             speed=request.speed,
             fmt=f"{variant};n_timesteps={self.n_timesteps};kbps={request.bitrate_kbps}",
@@ -379,7 +156,7 @@ class TTSService:
             return name
         return self.aliases.get(name.lower(), name)
 
-    def resolve_voice(self, request: SpeechRequest) -> Voice:
+    def resolve_voice(self, request: SpeechRequest) -> ModelVoice:
         """The request's voice: given, a built-in speaker, a saved voice, or either of them through an alias
         (UnknownSpeakerError naming what exists). Reads the saved-voice store: call it off the event loop."""
         if request.voice is not None:
@@ -516,7 +293,7 @@ class TTSService:
             return None
         start = time.monotonic()
         rate_hz, kbps = p.sample_rate_hz, req.bitrate_kbps
-        tail = encoder.finish() if encoder else encode_complete(req.fmt, _join(audio), self.sample_rate, rate_hz, kbps)
+        tail = encoder.finish() if encoder else encode_complete(req.fmt, join_audio(audio), self.sample_rate, rate_hz, kbps)
         t.encode_s += time.monotonic() - start
         self._hand_over(job, tail, pieces)
         return pieces
@@ -544,79 +321,3 @@ class TTSService:
         )  # fmt: skip
         if not job.cancel_event.is_set():
             self.cache.put(job.prepared.cache_key, pack_cached(t.audio_s, b"".join(pieces)))
-
-
-_CACHED = struct.Struct("<4sd")  # an audio cache entry starts with b"TTS1" and the audio's length in seconds
-_CACHED_MAGIC = b"TTS1"
-
-
-def pack_cached(audio_s: float, data: bytes) -> bytes:
-    """An audio cache entry: the response bytes after a small header holding the audio's length in seconds."""
-    return _CACHED.pack(_CACHED_MAGIC, audio_s) + data
-
-
-def unpack_cached(entry: bytes | None) -> tuple[float, bytes] | None:
-    """(audio seconds, response bytes) of an entry written by pack_cached; None for a miss or anything else."""
-    if entry is None or len(entry) < _CACHED.size or not entry.startswith(_CACHED_MAGIC):
-        return None
-    _, audio_s = _CACHED.unpack_from(entry)
-    return float(audio_s), entry[_CACHED.size :]
-
-
-def with_pauses(
-    chunks: Iterator[AudioChunk], pauses_s: Sequence[float], lead_s: float, sample_rate: int
-) -> Iterator[tuple[AudioChunk | None, np.ndarray]]:
-    """Engine chunks as (chunk, chunk.audio), with (None, zeros) for silence: `lead_s` before everything and
-    `pauses_s[i]` after the last chunk of sentence i (round(seconds * sample_rate) float32 zero samples)."""
-    if lead_s > 0:
-        yield None, np.zeros(round(lead_s * sample_rate), dtype=np.float32)
-    done = 0  # sentences whose pause has been placed
-    for chunk in chunks:
-        yield from _silences(pauses_s[done : chunk.sentence_index], sample_rate)
-        done = max(done, chunk.sentence_index)
-        yield chunk, chunk.audio
-        if chunk.is_final:
-            yield from _silences(pauses_s[done:], sample_rate)
-            done = len(pauses_s)
-        elif chunk.sentence_end:  # the silence goes out now, not with the next sentence's first audio
-            yield from _silences(pauses_s[done : chunk.sentence_index + 1], sample_rate)
-            done = chunk.sentence_index + 1
-
-
-def _silences(pauses_s: Sequence[float], sample_rate: int) -> Iterator[tuple[None, np.ndarray]]:
-    for seconds in pauses_s:
-        if seconds > 0:
-            yield None, np.zeros(round(seconds * sample_rate), dtype=np.float32)
-
-
-def _key_text(sentence: Sentence) -> str:
-    """A sentence's part of the audio cache key; a pause after it changes the key (no pause: the text alone)."""
-    return f"{sentence.text}\t{sentence.pause_after_s!r}" if sentence.pause_after_s else sentence.text
-
-
-def _join(audio: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate(audio).astype(np.float32) if audio else np.zeros(0, dtype=np.float32)
-
-
-def decode_text(raw: bytes, what: str, param: str | None, charset: str = "utf-8") -> str:
-    """`raw` decoded as `charset` (strictly); InvalidInputError naming `what`, the first bad byte and its offset
-    otherwise. Every transport decodes request text with it: a GBK transcript is refused, never kept as mojibake."""
-    try:
-        return raw.decode(charset)
-    except UnicodeDecodeError as e:
-        name = codecs.lookup(charset).name.upper().replace("_", "-")
-        bad = f"byte 0x{raw[e.start]:02X} at offset {e.start}"
-        raise InvalidInputError(f"{what} is not valid {name} text ({bad}); encode text as UTF-8", param=param) from e
-
-
-def check_text(text: str, max_chars: int, param: str) -> None:
-    """Reject over-long text (TextTooLongError) and characters no text should hold: C0/C1 controls, lone
-    surrogates (InvalidInputError). `param` names the request field in the error."""
-    if len(text) > max_chars:
-        raise TextTooLongError(f"text has {len(text)} characters; the limit is {max_chars}", param=param)
-    for i, ch in enumerate(text):
-        if ch in _ALLOWED_CONTROLS:
-            continue
-        category = unicodedata.category(ch)
-        if category in ("Cc", "Cs"):
-            raise InvalidInputError(f"text holds a disallowed character U+{ord(ch):04X} at position {i}", param=param)

@@ -1,17 +1,16 @@
-"""Replay reference fixtures (tokenizer, LLM, flow, HiFT, streaming, prompts) through a bundle and measure each stage's error."""
+"""Replay the v1 model-stage fixtures (tokenizer, LLM, flow, HiFT, streaming) through a bundle's runners."""
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from service.bundle import FAMILY_V2, ModelBundle
+from service.bundle import ModelBundle
 from service.engine.chunking import ScheduleConfig
 from service.engine.flow import FlowRunner
 from service.engine.hift import HiFTNoise, HiFTRunner, sine_excitation
@@ -21,6 +20,7 @@ from service.engine.streaming import RequestContext, stream_sentence
 from service.engine.token2wav import ReplayNoise, SentenceState, Token2Wav, WavChunk
 from service.engine.voice import FlowPrompt, LLMPrompt
 from service.frontend import TextFrontend
+from service.verify.checks import CASE, CHUNK, Check, indices, max_abs, mismatches
 
 # Acceptance thresholds (max abs error), from the fixture README: float32 CPU re-implementation with the
 # recorded randomness injected. Integer results (token ids, chunk boundaries) must match exactly.
@@ -35,57 +35,6 @@ TOL_HIFT_WAV = 1e-4
 # Streaming audio (flow -> cross-fades -> HiFT) is held to the HiFT bound: the tiny reference run measures
 # ~2e-7, and an orchestration slip (a wrong fade or cache) moves samples by far more (audio std ~0.07).
 TOL_STREAM_AUDIO = 1e-4
-
-FIXTURE_FILES = ("tokenizer.json", "llm.npz", "flow.npz", "hift.npz", "stream.npz")
-_CASE = re.compile(r"^case(\d+)_")
-_CHUNK = re.compile(r"^chunk(\d+)_")
-
-
-@dataclass(frozen=True)
-class Check:
-    """One compared quantity: its largest absolute error against the fixture and the allowed bound."""
-
-    stage: str
-    name: str
-    error: float
-    tolerance: float
-
-    @property
-    def ok(self) -> bool:
-        return bool(np.isfinite(self.error)) and self.error <= self.tolerance
-
-
-@dataclass
-class VerifyReport:
-    checks: list[Check] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)  # "<file>: <reason>"
-
-    @property
-    def ok(self) -> bool:
-        return all(c.ok for c in self.checks)
-
-
-def max_abs(got: np.ndarray, want: np.ndarray) -> float:
-    """Largest |got - want|; inf when the shapes differ (a shape mismatch is never within tolerance)."""
-    got, want = np.asarray(got), np.asarray(want)
-    if got.shape != want.shape:
-        return float("inf")
-    if got.size == 0:
-        return 0.0
-    return float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
-
-
-def mismatches(got: Any, want: Any) -> float:
-    """0.0 when two integer sequences are identical, else the number of differing positions (inf on length change)."""
-    a, b = np.asarray(got).reshape(-1), np.asarray(want).reshape(-1)
-    if a.shape != b.shape:
-        return float("inf")
-    return float(np.count_nonzero(a != b))
-
-
-def indices(npz: Any, pattern: re.Pattern[str]) -> list[int]:
-    """Case or chunk numbers present in an npz (derived from array names like `case2_logp`)."""
-    return sorted({int(m.group(1)) for k in npz.files if (m := pattern.match(k))})
 
 
 @dataclass
@@ -122,7 +71,7 @@ def verify_tokenizer(engines: Engines, path: Path) -> Iterator[Check]:
 
 def verify_llm(engines: Engines, npz: Any) -> Iterator[Check]:
     """Teacher-force the recorded speech tokens; log-probs of every decode position (prefill row first)."""
-    for c in indices(npz, _CASE):
+    for c in indices(npz, CASE):
         ids, emb = npz[f"case{c}_text_ids"], LLMPrompt(npz[f"case{c}_embedding"])
         if f"case{c}_prefill_lm_input" in npz.files:
             got = engines.llm.encode(ids, emb)
@@ -133,7 +82,7 @@ def verify_llm(engines: Engines, npz: Any) -> Iterator[Check]:
 
 def verify_flow(engines: Engines, npz: Any) -> Iterator[Check]:
     """Flow with the recorded initial noise: mu, first estimator call, final mel and the returned cache."""
-    for c in indices(npz, _CASE):
+    for c in indices(npz, CASE):
         key = f"case{c}_"
         mel, cache = engines.flow.inference(npz[key + "tokens"], npz[key + "embedding"], npz[key + "noise"][0])
         h, _ = engines.flow.encode(npz[key + "tokens"], npz[key + "embedding"])
@@ -157,7 +106,7 @@ def _estimator_error(engines: Engines, npz: Any, key: str) -> float:
 def verify_hift(engines: Engines, npz: Any) -> Iterator[Check]:
     """HiFT: f0, the source rebuilt from f0 and the recorded noise, and the waveform from both sources."""
     hift = engines.hift
-    for c in indices(npz, _CASE):
+    for c in indices(npz, CASE):
         key = f"case{c}_"
         mel = npz[key + "mel"][0]
         predicted = npz[key + "f0_predicted"] if key + "f0_predicted" in npz.files else npz[key + "f0"]
@@ -184,7 +133,7 @@ class _RecordingToken2Wav(Token2Wav):
 
 def verify_stream(engines: Engines, npz: Any) -> Iterator[Check]:
     """Official-schedule streaming with the recorded noise: chunk boundaries, finalize flags, yielded audio."""
-    chunks = indices(npz, _CHUNK)
+    chunks = indices(npz, CHUNK)
     noise = ReplayNoise(
         flow=[npz[f"chunk{i}_flow_noise"][0] for i in chunks],
         hift=[HiFTNoise(npz[f"chunk{i}_hift_phase_used"][0, :, 0], npz[f"chunk{i}_hift_sine_noise"][0]) for i in chunks],
@@ -205,70 +154,3 @@ def verify_stream(engines: Engines, npz: Any) -> Iterator[Check]:
     if "audio" in npz.files and got:
         whole = np.concatenate([g.audio for g in got])
         yield Check("stream", "joined audio", max_abs(whole, npz["audio"][0]), TOL_STREAM_AUDIO)
-
-
-_STAGES: dict[str, Callable[[Engines, Any], Iterator[Check]]] = {
-    "llm.npz": verify_llm,
-    "flow.npz": verify_flow,
-    "hift.npz": verify_hift,
-    "stream.npz": verify_stream,
-}
-
-
-def run_verification(
-    bundle: ModelBundle,
-    fixtures: Path,
-    runtime: RuntimeOptions | None = None,
-    on_check: Callable[[Check], None] | None = None,
-) -> VerifyReport:
-    """Replay every fixture file present in `fixtures` (layout of tests/reference/tiny, or of tiny-cosyvoice2 for a
-    CosyVoice2 bundle).
-
-    Missing files are listed in `report.skipped`; `on_check` sees each result as soon as it exists.
-    """
-    if bundle.family == FAMILY_V2:
-        from service.families.cosyvoice2.verify import run_verification2  # it imports this module: late
-
-        return run_verification2(bundle, Path(fixtures), runtime, on_check)
-    engines = Engines.open(bundle, runtime)
-    report = VerifyReport()
-
-    def emit(checks: Iterator[Check]) -> None:
-        for check in checks:
-            report.checks.append(check)
-            if on_check is not None:
-                on_check(check)
-
-    for name in FIXTURE_FILES:
-        path = Path(fixtures) / name
-        if not path.is_file():
-            report.skipped.append(f"{name}: not present")
-        elif name == "tokenizer.json":
-            emit(verify_tokenizer(engines, path))
-        else:
-            with np.load(path) as npz:
-                emit(_STAGES[name](engines, npz))
-    _verify_voice_cloning(engines, Path(fixtures), runtime, report, emit)
-    return report
-
-
-def _verify_voice_cloning(
-    engines: Engines,
-    fixtures: Path,
-    runtime: RuntimeOptions | None,
-    report: VerifyReport,
-    emit: Callable[[Iterator[Check]], None],
-) -> None:
-    """Prompt analysis (prompts.npz) and the zero-shot / cross-lingual / instruct model paths, when present."""
-    from service.verify_modes import has_mode_fixtures, verify_modes  # both import this module: late
-    from service.verify_prompts import PROMPT_MODELS, PROMPTS_FILE, verify_prompts
-
-    missing = [f for f in (PROMPTS_FILE, *PROMPT_MODELS) if not (fixtures / f).is_file()]
-    if missing:
-        report.skipped.append(f"{PROMPTS_FILE}: not present" if PROMPTS_FILE in missing else f"{PROMPTS_FILE}: missing {missing}")
-    else:
-        emit(verify_prompts(fixtures, runtime))
-    if has_mode_fixtures(fixtures):
-        emit(verify_modes(engines, fixtures))
-    else:
-        report.skipped.append("zero_shot/cross_lingual/instruct: modes_meta.json or prompts.npz not present")

@@ -1,20 +1,20 @@
-"""Voices beyond the built-in speakers: prompt recordings analysed once (cached by their hash), saved voices by
-name, one-off prompts and instruct requests, all turned into the engine's Voice objects."""
+"""CosyVoice-300M voices beyond the built-in speakers: prompt recordings analysed once (cached by their hash), saved
+voices by name, one-off prompts and instruct requests, all turned into the v1 engine's Voice objects."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
 
-from service.audio_decode import container_format, decode_audio, pcm16_to_float
+from service.audio.decode import container_format, decode_audio, pcm16_to_float
 from service.bundle import PROMPT_GRAPH_NAMES, ModelBundle
 from service.engine.prompt import MAX_PROMPT_S, MelVariant, PromptAnalyzer
 from service.engine.sessions import RuntimeOptions
 from service.engine.voice import Voice
 from service.errors import InvalidInputError, NotFoundError, PromptAudioError, UnsupportedCapabilityError, VoiceExistsError
+from service.families.model import ModelVoice, PromptAudio
 from service.frontend import TextFrontend
-from service.voices import AnalysisCache, PromptFeatures, SavedVoice, VoiceStore, check_voice_name
+from service.stores.voices import AnalysisCache, PromptFeatures, SavedVoice, VoiceStore, check_voice_name
 
 log = logging.getLogger(__name__)
 
@@ -23,20 +23,6 @@ log = logging.getLogger(__name__)
 MAX_TRANSCRIPT_TOKENS_PER_S = 15.0
 TRANSCRIPT_TOKEN_SLACK = 10
 MAX_INSTRUCT_CHARS = 500
-
-
-@dataclass(frozen=True)
-class PromptAudio:
-    """An uploaded prompt recording: an encoded file (wav, flac, mp3, ogg/opus, m4a), or raw int16 mono PCM at
-    `pcm_rate_hz` (the official gRPC prompt_audio: 16 kHz)."""
-
-    data: bytes
-    pcm_rate_hz: int | None = None
-    field: str = "prompt_wav"  # the request field that carried it (named in errors)
-
-    @property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.data).hexdigest()
 
 
 class Voices:
@@ -74,11 +60,13 @@ class Voices:
         store: VoiceStore,
         cache: AnalysisCache,
         options: RuntimeOptions,
+        *,
+        analyze: bool = True,
         **kw: object,
     ) -> Voices:
-        """Open the bundle's prompt models when it has them (cloning is off otherwise)."""
+        """Open the bundle's prompt models when it has them and `analyze` asks for them (cloning is off otherwise)."""
         analyzer = None
-        if bundle.has_prompt_analysis:
+        if bundle.has_prompt_analysis and analyze:
             analyzer = PromptAnalyzer.load(
                 bundle.prompt_model_path("campplus"), bundle.prompt_model_path("speech_tokenizer"), options
             )
@@ -165,7 +153,7 @@ class Voices:
         return self._voice(saved.name, saved.features, self._transcript_ids(saved.transcript, saved.features.duration_s))
 
     # ---- instruct ----------------------------------------------------------------------------
-    def instruct_voice(self, base: Voice, instruct_text: str) -> Voice:
+    def instruct_voice(self, base: ModelVoice, instruct_text: str) -> Voice:
         """Instruct mode (CosyVoice-300M-Instruct): `base` voice's flow, instruct text in front of the LLM text."""
         if not self.can_instruct:
             raise UnsupportedCapabilityError(
@@ -175,7 +163,7 @@ class Voices:
         text = instruct_text.strip()
         if not text or len(text) > MAX_INSTRUCT_CHARS:
             raise InvalidInputError(f"instruct_text must have 1-{MAX_INSTRUCT_CHARS} characters", param="instruct_text")
-        return base.with_instruction(tuple(self._prompt_text_ids(text)))
+        return v1_voice(base).with_instruction(tuple(self._prompt_text_ids(text)))
 
     # ---- internals ---------------------------------------------------------------------------
     def _analyzer(self) -> PromptAnalyzer:
@@ -216,3 +204,10 @@ def models_fingerprint(bundle: ModelBundle) -> str:
         return "none"
     parts = [bundle.manifest.graphs[n].sha256 for n in PROMPT_GRAPH_NAMES]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def v1_voice(voice: ModelVoice) -> Voice:
+    """`voice` as the v1 engine takes it: only a voice this family made is one (InvalidInputError otherwise)."""
+    if not isinstance(voice, Voice):
+        raise InvalidInputError(f"the voice {voice.name!r} was made by another model family", param="voice")
+    return voice

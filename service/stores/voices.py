@@ -19,10 +19,9 @@ from typing import Any, Protocol
 
 import numpy as np
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from service.errors import InvalidInputError, StoreUnavailableError, TooManyVoicesError, VoiceExistsError
+from service.stores.redis_client import redis_client
 
 VOICE_FORMAT = 1
 MAX_NAME_CHARS = 64
@@ -144,6 +143,39 @@ class VoiceStore(Protocol):
     def close(self) -> None: ...
 
 
+class MemoryVoiceStore:
+    """Saved voices in this process only (the CLI and benchmarks: nothing survives the process)."""
+
+    backend = "memory"
+
+    def __init__(self) -> None:
+        self._voices: dict[str, SavedVoice] = {}
+        self._lock = threading.Lock()
+
+    def list(self) -> list[SavedVoice]:
+        with self._lock:
+            return sorted(self._voices.values(), key=lambda v: v.created_at)
+
+    def get(self, name: str) -> SavedVoice | None:
+        with self._lock:
+            return self._voices.get(name)
+
+    def add(self, voice: SavedVoice, max_voices: int) -> None:
+        with self._lock:
+            if voice.name in self._voices:
+                raise VoiceExistsError(f"a voice named {voice.name!r} exists; delete it first", param="name")
+            if len(self._voices) >= max_voices:
+                raise TooManyVoicesError(f"the store holds its maximum of {max_voices} voices (TTS_MAX_VOICES)")
+            self._voices[voice.name] = voice
+
+    def delete(self, name: str) -> bool:
+        with self._lock:
+            return self._voices.pop(name, None) is not None
+
+    def close(self) -> None:
+        pass
+
+
 class DirectoryVoiceStore:
     """One file per voice in a directory that survives restarts; writes are atomic (temp file + rename).
 
@@ -241,7 +273,7 @@ class RedisVoiceStore:
     backend = "redis"
 
     def __init__(self, url: str, key: str = REDIS_VOICES_KEY) -> None:
-        self._client = _client(url)
+        self._client = redis_client(url, _REDIS_TIMEOUT_S)
         self._key = key
         self._add = self._client.register_script(_ADD_SCRIPT)
 
@@ -280,7 +312,7 @@ class AnalysisCache:
     Redis only cost a re-analysis."""
 
     def __init__(self, redis_url: str | None, *, capacity: int = 64, ttl_s: int = 86_400) -> None:
-        self._client = _client(redis_url) if redis_url else None
+        self._client = redis_client(redis_url, _REDIS_TIMEOUT_S) if redis_url else None
         self._ttl_s = ttl_s
         self._capacity = capacity
         self._memory: OrderedDict[str, bytes] = OrderedDict()
@@ -331,12 +363,6 @@ class AnalysisCache:
             if found is not None:
                 self._memory.move_to_end(key)
             return found
-
-
-def _client(url: str) -> redis.Redis:
-    return redis.Redis.from_url(
-        url, socket_timeout=_REDIS_TIMEOUT_S, socket_connect_timeout=_REDIS_TIMEOUT_S, retry=Retry(NoBackoff(), 0)
-    )
 
 
 def _parse(blob: Any) -> SavedVoice | None:

@@ -1,0 +1,115 @@
+"""CosyVoice-300M (-SFT, -Instruct) assembled from its bundle: text frontend, ONNX synthesizer and voices."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Protocol, cast, get_args
+
+from service.bundle import FAMILY_V1, Capabilities, ModelBundle
+from service.engine.prompt import MelVariant
+from service.engine.sessions import RuntimeOptions
+from service.engine.synthesizer import AudioChunk, SynthesisOptions, Synthesizer
+from service.engine.voice import Voice
+from service.errors import BundleError
+from service.families.cosyvoice1.voices import Voices, v1_voice
+from service.families.model import ModelContext, ModelVoice
+from service.frontend import TextFrontend
+from service.stores.voices import AnalysisCache, MemoryVoiceStore
+
+
+class V1Engine(Protocol):
+    """What the model needs of its engine: Synthesizer, or a test's wrapper around one."""
+
+    @property
+    def sample_rate(self) -> int: ...
+
+    @property
+    def speakers(self) -> Sequence[str]: ...
+
+    def voice(self, speaker: str) -> Voice: ...
+
+    def synthesize(
+        self, sentences: list[list[int]], voice: Voice, options: SynthesisOptions, cancel: threading.Event
+    ) -> Iterator[AudioChunk]: ...
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+def load_synthesizer(bundle: ModelBundle, runtime: RuntimeOptions) -> Synthesizer:
+    """The family's own engine: the ONNX Runtime synthesizer of the bundle."""
+    return Synthesizer.load(bundle, runtime)
+
+
+class CosyVoice1Model:
+    """One loaded CosyVoice-300M bundle; thread-safe (the engine and the voices lock what they share)."""
+
+    family = FAMILY_V1
+
+    def __init__(self, bundle: ModelBundle, frontend: TextFrontend, engine: V1Engine, voices: Voices) -> None:
+        self.bundle = bundle
+        self._frontend = frontend
+        self.engine = engine
+        self._voices = voices
+
+    @property
+    def model_id(self) -> str:
+        return self.bundle.manifest.model
+
+    @property
+    def sample_rate(self) -> int:
+        return self.engine.sample_rate
+
+    @property
+    def speakers(self) -> Sequence[str]:
+        return self.engine.speakers
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.bundle.capabilities
+
+    @property
+    def frontend(self) -> TextFrontend:
+        return self._frontend
+
+    @property
+    def voices(self) -> Voices:
+        return self._voices
+
+    def voice(self, speaker: str) -> ModelVoice:
+        return self.engine.voice(speaker)
+
+    def synthesize(
+        self, sentences: list[list[int]], voice: ModelVoice, options: SynthesisOptions, cancel: threading.Event
+    ) -> Iterator[AudioChunk]:
+        return self.engine.synthesize(sentences, v1_voice(voice), options, cancel)
+
+    def close(self) -> None:
+        """Stop the engine's scheduler thread (if it has one), then close the voice store and analysis cache."""
+        close_engine = getattr(self.engine, "close", None)
+        if callable(close_engine):
+            cast(_Closable, self.engine).close()
+        self._voices.store.close()
+        self._voices.cache.close()
+
+
+def load_model(bundle: ModelBundle, context: ModelContext) -> CosyVoice1Model:
+    """Frontend (whisper BPE), engine (the context's loader, else the synthesizer) and voices of a v1 bundle."""
+    if context.mel_variant not in get_args(MelVariant):
+        raise BundleError(f"prompt mel variant {context.mel_variant!r} is not one of {', '.join(get_args(MelVariant))}")
+    frontend = TextFrontend.load(bundle.tokenizer_path, lexicon_store=context.lexicon_store)
+    engine = cast(V1Engine, (context.engine_loader or load_synthesizer)(bundle, context.options))
+    voices = Voices.load(
+        bundle,
+        frontend,
+        context.voice_store or MemoryVoiceStore(),
+        context.analysis_cache or AnalysisCache(None),
+        context.options,
+        analyze=context.prompt_analysis,
+        mel_variant=cast(MelVariant, context.mel_variant),
+        max_voices=context.max_voices,
+        reserved_names=context.reserved_voice_names,
+    )
+    return CosyVoice1Model(bundle, frontend, engine, voices)

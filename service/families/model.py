@@ -1,0 +1,155 @@
+"""What a model family gives the rest of the service: the Model protocol, its voices, and the Family entry."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from service.bundle import Capabilities, ModelBundle
+from service.engine.sessions import RuntimeOptions
+from service.engine.synthesizer import AudioChunk, SynthesisOptions
+from service.frontend import TextFrontend
+from service.frontend.lexicon import LexiconStore
+from service.stores.voices import AnalysisCache, SavedVoice, VoiceStore
+from service.verify.checks import Check, VerifyReport
+
+
+@dataclass(frozen=True)
+class PromptAudio:
+    """An uploaded prompt recording: an encoded file (wav, flac, mp3, ogg/opus, m4a), or raw int16 mono PCM at
+    `pcm_rate_hz` (the official gRPC prompt_audio: 16 kHz)."""
+
+    data: bytes
+    pcm_rate_hz: int | None = None
+    field: str = "prompt_wav"  # the request field that carried it (named in errors)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+
+class ModelVoice(Protocol):
+    """A voice as a family's `synthesize` takes it; only the family that made it reads more than these two."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def fingerprint(self) -> str:
+        """Names every number the audio depends on (part of the audio cache key)."""
+        ...
+
+
+class Engine(Protocol):
+    """Synthesis: built-in voices and sentences of text ids -> self-describing audio chunks."""
+
+    @property
+    def sample_rate(self) -> int: ...
+
+    @property
+    def speakers(self) -> Sequence[str]: ...
+
+    def voice(self, speaker: str) -> ModelVoice:
+        """The built-in speaker `speaker` (UnknownSpeakerError when there is none of that name)."""
+        ...
+
+    def synthesize(
+        self, sentences: list[list[int]], voice: ModelVoice, options: SynthesisOptions, cancel: threading.Event
+    ) -> Iterator[AudioChunk]:
+        """Validation errors raised by the call; the generator does the work and ends early once `cancel` is set."""
+        ...
+
+
+class VoiceLibrary(Protocol):
+    """Voices beyond the built-in speakers: prompt analysis, saved voices, instruct. Blocking: call off event loops."""
+
+    @property
+    def store(self) -> VoiceStore: ...
+
+    @property
+    def cache(self) -> AnalysisCache: ...
+
+    @property
+    def max_voices(self) -> int: ...
+
+    @property
+    def can_clone(self) -> bool: ...
+
+    @property
+    def can_instruct(self) -> bool: ...
+
+    def prompt_voice(self, prompt: PromptAudio, transcript: str = "", *, name: str = "prompt") -> ModelVoice: ...
+
+    def instruct_voice(self, base: ModelVoice, instruct_text: str) -> ModelVoice: ...
+
+    def save(self, name: str, prompt: PromptAudio, transcript: str = "") -> SavedVoice: ...
+
+    def saved(self, name: str) -> SavedVoice: ...
+
+    def delete(self, name: str) -> None: ...
+
+    def resolve(self, name: str) -> ModelVoice | None:
+        """The saved voice `name` as `synthesize` takes it, or None."""
+        ...
+
+
+class Model(Engine, Protocol):
+    """One loaded model of a family: what transports, speech and the CLI may use of it."""
+
+    @property
+    def family(self) -> str: ...
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    @property
+    def frontend(self) -> TextFrontend: ...
+
+    @property
+    def voices(self) -> VoiceLibrary: ...
+
+    def close(self) -> None:
+        """Stop the model's threads and close its stores (blocking)."""
+        ...
+
+
+# Builds a family's engine (the family's own engine type, or a test's or benchmark's wrapper with its methods).
+EngineLoader = Callable[[ModelBundle, RuntimeOptions], object]
+
+
+@dataclass(frozen=True)
+class ModelContext:
+    """What a family builds a model with besides its bundle: options, shared stores, limits.
+
+    The stores default to this process only (no saved voice survives it), which suits the CLI and benchmarks.
+    """
+
+    options: RuntimeOptions = field(default_factory=RuntimeOptions)
+    lexicon_store: LexiconStore | None = None  # None: the lexicon lives in this process
+    voice_store: VoiceStore | None = None
+    analysis_cache: AnalysisCache | None = None
+    mel_variant: str = "trained"  # settings.prompt_mel_variant (a family that has one variant ignores it)
+    max_voices: int = 100
+    reserved_voice_names: tuple[str, ...] = ()
+    prompt_analysis: bool = True  # open the bundle's prompt models (voice cloning); `service synth` does without
+    engine_loader: EngineLoader | None = None  # None: the family's own engine
+
+
+ModelLoader = Callable[[ModelBundle, ModelContext], Model]
+Verifier = Callable[[ModelBundle, Path, RuntimeOptions | None, Callable[[Check], None] | None], VerifyReport]
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model family as the registry knows it: its manifest name, how it is served and how it is verified."""
+
+    name: str
+    verify: Verifier  # replays the official implementation's fixtures (`python -m service verify`)
+    load: ModelLoader | None = None  # None: the family is verified, not served yet

@@ -1,0 +1,81 @@
+"""A synthesis request as transports hand it over, the checks its text must pass, and the request once prepared."""
+
+from __future__ import annotations
+
+import codecs
+import unicodedata
+from dataclasses import dataclass
+
+from service.audio.encode import DEFAULT_BITRATE_KBPS, AudioFormat
+from service.errors import InvalidInputError, TextTooLongError
+from service.families.model import ModelVoice
+from service.frontend import Sentence
+
+_ALLOWED_CONTROLS = frozenset("\t\n\r")
+
+
+@dataclass(frozen=True)
+class SpeechRequest:
+    """One synthesis request, already validated for type and range by the API schema."""
+
+    text: str
+    speaker: str  # a built-in speaker or a saved voice (by name); ignored when `voice` is given
+    fmt: AudioFormat = AudioFormat.WAV
+    speed: float = 1.0
+    seed: int | None = None
+    engine_stream: bool = False  # stream inside a sentence too (first audio after the engine's first hop)
+    chunked: bool = False  # deliver the response in pieces (else one complete file)
+    pcm_rate_hz: int | None = None  # output rate of raw PCM; None = the model's
+    bitrate_kbps: int = DEFAULT_BITRATE_KBPS  # MP3/Opus/AAC only
+    max_chars: int = 4096
+    text_param: str = "text"  # request field names, for error messages
+    speaker_param: str = "speaker"
+    voice: ModelVoice | None = None  # an already resolved voice (a one-off prompt, an instruct request)
+    timestamps: bool = False  # a SentenceMark after each sentence's audio (never served from the audio cache)
+
+
+@dataclass(frozen=True)
+class PreparedSpeech:
+    """A request after validation and the text frontend: what the engine will read, and its cache key."""
+
+    request: SpeechRequest
+    sentences: tuple[Sentence, ...]
+    cache_key: str
+    sample_rate_hz: int
+    media_type: str
+    started: float  # time.monotonic() when the request reached the service
+    frontend_s: float
+    voice: ModelVoice
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(len(s.ids) for s in self.sentences)
+
+
+def key_text(sentence: Sentence) -> str:
+    """A sentence's part of the audio cache key; a pause after it changes the key (no pause: the text alone)."""
+    return f"{sentence.text}\t{sentence.pause_after_s!r}" if sentence.pause_after_s else sentence.text
+
+
+def decode_text(raw: bytes, what: str, param: str | None, charset: str = "utf-8") -> str:
+    """`raw` decoded as `charset` (strictly); InvalidInputError naming `what`, the first bad byte and its offset
+    otherwise. Every transport decodes request text with it: a GBK transcript is refused, never kept as mojibake."""
+    try:
+        return raw.decode(charset)
+    except UnicodeDecodeError as e:
+        name = codecs.lookup(charset).name.upper().replace("_", "-")
+        bad = f"byte 0x{raw[e.start]:02X} at offset {e.start}"
+        raise InvalidInputError(f"{what} is not valid {name} text ({bad}); encode text as UTF-8", param=param) from e
+
+
+def check_text(text: str, max_chars: int, param: str) -> None:
+    """Reject over-long text (TextTooLongError) and characters no text should hold: C0/C1 controls, lone
+    surrogates (InvalidInputError). `param` names the request field in the error."""
+    if len(text) > max_chars:
+        raise TextTooLongError(f"text has {len(text)} characters; the limit is {max_chars}", param=param)
+    for i, ch in enumerate(text):
+        if ch in _ALLOWED_CONTROLS:
+            continue
+        category = unicodedata.category(ch)
+        if category in ("Cc", "Cs"):
+            raise InvalidInputError(f"text holds a disallowed character U+{ord(ch):04X} at position {i}", param=param)
