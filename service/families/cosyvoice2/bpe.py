@@ -82,8 +82,8 @@ def read_normalizer(data: dict[str, Any]) -> str | None:
 
 def read_pattern(data: dict[str, Any]) -> str:
     """The Split regex of Qwen2's pre-tokenizer: Sequence[Split(Regex, Isolated), ByteLevel(no prefix, no regex)]."""
-    steps = _field(_field(data, "pre_tokenizer", dict), "pretokenizers", list)
-    if len(steps) != 2 or not all(isinstance(s, dict) for s in steps):
+    steps = data.get("pre_tokenizer", {}).get("pretokenizers") if isinstance(data.get("pre_tokenizer"), dict) else None
+    if not isinstance(steps, list) or len(steps) != 2 or not all(isinstance(s, dict) for s in steps):
         raise BundleError("tokenizer.json: pre_tokenizer is not Qwen2's Split + ByteLevel sequence")
     split, byte_level = steps
     pattern = split.get("pattern")
