@@ -138,14 +138,13 @@ def _merge_pairs(model: dict[str, Any], spelled: dict[str, bytes]) -> tuple[dict
     index, as `tokenizers` does."""
     pairs: dict[tuple[bytes, bytes], int] = {}
     first: dict[bytes, None] = {}
+    known, get = set(spelled.values()), spelled.get
     for index, merge in enumerate(_field(model, "merges", list)):
-        parts = merge.split(" ") if isinstance(merge, str) else merge
-        try:
-            left, right = spelled[parts[0]], spelled[parts[1]]
-            ok = len(parts) == 2 and parts[0] + parts[1] in spelled
-        except (KeyError, IndexError, TypeError):
-            ok = False
-        if not ok:
+        parts = merge.split(" ") if type(merge) is str else merge
+        left = right = None
+        if type(parts) is list and len(parts) == 2:
+            left, right = get(parts[0]), get(parts[1])
+        if left is None or right is None or left + right not in known:
             raise BundleError(f"tokenizer.json: merge {index} {merge!r} is not two vocabulary tokens making a third")
         pairs[(left, right)] = index
         first.setdefault(left + right)
