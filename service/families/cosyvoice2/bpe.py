@@ -1,22 +1,4 @@
-"""A `tokenizers` byte-level BPE (tokenizer.json) as tiktoken ranks, checked to give the same ids as `tokenizers`.
-
-Why the ranks are exact. `tokenizers` merges, in each pre-token, the adjacent pair with the lowest merge index among
-the pairs listed in `merges` (leftmost on ties; `models/bpe/word.rs`). tiktoken merges the adjacent pair whose
-concatenation has the lowest rank among all vocabulary tokens (leftmost on ties), and takes a whole pre-token that is
-itself a token at once. Give each token produced by a merge a rank in merge order, and let S2(t) be the last two parts
-of tiktoken's BPE of t's own bytes (the pair its final step merges). Whenever two adjacent parts x, y with x + y = t
-appear while tiktoken encodes any text, no merge has crossed their boundary, so the parts inside t's span went
-through a prefix of that same BPE of t: (x, y) = S2(t). So if S2(t) exists and is a listed merge for every t, and the
-listed indices of the S2 pairs rise with the ranks, both libraries see the same candidate pairs in the same order at
-every step, and tiktoken's whole-token shortcut gives what BPE gives. `ranks_from_json` computes S2 for every token
-and refuses a file where that fails. Qwen2's files satisfy it by construction (each merge is the last step of the
-rank-limited BPE of its token, as the tiktoken-to-`tokenizers` converters write them), and so does the exporter's
-all-splits file built from `qwen.tiktoken`.
-
-Token ids need not follow merge order: the ranks are the ids of the merged tokens re-dealt in merge order, and
-`rank_to_id` maps back where they differ. A token that no merge sequence reaches is never produced by `tokenizers`
-(without `ignore_merges`), so it gets no rank.
-"""
+"""A `tokenizers` byte-level BPE (tokenizer.json) as tiktoken ranks, checked to give the same ids as `tokenizers`."""
 
 from __future__ import annotations
 
@@ -171,7 +153,20 @@ def last_pair(token: bytes, order: dict[bytes, int]) -> tuple[bytes, bytes] | No
 
 def checked_order(pairs: dict[tuple[bytes, bytes], int], tokens: list[bytes]) -> tuple[list[bytes], list[bytes]]:
     """(reachable merged tokens in rank order, unreachable ones) of `tokens` (merged tokens by first merge); BundleError
-    when tiktoken cannot reproduce the merges."""
+    when tiktoken cannot reproduce the merges.
+
+    Why that suffices. `tokenizers` merges, in each pre-token, the adjacent pair with the lowest merge index among the
+    pairs listed in `merges`, leftmost on ties (`models/bpe/word.rs`). tiktoken merges the adjacent pair whose
+    concatenation has the lowest rank among all its tokens, leftmost on ties, and takes a whole pre-token that is a
+    token at once. Rank the merged tokens in merge order and let S2(t) be the last two parts of tiktoken's BPE of t's
+    own bytes (`last_pair`). Whenever adjacent parts x, y with x + y = t appear while tiktoken encodes any text, no merge
+    has crossed their boundary, so the parts inside t's span went through a prefix of that same BPE of t: (x, y) =
+    S2(t). So when S2(t) exists and is a listed merge for every t, and the listed indices of the S2 pairs rise with the
+    ranks, both libraries see the same candidate pairs in the same order at every step, and the whole-token shortcut
+    gives what BPE gives. A token whose BPE sticks before two parts is never formed by either (no rank for it). Qwen2's
+    files pass by construction (each merge is the last step of the rank-limited BPE of its token, as the
+    tiktoken-to-`tokenizers` converters write them), and so does the exporter's all-splits file from `qwen.tiktoken`.
+    Token ids need not follow merge order: `ranks_from_json` re-deals the merged tokens' ids in merge order."""
     order = {t: i for i, t in enumerate(tokens)}
     reachable, unreachable, last_index = [], [], -1
     for token in tokens:
