@@ -92,12 +92,14 @@ def test_waiting_for_tokens_counts_unless_the_llm_is_done() -> None:
     slow_llm = dataclasses.replace(FAST, token_s=0.03)  # slower than real time (50 tokens/s)
     waiting = next_hop(ADAPTIVE, start(chunks=1, last_hop=21, buffered=20), slow_llm, C)
     done = next_hop(ADAPTIVE, start(chunks=1, last_hop=21, buffered=500, llm_done=True), slow_llm, C)
-    assert waiting == ADAPTIVE.max_hop  # nothing covers: take the largest hop (least re-solved overlap)
+    assert waiting == ADAPTIVE.steady_hop  # nothing covers: the official hop
     assert done < waiting  # everything decoded: only the acoustic cost counts
 
 
-def test_a_host_slower_than_real_time_gets_the_largest_hop() -> None:
-    assert hops(ADAPTIVE, SLOW, 3) == [21, ADAPTIVE.max_hop, ADAPTIVE.max_hop]
+def test_a_host_slower_than_real_time_gets_the_official_hop_not_the_largest() -> None:
+    """No hop covers: one max_hop chunk right after the short first one would be the largest wait a listener can get."""
+    assert hops(ADAPTIVE, SLOW, 3) == [21, 100, 100]
+    assert ADAPTIVE.steady_hop == C.token_hop_len < ADAPTIVE.max_hop
 
 
 def test_schedule_config_is_validated() -> None:

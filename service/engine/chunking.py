@@ -11,8 +11,11 @@ Two schedules:
 * adaptive (the default): the first hop is small (first audio), and every later chunk is the smallest that carries
   enough audio to cover the time the next chunk of its size takes: the tokens still to decode at the measured
   token interval, plus the measured acoustic cost of its solver frames (prompt frames included) and vocoded frames.
-  When no hop up to `max_hop` covers it (the host is slower than real time for this voice), the largest hop is
-  taken: it wastes the least work on the re-solved overlap, so the listener waits least in total.
+  When no hop up to `max_hop` covers it (the host is slower than real time for this voice), the official hop
+  (`steady_hop`, token_hop_len) is taken. A listener then waits in any case; what decides how long is the largest
+  single deficit (a chunk's making time against the audio already delivered), and one `max_hop` chunk right after
+  the short first chunk makes that deficit as large as it can be (measured: TTCA 8.7 s against 6.5 s with hops of
+  100 at streamed RTF 1.9).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ class ScheduleConfig:
     max_hop: int  # largest hop
     growth: float = 1.0  # fixed schedule: hop multiplier per chunk
     adaptive: bool = True
-    untimed_hop: int = 100  # adaptive schedule before anything was measured: hops of this size (token_hop_len)
+    steady_hop: int = 100  # adaptive hop when nothing is measured yet or no hop covers (token_hop_len)
 
     def __post_init__(self) -> None:
         if self.first_hop <= self.overlap:
@@ -102,14 +105,14 @@ def first_audio(progress: Progress) -> bool:
 def next_hop(config: ScheduleConfig, progress: Progress, rates: Rates | None, c: ModelConstants) -> int:
     """Tokens the next chunk consumes; it is vocoded once `hop + overlap` are buffered (or the LLM ends).
 
-    Without `rates` (nothing measured yet) the adaptive schedule takes hops of `untimed_hop` (the official size).
+    Without `rates` (nothing measured yet) the adaptive schedule takes hops of `steady_hop` (the official size).
     """
     if first_audio(progress):
         return config.first_hop
     if not config.adaptive:
         return _fixed_hop(config, progress)
     if rates is None:
-        return min(config.max_hop, max(config.min_hop, config.untimed_hop))
+        return _steady_hop(config)
     return _covering_hop(config, progress, rates, c)
 
 
@@ -133,7 +136,7 @@ def _fixed_hop(config: ScheduleConfig, progress: Progress) -> int:
 
 
 def _covering_hop(config: ScheduleConfig, progress: Progress, rates: Rates, c: ModelConstants) -> int:
-    """The smallest hop whose audio covers making the next chunk of the same size, else `max_hop`.
+    """The smallest hop whose audio covers making the next chunk of the same size, else the steady hop.
 
     The next chunk needs `hop + overlap` tokens after this one; those not yet decoded when this chunk is done
     arrive at `rates.token_s` each (the LLM keeps decoding while this chunk is vocoded).
@@ -146,7 +149,11 @@ def _covering_hop(config: ScheduleConfig, progress: Progress, rates: Rates, c: M
             wait = max(0.0, hop + config.overlap - have) * rates.token_s
         if chunk_audio_s(hop, c) / progress.speed >= wait + cost:
             return hop
-    return config.max_hop
+    return _steady_hop(config)
+
+
+def _steady_hop(config: ScheduleConfig) -> int:
+    return min(config.max_hop, max(config.min_hop, config.steady_hop))
 
 
 class RateMeter:
