@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from enum import StrEnum
 
 
@@ -40,6 +42,22 @@ class TTSError(Exception):
         super().__init__(message)
         self.message = message
         self.param = param
+
+
+@contextmanager
+def wire_fields(names: Mapping[str, str]) -> Iterator[None]:
+    """A TTSError raised inside names its field as the transport's wire does: `names` maps domain field names
+    ("text", "voice", "prompt_audio", "prompt_text", "instruction") to the transport's; others pass unchanged."""
+    try:
+        yield
+    except TTSError as e:
+        e.param = wire_name(names, e.param)
+        raise
+
+
+def wire_name(names: Mapping[str, str], param: str | None) -> str | None:
+    """`param` as the transport names it (`names`: domain field -> wire field)."""
+    return names.get(param, param) if param is not None else None
 
 
 class InvalidInputError(TTSError):

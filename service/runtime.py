@@ -111,7 +111,7 @@ class Runtime:
             model.frontend,
             model,
             cache,
-            saved_voices=model.voices.resolve,
+            voices=model.resolve,
             aliases=aliases,
             bundle_sha256=bundle.manifest_sha256,
             concurrency=s.concurrent_requests,

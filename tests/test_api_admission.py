@@ -23,6 +23,7 @@ from service.api.deps import AppState
 from service.engine.synthesizer import AudioChunk, StageTimings, SynthesisOptions
 from service.engine.voice import Voice
 from service.errors import OverloadedError
+from service.families.model import NamedVoice
 from service.frontend import Sentence
 from service.settings import Settings
 from service.speech.request import SpeechRequest
@@ -149,7 +150,7 @@ def service_for() -> Iterator[ServiceFactory]:
 
 def fill_queue(service: TTSService) -> None:
     for n in range(service.capacity):
-        service.submit(SpeechRequest(f"第{n}个。", SPEAKER))
+        service.submit(SpeechRequest(f"第{n}个。", NamedVoice(SPEAKER)))
     assert service.queue_full()
 
 
@@ -169,7 +170,7 @@ def test_a_full_queue_is_refused_without_reading_the_body_with_the_error_table_b
     assert openai_shape.json() == {"error": {"message": message, "type": "server_error", "param": None, "code": "overloaded"}}
     assert inner.seen == []
     with pytest.raises(OverloadedError, match="queue is full") as refused:  # what the route itself would answer
-        service.submit(SpeechRequest("再一个。", SPEAKER))
+        service.submit(SpeechRequest("再一个。", NamedVoice(SPEAKER)))
     assert refused.value.message == message and refused.value.retry_after_s == 7
 
 

@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient
 from service.api import create_app
 from service.api.schemas import SPEAKER_DESCRIPTIONS
 from service.audio.encode import AudioFormat
+from service.families.model import NamedVoice
 from service.settings import OPENAI_VOICES, Settings
 from service.speech.request import SpeechRequest
 
@@ -331,7 +332,8 @@ def test_bitrate_setting_sets_the_encoded_bitrate(client: TestClient, flagged_cl
 
 def test_bitrate_is_part_of_the_cache_key(client: TestClient) -> None:
     service = client.app.state.tts.service  # type: ignore[attr-defined]
-    keys = {service.prepare(SpeechRequest("你好。", "中文女", AudioFormat.MP3, bitrate_kbps=k)).cache_key for k in (64, 96)}
+    voice = NamedVoice("中文女")
+    keys = {service.prepare(SpeechRequest("你好。", voice, AudioFormat.MP3, bitrate_kbps=k)).cache_key for k in (64, 96)}
     assert len(keys) == 2
 
 

@@ -257,16 +257,13 @@ def test_a_whole_file_in_a_raw_pcm_field_is_decoded_as_a_file(client: TestClient
     """gRPC prompt_audio is raw 16 kHz int16 PCM; a WAV or MP3 sent there was read as samples (header bytes included,
     a 24 kHz file at 16 kHz: 1.5 times too long) and cloned at the wrong rate. It is now recognised and decoded."""
     voices = client.app.state.tts.runtime.voices  # type: ignore[attr-defined]
-    field = "zero_shot_request.prompt_audio"
     wav_24k = (ref_dir / "prompts" / "en_24k.wav").read_bytes()
     as_file = voices.analyze(PromptAudio(wav_24k))
-    in_pcm_field = voices.analyze(PromptAudio(wav_24k, pcm_rate_hz=16_000, field=field))
+    in_pcm_field = voices.analyze(PromptAudio(wav_24k, pcm_rate_hz=16_000))
     assert in_pcm_field.duration_s == pytest.approx(as_file.duration_s)
     assert np.array_equal(in_pcm_field.speech_tokens, as_file.speech_tokens)
     wav_16k = (ref_dir / "prompts" / "zh_16k.wav").read_bytes()
     with wave.open(io.BytesIO(wav_16k)) as w:
         raw = w.readframes(w.getnframes())
-    from_raw = voices.analyze(PromptAudio(raw, pcm_rate_hz=16_000, field=field))  # what the official client sends
-    assert np.array_equal(
-        voices.analyze(PromptAudio(wav_16k, pcm_rate_hz=16_000, field=field)).speech_tokens, from_raw.speech_tokens
-    )
+    from_raw = voices.analyze(PromptAudio(raw, pcm_rate_hz=16_000))  # what the official client sends
+    assert np.array_equal(voices.analyze(PromptAudio(wav_16k, pcm_rate_hz=16_000)).speech_tokens, from_raw.speech_tokens)

@@ -21,6 +21,7 @@ from service.bundle import ModelBundle
 from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import Synthesizer
 from service.errors import ForbiddenError, UnauthorizedError
+from service.families.model import NamedVoice
 from service.frontend import Sentence, TextFrontend
 from service.settings import Settings
 from service.speech.request import SpeechRequest
@@ -299,7 +300,7 @@ def test_frontend_time_is_part_of_first_chunk_latency(tiny_bundle: Path, referen
     delay_s = 0.3
     service = TTSService(_SlowFrontend(reference_frontend, delay_s), engine, MemoryAudioCache(0), bundle_sha256="x")
     try:
-        job = service.submit(SpeechRequest(text="你好。", speaker="中文女", seed=1))
+        job = service.submit(SpeechRequest(text="你好。", voice=NamedVoice("中文女"), seed=1))
         assert job.read_all()[:4] == b"RIFF"
         t = job.timings
         assert t.frontend_s >= delay_s

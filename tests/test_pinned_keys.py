@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from service.audio.encode import AudioFormat
+from service.families.model import NamedVoice
 from service.runtime import Runtime
 from service.settings import Settings
 from service.speech.request import SpeechRequest
@@ -58,14 +59,16 @@ def test_the_directory_store_finds_it_under_its_name() -> None:
 def test_voices_resolve_to_the_same_fingerprints(runtime: Runtime) -> None:
     assert runtime.voices.models == MODELS
     service = runtime.service
-    assert service.resolve_voice(SpeechRequest("", "pinned")).fingerprint == SAVED_FINGERPRINT
-    assert service.resolve_voice(SpeechRequest("", "中文女")).fingerprint == BUILTIN_FINGERPRINT
+    assert service.resolve_voice(NamedVoice("pinned")).fingerprint == SAVED_FINGERPRINT
+    assert service.resolve_voice(NamedVoice("中文女")).fingerprint == BUILTIN_FINGERPRINT
 
 
 def test_audio_cache_keys_are_unchanged(runtime: Runtime) -> None:
     service = runtime.service
-    builtin = SpeechRequest("你好，世界。", "中文女", seed=7)
-    saved = SpeechRequest("今天天气很好。", "pinned", AudioFormat.MP3, speed=1.25, seed=3, engine_stream=True, chunked=True)
+    builtin = SpeechRequest("你好，世界。", NamedVoice("中文女"), seed=7)
+    saved = SpeechRequest(
+        "今天天气很好。", NamedVoice("pinned"), AudioFormat.MP3, speed=1.25, seed=3, engine_stream=True, chunked=True
+    )
     assert service.prepare(builtin).cache_key == BUILTIN_KEY
     assert service.prepare(saved).cache_key == SAVED_KEY
 

@@ -10,6 +10,7 @@ import numpy as np
 from service.audio.encode import AudioFormat
 from service.engine.synthesizer import AudioChunk, StageTimings, SynthesisOptions
 from service.engine.voice import Voice
+from service.families.model import NamedVoice
 from service.frontend import Sentence
 from service.speech.job import with_pauses
 from service.speech.request import SpeechRequest
@@ -60,7 +61,7 @@ def _pcm(sentences: list[Sentence], chunked: bool = False) -> tuple[np.ndarray, 
     engine = OnesEngine()
     service = TTSService(ScriptedFrontend(sentences), engine, MemoryAudioCache(0), bundle_sha256="0" * 64)
     try:
-        request = SpeechRequest("x", SPEAKER, fmt=AudioFormat.PCM, chunked=chunked)
+        request = SpeechRequest("x", NamedVoice(SPEAKER), fmt=AudioFormat.PCM, chunked=chunked)
         data = service.submit(request).read_all()
     finally:
         service.close()
@@ -94,7 +95,7 @@ def test_pauses_change_the_cache_key() -> None:
             ScriptedFrontend([Sentence("a", (1,), pause), Sentence("b", (2,))]), OnesEngine(), MemoryAudioCache(0),
             bundle_sha256="0" * 64,
         )  # fmt: skip
-        keys.append(service.prepare(SpeechRequest("x", SPEAKER)).cache_key)
+        keys.append(service.prepare(SpeechRequest("x", NamedVoice(SPEAKER))).cache_key)
         service.close()
     assert len(set(keys)) == 3
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from service.audio.encode import AudioFormat
-from service.errors import ErrorCode, InvalidInputError, TTSError, UnknownModelError, UnsupportedCapabilityError
+from service.errors import ErrorCode, InvalidInputError, TTSError, UnknownModelError, UnsupportedCapabilityError, wire_name
 from service.frontend.incremental import LANGUAGES
 
 PATH = "/api-ws/v1/inference"  # the SDK connects to dashscope.base_websocket_api_url itself, which ends so
@@ -21,6 +21,8 @@ RATES_HZ = (8000, 16000, 22050, 24000, 44100, 48000)  # pcm, wav and mp3, as the
 OPUS_RATES_HZ = (8000, 16000, 24000, 48000)  # libopus takes no 22,050 or 44,100 Hz
 DEFAULT_RATE_HZ = 22050  # the cloud's default (Opus: 24 kHz)
 MAX_SDK_SEED = 65535
+# domain field -> the protocol's, for errors: `text`, `voice` and `instruction` (run-task parameters) are the domain's
+FIELDS: dict[str, str] = {}
 
 # Our error codes as the cloud names them (DashScope's status codes); `header.attributes` carries ours besides.
 CLOUD_CODES: dict[ErrorCode, str] = {
@@ -200,7 +202,7 @@ def event(task_id: str, name: str, payload: dict[str, Any] | None = None, **head
 def task_failed(task_id: str, error: TTSError) -> dict[str, Any]:
     """task-failed: the cloud's error code and our message; `attributes` holds our code and the field at fault."""
     failed = event(task_id, "task-failed", error_code=CLOUD_CODES.get(error.code, INVALID_PARAMETER), error_message=error.message)
-    failed["header"]["attributes"] = {"code": error.code.value, "param": error.param}
+    failed["header"]["attributes"] = {"code": error.code.value, "param": wire_name(FIELDS, error.param)}
     return failed
 
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
-from fastapi import FastAPI, Request, UploadFile
+from fastapi import Depends, FastAPI, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
@@ -22,6 +22,7 @@ from service.errors import (
     StoreUnavailableError,
     TTSError,
     UnauthorizedError,
+    wire_name,
 )
 from service.requestids import HEADER
 
@@ -121,8 +122,22 @@ def error_response(path: str, error: TTSError) -> JSONResponse:
     return JSONResponse(body, status_code=status_of(error, path), headers=error_headers(error))
 
 
+_WIRE_FIELDS = "tts.wire_fields"  # the scope key a router's field table is kept under for the request
+
+
+def wire_fields_of(names: Mapping[str, str]) -> Any:
+    """A router dependency: its routes' TTSErrors name fields as `names` says (domain field -> the routes' own, e.g.
+    "text" -> "tts_text"); the error handler renames them, once, for every error the routes let through."""
+
+    def declare(request: Request) -> None:
+        request.scope[_WIRE_FIELDS] = names
+
+    return Depends(declare)
+
+
 async def _on_tts_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, TTSError)
+    exc.param = wire_name(request.scope.get(_WIRE_FIELDS, {}), exc.param)
     if status_of(exc, request.url.path) >= 500:
         log.error("%s %s -> %s: %s", request.method, request.url.path, exc.code.value, exc.message)
     return error_response(request.url.path, exc)

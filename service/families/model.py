@@ -25,11 +25,39 @@ class PromptAudio:
 
     data: bytes
     pcm_rate_hz: int | None = None
-    field: str = "prompt_wav"  # the request field that carried it (named in errors)
 
     @property
     def sha256(self) -> str:
         return hashlib.sha256(self.data).hexdigest()
+
+
+@dataclass(frozen=True)
+class NamedVoice:
+    """A built-in speaker or a saved voice, by name (an alias is followed by the speech service first)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class PromptVoice:
+    """A one-off voice cloned from a prompt recording: zero-shot with its transcript, cross-lingual without one."""
+
+    prompt: PromptAudio
+    transcript: str = ""
+    label: str = "prompt"  # the voice's name in logs and timings
+
+
+@dataclass(frozen=True)
+class InstructVoice:
+    """The voice `base` (a name, as NamedVoice) speaking as `instruction` says (an Instruct model's capability)."""
+
+    base: str
+    instruction: str
+
+
+# What a transport hands down as a request's voice. Errors about it name domain fields ("voice", "prompt_audio",
+# "prompt_text", "instruction"); each transport renames them to its wire fields once (service.errors.wire_fields).
+VoiceReference = NamedVoice | PromptVoice | InstructVoice
 
 
 class ModelVoice(Protocol):
@@ -114,6 +142,11 @@ class Model(Engine, Protocol):
 
     @property
     def voices(self) -> VoiceLibrary: ...
+
+    def resolve(self, reference: VoiceReference) -> ModelVoice:
+        """The family's voice for `reference` (UnknownSpeakerError for a name that is neither a built-in speaker nor a
+        saved voice). Reads the voice store and may analyse a recording: blocking, call it off event loops."""
+        ...
 
     def close(self) -> None:
         """Stop the model's threads and close its stores (blocking)."""

@@ -13,8 +13,8 @@ from grpc_reflection.v1alpha import reflection
 
 from service.access import Caller, presented_key
 from service.audio.encode import AudioFormat
-from service.errors import InvalidInputError, TTSError
-from service.families.model import ModelVoice, PromptAudio
+from service.errors import InvalidInputError, TTSError, wire_fields
+from service.families.model import InstructVoice, NamedVoice, PromptAudio, PromptVoice, VoiceReference
 from service.requestids import HEADER, in_own_context, request_id
 from service.rpc import cosyvoice_pb2, cosyvoice_pb2_grpc
 from service.rpc.errors import GRPC_STATUS
@@ -95,9 +95,14 @@ class CosyVoiceServicer(cosyvoice_pb2_grpc.CosyVoiceServicer):
         runtime.gate.check(caller_of(context))
         if isinstance(request, MalformedRequest):
             raise request.error
+        kind = request.WhichOneof("RequestPayload")
+        if kind is None:
+            kinds = "sft_request, zero_shot_request, cross_lingual_request, instruct_request"
+            raise InvalidInputError(f"the request sets none of {kinds}", param="RequestPayload")
         slot = runtime.claim()
         try:
-            job = runtime.service.submit(self._speech(request))
+            with wire_fields(fields_of(kind)):
+                job = runtime.service.submit(self._speech(kind, getattr(request, kind)))
             context.add_callback(job.cancel)  # the client cancelled or went away: stop at the next chunk
             for piece in job:
                 if piece:  # an encoder's empty flush is no message
@@ -105,40 +110,34 @@ class CosyVoiceServicer(cosyvoice_pb2_grpc.CosyVoiceServicer):
         finally:
             slot.release()
 
-    def _speech(self, request: cosyvoice_pb2.Request) -> SpeechRequest:
+    def _speech(self, kind: str, payload: object) -> SpeechRequest:
         """The request as the service takes it: the voice of its kind, raw PCM at the model's rate, chunk by chunk."""
-        kind = request.WhichOneof("RequestPayload")
-        if kind is None:
-            kinds = "sft_request, zero_shot_request, cross_lingual_request, instruct_request"
-            raise InvalidInputError(f"the request sets none of {kinds}", param="RequestPayload")
-        payload = getattr(request, kind)
-        voice, speaker = self._voice(kind, payload)
         return SpeechRequest(
-            text=payload.tts_text,
-            speaker=voice.name if voice is not None else speaker,
-            voice=voice,
+            text=str(getattr(payload, "tts_text")),  # noqa: B009 (a proto field)
+            voice=voice_of(kind, payload),
             fmt=AudioFormat.PCM,
             engine_stream=True,  # one message per engine chunk: first audio after the first hop, not the sentence
             chunked=True,
             max_chars=self.runtime.settings.max_chars,
-            text_param=f"{kind}.tts_text",
-            speaker_param=f"{kind}.spk_id",
         )
 
-    def _voice(self, kind: str, payload: object) -> tuple[ModelVoice | None, str]:
-        """(voice, speaker name): a built-in speaker by name, or a voice from the prompt / the instruction."""
-        runtime = self.runtime
-        if kind == "sft_request":
-            return None, str(getattr(payload, "spk_id"))  # noqa: B009 (a proto field)
-        if kind == "instruct_request":
-            speaker = str(getattr(payload, "spk_id"))  # noqa: B009
-            base = runtime.service.resolve_voice(SpeechRequest("", speaker, speaker_param="instruct_request.spk_id"))
-            return runtime.voices.instruct_voice(base, str(getattr(payload, "instruct_text"))), speaker  # noqa: B009
-        field = f"{kind}.prompt_audio"
-        prompt = PromptAudio(bytes(getattr(payload, "prompt_audio")), pcm_rate_hz=PROMPT_RATE_HZ, field=field)  # noqa: B009
-        transcript = str(getattr(payload, "prompt_text", ""))
-        name = "zero-shot prompt" if kind == "zero_shot_request" else "cross-lingual prompt"
-        return runtime.voices.prompt_voice(prompt, transcript, name=name), name
+
+def fields_of(kind: str) -> dict[str, str]:
+    """Domain field -> the request's proto field (`<kind>.tts_text`, ...), for errors."""
+    names = {"text": "tts_text", "voice": "spk_id", "prompt_audio": "prompt_audio", "prompt_text": "prompt_text"}
+    return {domain: f"{kind}.{field}" for domain, field in names.items()} | {"instruction": f"{kind}.instruct_text"}
+
+
+def voice_of(kind: str, payload: object) -> VoiceReference:
+    """The voice a request of `kind` names: a speaker, the prompt recording (raw 16 kHz PCM) with its transcript, or
+    an instruction on a speaker."""
+    if kind == "sft_request":
+        return NamedVoice(str(getattr(payload, "spk_id")))  # noqa: B009 (a proto field)
+    if kind == "instruct_request":
+        return InstructVoice(str(getattr(payload, "spk_id")), str(getattr(payload, "instruct_text")))  # noqa: B009
+    prompt = PromptAudio(bytes(getattr(payload, "prompt_audio")), pcm_rate_hz=PROMPT_RATE_HZ)  # noqa: B009
+    label = "zero-shot prompt" if kind == "zero_shot_request" else "cross-lingual prompt"
+    return PromptVoice(prompt, str(getattr(payload, "prompt_text", "")), label)
 
 
 def inference_handler(servicer: CosyVoiceServicer) -> grpc.GenericRpcHandler:

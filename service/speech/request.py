@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from service.audio.encode import DEFAULT_BITRATE_KBPS, AudioFormat
 from service.errors import InvalidInputError, TextTooLongError
-from service.families.model import ModelVoice
+from service.families.model import ModelVoice, VoiceReference
 from service.frontend import Sentence
 
 _ALLOWED_CONTROLS = frozenset("\t\n\r")
@@ -16,10 +16,11 @@ _ALLOWED_CONTROLS = frozenset("\t\n\r")
 
 @dataclass(frozen=True)
 class SpeechRequest:
-    """One synthesis request, already validated for type and range by the API schema."""
+    """One synthesis request, already validated for type and range by the API schema. Errors about it name domain
+    fields ("text", "voice", ...): the transport that built it renames them to its own."""
 
     text: str
-    speaker: str  # a built-in speaker or a saved voice (by name); ignored when `voice` is given
+    voice: VoiceReference | ModelVoice  # as the client named it, or a voice resolved once for many requests
     fmt: AudioFormat = AudioFormat.WAV
     speed: float = 1.0
     seed: int | None = None
@@ -28,9 +29,6 @@ class SpeechRequest:
     pcm_rate_hz: int | None = None  # output rate of raw PCM; None = the model's
     bitrate_kbps: int = DEFAULT_BITRATE_KBPS  # MP3/Opus/AAC only
     max_chars: int = 4096
-    text_param: str = "text"  # request field names, for error messages
-    speaker_param: str = "speaker"
-    voice: ModelVoice | None = None  # an already resolved voice (a one-off prompt, an instruct request)
     timestamps: bool = False  # a SentenceMark after each sentence's audio (never served from the audio cache)
 
 
@@ -68,9 +66,9 @@ def decode_text(raw: bytes, what: str, param: str | None, charset: str = "utf-8"
         raise InvalidInputError(f"{what} is not valid {name} text ({bad}); encode text as UTF-8", param=param) from e
 
 
-def check_text(text: str, max_chars: int, param: str) -> None:
+def check_text(text: str, max_chars: int, param: str = "text") -> None:
     """Reject over-long text (TextTooLongError) and characters no text should hold: C0/C1 controls, lone
-    surrogates (InvalidInputError). `param` names the request field in the error."""
+    surrogates (InvalidInputError). `param` names the field in the error."""
     if len(text) > max_chars:
         raise TextTooLongError(f"text has {len(text)} characters; the limit is {max_chars}", param=param)
     for i, ch in enumerate(text):

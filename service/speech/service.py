@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import logging
 import threading
 import time
@@ -22,8 +23,9 @@ from service.errors import (
     ShuttingDownError,
     TTSError,
     UnknownSpeakerError,
+    UnsupportedCapabilityError,
 )
-from service.families.model import Engine, ModelVoice
+from service.families.model import Engine, InstructVoice, ModelVoice, NamedVoice, VoiceReference
 from service.frontend import Sentence
 from service.speech.job import SentenceClock, SpeechJob, SpeechTimings, SynthesisObserver, join_audio, with_pauses
 from service.speech.request import PreparedSpeech, SpeechRequest, check_text, key_text
@@ -41,7 +43,21 @@ class Frontend(Protocol):
         ...
 
 
-VoiceResolver = Callable[[str], ModelVoice | None]  # a saved voice by name, or None (the model's voices)
+VoiceResolver = Callable[[VoiceReference], ModelVoice]  # the model's resolve: names, prompts, instructions
+
+
+def _name_of(reference: VoiceReference) -> str | None:
+    """The voice name a reference holds (a NamedVoice's, an InstructVoice's base), None for a prompt."""
+    if isinstance(reference, NamedVoice):
+        return reference.name
+    return reference.base if isinstance(reference, InstructVoice) else None
+
+
+def _named_as(reference: VoiceReference, name: str) -> VoiceReference:
+    """`reference` with its voice name replaced by `name` (what an alias speaks as)."""
+    if isinstance(reference, NamedVoice):
+        return NamedVoice(name)
+    return dataclasses.replace(reference, base=name) if isinstance(reference, InstructVoice) else reference
 
 
 class TTSService:
@@ -63,12 +79,12 @@ class TTSService:
         retry_after_s: int = 1,
         n_timesteps: int | None = None,
         observer: SynthesisObserver | None = None,
-        saved_voices: VoiceResolver | None = None,
+        voices: VoiceResolver | None = None,
         aliases: Mapping[str, str] | None = None,
     ) -> None:
         self.frontend = frontend
         self.engine = engine
-        self.saved_voices = saved_voices
+        self.voices = voices  # None: the engine's built-in speakers only
         self.aliases = dict(aliases or {})  # lower-case name -> the speaker or saved voice it speaks as
         self.cache = cache
         self.bundle_sha256 = bundle_sha256
@@ -128,8 +144,8 @@ class TTSService:
     def prepare(self, request: SpeechRequest) -> PreparedSpeech:
         """Check text and speaker, run the frontend, compute the cache key (no engine work)."""
         started = time.monotonic()
-        check_text(request.text, request.max_chars, request.text_param)
-        voice = self.resolve_voice(request)
+        check_text(request.text, request.max_chars)
+        voice = self.resolve_voice(request.voice)
         # read before the frontend runs: a lexicon write in between can only make the key older, never newer
         lexicon_version = self.frontend.lexicon_version
         sentences = self._sentences(request)
@@ -156,24 +172,32 @@ class TTSService:
             return name
         return self.aliases.get(name.lower(), name)
 
-    def resolve_voice(self, request: SpeechRequest) -> ModelVoice:
-        """The request's voice: given, a built-in speaker, a saved voice, or either of them through an alias
-        (UnknownSpeakerError naming what exists). Reads the saved-voice store: call it off the event loop."""
-        if request.voice is not None:
-            return request.voice
-        name = self.voice_name(request.speaker)
-        if name in self.engine.speakers:
-            return self.engine.voice(name)
-        saved = self.saved_voices(name) if self.saved_voices is not None else None
-        if saved is not None:
-            return saved
-        known = ", ".join(self.engine.speakers)
-        extra = " or a saved voice (GET /v1/voices)" if self.saved_voices is not None else ""
-        if name != request.speaker:
-            message = (f"the voice {request.speaker!r} speaks as {name!r} (TTS_VOICE_ALIASES), which is neither a "
+    def resolve_voice(self, reference: VoiceReference | ModelVoice) -> ModelVoice:
+        """The voice a reference names, its name first followed through an alias (UnknownSpeakerError naming what
+        exists); an already resolved voice as it is. Reads the voice store: call it off the event loop."""
+        if not isinstance(reference, VoiceReference):
+            return reference
+        wanted = _name_of(reference)
+        target = self.voice_name(wanted) if wanted is not None else None
+        aliased = _named_as(reference, target) if target is not None else reference
+        try:
+            return self.voices(aliased) if self.voices is not None else self._builtin(aliased)
+        except UnknownSpeakerError as e:
+            if target == wanted:
+                raise
+            known = ", ".join(self.engine.speakers)
+            message = (f"the voice {wanted!r} speaks as {target!r} (TTS_VOICE_ALIASES), which is neither a "
                        f"built-in speaker ({known}) nor a saved voice")  # fmt: skip
-            raise UnknownSpeakerError(message, param=request.speaker_param)
-        raise UnknownSpeakerError(f"unknown speaker {request.speaker!r}; known: {known}{extra}", param=request.speaker_param)
+            raise UnknownSpeakerError(message, param="voice") from e
+
+    def _builtin(self, reference: VoiceReference) -> ModelVoice:
+        """Without the model's resolver (tests, benchmarks): built-in speakers by name only."""
+        if not isinstance(reference, NamedVoice):
+            raise UnsupportedCapabilityError("this service speaks with built-in speakers only", param="voice")
+        if reference.name not in self.engine.speakers:
+            known = ", ".join(self.engine.speakers)
+            raise UnknownSpeakerError(f"unknown speaker {reference.name!r}; known: {known}", param="voice")
+        return self.engine.voice(reference.name)
 
     def probe(self, text: str, speaker: str, max_age_s: float = 0.0) -> None:
         """Run a real inference unless one succeeded within `max_age_s`; raises EngineError when it fails."""
@@ -181,7 +205,7 @@ class TTSService:
             if time.monotonic() - self._last_success < max_age_s:
                 return
             ids = [list(s.ids) for s in self.frontend.sentences(text) if s.ids]
-            options = self._options(SpeechRequest(text, speaker))
+            options = self._options(SpeechRequest(text, NamedVoice(speaker)))
             try:
                 chunks = list(self.engine.synthesize(ids, self.engine.voice(speaker), options, threading.Event()))
             except TTSError:
@@ -208,11 +232,11 @@ class TTSService:
         try:
             return self.frontend.sentences(request.text)
         except TTSError as e:
-            e.param = request.text_param  # the frontend cannot know which request field held the text
+            e.param = "text"  # the frontend's errors are about the request's text
             raise
         except Exception as e:  # a normalizer that chokes on odd input must not turn into a 5xx
             log.warning("text frontend failed on %d characters: %s: %s", len(request.text), type(e).__name__, e)
-            raise InvalidInputError("the text could not be normalized", param=request.text_param) from e
+            raise InvalidInputError("the text could not be normalized", param="text") from e
 
     def _options(self, request: SpeechRequest) -> SynthesisOptions:
         return SynthesisOptions(

@@ -22,11 +22,12 @@ from service.api.dashscope import event as server_event
 from service.api.dashscope import task_failed as failed_event
 from service.api.deps import AppState
 from service.api.pipeline import SpeechPipeline, SpokenSentence, reraise_first
-from service.api.routes.openai import instructed
+from service.api.routes.openai import openai_voice
 from service.api.routes.stream import close_reason
 from service.audio.encode import AudioFormat, Pcm16Transcoder
 from service.audio.timeline import PcmCounter, decoder_delay_s
 from service.errors import ErrorCode, InvalidInputError, TextTooLongError, TTSError, UnsupportedCapabilityError
+from service.families.model import NamedVoice, VoiceReference
 from service.frontend.incremental import IncrementalSegmenter
 from service.runtime import Slot
 from service.speech.request import SpeechRequest
@@ -206,27 +207,23 @@ class DashScopeSession:
         return Task(message.task_id, pipeline, segmenter, sink, slot)
 
     def _template(self, service: TTSService, voice: str, options: TaskOptions) -> SpeechRequest:
-        """Every sentence's request: the voice resolved once (a saved voice is loaded here), PCM at the model's rate."""
-        speaker = service.voice_name(voice)  # an OpenAI name: what it speaks as (TTS_VOICE_ALIASES)
-        probe = SpeechRequest(text="", speaker=voice, speaker_param="voice")  # an error names what the client sent
-        template = SpeechRequest(
+        """Every sentence's request: the voice resolved once (a saved voice is read, an instruction encoded here: call
+        it in a worker thread), PCM at the model's rate."""
+        reference: VoiceReference = NamedVoice(voice)
+        if options.instruction is not None:
+            if not self.runtime.voices.can_instruct:
+                raise UnsupportedCapabilityError("instruction needs a CosyVoice-300M-Instruct model", param="instruction")
+            reference = openai_voice(voice, options.instruction, can_instruct=True)
+        return SpeechRequest(
             text="",
-            speaker=speaker,
-            voice=service.resolve_voice(probe),
+            voice=service.resolve_voice(reference),
             fmt=AudioFormat.PCM,
             speed=options.speed,
             seed=options.seed,
             engine_stream=True,
             chunked=True,
             max_chars=self.state.settings.max_chars,
-            speaker_param="voice",
         )
-        if options.instruction is None:
-            return template
-        voices = self.runtime.voices
-        if not voices.can_instruct:
-            raise UnsupportedCapabilityError("instruction needs a CosyVoice-300M-Instruct model", param="instruction")
-        return instructed(template, options.instruction, service, voices)
 
     async def _continue(self, task: Task, message: Message) -> None:
         entered = message.payload.input

@@ -5,22 +5,22 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import anyio
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import Response
 
-from service.api.deps import SYNTHESIS_GUARDS, ServiceDep, StateDep, VoicesDep
-from service.api.errors import ERROR_RESPONSES
+from service.api.deps import SYNTHESIS_GUARDS, ServiceDep, StateDep
+from service.api.errors import ERROR_RESPONSES, wire_fields_of
 from service.api.routes.common import audio_headers, audio_responses, read_upload, submit
 from service.api.streaming import chunked_response
 from service.api.textfields import TextRoute
 from service.audio.encode import AudioFormat
 from service.errors import UnsupportedCapabilityError
-from service.families.model import ModelVoice, PromptAudio, VoiceLibrary
+from service.families.model import InstructVoice, NamedVoice, PromptAudio, PromptVoice, VoiceReference
 from service.speech.request import SpeechRequest
-from service.speech.service import TTSService
 
-router = APIRouter(tags=["official CosyVoice API"], route_class=TextRoute)
+# domain field -> the official API's form field, for errors (the official server's names)
+FIELDS = {"text": "tts_text", "voice": "spk_id", "prompt_audio": "prompt_wav", "instruction": "instruct_text"}
+router = APIRouter(tags=["official CosyVoice API"], route_class=TextRoute, dependencies=[wire_fields_of(FIELDS)])
 
 _ROUTE = {
     "dependencies": SYNTHESIS_GUARDS,
@@ -31,20 +31,10 @@ TtsText = Annotated[str, Form(description="Text to speak.")]
 PromptWav = Annotated[UploadFile, File(description="Prompt recording (wav, flac, mp3, ogg/opus, m4a; 1-30 s).")]
 
 
-async def _pcm_response(
-    request: Request, service: ServiceDep, state: StateDep, text: str, voice: ModelVoice | None, speaker: str = ""
-) -> Response:
-    """Raw int16 mono PCM at the model's rate, one piece per sentence (the official servers' reply)."""
-    wanted = SpeechRequest(
-        text=text,
-        speaker=voice.name if voice is not None else speaker,
-        voice=voice,
-        fmt=AudioFormat.PCM,
-        chunked=True,
-        max_chars=state.settings.max_chars,
-        text_param="tts_text",
-        speaker_param="spk_id",
-    )
+async def _pcm_response(request: Request, service: ServiceDep, state: StateDep, text: str, voice: VoiceReference) -> Response:
+    """Raw int16 mono PCM at the model's rate, one piece per sentence (the official servers' reply). The voice is
+    resolved with the text, in a worker thread (saved voices, prompt analysis and instructions are blocking work)."""
+    wanted = SpeechRequest(text, voice, fmt=AudioFormat.PCM, chunked=True, max_chars=state.settings.max_chars)
     job = await submit(service, wanted)
     return await chunked_response(request, job, state, audio_headers(job))
 
@@ -60,7 +50,7 @@ async def inference_sft(
 ) -> Response:
     """Like the official `runtime/python/fastapi/server.py`: GET or POST with a form body (the official
     `client.py` sends GET with `data=`), audio sent sentence by sentence as raw int16 mono PCM."""
-    return await _pcm_response(request, service, state, tts_text, None, speaker=spk_id)
+    return await _pcm_response(request, service, state, tts_text, NamedVoice(spk_id))
 
 
 @router.get("/inference_zero_shot", operation_id="inference_zero_shot_get", **_ROUTE)  # type: ignore[arg-type]
@@ -72,24 +62,21 @@ async def inference_zero_shot(
     request: Request,
     service: ServiceDep,
     state: StateDep,
-    voices: VoicesDep,
 ) -> Response:
     """Clone the prompt's voice (official `inference_zero_shot`): the LLM sees the prompt text and prompt tokens."""
     prompt = PromptAudio(await read_upload(prompt_wav, state.settings.max_upload_bytes))
-    voice = await anyio.to_thread.run_sync(lambda: voices.prompt_voice(prompt, prompt_text, name="zero-shot prompt"))
-    return await _pcm_response(request, service, state, tts_text, voice)
+    return await _pcm_response(request, service, state, tts_text, PromptVoice(prompt, prompt_text, "zero-shot prompt"))
 
 
 @router.get("/inference_cross_lingual", operation_id="inference_cross_lingual_get", **_ROUTE)  # type: ignore[arg-type]
 @router.post("/inference_cross_lingual", operation_id="inference_cross_lingual_post", **_ROUTE)  # type: ignore[arg-type]
 async def inference_cross_lingual(
-    tts_text: TtsText, prompt_wav: PromptWav, request: Request, service: ServiceDep, state: StateDep, voices: VoicesDep
+    tts_text: TtsText, prompt_wav: PromptWav, request: Request, service: ServiceDep, state: StateDep
 ) -> Response:
     """Speak `tts_text` (often in another language, e.g. `<|en|>Hello.`) in the prompt's voice (official
     `inference_cross_lingual`): the LLM sees only the speaker vector, the flow the prompt tokens and mel."""
     prompt = PromptAudio(await read_upload(prompt_wav, state.settings.max_upload_bytes))
-    voice = await anyio.to_thread.run_sync(lambda: voices.prompt_voice(prompt, "", name="cross-lingual prompt"))
-    return await _pcm_response(request, service, state, tts_text, voice)
+    return await _pcm_response(request, service, state, tts_text, PromptVoice(prompt, "", "cross-lingual prompt"))
 
 
 @router.get("/inference_instruct", operation_id="inference_instruct_get", **_ROUTE)  # type: ignore[arg-type]
@@ -101,18 +88,9 @@ async def inference_instruct(
     request: Request,
     service: ServiceDep,
     state: StateDep,
-    voices: VoicesDep,
 ) -> Response:
     """CosyVoice-300M-Instruct (official `inference_instruct`): a built-in speaker, styled by `instruct_text`."""
-    voice = await anyio.to_thread.run_sync(_instruct_voice, service, voices, spk_id, instruct_text)
-    return await _pcm_response(request, service, state, tts_text, voice)
-
-
-def _instruct_voice(service: TTSService, voices: VoiceLibrary, spk_id: str, instruct_text: str) -> ModelVoice:
-    """The speaker (a saved voice is read from its store) styled by `instruct_text` (normalized and encoded): file,
-    Redis and CPU work, so routes call it in a worker thread."""
-    base = service.resolve_voice(SpeechRequest("", spk_id, speaker_param="spk_id"))
-    return voices.instruct_voice(base, instruct_text)
+    return await _pcm_response(request, service, state, tts_text, InstructVoice(spk_id, instruct_text))
 
 
 @router.get("/inference_instruct2", operation_id="inference_instruct2_get", **_ROUTE)  # type: ignore[arg-type]

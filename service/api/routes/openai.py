@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from service.api.deps import JSON_BODY, LISTING, SYNTHESIS_GUARDS, AppState, ServiceDep, StateDep, VoicesDep
-from service.api.errors import ERROR_RESPONSES
+from service.api.errors import ERROR_RESPONSES, wire_fields_of
 from service.api.routes.common import (
     INSTRUCTIONS_WARNING,
     audio_headers,
@@ -34,22 +32,21 @@ from service.api.streaming import chunked_response, sse_response, whole_response
 from service.api.textfields import TextRoute
 from service.audio.encode import AudioFormat, parse_format
 from service.errors import InvalidInputError, UnknownModelError
-from service.families.model import VoiceLibrary
+from service.families.model import InstructVoice, NamedVoice, VoiceReference
 from service.speech.request import SpeechRequest
-from service.speech.service import TTSService
 
-router = APIRouter(prefix="/v1", tags=["openai"], route_class=TextRoute)
+FIELDS = {"text": "input", "voice": "voice", "instruction": "instructions"}  # domain field -> OpenAI's, for errors
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=TextRoute, dependencies=[wire_fields_of(FIELDS)])
 OWNER = "cosyvoice-lite"
 
 
-def instructed(wanted: SpeechRequest, instructions: str | None, service: TTSService, voices: VoiceLibrary) -> SpeechRequest:
+def openai_voice(name: str, instructions: str | None, can_instruct: bool) -> VoiceReference:
     """On an Instruct bundle, `instructions` drive instruct mode (the voice's flow, the instructions before the
-    text); elsewhere the request is unchanged and the response says they were ignored."""
-    if not instructions or not voices.can_instruct:
-        return wanted
-    base = service.resolve_voice(wanted)
+    text); elsewhere the voice is the name alone (the response then says the instructions were ignored)."""
+    if not instructions or not can_instruct:
+        return NamedVoice(name)
     text = instructions if "<|endofprompt|>" in instructions else instructions.rstrip() + "<|endofprompt|>"
-    return dataclasses.replace(wanted, voice=voices.instruct_voice(base, text))
+    return InstructVoice(name, text)
 
 
 def model_ids(state: AppState) -> list[str]:
@@ -88,9 +85,11 @@ async def speech(request: Request, body: SpeechBody, service: ServiceDep, state:
     if body.timestamps and body.stream_format != "sse":
         raise InvalidInputError("timestamps need stream_format 'sse' (they are events beside the audio)", param="timestamps")
     chunked = streamed(body, fmt)
+    instruct = bool(body.instructions) and voices.can_instruct
     wanted = SpeechRequest(
         text=body.input,
-        speaker=body.voice_name,  # a speaker, a saved voice or an OpenAI name (an alias): the service resolves it
+        # a speaker, a saved voice or an OpenAI name (an alias): the service resolves it
+        voice=openai_voice(body.voice_name, body.instructions, voices.can_instruct),
         fmt=fmt,
         speed=body.speed,
         seed=body.seed,
@@ -99,13 +98,10 @@ async def speech(request: Request, body: SpeechBody, service: ServiceDep, state:
         pcm_rate_hz=state.settings.openai_pcm_sample_rate_hz,
         bitrate_kbps=state.settings.audio_bitrate_kbps,
         max_chars=openai_max_chars(state),
-        text_param="input",
-        speaker_param="voice",
         timestamps=body.timestamps,
     )
-    wanted = await anyio.to_thread.run_sync(instructed, wanted, body.instructions, service, voices)
     job = await submit(service, wanted)
-    warning = {"Warning": INSTRUCTIONS_WARNING} if body.instructions and wanted.voice is None else {}
+    warning = {"Warning": INSTRUCTIONS_WARNING} if body.instructions and not instruct else {}
     if body.stream_format == "sse":
         return await sse_response(request, job, state, job_headers(job) | warning)
     respond = chunked_response if chunked else whole_response

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import anyio
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import Response
 
-from service.api.deps import JSON_BODY, SYNTHESIS_GUARDS, ServiceDep, StateDep, VoicesDep
-from service.api.errors import ERROR_RESPONSES
+from service.api.deps import JSON_BODY, SYNTHESIS_GUARDS, ServiceDep, StateDep
+from service.api.errors import ERROR_RESPONSES, wire_fields_of
 from service.api.routes.common import audio_headers, audio_responses, read_upload, submit
 from service.api.schemas import MAX_SEED, TTSBody
 from service.api.streaming import chunked_response, whole_response
 from service.api.textfields import TextRoute
 from service.audio.encode import parse_format
-from service.families.model import PromptAudio
+from service.families.model import NamedVoice, PromptAudio, PromptVoice
 from service.speech.request import SpeechRequest
 
-router = APIRouter(tags=["synthesis"], route_class=TextRoute)
+FIELDS = {"voice": "speaker", "prompt_audio": "prompt_wav"}  # domain field -> this API's, for errors
+router = APIRouter(tags=["synthesis"], route_class=TextRoute, dependencies=[wire_fields_of(FIELDS)])
 
 
 @router.post(
@@ -36,7 +36,7 @@ async def tts(request: Request, body: TTSBody, service: ServiceDep, state: State
     """
     wanted = SpeechRequest(
         text=body.text,
-        speaker=body.speaker or state.settings.default_speaker,
+        voice=NamedVoice(body.speaker or state.settings.default_speaker),
         fmt=parse_format(body.format, "format"),
         speed=body.speed,
         seed=body.seed,
@@ -61,7 +61,6 @@ async def tts_with_prompt(
     request: Request,
     service: ServiceDep,
     state: StateDep,
-    voices: VoicesDep,
     text: Annotated[str, Form(description="Text to speak.")],
     prompt_wav: Annotated[UploadFile, File(description="Prompt recording, 1-30 s (wav, flac, mp3, ogg/opus, m4a).")],
     prompt_text: Annotated[str, Form(description="Words spoken in the prompt; empty = cross-lingual cloning.")] = "",
@@ -73,11 +72,9 @@ async def tts_with_prompt(
     """`/tts` with a voice cloned from an uploaded recording for this request only (nothing is stored; the
     analysis is cached by the recording's hash). Save a voice with POST /v1/voices to reuse it by name."""
     prompt = PromptAudio(await read_upload(prompt_wav, state.settings.max_upload_bytes))
-    voice = await anyio.to_thread.run_sync(lambda: voices.prompt_voice(prompt, prompt_text, name="prompt"))
     wanted = SpeechRequest(
         text=text,
-        speaker=voice.name,
-        voice=voice,
+        voice=PromptVoice(prompt, prompt_text),  # analysed (or its analysis read from the cache) in `submit`
         fmt=parse_format(format, "format"),
         speed=speed,
         seed=seed,

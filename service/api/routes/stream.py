@@ -24,8 +24,8 @@ from service.api.schemas import MAX_SEED
 from service.api.tracing import request_id_of
 from service.audio.encode import AudioFormat, output_sample_rate
 from service.audio.timeline import sample_counter
-from service.errors import EngineError, InvalidInputError, TTSError
-from service.families.model import ModelVoice
+from service.errors import EngineError, InvalidInputError, TTSError, wire_name
+from service.families.model import ModelVoice, NamedVoice
 from service.frontend.incremental import IncrementalSegmenter
 from service.runtime import Slot
 from service.speech.request import SpeechRequest
@@ -42,6 +42,7 @@ FRAME_HEADER = struct.Struct(">II")  # binary frame: sequence number, sentence i
 CONFIG_TIMEOUT_S = 10.0  # the config message must come this soon after the connection opens
 PCM_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
 INTERNAL_ERROR_CLOSE = 1011
+FIELDS: Mapping[str, str] = {}  # domain field -> this protocol's, for errors: its "text" and "voice" are the domain's
 
 
 class StreamConfig(BaseModel):
@@ -156,11 +157,10 @@ class SpeechStreamSession:
         s = self.state.settings
         wanted = config.voice or s.default_speaker
         speaker = service.voice_name(wanted)  # an OpenAI name: what it speaks as (named in `ready`)
-        probe = SpeechRequest(text="", speaker=wanted, speaker_param="voice")  # an error names what the client sent
-        voice: ModelVoice = await anyio.to_thread.run_sync(service.resolve_voice, probe)  # saved voices: resolved once
+        # resolved once for every sentence (a saved voice is read here); an error names what the client sent
+        voice: ModelVoice = await anyio.to_thread.run_sync(service.resolve_voice, NamedVoice(wanted))
         template = SpeechRequest(
             text="",
-            speaker=speaker,
             voice=voice,
             fmt=fmt,
             speed=config.speed,
@@ -170,8 +170,6 @@ class SpeechStreamSession:
             pcm_rate_hz=config.sample_rate,
             bitrate_kbps=s.audio_bitrate_kbps,
             max_chars=s.max_chars,
-            text_param="text",
-            speaker_param="voice",
         )
         rate = output_sample_rate(fmt, service.sample_rate, config.sample_rate)
         ready = {
@@ -245,6 +243,7 @@ class SpeechStreamSession:
 
     async def _fail(self, error: TTSError) -> None:
         self.status = error.code.value
+        error.param = wire_name(FIELDS, error.param)
         body = {"type": "error", "error": {"code": error.code.value, "message": error.message, "param": error.param}}
         try:
             await self.ws.send_json(body)

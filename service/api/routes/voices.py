@@ -9,12 +9,13 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 
 from service.api.auth import caller_of
 from service.api.deps import ADMIN, AUTHENTICATED, LISTING, StateDep, VoicesDep
-from service.api.errors import ERROR_RESPONSES
+from service.api.errors import ERROR_RESPONSES, wire_fields_of
 from service.api.routes.common import read_upload
 from service.api.textfields import TextRoute
 from service.families.model import PromptAudio
 
-router = APIRouter(prefix="/v1/voices", tags=["voices"], route_class=TextRoute)
+FIELDS = {"prompt_audio": "audio"}  # domain field -> this API's, for errors (a transcript error stays prompt_text)
+router = APIRouter(prefix="/v1/voices", tags=["voices"], route_class=TextRoute, dependencies=[wire_fields_of(FIELDS)])
 
 
 @router.post("", dependencies=ADMIN, status_code=201, responses=ERROR_RESPONSES, summary="Save a cloned voice")
@@ -27,7 +28,7 @@ async def create_voice(
 ) -> dict[str, Any]:
     """Analyse the recording once (speaker vector, speech tokens, prompt mel) and store it: in Redis when
     TTS_REDIS_URL is set (every replica sees it), else in TTS_VOICES_DIR. Needs an admin key when keys are on."""
-    prompt = PromptAudio(await read_upload(audio, state.settings.max_upload_bytes, param="audio"), field="audio")
+    prompt = PromptAudio(await read_upload(audio, state.settings.max_upload_bytes, param="audio"))
     saved = await anyio.to_thread.run_sync(lambda: voices.save(name, prompt, transcript))
     return saved.info()
 

@@ -11,9 +11,9 @@ from service.engine.prompt import MelVariant
 from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import AudioChunk, SynthesisOptions, Synthesizer
 from service.engine.voice import Voice
-from service.errors import BundleError
+from service.errors import BundleError, UnknownSpeakerError
 from service.families.cosyvoice1.voices import Voices, v1_voice
-from service.families.model import ModelContext, ModelVoice
+from service.families.model import InstructVoice, ModelContext, ModelVoice, PromptVoice, VoiceReference
 from service.frontend import TextFrontend
 from service.stores.voices import AnalysisCache, MemoryVoiceStore
 
@@ -80,6 +80,23 @@ class CosyVoice1Model:
 
     def voice(self, speaker: str) -> ModelVoice:
         return self.engine.voice(speaker)
+
+    def resolve(self, reference: VoiceReference) -> Voice:
+        """A built-in speaker or saved voice by name, a one-off prompt, or a voice styled by an instruction."""
+        if isinstance(reference, PromptVoice):
+            return self._voices.prompt_voice(reference.prompt, reference.transcript, name=reference.label)
+        if isinstance(reference, InstructVoice):
+            return self._voices.instruct_voice(self._named(reference.base), reference.instruction)
+        return self._named(reference.name)
+
+    def _named(self, name: str) -> Voice:
+        if name in self.engine.speakers:
+            return self.engine.voice(name)
+        saved = self._voices.resolve(name)
+        if saved is not None:
+            return saved
+        known = ", ".join(self.engine.speakers)
+        raise UnknownSpeakerError(f"unknown speaker {name!r}; known: {known} or a saved voice (GET /v1/voices)", param="voice")
 
     def synthesize(
         self, sentences: list[list[int]], voice: ModelVoice, options: SynthesisOptions, cancel: threading.Event

@@ -96,7 +96,7 @@ class Voices:
                 audio, rate = decode_audio(prompt.data, max_seconds=MAX_PROMPT_S)
             result = analyzer.analyze(audio, rate, mel_variant=self.mel_variant)
         except PromptAudioError as e:
-            e.param = prompt.field  # the decoder cannot know which request field held the audio
+            e.param = "prompt_audio"  # the domain's name; each transport renames it to its own field
             raise
         features = PromptFeatures(result.embedding, result.speech_tokens, result.mel, result.duration_s, result.mel_variant)
         self.cache.put(key, features)
@@ -111,7 +111,7 @@ class Voices:
             return None
         found = container_format(prompt.data)
         if found is not None:
-            log.info("%s holds a %s file, not raw PCM: decoding it as a file", prompt.field, found)
+            log.info("the prompt recording holds a %s file, not raw PCM: decoding it as a file", found)
             return None
         return prompt.pcm_rate_hz
 
@@ -158,11 +158,11 @@ class Voices:
         if not self.can_instruct:
             raise UnsupportedCapabilityError(
                 f"the served model {self.bundle.manifest.model} has no instruct capability (use CosyVoice-300M-Instruct)",
-                param="instruct_text",
+                param="instruction",
             )
         text = instruct_text.strip()
         if not text or len(text) > MAX_INSTRUCT_CHARS:
-            raise InvalidInputError(f"instruct_text must have 1-{MAX_INSTRUCT_CHARS} characters", param="instruct_text")
+            raise InvalidInputError(f"instruct_text must have 1-{MAX_INSTRUCT_CHARS} characters", param="instruction")
         return v1_voice(base).with_instruction(tuple(self._prompt_text_ids(text)))
 
     # ---- internals ---------------------------------------------------------------------------
@@ -171,7 +171,7 @@ class Voices:
             raise UnsupportedCapabilityError(
                 f"the served model {self.bundle.manifest.model} has no prompt analysis (campplus.onnx and "
                 "speech_tokenizer_v1.onnx were not in its checkpoint): voice cloning is off",
-                param="prompt_wav",
+                param="prompt_audio",
             )
         return self.analyzer
 
