@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import re
 import time
 from collections.abc import Callable
@@ -86,8 +87,7 @@ PIPELINE_SEEDS = ("1", "好" + "1" * 13, "好，", "a ", "。", "😀", "，", "
 @pytest.mark.parametrize("seed", PIPELINE_SEEDS)
 def test_pipeline_100kb_linear(enhanced: TextFrontend, seed: str) -> None:
     small, big = _adversarial(seed)[: SIZE // 4], _adversarial(seed)
-    t_small = _timed(enhanced, small)
-    t_big = _timed(enhanced, big)
+    t_small, t_big = _growth(enhanced, small, big, lambda s, b: b < 4 * max(s, 0.05) * 2.5)
     assert t_big < 20.0, f"{seed!r}: {t_big:.1f}s for 100 kB"
     assert t_big < 4 * max(t_small, 0.05) * 2.5, f"{seed!r}: {t_small:.2f}s for 25 kB but {t_big:.2f}s for 100 kB"
 
@@ -95,14 +95,32 @@ def test_pipeline_100kb_linear(enhanced: TextFrontend, seed: str) -> None:
 def test_pipeline_digit_dense_linear(enhanced: TextFrontend) -> None:
     """wetext itself runs on these (about 0.1 ms per character), so the sizes are smaller; the ratio is what counts."""
     seed = "1a，"
-    t_small = _timed(enhanced, _adversarial(seed)[:4_000])
-    t_big = _timed(enhanced, _adversarial(seed)[:16_000])
+    small, big = _adversarial(seed)[:4_000], _adversarial(seed)[:16_000]
+    t_small, t_big = _growth(enhanced, small, big, lambda s, b: b < 4 * s * 2.0)
     assert t_big < 4 * t_small * 2.0, f"{t_small:.2f}s for 4 kB but {t_big:.2f}s for 16 kB"
 
 
+def _growth(fe: TextFrontend, small: str, big: str, linear: Callable[[float, float], bool]) -> tuple[float, float]:
+    """Seconds for `small` and `big`, each the least of up to 3 runs: other work on the host (or in this process)
+    only ever adds time to a run, so a ratio that looks super-linear once is measured again before it counts."""
+    t_small, t_big = _timed(fe, small), _timed(fe, big)
+    for _ in range(2):
+        if linear(t_small, t_big):
+            break
+        t_small, t_big = min(t_small, _timed(fe, small)), min(t_big, _timed(fe, big))
+    return t_small, t_big
+
+
 def _timed(fe: TextFrontend, text: str) -> float:
-    start = time.perf_counter()
-    report = fe.normalize_report(text)
-    elapsed = time.perf_counter() - start
+    """One run's seconds with the cyclic garbage collector held: a full collection scans every object the test session
+    holds, a cost that grows with the session, not with the text."""
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        report = fe.normalize_report(text)
+        elapsed = time.perf_counter() - start
+    finally:
+        gc.enable()
     assert all(len(s.ids) <= fe.options.max_sentence_tokens for s in report.sentences)
     return elapsed
