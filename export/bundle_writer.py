@@ -185,6 +185,18 @@ def _source_hashes(opts: ExportOptions, plan: VoicePlan) -> dict[str, str]:
     return {n: sha256_file(opts.model_dir / n) for n in names} | plan.prompt_source_hashes()
 
 
+def exporter_info(opts: ExportOptions, version: str = EXPORTER_VERSION) -> dict[str, str]:
+    """The manifest's `exporter` record: what wrote the bundle (a family's exporter passes its own `version`)."""
+    return {
+        "exporter_version": version,
+        "torch": torch.__version__.split("+")[0],
+        "onnx": onnx.__version__,
+        "opset": str(OPSET),
+        "random_init": str(opts.random_init).lower(),
+        "seed": str(opts.seed),
+    }
+
+
 def _write_bundle(cfg: CosyVoiceConfig, models: Models, opts: ExportOptions, plan: VoicePlan, tmp: Path) -> Manifest:
     graphs = export_llm(models.llm, tmp) + export_flow(models.flow, tmp) + export_hift(models.hift, tmp)
     write_speakers(tmp / SPEAKERS_NAME, plan.speakers)
@@ -197,14 +209,7 @@ def _write_bundle(cfg: CosyVoiceConfig, models: Models, opts: ExportOptions, pla
         graphs=_graph_entries(tmp, graphs) | prompt_models.copy_into(plan.prompt_models, tmp),
         source_files=_source_hashes(opts, plan),
         files={n: sha256_file(tmp / n) for n in (SPEAKERS_NAME, TOKENIZER_NAME)},
-        exporter={
-            "exporter_version": EXPORTER_VERSION,
-            "torch": torch.__version__.split("+")[0],
-            "onnx": onnx.__version__,
-            "opset": str(OPSET),
-            "random_init": str(opts.random_init).lower(),
-            "seed": str(opts.seed),
-        },
+        exporter=exporter_info(opts),
         random_weights=opts.random_weights,
         test_model=opts.test_model,
         description=opts.description(),

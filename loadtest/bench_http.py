@@ -17,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -162,23 +164,29 @@ def load(args: argparse.Namespace) -> dict[str, Any]:
         return _load(args, {"TTS_VOICES_DIR": voices_dir}, saved)
 
 
-def _load(args: argparse.Namespace, env: dict[str, str], saved: str | None) -> dict[str, Any]:
+@contextmanager
+def served(args: argparse.Namespace, env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A `serve` process of this script on a free port (settings `env` plus `args.env`), ready; stopped on exit."""
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
     extra = dict(kv.split("=", 1) for kv in args.env)
-    cmd = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "serve",
-        str(args.bundle),
-        "--port",
-        str(port),
-        "--tokens",
-        str(args.tokens),
-    ]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "serve", str(args.bundle)]
+    cmd += ["--port", str(port), "--tokens", str(args.tokens)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=server_env(args.n_timesteps, env | extra))
     try:
+        url = f"http://127.0.0.1:{port}"
         wait_ready(url, proc)
+        yield url, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _load(args: argparse.Namespace, env: dict[str, str], saved: str | None) -> dict[str, Any]:
+    extra = dict(kv.split("=", 1) for kv in args.env)
+    with served(args, env) as (url, proc):
         rss_ready = peak_rss_mb(proc.pid)
         levels = []
         with httpx.Client(base_url=url, timeout=httpx.Timeout(600.0)) as client:
@@ -192,12 +200,6 @@ def _load(args: argparse.Namespace, env: dict[str, str], saved: str | None) -> d
             voices = voice_rows(client, saved, args.voice_reps) if saved else {}
         result = {"levels": levels, "server_rss_ready_mb": rss_ready, "server_peak_rss_mb": peak_rss, "env": extra}
         return result | ({"voices": voices, "voice_prompt_s": args.voice_seconds} if voices else {})
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

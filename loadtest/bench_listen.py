@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +25,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loadtest.bench_engine import SHORT_TEXT, closed_loop
-from loadtest.bench_http import PCM_BYTES_PER_S, REPO, free_port, peak_rss_mb, server_env, wait_ready, write_saved_voice
+from loadtest.bench_http import PCM_BYTES_PER_S, peak_rss_mb, served, write_saved_voice
 from loadtest.listener import Listening, listen, pcm_pieces
 
 BUILTIN = "built-in speaker"
@@ -94,23 +93,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def serve_and(
     args: argparse.Namespace, env: dict[str, str], work: Callable[[httpx.Client], list[dict[str, Any]]]
 ) -> dict[str, Any]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    extra = dict(kv.split("=", 1) for kv in args.env)
-    cmd = [sys.executable, str(REPO / "loadtest" / "bench_http.py"), "serve", str(args.bundle)]
-    cmd += ["--port", str(port), "--tokens", str(args.tokens)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=server_env(args.n_timesteps, env | extra))
-    try:
-        wait_ready(url, proc)
-        with httpx.Client(base_url=url, timeout=httpx.Timeout(900.0)) as client:
-            rows = work(client)
+    with served(args, env) as (url, proc), httpx.Client(base_url=url, timeout=httpx.Timeout(900.0)) as client:
+        rows = work(client)
+        extra = dict(kv.split("=", 1) for kv in args.env)
         return {"rows": rows, "server_peak_rss_mb": peak_rss_mb(proc.pid), "env": extra, "tokens": args.tokens}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

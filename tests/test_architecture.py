@@ -7,16 +7,9 @@ from pathlib import Path
 
 import import_graph
 import pytest
+from import_graph import module_name
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def module_name(path: Path) -> str:
-    rel = path.relative_to(REPO).with_suffix("")
-    parts = list(rel.parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
 
 
 def imports_of(path: Path) -> set[str]:

@@ -10,12 +10,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnx
 import torch
 from tokenizers import Tokenizer
 
 from export import checkpoint
-from export.bundle_writer import ExportOptions, ExportReport, _graph_entries, _log_errors, _staging_dir, publish
+from export.bundle_writer import (
+    ExportOptions,
+    ExportReport,
+    _graph_entries,
+    _log_errors,
+    _staging_dir,
+    exporter_info,
+    publish,
+)
 from export.capabilities import VoicePlan, plan_voices
 from export.cosyvoice2 import tokenizer as qwen_tokenizer
 from export.cosyvoice2.config import QWEN_CONFIG, QWEN_DIR, YAML_NAME, CosyVoice2Config, load_config
@@ -26,7 +33,7 @@ from export.cosyvoice2.modules.flow import CausalMaskedDiffWithXvec, flow_noise
 from export.cosyvoice2.modules.llm import Qwen2LM, drop_unused
 from export.graphs.hift import export_hift, verify_hift
 from export.modules.hift import HiFTGenerator, normalize_hift_state_dict
-from export.onnx_io import OPSET, ExportError
+from export.onnx_io import ExportError
 from export.prompt_models import copy_into
 from export.quantize import write_quantized_bundle
 from service.bundle import (
@@ -149,14 +156,7 @@ def _write_bundle(inputs: _Inputs, models: Models, opts: ExportOptions, tmp: Pat
         graphs=_graph_entries(tmp, graphs) | copy_into(plan.prompt_models, tmp),
         source_files=_source_hashes(opts, plan, inputs.tokenizer_source),
         files={n: sha256_file(tmp / n) for n in (SPEAKERS_NAME, V2_TOKENIZER_NAME, V2_NOISE_NAME)},
-        exporter={
-            "exporter_version": EXPORTER_VERSION,
-            "torch": torch.__version__.split("+")[0],
-            "onnx": onnx.__version__,
-            "opset": str(OPSET),
-            "random_init": str(opts.random_init).lower(),
-            "seed": str(opts.seed),
-        },
+        exporter=exporter_info(opts, EXPORTER_VERSION),
         random_weights=opts.random_weights,
         test_model=opts.test_model,
         description=opts.description(),

@@ -4,6 +4,7 @@ as they stream past, and the silence a decoder puts before the signal (MP3 and A
 from __future__ import annotations
 
 import struct
+from abc import ABC, abstractmethod
 from typing import Protocol
 
 from service.audio.encode import AudioFormat
@@ -54,7 +55,7 @@ class PcmCounter:
         self._bytes += len(data)
 
 
-class _Framed:
+class _Framed(ABC):
     """Walks a byte stream of self-delimiting units (pages, frames) that may be split across `feed` calls."""
 
     def __init__(self) -> None:
@@ -67,9 +68,9 @@ class _Framed:
             pos += used
         self._buf = self._buf[pos:]
 
+    @abstractmethod
     def _unit(self, buf: bytes, pos: int) -> int | None:
         """Account the unit starting at `pos`; its length, or None until it is complete in `buf`."""
-        raise NotImplementedError
 
 
 class OggOpusCounter(_Framed):
