@@ -150,14 +150,20 @@ class CosyVoice2Engine:
         loaded = bundle if isinstance(bundle, ModelBundle) else ModelBundle.load(bundle)
         runtime = runtime or RuntimeOptions()
         limit_malloc_arenas(runtime.malloc_arenas)
-        sessions = open_sessions(loaded, runtime, names=tuple(V2_GRAPH_IO))
-        runner = Qwen2Runner(sessions, loaded.constants, _extra(loaded))
+        return cls.from_sessions(loaded, open_sessions(loaded, runtime, names=tuple(V2_GRAPH_IO)), runtime, **kwargs)
+
+    @classmethod
+    def from_sessions(
+        cls, bundle: ModelBundle, sessions: Mapping[str, Any], runtime: RuntimeOptions, **kwargs: Any
+    ) -> CosyVoice2Engine:
+        """An engine over opened sessions (e.g. instrumented ones) with the scheduler and gate `runtime` asks for."""
+        runner = Qwen2Runner(sessions, bundle.constants, _extra(bundle))
         gate = AcousticGate(runtime.acoustic_slots, nice=runtime.acoustic_nice) if runtime.acoustic_slots > 0 else None
         llm: TokenGenerator = runner
         if runtime.max_batch > 0:
             yield_to = gate.first_audio_running if gate is not None and runtime.first_audio_priority else None
             llm = BatchScheduler(runner, max_batch=runtime.max_batch, yield_to=yield_to)
-        return cls(loaded, sessions, llm=llm, gate=gate, **kwargs)
+        return cls(bundle, sessions, llm=llm, gate=gate, **kwargs)
 
     def close(self) -> None:
         if self.scheduler is not None:
