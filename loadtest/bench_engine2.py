@@ -33,7 +33,7 @@ from loadtest.listener import Listening, listen
 from service.bundle import V2_GRAPH_IO, ModelBundle
 from service.engine.sessions import RuntimeOptions, open_sessions
 from service.engine.synthesizer import SynthesisOptions
-from service.families.cosyvoice2.engine import CosyVoice2Engine
+from service.families.cosyvoice2.engine import CosyVoice2Engine, stream_schedule
 from service.families.cosyvoice2.tokenizer import Qwen2Tokenizer
 from service.families.cosyvoice2.voice import Voice2
 from service.settings import Settings
@@ -78,7 +78,10 @@ def load(args: argparse.Namespace, log: dict[str, list[tuple[float, tuple[int, .
     sessions: dict[str, Any] = open_sessions(bundle, runtime, names=tuple(V2_GRAPH_IO))
     if log is not None:
         sessions = {name: TimedSession(name, s, log) for name, s in sessions.items()}
-    engine = CosyVoice2Engine.from_sessions(bundle, sessions, runtime)
+    schedule = stream_schedule(bundle, runtime)
+    if args.hop_scale:
+        schedule = replace(schedule, scale=args.hop_scale)
+    engine = CosyVoice2Engine.from_sessions(bundle, sessions, runtime, cfg_lanes=args.cfg_lanes, schedule=schedule)
     engine.llm = ForcedLength(engine.llm, args.tokens)  # type: ignore[arg-type]  # same generate() signature
     return engine
 
@@ -195,7 +198,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-batch", type=int, default=defaults["max_batch"].default)
     p.add_argument("--acoustic-slots", type=int, default=defaults["acoustic_slots"].default)
     p.add_argument("--no-first-audio-priority", action="store_true")
+    p.add_argument("--cfg-lanes", action="store_true", help="the estimator's guidance rows as two concurrent calls")
     p.add_argument("--first-hop", type=int, help="first streamed hop in tokens (the schedule's own when omitted)")
+    p.add_argument("--hop-scale", type=int, help="growth of the later hops (the schedule's own when omitted)")
     p.add_argument("--acoustic-backend", choices=["auto", "ort", "openvino"], default=defaults["acoustic_backend"].default)
     p.add_argument("--stream-schedule", choices=["adaptive", "official"], default=defaults["stream_schedule"].default)
     p.add_argument("--prompt-window-s", type=float, default=defaults["prompt_window_s"].default, help="-1: all")

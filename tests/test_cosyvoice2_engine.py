@@ -27,7 +27,7 @@ from service.families.cosyvoice2.hift import sine_phase
 from service.families.cosyvoice2.voice import Voice2
 
 pytestmark = pytest.mark.export
-ONE_THREAD = RuntimeOptions(intra_op_threads=1, max_batch=0, acoustic_slots=0)
+ONE_THREAD = RuntimeOptions(intra_op_threads=1, max_batch=0, acoustic_slots=0, stream_schedule="official")
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +121,8 @@ def test_scheduler_batches_cosyvoice2_requests_like_direct_decoding(engine: Cosy
 
 def test_hop_schedule_pads_the_first_hop_to_a_chunk_boundary() -> None:
     schedule = HopSchedule()
-    assert [25 + (-p) % 25 for p in (0, 25, 37, 80)] == [25, 25, 38, 45]
-    assert [schedule.next_hop(h) for h in (25, 50, 100)] == [50, 100, 100]
+    assert [schedule.first_hop(p) for p in (0, 25, 37, 80)] == [25, 25, 38, 45]
+    assert [schedule.next_hop(h, 25 * h) for h in (25, 50, 100)] == [(50, 50), (100, 100), (100, 100)]
 
 
 def official_chunks(prompt: int, tokens: int) -> tuple[list[tuple[int, int]], int]:
@@ -199,7 +199,7 @@ def test_a_voice_prompt_state_is_computed_once_and_shared(cv2_bundle: Path) -> N
     speech = np.random.default_rng(4).integers(0, 6561, 90).tolist()
     options = SynthesisOptions(stream=True)
     first = [c.mel for c in engine.mel_chunks(iter(speech), voice.flow, options, fingerprint=voice.fingerprint)]
-    cached = engine.prompt_states.get((voice.fingerprint, 10))
+    cached = engine.prompt_states.get((voice.fingerprint, 10, 64))
     assert cached is not None and cached.frames == 100 and cached.encoder.tokens == 50 and len(engine.prompt_states) == 1
     again = [c.mel for c in engine.mel_chunks(iter(speech), voice.flow, options, fingerprint=voice.fingerprint)]
     fresh = [c.mel for c in engine.mel_chunks(iter(speech), voice.flow, options)]

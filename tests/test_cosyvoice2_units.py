@@ -39,9 +39,11 @@ def test_a_flow_prompt_needs_its_mel() -> None:
 
 def test_hop_schedule_doubles_to_its_cap() -> None:
     schedule = HopSchedule()
-    hops = [25]
+    hops, base, end = [25], 25, 25
     while len(hops) < 5:
-        hops.append(schedule.next_hop(hops[-1]))
+        hop, base = schedule.next_hop(base, end)
+        hops.append(hop)
+        end += hop
     assert hops == [25, 50, 100, 100, 100]
 
 
@@ -49,10 +51,10 @@ def test_prompt_states_keep_the_most_recent_within_the_budget() -> None:
     one = state(10).nbytes()
     cache = PromptStates(max_bytes=2 * one + one // 2)
     for name in ("a", "b", "c"):
-        cache.put((name, 10), state(10))
-    assert cache.get(("a", 10)) is None and cache.get(("b", 10)) is not None and len(cache) == 2
-    cache.put(("huge", 10), state(1000))  # larger than the whole budget: not kept, nothing evicted
-    assert cache.get(("huge", 10)) is None and len(cache) == 2
+        cache.put((name, 10, 0), state(10))
+    assert cache.get(("a", 10, 0)) is None and cache.get(("b", 10, 0)) is not None and len(cache) == 2
+    cache.put(("huge", 10, 0), state(1000))  # larger than the whole budget: not kept, nothing evicted
+    assert cache.get(("huge", 10, 0)) is None and len(cache) == 2
 
 
 def test_a_state_copy_shares_arrays_but_not_lists() -> None:

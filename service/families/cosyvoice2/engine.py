@@ -1,9 +1,9 @@
 """CosyVoice2 engine: sentences of text ids + a voice -> audio chunks (Qwen2 LLM -> cached chunk flow -> HiFT).
 
-Streaming follows the official CosyVoice2Model.tts schedule, per request (the official mutates one shared hop
-length): a first hop of 25 tokens plus what brings prompt + hop to a chunk boundary, then 50, then 100 each,
-every chunk waiting for 3 look-ahead tokens. Unlike the official, which runs the flow over the prompt and every
-token so far for each chunk, the flow continues from its caches: each mel frame is solved once per request.
+Streaming chunks follow a HopSchedule per request (service.families.cosyvoice2.schedule: the official 25 + pad, 50,
+100, ... or a small first hop for early first audio), every chunk waiting for 3 look-ahead tokens. Unlike the
+official, which runs the flow over the prompt and every token so far for each chunk, the flow continues from its
+caches: each mel frame is solved once per request.
 """
 
 from __future__ import annotations
@@ -30,28 +30,12 @@ from service.errors import BundleError, EmptyTextError, InvalidInputError
 from service.families.cosyvoice2.flow import FlowRunner2, FlowState
 from service.families.cosyvoice2.hift import Vocoder, VocoderStream
 from service.families.cosyvoice2.llm import Qwen2Runner
+from service.families.cosyvoice2.schedule import HopSchedule, window_tokens
 from service.families.cosyvoice2.voice import FlowPrompt2, Voice2
 
 DEFAULT_OPTIONS = SynthesisOptions()
 DEFAULT_PROMPT_CACHE_BYTES = 2 << 30  # prompt flow states kept for reuse (a 10 s prompt: ~1 GB fp16 full-size)
-
-
-@dataclass(frozen=True)
-class HopSchedule:
-    """Tokens per streaming chunk: first `first + pad`, then x `scale` per chunk up to `most`, plus look-ahead."""
-
-    chunk: int = 25
-    first: int = 25
-    most: int = 100
-    scale: int = 2
-    look_ahead: int = 3
-
-    @classmethod
-    def of(cls, extra: CosyVoice2Constants, first: int, most: int, scale: float) -> HopSchedule:
-        return cls(extra.chunk_tokens, first, most, max(1, int(scale)), extra.pre_lookahead)
-
-    def next_hop(self, hop: int) -> int:
-        return min(self.most, hop * self.scale)
+PromptKey = tuple[str, int, int]  # voice fingerprint, Euler steps, prompt tokens the flow sees
 
 
 class PromptStates:
@@ -64,16 +48,16 @@ class PromptStates:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
-        self._states: OrderedDict[tuple[str, int], FlowState] = OrderedDict()
+        self._states: OrderedDict[PromptKey, FlowState] = OrderedDict()
 
-    def get(self, key: tuple[str, int]) -> FlowState | None:
+    def get(self, key: PromptKey) -> FlowState | None:
         with self._lock:
             state = self._states.get(key)
             if state is not None:
                 self._states.move_to_end(key)
             return state
 
-    def put(self, key: tuple[str, int], state: FlowState) -> None:
+    def put(self, key: PromptKey, state: FlowState) -> None:
         size = state.nbytes()
         if size > self.max_bytes:
             return
@@ -124,9 +108,15 @@ class CosyVoice2Engine:
         gate: AcousticGate | None = None,
         prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
         official_final_chunk: bool = False,
+        schedule: HopSchedule | None = None,
+        prompt_window_tokens: int | None = None,
+        cfg_lanes: bool = False,
     ) -> None:
         """`official_final_chunk`: end every stream like the official code, with one full-attention flow pass over the
-        whole sentence for the last chunk (exact official audio, at the cost of that pass before the last audio)."""
+        whole sentence for the last chunk (exact official audio, at the cost of that pass before the last audio).
+        `schedule`: how streamed sentences are cut (None: the official HopSchedule). `prompt_window_tokens`: the last
+        prompt tokens (with their mel) a streamed flow sees (None: the whole prompt, as the official). `cfg_lanes`: the
+        estimator's two guidance rows run as two concurrent calls (FlowRunner2)."""
         extra = bundle.manifest.cosyvoice2
         if bundle.family != FAMILY_V2 or extra is None:
             raise BundleError(f"{bundle.root}: not a CosyVoice2 bundle (family {bundle.family!r})")
@@ -137,9 +127,10 @@ class CosyVoice2Engine:
         self.llm: TokenGenerator = llm if llm is not None else self.runner
         self.scheduler = llm if isinstance(llm, BatchScheduler) else None
         noise = np.load(bundle.root / V2_NOISE_NAME, allow_pickle=False)
-        self.flow = FlowRunner2(sessions, c, extra, noise)
+        self.flow = FlowRunner2(sessions, c, extra, noise, cfg_lanes=cfg_lanes)
         self.vocoder = Vocoder(HiFTRunner(sessions, c))
-        self.schedule = HopSchedule.of(extra, c.token_hop_len, c.token_max_hop_len, c.stream_scale_factor)
+        self.schedule = schedule or HopSchedule.official(extra, c)
+        self.prompt_window_tokens = prompt_window_tokens
         self.gate = gate
         self.prompt_states = PromptStates(prompt_cache_bytes)
         self.official_final_chunk = official_final_chunk
@@ -163,11 +154,15 @@ class CosyVoice2Engine:
         if runtime.max_batch > 0:
             yield_to = gate.first_audio_running if gate is not None and runtime.first_audio_priority else None
             llm = BatchScheduler(runner, max_batch=runtime.max_batch, yield_to=yield_to)
+        schedule = kwargs.setdefault("schedule", stream_schedule(bundle, runtime))
+        window = window_tokens(runtime.prompt_window_s, schedule, bundle.constants.token_rate_hz)
+        kwargs.setdefault("prompt_window_tokens", window)
         return cls(bundle, sessions, llm=llm, gate=gate, **kwargs)
 
     def close(self) -> None:
         if self.scheduler is not None:
             self.scheduler.close()
+        self.flow.close()
 
     # ---- requests -------------------------------------------------------------------------------
     def synthesize(
@@ -214,9 +209,13 @@ class CosyVoice2Engine:
         pace = Pacer(None, self.sample_rate)
         return (piece for piece, _ in self._sentence(iter(tokens), voice.flow, options, rng, pace, None, exact_final))
 
+    def flow_prompt(self, prompt: FlowPrompt2, options: SynthesisOptions) -> FlowPrompt2:
+        """What the flow of a sentence sees of the voice's prompt: its window when streaming, else all of it."""
+        return prompt.window(self.prompt_window_tokens) if options.stream else prompt
+
     def prompt_state(self, prompt: FlowPrompt2, n_timesteps: int, fingerprint: str) -> FlowState:
-        """The voice's prompt-only flow state (cached by fingerprint), as a copy this request may extend."""
-        key = (fingerprint, n_timesteps)
+        """The voice's prompt-only flow state (cached by fingerprint and window), as a copy this request may extend."""
+        key = (fingerprint, n_timesteps, len(prompt.tokens))
         state = self.prompt_states.get(key)
         if state is None:
             state = self.flow.prompt_state(prompt, n_timesteps)
@@ -232,10 +231,8 @@ class CosyVoice2Engine:
             raise InvalidInputError(f"speed must be a positive number, got {options.speed}", param="speed")
         if options.n_timesteps is not None and options.n_timesteps < 1:
             raise InvalidInputError(f"n_timesteps must be >= 1, got {options.n_timesteps}", param="n_timesteps")
-        hop = options.first_hop_tokens
-        if hop is not None and (hop < 1 or hop % self.schedule.chunk):
-            message = f"first_hop_tokens must be a positive multiple of {self.schedule.chunk}"
-            raise InvalidInputError(message, param="first_hop_tokens")
+        if options.first_hop_tokens is not None and options.first_hop_tokens < 1:
+            raise InvalidInputError("first_hop_tokens must be >= 1", param="first_hop_tokens")
 
     def _sentences(
         self,
@@ -251,7 +248,8 @@ class CosyVoice2Engine:
             if cancel is not None and cancel.is_set():
                 return
             clock = time.perf_counter()
-            urgent = 2 * self.schedule.chunk + self.schedule.look_ahead  # a first chunk's tokens (first hop + pad)
+            flow_prompt = self.flow_prompt(voice.flow, options)
+            urgent = self.schedule.first_audio_tokens(len(flow_prompt.tokens), options.first_hop_tokens)
             tokens = self.llm.generate(ids, voice.llm, llm_rng, cancel=cancel, urgent_tokens=urgent)
             exact = self.official_final_chunk
             pieces = self._sentence(iter(tokens), voice.flow, options, noise_rng, pace, voice.fingerprint, exact)
@@ -288,16 +286,16 @@ class CosyVoice2Engine:
             mel, flow_s = self._whole(prompt, speech, steps, pace)
             yield MelChunk(mel, True, flow_s, len(speech))
             return
+        prompt = self.flow_prompt(prompt, options)
         state = self.prompt_state(prompt, steps, fingerprint) if fingerprint else self.flow.prompt_state(prompt, steps)
-        base = options.first_hop_tokens or self.schedule.first
-        job = _Sentence(prompt, state, base + (-len(prompt.tokens)) % self.schedule.chunk, [])
-        look = self.schedule.look_ahead
+        schedule = self.schedule
+        base = options.first_hop_tokens or schedule.first
+        job = _Sentence(prompt, state, schedule.first_hop(len(prompt.tokens), base), [])
         for token in tokens:
             job.speech.append(int(token))
-            while len(job.speech) - job.offset >= job.hop + look:
+            while len(job.speech) - job.offset >= job.hop + schedule.look_ahead:
                 yield self._flow_chunk(job, pace, final=False)
-                base = self.schedule.next_hop(base)  # the pad belongs to the first chunk only
-                job.hop = base
+                job.hop, base = schedule.next_hop(base, len(prompt.tokens) + job.offset)
         yield self._flow_chunk(job, pace, final=True, exact=exact_final)
 
     def _sentence(
@@ -348,6 +346,14 @@ class CosyVoice2Engine:
         with pace.turn(first=pace.audio_s == 0.0) as step_aside:
             mel = self.flow.advance(seq, seq[:0], prompt, state, full_attention=True, between_steps=step_aside)
         return mel[:, 2 * len(prompt.tokens) :], time.perf_counter() - clock
+
+
+def stream_schedule(bundle: ModelBundle, runtime: RuntimeOptions) -> HopSchedule:
+    """The schedule `runtime` asks for: "official" (CosyVoice2Model.tts) or the default early first audio."""
+    extra, c = _extra(bundle), bundle.constants
+    if runtime.stream_schedule == "official":
+        return HopSchedule.official(extra, c)
+    return HopSchedule.early(extra, c, runtime.first_hop_tokens)
 
 
 def _extra(bundle: ModelBundle) -> CosyVoice2Constants:

@@ -32,6 +32,14 @@ class FlowPrompt2:
             n = len(self.tokens)
             raise ValueError(f"a prompt of {n} tokens needs a ({2 * n}, 80) mel, got {self.mel.shape}")
 
+    def window(self, tokens: int | None) -> FlowPrompt2:
+        """The last `tokens` prompt tokens with their mel frames and the same x-vector (itself when the prompt is no
+        longer, or `tokens` is None)."""
+        if tokens is None or tokens >= len(self.tokens):
+            return self
+        cut = len(self.tokens) - tokens
+        return FlowPrompt2(self.embedding, self.tokens[cut:], self.mel[2 * cut :])
+
 
 @dataclass(frozen=True, eq=False)
 class Voice2:

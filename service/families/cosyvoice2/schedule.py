@@ -1,0 +1,87 @@
+"""CosyVoice2 chunk schedule: plain numbers in (prompt tokens, the previous hop, where it ended), the next hop out.
+
+The flow attends in chunks of `chunk` tokens counted from the start of prompt + speech (the official
+`static_chunk_size`): a frame sees every earlier chunk and its own chunk whole. A streamed chunk that ends on such a
+boundary is solved exactly as the official recompute-everything stream solves it, and the caches continue from there.
+
+Two schedules:
+* official (`aligned_first=True`): the first hop is 25 tokens plus what brings prompt + hop to a boundary (up to
+  24 more), then 50, then 100 each (CosyVoice2Model.tts per request); `service verify` replays it.
+* early first audio (`aligned_first=False`, the service default): the first hop is small (`first`, 10 tokens) and
+  ends inside an attention chunk, so its frames see only the part of their chunk that exists, as the frames of an
+  utterance's last, partial chunk do in the official chunk-masked training; the rest of that chunk is solved next
+  from the caches (its frames see the first hop's keys as they were computed). Every later chunk ends on a boundary:
+  one chunk, then the official growth (x 2 up to 100). What differs from the official audio is the sentence's first
+  attention chunk; the reason is first audio: the official first chunk waits for 25-49 tokens and solves them all.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from service.bundle import CosyVoice2Constants, ModelConstants
+
+EARLY_FIRST_HOP = 10  # tokens of the first streamed chunk with early first audio (0.4 s of speech, 0.24 s heard)
+
+
+@dataclass(frozen=True)
+class HopSchedule:
+    """Tokens per streaming chunk: the first hop, then x `scale` per chunk up to `most`, each plus `look_ahead` tokens
+    the chunk waits for; hops after the first end on multiples of `chunk` (prompt included)."""
+
+    chunk: int = 25
+    first: int = 25
+    most: int = 100
+    scale: int = 2
+    look_ahead: int = 3
+    aligned_first: bool = True
+
+    def __post_init__(self) -> None:
+        if min(self.chunk, self.first, self.most, self.scale) < 1 or self.look_ahead < 0:
+            raise ValueError("chunk, first, most and scale must be >= 1, look_ahead >= 0")
+
+    @classmethod
+    def official(cls, extra: CosyVoice2Constants, c: ModelConstants) -> HopSchedule:
+        """CosyVoice2Model.tts: 25 (+ pad to a boundary), 50, 100, ..."""
+        scale = max(1, int(c.stream_scale_factor))
+        return cls(extra.chunk_tokens, c.token_hop_len, c.token_max_hop_len, scale, extra.pre_lookahead)
+
+    @classmethod
+    def early(cls, extra: CosyVoice2Constants, c: ModelConstants, first: int | None = None) -> HopSchedule:
+        """A first hop of `first` tokens (EARLY_FIRST_HOP) wherever it ends, then the official growth on boundaries."""
+        official = cls.official(extra, c)
+        return cls(official.chunk, first or EARLY_FIRST_HOP, official.most, official.scale, official.look_ahead, False)
+
+    def first_hop(self, prompt_tokens: int, first: int | None = None) -> int:
+        """Tokens of a sentence's first chunk after a flow prompt of `prompt_tokens` (`first` overrides the base)."""
+        base = first or self.first
+        return base + self._pad(prompt_tokens + base) if self.aligned_first else base
+
+    def next_hop(self, base: int, end: int) -> tuple[int, int]:
+        """(hop, base) of the chunk after one whose base hop was `base` and which ended at token `end` (prompt
+        included). After a chunk that ended inside an attention chunk (an early first chunk): the rest of that chunk,
+        base 0. Else the base grows by `scale` up to `most` (from 0: one chunk), and so does the hop."""
+        rest = self._pad(end)
+        if rest:
+            return rest, 0
+        grown = min(self.most, base * self.scale) if base else self.chunk
+        return grown + self._pad(end + grown), grown
+
+    def first_audio_tokens(self, prompt_tokens: int, first: int | None = None) -> int:
+        """Speech tokens the LLM must deliver before a sentence's first chunk can be solved."""
+        return self.first_hop(prompt_tokens, first) + self.look_ahead
+
+    def _pad(self, end: int) -> int:
+        return (-end) % self.chunk
+
+
+def window_tokens(seconds: float | None, schedule: HopSchedule, token_rate_hz: int) -> int | None:
+    """Prompt tokens a streamed flow sees for a window of `seconds` (None: the whole prompt): at least the window,
+    rounded up to `look_ahead` past a chunk boundary, so that all but the last `look_ahead` prompt tokens form whole
+    chunks whose state depends on the prompt alone (cached per voice) and a sentence's first call solves only those
+    few prompt tokens with its own."""
+    if seconds is None:
+        return None
+    n = math.ceil(seconds * token_rate_hz)
+    return n + (schedule.look_ahead - n) % schedule.chunk if n > 0 else 0
