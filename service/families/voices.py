@@ -158,9 +158,27 @@ class PromptVoices(ABC, Generic[V]):
         if saved.models != self.models:
             log.warning("saved voice %r was analysed by other prompt models; it is not used", name)
             return None
-        return self._voice(saved.name, saved.features, self._transcript_ids(saved.transcript, saved.features.duration_s))
+        return self._saved_voice(saved)
+
+    def named(self, name: str, speakers: Sequence[str]) -> V:
+        """The saved voice `name` as the engine takes it; UnknownSpeakerError naming what exists when there is none,
+        or saying why a voice another model's prompt models analysed (a store shared with another model) is not used."""
+        saved = self.store.get(name)
+        if saved is None:
+            raise unknown_voice(name, speakers)
+        if saved.models != self.models:
+            raise UnknownSpeakerError(
+                f"the saved voice {name!r} was analysed by other prompt models than those of the served model "
+                f"{self.bundle.manifest.model} (it was saved while another model was served), so it cannot speak here; "
+                "save its recording again under another name (POST /v1/voices)",
+                param="voice",
+            )
+        return self._saved_voice(saved)
 
     # ---- internals ---------------------------------------------------------------------------
+    def _saved_voice(self, saved: SavedVoice) -> V:
+        return self._voice(saved.name, saved.features, self._transcript_ids(saved.transcript, saved.features.duration_s))
+
     def _need_analysis(self) -> None:
         if not self._can_analyze:
             files = " and ".join(file for file, _, _ in self.bundle.manifest.layout.prompt_graphs.values())

@@ -16,7 +16,6 @@ from service.engine.voice import Voice
 from service.errors import BundleError
 from service.families.cosyvoice1.voices import Voices, v1_voice
 from service.families.model import InstructVoice, ModelContext, ModelVoice, PromptVoice, VoiceReference
-from service.families.voices import unknown_voice
 from service.frontend import TextFrontend
 from service.stores.voices import AnalysisCache, MemoryVoiceStore
 
@@ -104,10 +103,7 @@ class CosyVoice1Model:
     def _named(self, name: str) -> Voice:
         if name in self.engine.speakers:
             return self.engine.voice(name)
-        saved = self._voices.resolve(name)
-        if saved is not None:
-            return saved
-        raise unknown_voice(name, self.engine.speakers)
+        return self._voices.named(name, self.engine.speakers)
 
     def synthesize(
         self, sentences: list[list[int]], voice: ModelVoice, options: SynthesisOptions, cancel: threading.Event

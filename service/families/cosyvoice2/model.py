@@ -119,10 +119,7 @@ class CosyVoice2Model:
     def _named(self, name: str) -> Voice2:
         if name in self._speakers:
             return self._speakers[name]
-        saved = self._voices.resolve(name)
-        if saved is not None:
-            return saved
-        raise unknown_voice(name, self.speakers)
+        return self._voices.named(name, self.speakers)
 
 
 def load_model(bundle: ModelBundle, context: ModelContext) -> CosyVoice2Model:
