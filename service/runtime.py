@@ -118,6 +118,7 @@ class Runtime:
             n_timesteps=s.n_timesteps,
             observer=self.observer,
             probe_voice=None if s.default_speaker in model.speakers else model.warmup_voice(),
+            default_voice=s.default_speaker,
         )
         service.probe(s.warmup_text, s.default_speaker)
         # What is loaded now lives until shutdown: keep it out of the cyclic GC, whose full passes over the text

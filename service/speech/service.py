@@ -84,8 +84,10 @@ class TTSService:
         voices: VoiceResolver | None = None,
         aliases: Mapping[str, str] | None = None,
         probe_voice: ModelVoice | None = None,
+        default_voice: str | None = None,
     ) -> None:
         self.frontend = frontend
+        self.default_voice = default_voice  # what requests that name no voice speak as (named in their errors)
         self.probe_voice = probe_voice  # the probes' voice when their speaker is not built in (the model's warm-up voice)
         self.engine = engine
         self.voices = voices  # None: the engine's built-in speakers only
@@ -187,6 +189,10 @@ class TTSService:
         try:
             return self.voices(aliased) if self.voices is not None else self._builtin(aliased)
         except UnknownSpeakerError as e:
+            if target == wanted and wanted == self.default_voice:
+                # the caller may have named no voice at all: say where the name came from
+                default = f"{e.message} ({wanted!r} is TTS_DEFAULT_SPEAKER, the voice of requests that name none)"
+                raise UnknownSpeakerError(default, param="voice") from e
             if target == wanted:
                 raise
             known = ", ".join(self.engine.speakers)
