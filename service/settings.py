@@ -189,7 +189,9 @@ class Settings(BaseSettings):
         default=30.0, ge=0.0, le=3600.0, description="/readyz re-runs a real inference when none succeeded for this long."
     )
     openai_pcm_sample_rate_hz: Literal[22050, 24000] = Field(
-        default=24000, description="Rate of `pcm` on /v1/audio/speech (OpenAI clients assume 24 kHz); /tts pcm stays 22,050 Hz."
+        default=24000,
+        description="Rate of `pcm` on /v1/audio/speech (OpenAI clients assume 24 kHz); /tts pcm stays at the model's rate "
+        "(22,050 Hz for CosyVoice-300M, 24,000 Hz for CosyVoice2).",
     )
     audio_bitrate_kbps: int = Field(
         default=64,

@@ -73,9 +73,10 @@ def streamed(body: SpeechBody, fmt: AudioFormat) -> bool:
     summary="OpenAI text-to-speech (streamed, except WAV and FLAC; `stream_format=sse` for events)",
 )
 async def speech(request: Request, body: SpeechBody, service: ServiceDep, state: StateDep, voices: VoicesDep) -> Response:
-    """OpenAI's contract. `pcm` is int16 mono at TTS_OPENAI_PCM_SAMPLE_RATE_HZ (24,000 Hz by default,
-    resampled from the model's 22,050 Hz, as OpenAI clients assume); `voice` may name a saved voice;
-    `instructions` drive instruct mode on an Instruct bundle and are ignored (with a Warning header) elsewhere.
+    """OpenAI's contract. `pcm` is int16 mono at TTS_OPENAI_PCM_SAMPLE_RATE_HZ (24,000 Hz by default, as OpenAI
+    clients assume: CosyVoice-300M's 22,050 Hz resampled, CosyVoice2's 24,000 Hz as it is); `voice` may name a saved
+    voice; `instructions` drive instruct mode on an Instruct bundle and instruct2 on CosyVoice2, and are ignored
+    (with a Warning header) elsewhere.
     Over-long `input` is a 400 `text_too_long`, as OpenAI answers."""
     if body.model not in model_ids(state):
         raise UnknownModelError(
