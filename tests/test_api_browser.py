@@ -463,9 +463,7 @@ def v2_app(tmp_path_factory: pytest.TempPathFactory, repo_root: Path) -> Iterato
     server.dump_log()
 
 
-def test_a_model_without_speakers_says_how_to_get_a_voice_then_speaks_a_saved_one(
-    page: DevToolsPage, v2_app: AppServer
-) -> None:
+def test_a_model_without_speakers_says_how_to_get_a_voice_then_speaks_a_saved_one(page: DevToolsPage, v2_app: AppServer) -> None:
     """CosyVoice2 as released has no built-in speakers: the voice list says to save one and Speak explains instead of
     sending a request the server would refuse; a saved voice then speaks at the 24 kHz its WAV header names."""
     with visiting(page, v2_app.base_url + "/"):
