@@ -562,3 +562,8 @@ def test_a_voice_saved_by_a_v1_model_is_refused_and_kept(
     assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "other prompt models" in caught.value.details()
     assert sorted(p.name for p in voices_dir.glob("*.voice")) == stored
     assert http.get("/v1/voices/v1-voice").json()["kind"] == "cross_lingual"
+    listed = {v["id"]: v["usable"] for v in http.get("/v1/voices").json()["data"]}
+    assert listed["v1-voice"] is False and all(usable for name, usable in listed.items() if name != "v1-voice")
+    assert http.get("/v1/voices/v1-voice").json()["usable"] is False
+    # the voice list the page and Open WebUI offer has only voices this model speaks
+    assert "v1-voice" not in {v["id"] for v in http.get("/v1/audio/voices").json()["voices"]}

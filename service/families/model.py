@@ -125,6 +125,10 @@ class VoiceLibrary(Protocol):
         """The saved voice `name` as `synthesize` takes it, or None."""
         ...
 
+    def usable(self, voice: SavedVoice) -> bool:
+        """False for a voice another model's prompt models analysed (a store shared with another family or bundle)."""
+        ...
+
 
 class Model(Engine, Protocol):
     """One loaded model of a family: what transports, speech and the CLI may use of it."""

@@ -150,6 +150,9 @@ class PromptVoices(ABC, Generic[V]):
         if not self.store.delete(name):
             raise NotFoundError(f"no saved voice named {name!r}", param="voice_id")
 
+    def usable(self, voice: SavedVoice) -> bool:
+        return voice.models == self.models
+
     def resolve(self, name: str) -> V | None:
         """The saved voice `name` as the engine takes it, or None (also for a voice another model analysed)."""
         saved = self.store.get(name)

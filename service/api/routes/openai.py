@@ -139,12 +139,13 @@ async def list_audio_models(state: StateDep) -> AudioModelList:
     summary="Speakers (Open WebUI reads this)",
 )
 async def list_voices(service: ServiceDep, voices: VoicesDep) -> VoiceList:
-    """Built-in speakers (named with their language and gender), saved voices (POST /v1/voices), then the OpenAI
+    """Built-in speakers (named with their language and gender), saved voices this model can speak, then the OpenAI
     voice names with what each speaks as (`alias_of`: the defaults and TTS_VOICE_ALIASES)."""
     saved = await anyio.to_thread.run_sync(voices.store.list)
     builtin = [Voice(id=s, name=f"{s} — {SPEAKER_DESCRIPTIONS[s]}" if s in SPEAKER_DESCRIPTIONS else s) for s in service.speakers]
     aliases = [Voice(id=a, name=f"{a} → {t}", alias_of=t) for a, t in service.aliases.items()]
-    return VoiceList(voices=[*builtin, *(Voice(id=v.name, name=v.name) for v in saved), *aliases])
+    usable = [Voice(id=v.name, name=v.name) for v in saved if voices.usable(v)]  # not those another model analysed
+    return VoiceList(voices=[*builtin, *usable, *aliases])
 
 
 def model_cards(state: AppState) -> list[ModelCard]:
