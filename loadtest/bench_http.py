@@ -106,7 +106,7 @@ def write_saved_voice(bundle_dir: Path, voices_dir: Path, seconds: float, seed: 
     import numpy as np
 
     from service.bundle import ModelBundle
-    from service.families.cosyvoice1.voices import models_fingerprint
+    from service.families.voices import models_fingerprint
     from service.stores.voices import DirectoryVoiceStore, PromptFeatures, SavedVoice
 
     bundle = ModelBundle.load(bundle_dir)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from service.bundle import ModelBundle
-from service.errors import EmptyTextError, EngineError, TTSError, UnknownSpeakerError
+from service.errors import EmptyTextError, EngineError, InvalidInputError, TTSError, UnknownSpeakerError
 
 if TYPE_CHECKING:
     from service.engine.synthesizer import AudioChunk
@@ -23,16 +23,21 @@ if TYPE_CHECKING:
 # inside the commands so that `--help` and input errors (bad bundle, unknown speaker) answer at once.
 
 DEFAULT_BUNDLE = Path("models/tiny")
+DEFAULT_SPEAKER = "中文女"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m service", description="CosyVoice-300M-SFT on ONNX Runtime (CPU).")
+    description = "CosyVoice-300M and CosyVoice2-0.5B on ONNX Runtime (CPU)."
+    parser = argparse.ArgumentParser(prog="python -m service", description=description)
     sub = parser.add_subparsers(dest="command", required=True)
 
     synth = sub.add_parser("synth", help="synthesize text to a 16-bit mono WAV file")
     synth.add_argument("--text", required=True, help="text to speak (Chinese, English, Japanese, ...)")
-    synth.add_argument("--speaker", default="中文女", help="speaker name from the bundle's speakers.json (default: 中文女)")
+    synth.add_argument("--speaker", default=None, help="speaker name from the bundle's speakers.json (default: 中文女)")
+    synth.add_argument("--prompt-wav", type=Path, default=None, help="clone the voice of this recording (1-30 s; any format)")
+    synth.add_argument("--prompt-text", default="", help="the words spoken in --prompt-wav (zero-shot); empty: cross-lingual")
+    synth.add_argument("--instruct", default=None, help="speak as this instruction says (CosyVoice-300M-Instruct, CosyVoice2)")
     synth.add_argument("--out", required=True, type=Path, help="output .wav path")
     synth.add_argument("--bundle", default=DEFAULT_BUNDLE, type=Path, help=f"model bundle directory (default: {DEFAULT_BUNDLE})")
     synth.add_argument("--stream", action="store_true", help="stream: print one line per chunk as it is produced")
@@ -74,21 +79,34 @@ def main(argv: Sequence[str] | None = None) -> int:
 def synth_command(args: argparse.Namespace) -> int:
     """Text -> sentences -> audio chunks -> WAV, with a summary line (and one line per chunk with --stream)."""
     bundle = ModelBundle.load(args.bundle)
-    if args.speaker not in bundle.speakers:
-        raise UnknownSpeakerError(f"unknown speaker {args.speaker!r}; available: {', '.join(bundle.speakers)}")
+    prompt = args.prompt_wav.read_bytes() if args.prompt_wav is not None else None
+    if prompt is None:
+        speaker = args.speaker or DEFAULT_SPEAKER
+        if speaker not in bundle.speakers:
+            if not bundle.speakers:
+                raise UnknownSpeakerError("the model has no built-in speakers: clone a voice with --prompt-wav")
+            raise UnknownSpeakerError(f"unknown speaker {speaker!r}; available: {', '.join(bundle.speakers)}")
+    elif args.speaker is not None:
+        raise InvalidInputError("give --speaker or --prompt-wav, not both")
     if not args.text.strip():
         raise EmptyTextError("the text is empty")
     from service.engine.sessions import RuntimeOptions
     from service.engine.synthesizer import SynthesisOptions
-    from service.families.model import ModelContext
+    from service.families.model import InstructVoice, ModelContext, NamedVoice, PromptAudio, PromptVoice, VoiceReference
     from service.families.registry import load_model
 
-    model = load_model(bundle, ModelContext(options=RuntimeOptions(intra_op_threads=args.threads), prompt_analysis=False))
+    base: str | PromptVoice = PromptVoice(PromptAudio(prompt), args.prompt_text) if prompt is not None else speaker
+    reference: VoiceReference = NamedVoice(base) if isinstance(base, str) else base
+    if args.instruct is not None:
+        reference = InstructVoice(base, args.instruct)
+    context = ModelContext(options=RuntimeOptions(intra_op_threads=args.threads), prompt_analysis=prompt is not None)
+    model = load_model(bundle, context)
     try:
+        voice = model.resolve(reference)
         sentences = model.frontend.sentences(args.text)
         options = SynthesisOptions(speed=args.speed, seed=args.seed, stream=args.stream)
         start = time.perf_counter()
-        chunks = model.synthesize([list(s.ids) for s in sentences], model.voice(args.speaker), options, threading.Event())
+        chunks = model.synthesize([list(s.ids) for s in sentences], voice, options, threading.Event())
         total = write_wav(args.out, model.sample_rate, chunks, start if args.stream else None)
     finally:
         model.close()

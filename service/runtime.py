@@ -97,10 +97,8 @@ class Runtime:
         """Load bundle, frontend, engine and cache, then warm up with a real synthesis (blocking; minutes at most)."""
         s = self.settings
         bundle = ModelBundle.load(s.model_dir, verify_hashes=s.verify_bundle_hashes)
-        if s.default_speaker not in bundle.speakers:
-            known = ", ".join(bundle.speakers)
-            raise BundleError(f"TTS_DEFAULT_SPEAKER {s.default_speaker!r} is not in the bundle; it has {known}")
         model = load_model(bundle, self._model_context())
+        _check_default_speaker(s.default_speaker, model)
         cache = build_audio_cache(self.redis_url, s.cache_max_bytes, s.cache_ttl_s)
         watch_cache: Callable[[CacheStats], None] | None = getattr(self.observer, "watch_cache", None)
         if watch_cache is not None:  # an observer that exports the cache's counters (the HTTP metrics)
@@ -119,6 +117,8 @@ class Runtime:
             retry_after_s=s.retry_after_s,
             n_timesteps=s.n_timesteps,
             observer=self.observer,
+            probe_voice=None if s.default_speaker in model.speakers else model.warmup_voice(),
+            default_voice=s.default_speaker,
         )
         service.probe(s.warmup_text, s.default_speaker)
         # What is loaded now lives until shutdown: keep it out of the cyclic GC, whose full passes over the text
@@ -219,6 +219,20 @@ class Runtime:
     def _release(self) -> None:
         with self._lock:
             self._in_flight -= 1
+
+
+def _check_default_speaker(name: str, model: Model) -> None:
+    """TTS_DEFAULT_SPEAKER names a built-in speaker or a saved voice. A name that is neither stops a model with built-in
+    speakers (a typo); a model without any (CosyVoice2-0.5B as it ships) starts, with a warning: requests that name no
+    voice are refused until a voice of that name is saved."""
+    if name in model.speakers or model.voices.resolve(name) is not None:
+        return
+    if model.speakers:
+        known = ", ".join(model.speakers)
+        model.close()
+        raise BundleError(f"TTS_DEFAULT_SPEAKER {name!r} is neither in the bundle nor a saved voice; the bundle has {known}")
+    log.warning("the model has no built-in speakers and TTS_DEFAULT_SPEAKER %r is not a saved voice (yet): requests "
+                "that name no voice answer 400 until a voice of that name is saved (POST /v1/voices)", name)  # fmt: skip
 
 
 def voice_aliases(configured: Mapping[str, str], speakers: Sequence[str]) -> dict[str, str]:

@@ -145,7 +145,11 @@ class Settings(BaseSettings):
         default=None, ge=1, le=50, description="Flow-matching Euler steps; empty = the bundle's value."
     )
     default_speaker: str = Field(
-        default="中文女", min_length=1, max_length=64, description="Speaker used when a request names none."
+        default="中文女",
+        min_length=1,
+        max_length=64,
+        description="Voice used when a request names none: a built-in speaker, or a saved voice (a model without "
+        "built-in speakers, like CosyVoice2-0.5B, refuses such requests until a voice of this name is saved).",
     )
     voice_aliases: Annotated[dict[str, str], NoDecode] = Field(
         default_factory=dict,
@@ -189,7 +193,9 @@ class Settings(BaseSettings):
         default=30.0, ge=0.0, le=3600.0, description="/readyz re-runs a real inference when none succeeded for this long."
     )
     openai_pcm_sample_rate_hz: Literal[22050, 24000] = Field(
-        default=24000, description="Rate of `pcm` on /v1/audio/speech (OpenAI clients assume 24 kHz); /tts pcm stays 22,050 Hz."
+        default=24000,
+        description="Rate of `pcm` on /v1/audio/speech (OpenAI clients assume 24 kHz; a 22,050 Hz v1 model is resampled, "
+        "CosyVoice2 is 24 kHz already); /tts pcm stays at the model's rate.",
     )
     audio_bitrate_kbps: int = Field(
         default=64,

@@ -15,6 +15,7 @@ TINY_REF = REFERENCE / "tiny"
 TINY_COSYVOICE2_REF = REFERENCE / "tiny-cosyvoice2"  # generated here by scripts/cosyvoice2_*.py (see its README.md)
 TINY_BUNDLE = REPO / "models" / "tiny"
 TINY_V2_REF = REFERENCE / "tiny-cosyvoice2"
+TINY_V2_BUNDLE = REPO / "models" / "tiny-cosyvoice2"
 # Apps built by tests listen for gRPC only where a test asks for it (tests/test_grpc.py): every app on the default
 # port 50000 would collide with the others and with a `make run` on this machine.
 os.environ.setdefault("TTS_GRPC_PORT", "0")
@@ -45,6 +46,15 @@ def tiny_bundle() -> Path:
     if not (TINY_BUNDLE / "manifest.json").is_file():
         pytest.fail(f"{TINY_BUNDLE} is missing: run `make models/tiny`")
     return TINY_BUNDLE
+
+
+@pytest.fixture(scope="session")
+def tiny_v2_bundle() -> Path:
+    """The committed tiny CosyVoice2 bundle (models/tiny-cosyvoice2: int8, random weights, 24 kHz, no built-in
+    speakers; prompt analysis and instruct2)."""
+    if not (TINY_V2_BUNDLE / "manifest.json").is_file():
+        pytest.fail(f"{TINY_V2_BUNDLE} is missing: run `make models/tiny-cosyvoice2`")
+    return TINY_V2_BUNDLE
 
 
 @pytest.fixture(scope="session")

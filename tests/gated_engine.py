@@ -85,6 +85,12 @@ class GatedEngine:
         self.cancels.append(cancel)
         return self._paced(self.inner.synthesize(sentences, voice, options, cancel))
 
+    def close(self) -> None:
+        """Stop the wrapped engine's threads (the model closes its engine through this wrapper)."""
+        close_inner = getattr(self.inner, "close", None)
+        if callable(close_inner):
+            close_inner()
+
     def _paced(self, chunks: Iterator[AudioChunk]) -> Iterator[AudioChunk]:
         for chunk in chunks:
             self.chunks += 1

@@ -450,3 +450,36 @@ def test_keys_the_page_explains_and_delete_only_for_admins(page: DevToolsPage, k
         enter_key(page, ADMIN_KEY)
         page.wait_for(f"{item}.querySelector('button[data-role=delete]') !== null", 10, "Delete for an admin key")
         assert page.eval("document.getElementById('manageNote').hidden && !document.getElementById('saveVoice').disabled")
+
+
+@pytest.fixture(scope="module")
+def v2_app(tmp_path_factory: pytest.TempPathFactory, repo_root: Path) -> Iterator[AppServer]:
+    """The committed CosyVoice2 bundle: 24 kHz, no built-in speakers."""
+    server = AppServer(tmp_path_factory.mktemp("browser-v2"), repo_root / "models" / "tiny-cosyvoice2",
+                       {"TTS_RATE_LIMIT_PER_MINUTE": "0"}, name="v2")  # fmt: skip
+    server.start()
+    yield server
+    server.stop()
+    server.dump_log()
+
+
+def test_a_model_without_speakers_says_how_to_get_a_voice_then_speaks_a_saved_one(page: DevToolsPage, v2_app: AppServer) -> None:
+    """CosyVoice2 as released has no built-in speakers: the voice list says to save one and Speak explains instead of
+    sending a request the server would refuse; a saved voice then speaks at the 24 kHz its WAV header names."""
+    with visiting(page, v2_app.base_url + "/"):
+        page.wait_for("tts.voicesLoaded && tts.info", 20, "the voice list")
+        options = page.eval("[...document.getElementById('voice').options].map(o => [o.value, o.textContent])")
+        assert options == [["", "no voices yet: save one under Voice cloning"]], options
+        run = speak(page, "wav")
+        message = page.wait_for("document.getElementById('error').textContent", 10, "the explanation")
+        assert message.startswith("This model has no built-in speakers: save a voice"), message
+        assert int(page.eval("tts.runs")) == run - 1, "a request was sent without a voice"
+        choose_file(page, PROMPT)
+        status = save_voice(page, "mine", "希望你以后能够做的比我还好呦。")
+        assert status.startswith('Saved "mine"'), status
+        assert page.eval("document.getElementById('voice').value") == "mine"
+        run = speak(page, "wav")
+        page.wait_for(f"tts.runs === {run} && (tts.done || tts.error)", 120, "speech in the saved voice")
+        state = page.eval("({error: tts.error, mode: tts.mode, seconds: tts.scheduledSeconds})")
+        assert state["error"] == "" and state["mode"] == "webaudio" and state["seconds"] > 0, state
+        delete_voice(page, "mine")

@@ -86,9 +86,10 @@ FAMILY_PROTOCOL = "service.families.model"
 
 
 def _family_package(module: str) -> str | None:
-    """`service.families.<name>` for a module inside a family package; None for the protocol, the registry, others."""
+    """`service.families.<name>` for a module inside a family package; None for the protocol, the registry, the
+    prompt-voice library every family shares (service/families/voices.py), others."""
     parts = module.split(".")
-    if parts[:2] != ["service", "families"] or len(parts) < 3 or parts[2] in ("model", "registry"):
+    if parts[:2] != ["service", "families"] or len(parts) < 3 or parts[2] in ("model", "registry", "voices"):
         return None
     return ".".join(parts[:3])
 

@@ -116,3 +116,42 @@ def test_verify_fails_beyond_tolerance_and_names_skipped_files(
     assert len(logp_lines) == 1 and logp_lines[0].endswith("FAIL")  # case count derived from the arrays
     for name in ("flow.npz", "hift.npz", "stream.npz"):
         assert f"skipped   {name}: not present" in proc.stdout
+
+
+def test_synth_clones_a_recording_on_the_cosyvoice2_bundle_at_24_khz(repo_root: Path, tmp_path: Path) -> None:
+    bundle = repo_root / "models" / "tiny-cosyvoice2"
+    prompt = repo_root / "tests" / "reference" / "tiny-cosyvoice2" / "prompts" / "en_24k.wav"
+    common = ("synth", "--text", "你好，世界。", "--seed", "3", "--bundle", bundle, "--prompt-wav", prompt)
+    outs = {name: tmp_path / f"{name}.wav" for name in ("zero_shot", "cross_lingual", "instruct2")}
+    extra = {"zero_shot": ("--prompt-text", "Hello there."), "cross_lingual": (), "instruct2": ("--instruct", "用开心的语气说")}
+    for name, out in outs.items():
+        proc = run_cli(repo_root, *common, *extra[name], "--out", out)
+        assert proc.returncode == 0, proc.stderr
+    audio = {}
+    for name, out in outs.items():
+        params, audio[name] = read_wav(out)
+        assert (params.nchannels, params.sampwidth, params.framerate) == (1, 2, 24000)
+        assert np.abs(audio[name]).max() > 0
+    # the transcript and the instruction reach the LLM: each mode gives other audio for the same seed
+    assert len({a.tobytes() for a in audio.values()}) == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "no built-in speakers: clone a voice with --prompt-wav"),
+        (("--speaker", "x", "--prompt-wav", "tests/reference/tiny-cosyvoice2/prompts/en_24k.wav"), "not both"),
+        (("--prompt-wav", "service/cli.py"), "not an audio file"),
+    ],
+)
+def test_bad_cosyvoice2_synth_input_exits_2_with_an_error_line(
+    repo_root: Path, tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    out = tmp_path / "x.wav"
+    proc = run_cli(
+        repo_root, "synth", "--text", "你好", *args, "--out", out, "--bundle", repo_root / "models" / "tiny-cosyvoice2"
+    )
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()

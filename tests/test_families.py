@@ -16,7 +16,7 @@ from service.errors import BundleError, InvalidInputError
 from service.families import registry
 from service.families.cosyvoice1.model import CosyVoice1Model
 from service.families.cosyvoice2.voice import Voice2
-from service.families.model import ModelContext
+from service.families.model import Family, ModelContext
 
 
 def test_the_registry_knows_both_families_by_their_manifest_names() -> None:
@@ -29,10 +29,16 @@ def test_an_unknown_family_is_a_bundle_error_naming_the_known_ones() -> None:
         registry.family("cosyvoice9")
 
 
-def test_a_verified_but_unserved_family_is_refused_plainly() -> None:
-    bundle = cast(ModelBundle, SimpleNamespace(family=FAMILY_V2, root=Path("models/cv2")))
-    with pytest.raises(BundleError, match="'cosyvoice2' cannot be served yet \\(served: cosyvoice1\\)"):
+def test_a_verified_but_unserved_family_is_refused_plainly(monkeypatch: pytest.MonkeyPatch) -> None:
+    verify_only = Family("cosyvoice9", verify=registry.family(FAMILY_V2).verify)
+    monkeypatch.setitem(registry.FAMILIES, verify_only.name, verify_only)
+    bundle = cast(ModelBundle, SimpleNamespace(family="cosyvoice9", root=Path("models/cv9")))
+    with pytest.raises(BundleError, match="'cosyvoice9' cannot be served yet \\(served: cosyvoice1, cosyvoice2\\)"):
         registry.load_model(bundle)
+
+
+def test_both_families_are_served() -> None:
+    assert all(registry.family(name).load is not None for name in (FAMILY_V1, FAMILY_V2))
 
 
 def test_a_v1_bundle_loads_as_the_cosyvoice1_model_and_speaks(tiny_bundle: Path) -> None:

@@ -11,7 +11,7 @@ from fastapi import Depends, Request
 from service.access import ApiKeys
 from service.api.auth import caller_of, was_admitted
 from service.api.metrics import Metrics
-from service.bundle import ModelBundle
+from service.bundle import Capabilities, ModelBundle
 from service.errors import NotFoundError, UnsupportedMediaTypeError
 from service.families.model import VoiceLibrary
 from service.frontend import Lexicon, TextFrontend
@@ -45,6 +45,12 @@ class AppState:
     @property
     def bundle(self) -> ModelBundle | None:
         return self.runtime.bundle
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the loaded model can voice (the defaults while none is loaded; routes that read it need the service)."""
+        bundle = self.runtime.bundle
+        return bundle.capabilities if bundle is not None else Capabilities()
 
     @property
     def normalizer(self) -> dict[str, str]:

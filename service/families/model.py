@@ -49,9 +49,10 @@ class PromptVoice:
 
 @dataclass(frozen=True)
 class InstructVoice:
-    """The voice `base` (a name, as NamedVoice) speaking as `instruction` says (an Instruct model's capability)."""
+    """The voice `base` (a name, as NamedVoice, or a one-off prompt recording) speaking as `instruction` says: a
+    built-in speaker on CosyVoice-300M-Instruct (capability `instruct`), any cloned voice on CosyVoice2 (`instruct2`)."""
 
-    base: str
+    base: str | PromptVoice
     instruction: str
 
 
@@ -124,6 +125,10 @@ class VoiceLibrary(Protocol):
         """The saved voice `name` as `synthesize` takes it, or None."""
         ...
 
+    def usable(self, voice: SavedVoice) -> bool:
+        """False for a voice another model's prompt models analysed (a store shared with another family or bundle)."""
+        ...
+
 
 class Model(Engine, Protocol):
     """One loaded model of a family: what transports, speech and the CLI may use of it."""
@@ -146,6 +151,11 @@ class Model(Engine, Protocol):
     def resolve(self, reference: VoiceReference) -> ModelVoice:
         """The family's voice for `reference` (UnknownSpeakerError for a name that is neither a built-in speaker nor a
         saved voice). Reads the voice store and may analyse a recording: blocking, call it off event loops."""
+        ...
+
+    def warmup_voice(self) -> ModelVoice:
+        """A voice that runs every stage, for the warm-up and readiness probes of a model whose default speaker is not
+        built in (a bundle without built-in speakers: CosyVoice2-0.5B as it ships)."""
         ...
 
     def close(self) -> None:

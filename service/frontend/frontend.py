@@ -1,4 +1,4 @@
-"""TextFrontend: text -> normalized sentences with whisper BPE ids (the SFT frontend, torch-free)."""
+"""TextFrontend: text -> normalized sentences with the model's text token ids (the official frontend, torch-free)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from service.frontend.pipeline import Normalized, Pipeline
 from service.frontend.rewrite import LexiconRewriter, Rewrite
 from service.frontend.split import MIN_CAP_TOKENS
 from service.frontend.steps import is_only_punctuation
-from service.frontend.tokenizer import WhisperTokenizer
+from service.frontend.tokenizer import TextTokenizer, WhisperTokenizer
 
 _SPECIAL_TAG = re.compile(r"<\|[^<>|]{0,32}\|>")
 OFFICIAL_LEXICON_VERSION = "off"
@@ -84,7 +84,7 @@ class NormalizeReport:
 class TextFrontend:
     """CosyVoice SFT frontend. Thread-safe; build it once with `load()` and share it."""
 
-    def __init__(self, tokenizer: WhisperTokenizer, pipeline: Pipeline, options: FrontendOptions, lexicon: Lexicon | None):
+    def __init__(self, tokenizer: TextTokenizer, pipeline: Pipeline, options: FrontendOptions, lexicon: Lexicon | None):
         self._tokenizer = tokenizer
         self._pipeline = pipeline
         self._options = options
@@ -94,7 +94,7 @@ class TextFrontend:
     @classmethod
     def load(
         cls,
-        tokenizer_path: str | Path,
+        tokenizer_path: str | Path | TextTokenizer,
         enhanced: bool = True,
         *,
         lexicon_store: LexiconStore | None = None,
@@ -102,14 +102,15 @@ class TextFrontend:
         max_sentence_tokens: int = 200,
         cache_size: int = 1024,
     ) -> TextFrontend:
-        """Build from the bundle's `multilingual.tiktoken`; raises BundleError if the file is unusable.
+        """Build from the bundle's `multilingual.tiktoken` (a path), or over a family's own tokenizer (CosyVoice2's
+        Qwen2 BPE); raises BundleError if the file is unusable.
 
         enhanced=True (serving default): normalization fixes, lexicon rewriting (`lexicon_store`, in memory when
         None, over `lexicon_defaults`, the built-in polyphone entries when None), and a hard cap of
         `max_sentence_tokens` per sentence. enhanced=False: the official frontend.
         """
         options = FrontendOptions(enhanced, max_sentence_tokens, cache_size)
-        tokenizer = WhisperTokenizer.load(tokenizer_path)
+        tokenizer = WhisperTokenizer.load(tokenizer_path) if isinstance(tokenizer_path, str | Path) else tokenizer_path
         official = OfficialNormalizer()
         if not enhanced:
             return cls(tokenizer, Pipeline(tokenizer, official), options, None)
@@ -140,7 +141,7 @@ class TextFrontend:
         return self._lexicon.version() if self._lexicon is not None else OFFICIAL_LEXICON_VERSION
 
     def encode(self, text: str) -> list[int]:
-        """Whisper BPE ids of `text` as is (`allowed_special='all'`)."""
+        """The tokenizer's ids of `text` as is (special tokens allowed, as the official frontend encodes)."""
         return self._tokenizer.encode(text)
 
     def normalize(self, text: str, split: bool = True) -> list[str]:

@@ -14,7 +14,7 @@ from service.frontend.pauses import Segment, mark_pauses, split_pauses
 from service.frontend.rewrite import LexiconRewriter, Rewrite
 from service.frontend.split import cap_tokens, split_paragraph
 from service.frontend.steps import contains_chinese, is_only_punctuation
-from service.frontend.tokenizer import WhisperTokenizer
+from service.frontend.tokenizer import TextTokenizer
 
 _SURROGATES = re.compile(r"[\ud800-\udfff]")
 
@@ -46,7 +46,7 @@ class Pipeline:
 
     def __init__(
         self,
-        tokenizer: WhisperTokenizer,
+        tokenizer: TextTokenizer,
         official: OfficialNormalizer,
         enhanced: EnhancedNormalizer | None = None,
         rewriter: LexiconRewriter | None = None,
@@ -132,5 +132,5 @@ def _combine(runs: list[tuple[Normalized, Segment]], glue: str) -> Normalized:
     return Normalized(language, joined, tuple(pieces), tuple(rules), tuple(rewrites), tuple(pauses), lead)
 
 
-def _count(tokenizer: WhisperTokenizer, text: str) -> int:
+def _count(tokenizer: TextTokenizer, text: str) -> int:
     return len(tokenizer.encode(text))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Protocol
 
 import tiktoken
 from tiktoken.load import load_tiktoken_bpe
@@ -24,6 +25,16 @@ WHISPER_LANGUAGES: tuple[str, ...] = (
 BASE_VOCAB_SIZE = 50257  # mergeable ranks in multilingual.tiktoken
 VOCAB_SIZE = 51866  # base + specials; equals the LLM's text_token_size
 N_TIMESTAMPS = 1501  # <|0.00|> .. <|30.00|> in steps of 0.02 s
+
+
+class TextTokenizer(Protocol):
+    """What the frontend needs of a model family's text tokenizer: ids of a text (special tokens allowed) and the
+    hash of the file it was built from (reported by /info)."""
+
+    @property
+    def sha256(self) -> str: ...
+
+    def encode(self, text: str) -> list[int]: ...
 
 
 def whisper_special_tokens(first_id: int = BASE_VOCAB_SIZE) -> dict[str, int]:

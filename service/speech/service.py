@@ -50,7 +50,9 @@ def _name_of(reference: VoiceReference) -> str | None:
     """The voice name a reference holds (a NamedVoice's, an InstructVoice's base), None for a prompt."""
     if isinstance(reference, NamedVoice):
         return reference.name
-    return reference.base if isinstance(reference, InstructVoice) else None
+    if isinstance(reference, InstructVoice) and isinstance(reference.base, str):
+        return reference.base
+    return None
 
 
 def _named_as(reference: VoiceReference, name: str) -> VoiceReference:
@@ -81,8 +83,12 @@ class TTSService:
         observer: SynthesisObserver | None = None,
         voices: VoiceResolver | None = None,
         aliases: Mapping[str, str] | None = None,
+        probe_voice: ModelVoice | None = None,
+        default_voice: str | None = None,
     ) -> None:
         self.frontend = frontend
+        self.default_voice = default_voice  # what requests that name no voice speak as (named in their errors)
+        self.probe_voice = probe_voice  # the probes' voice when their speaker is not built in (the model's warm-up voice)
         self.engine = engine
         self.voices = voices  # None: the engine's built-in speakers only
         self.aliases = dict(aliases or {})  # lower-case name -> the speaker or saved voice it speaks as
@@ -183,6 +189,10 @@ class TTSService:
         try:
             return self.voices(aliased) if self.voices is not None else self._builtin(aliased)
         except UnknownSpeakerError as e:
+            if target == wanted and wanted == self.default_voice:
+                # the caller may have named no voice at all: say where the name came from
+                default = f"{e.message} ({wanted!r} is TTS_DEFAULT_SPEAKER, the voice of requests that name none)"
+                raise UnknownSpeakerError(default, param="voice") from e
             if target == wanted:
                 raise
             known = ", ".join(self.engine.speakers)
@@ -206,8 +216,9 @@ class TTSService:
                 return
             ids = [list(s.ids) for s in self.frontend.sentences(text) if s.ids]
             options = self._options(SpeechRequest(text, NamedVoice(speaker)))
+            voice = self._probe_voice(speaker)
             try:
-                chunks = list(self.engine.synthesize(ids, self.engine.voice(speaker), options, threading.Event()))
+                chunks = list(self.engine.synthesize(ids, voice, options, threading.Event()))
             except TTSError:
                 raise
             except Exception as e:
@@ -215,6 +226,12 @@ class TTSService:
             if not chunks or sum(c.audio.size for c in chunks) == 0:
                 raise EngineError("probe inference produced no audio")
             self._last_success = time.monotonic()
+
+    def _probe_voice(self, speaker: str) -> ModelVoice:
+        """The built-in speaker `speaker`, else the warm-up voice this service was given (UnknownSpeakerError without)."""
+        if speaker in self.engine.speakers or self.probe_voice is None:
+            return self.engine.voice(speaker)
+        return self.probe_voice
 
     def close(self) -> None:
         """Refuse new jobs, cancel running ones, and wait for the workers to stop."""

@@ -123,7 +123,8 @@ def check_voice_name(name: str, reserved: Iterable[str] = ()) -> str:
             param="name",
         )
     if name.lower() in {r.lower() for r in reserved}:  # OpenAI names are matched without regard to case
-        raise VoiceExistsError(f"{name!r} is the name of a built-in voice; choose another name", param="name")
+        message = f"{name!r} is the name of a built-in speaker or a reserved voice name; choose another name"
+        raise VoiceExistsError(message, param="name")
     return name
 
 

@@ -58,7 +58,9 @@ def model_facts(state: AppState) -> ModelFacts:
     return ModelFacts(random_weights=manifest.random_weights, test_model=manifest.test_model, warning=manifest.warning)
 
 
-def audio_responses(model_rate_hz: int = 22050) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI description of a 200 audio body in every format."""
-    content: dict[str, Any] = {media_type(f, model_rate_hz): {} for f in AudioFormat}
-    return {200: {"description": "Audio (X-Cache: hit|miss, X-Sample-Rate: Hz)", "content": content}}
+def audio_responses() -> dict[int | str, dict[str, Any]]:
+    """OpenAPI description of a 200 audio body in every format. Raw PCM's media type names its rate, which is the
+    served model's (routes are declared before a model is loaded): the description says so, the key has no rate."""
+    content: dict[str, Any] = {media_type(f, 0).split(";")[0]: {} for f in AudioFormat}
+    rates = "PCM and WAV at the model's rate (22,050 Hz CosyVoice v1, 24,000 Hz CosyVoice2) unless the request names one"
+    return {200: {"description": f"Audio (X-Cache: hit|miss, X-Sample-Rate: Hz; {rates})", "content": content}}

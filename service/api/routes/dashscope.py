@@ -212,7 +212,8 @@ class DashScopeSession:
         reference: VoiceReference = NamedVoice(voice)
         if options.instruction is not None:
             if not self.runtime.voices.can_instruct:
-                raise UnsupportedCapabilityError("instruction needs a CosyVoice-300M-Instruct model", param="instruction")
+                message = "instruction needs a CosyVoice-300M-Instruct or CosyVoice2 model"
+                raise UnsupportedCapabilityError(message, param="instruction")
             reference = openai_voice(voice, options.instruction, can_instruct=True)
         return SpeechRequest(
             text="",

@@ -1,5 +1,6 @@
-"""The official CosyVoice server's endpoints (sft, zero-shot, cross-lingual, instruct), wire-compatible: GET or POST
-with form fields and a multipart `prompt_wav`, raw int16 mono PCM at 22,050 Hz out, one piece per sentence."""
+"""The official CosyVoice servers' endpoints (sft, zero-shot, cross-lingual, instruct, instruct2), wire-compatible: GET
+or POST with form fields and a multipart `prompt_wav`, raw int16 mono PCM at the model's rate out (22,050 Hz for v1,
+24,000 Hz for CosyVoice2), one piece per sentence."""
 
 from __future__ import annotations
 
@@ -95,9 +96,23 @@ async def inference_instruct(
 
 @router.get("/inference_instruct2", operation_id="inference_instruct2_get", **_ROUTE)  # type: ignore[arg-type]
 @router.post("/inference_instruct2", operation_id="inference_instruct2_post", **_ROUTE)  # type: ignore[arg-type]
-async def inference_instruct2(state: StateDep) -> Response:
-    """CosyVoice2 only: answered with a 4xx naming the missing capability."""
-    raise UnsupportedCapabilityError(
-        f"inference_instruct2 needs a CosyVoice2 model; the served model {state.model_id} is CosyVoice v1 "
-        "(use /inference_instruct with a CosyVoice-300M-Instruct bundle)"
-    )
+async def inference_instruct2(
+    tts_text: TtsText,
+    instruct_text: Annotated[str, Form(description="How to speak, e.g. `用四川话说这句话<|endofprompt|>`.")],
+    prompt_wav: PromptWav,
+    request: Request,
+    service: ServiceDep,
+    state: StateDep,
+) -> Response:
+    """CosyVoice2 (official `inference_instruct2`): the prompt's voice, styled by `instruct_text` (the recording
+    conditions the flow; the LLM sees the instruction, not the prompt's tokens). `<|endofprompt|>` is added to an
+    instruction that does not end with it. A model without the instruct2 capability answers 400."""
+    if not state.capabilities.instruct2:
+        raise UnsupportedCapabilityError(
+            f"inference_instruct2 needs a CosyVoice2 model with prompt models; the served model {state.model_id} has "
+            "no instruct2 capability (on CosyVoice-300M-Instruct use /inference_instruct)",
+            param="instruction",
+        )
+    prompt = PromptAudio(await read_upload(prompt_wav, state.settings.max_upload_bytes))
+    voice = InstructVoice(PromptVoice(prompt, "", "instruct2 prompt"), instruct_text)
+    return await _pcm_response(request, service, state, tts_text, voice)

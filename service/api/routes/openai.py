@@ -73,9 +73,10 @@ def streamed(body: SpeechBody, fmt: AudioFormat) -> bool:
     summary="OpenAI text-to-speech (streamed, except WAV and FLAC; `stream_format=sse` for events)",
 )
 async def speech(request: Request, body: SpeechBody, service: ServiceDep, state: StateDep, voices: VoicesDep) -> Response:
-    """OpenAI's contract. `pcm` is int16 mono at TTS_OPENAI_PCM_SAMPLE_RATE_HZ (24,000 Hz by default,
-    resampled from the model's 22,050 Hz, as OpenAI clients assume); `voice` may name a saved voice;
-    `instructions` drive instruct mode on an Instruct bundle and are ignored (with a Warning header) elsewhere.
+    """OpenAI's contract. `pcm` is int16 mono at TTS_OPENAI_PCM_SAMPLE_RATE_HZ (24,000 Hz by default, as OpenAI
+    clients assume: CosyVoice-300M's 22,050 Hz resampled, CosyVoice2's 24,000 Hz as it is); `voice` may name a saved
+    voice; `instructions` drive instruct mode on an Instruct bundle and instruct2 on CosyVoice2, and are ignored
+    (with a Warning header) elsewhere.
     Over-long `input` is a 400 `text_too_long`, as OpenAI answers."""
     if body.model not in model_ids(state):
         raise UnknownModelError(
@@ -138,12 +139,13 @@ async def list_audio_models(state: StateDep) -> AudioModelList:
     summary="Speakers (Open WebUI reads this)",
 )
 async def list_voices(service: ServiceDep, voices: VoicesDep) -> VoiceList:
-    """Built-in speakers (named with their language and gender), saved voices (POST /v1/voices), then the OpenAI
+    """Built-in speakers (named with their language and gender), saved voices this model can speak, then the OpenAI
     voice names with what each speaks as (`alias_of`: the defaults and TTS_VOICE_ALIASES)."""
     saved = await anyio.to_thread.run_sync(voices.store.list)
     builtin = [Voice(id=s, name=f"{s} — {SPEAKER_DESCRIPTIONS[s]}" if s in SPEAKER_DESCRIPTIONS else s) for s in service.speakers]
     aliases = [Voice(id=a, name=f"{a} → {t}", alias_of=t) for a, t in service.aliases.items()]
-    return VoiceList(voices=[*builtin, *(Voice(id=v.name, name=v.name) for v in saved), *aliases])
+    usable = [Voice(id=v.name, name=v.name) for v in saved if voices.usable(v)]  # not those another model analysed
+    return VoiceList(voices=[*builtin, *usable, *aliases])
 
 
 def model_cards(state: AppState) -> list[ModelCard]:

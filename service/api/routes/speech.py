@@ -31,7 +31,8 @@ router = APIRouter(tags=["synthesis"], route_class=TextRoute, dependencies=[wire
 async def tts(request: Request, body: TTSBody, service: ServiceDep, state: StateDep) -> Response:
     """`stream=false`: the whole file with Content-Length. `stream=true`: chunked, starting with the first audio chunk.
 
-    `pcm` is raw little-endian int16 mono at 22,050 Hz (see X-Sample-Rate); `opus` is Ogg/Opus at 24 kHz.
+    `pcm` is raw little-endian int16 mono at the model's rate (22,050 Hz for CosyVoice-300M, 24,000 Hz for
+    CosyVoice2; X-Sample-Rate states it); `opus` is Ogg/Opus at 24 kHz.
     Over-long text is a 413 `text_too_long` here (400 on /v1/audio/speech, as OpenAI answers).
     """
     wanted = SpeechRequest(

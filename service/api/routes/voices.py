@@ -30,25 +30,28 @@ async def create_voice(
     TTS_REDIS_URL is set (every replica sees it), else in TTS_VOICES_DIR. Needs an admin key when keys are on."""
     prompt = PromptAudio(await read_upload(audio, state.settings.max_upload_bytes, param="audio"))
     saved = await anyio.to_thread.run_sync(lambda: voices.save(name, prompt, transcript))
-    return saved.info()
+    return saved.info() | {"usable": True}  # analysed by this model's prompt models just now
 
 
 @router.get("", dependencies=LISTING, responses=ERROR_RESPONSES, summary="List saved voices")
 async def list_voices(request: Request, state: StateDep, voices: VoicesDep) -> dict[str, Any]:
-    """Every saved voice with its details (transcript, length, kind). With API keys on, a request without a key
-    (let through while TTS_PUBLIC_MODEL_LIST is on) gets ids and names only: transcripts are personal data.
-    `can_manage` says whether this caller may save and delete voices (an admin key, or no keys configured)."""
+    """Every saved voice with its details (transcript, length, kind; `usable` is false for a voice the served model's
+    prompt models did not analyse, e.g. one a CosyVoice v1 server saved into a store shared with CosyVoice2). With API
+    keys on, a request without a key (let through while TTS_PUBLIC_MODEL_LIST is on) gets ids and names only:
+    transcripts are personal data. `can_manage` says whether this caller may save and delete voices (an admin key, or
+    no keys configured)."""
     caller = caller_of(request)
     details = not state.keys.enabled or caller.key is not None  # a key that is sent was checked by LISTING
     found = await anyio.to_thread.run_sync(voices.store.list)
-    data = [v.info() if details else {"id": v.name, "name": v.name} for v in found]
+    data = [v.info() | {"usable": voices.usable(v)} if details else {"id": v.name, "name": v.name} for v in found]
     return {"object": "list", "data": data, "max_voices": voices.max_voices, "can_manage": state.keys.is_admin(caller)}
 
 
 @router.get("/{voice_id}", dependencies=AUTHENTICATED, responses=ERROR_RESPONSES, summary="One saved voice")
 async def get_voice(voice_id: str, voices: VoicesDep) -> dict[str, Any]:
     """A voice's details, transcript included: needs an API key when keys are on."""
-    return (await anyio.to_thread.run_sync(voices.saved, voice_id)).info()
+    saved = await anyio.to_thread.run_sync(voices.saved, voice_id)
+    return saved.info() | {"usable": voices.usable(saved)}
 
 
 @router.delete("/{voice_id}", dependencies=ADMIN, status_code=204, responses=ERROR_RESPONSES, summary="Delete a voice")

@@ -6,12 +6,14 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Protocol, cast, get_args
 
+import numpy as np
+
 from service.bundle import FAMILY_V1, Capabilities, ModelBundle
 from service.engine.prompt import MelVariant
 from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import AudioChunk, SynthesisOptions, Synthesizer
 from service.engine.voice import Voice
-from service.errors import BundleError, UnknownSpeakerError
+from service.errors import BundleError
 from service.families.cosyvoice1.voices import Voices, v1_voice
 from service.families.model import InstructVoice, ModelContext, ModelVoice, PromptVoice, VoiceReference
 from service.frontend import TextFrontend
@@ -86,17 +88,22 @@ class CosyVoice1Model:
         if isinstance(reference, PromptVoice):
             return self._voices.prompt_voice(reference.prompt, reference.transcript, name=reference.label)
         if isinstance(reference, InstructVoice):
-            return self._voices.instruct_voice(self._named(reference.base), reference.instruction)
+            base = reference.base
+            voice = self.resolve(base) if isinstance(base, PromptVoice) else self._named(base)
+            return self._voices.instruct_voice(voice, reference.instruction)
         return self._named(reference.name)
+
+    def warmup_voice(self) -> Voice:
+        """The first built-in speaker; without any, a neutral voice (a unit x-vector and no prompt) for the probes."""
+        if self.engine.speakers:
+            return self.engine.voice(self.engine.speakers[0])
+        dim = self.bundle.constants.spk_embed_dim
+        return Voice.builtin("warm-up", np.full(dim, dim**-0.5, dtype=np.float32))
 
     def _named(self, name: str) -> Voice:
         if name in self.engine.speakers:
             return self.engine.voice(name)
-        saved = self._voices.resolve(name)
-        if saved is not None:
-            return saved
-        known = ", ".join(self.engine.speakers)
-        raise UnknownSpeakerError(f"unknown speaker {name!r}; known: {known} or a saved voice (GET /v1/voices)", param="voice")
+        return self._voices.named(name, self.engine.speakers)
 
     def synthesize(
         self, sentences: list[list[int]], voice: ModelVoice, options: SynthesisOptions, cancel: threading.Event

@@ -1,0 +1,142 @@
+"""CosyVoice2-0.5B assembled from its bundle: text frontend over the Qwen2 BPE, the cached streaming engine, voices."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Protocol, cast
+
+import numpy as np
+
+from service.bundle import FAMILY_V2, Capabilities, ModelBundle
+from service.engine.sessions import RuntimeOptions
+from service.engine.synthesizer import AudioChunk, SynthesisOptions
+from service.errors import BundleError
+from service.families.cosyvoice2.engine import CosyVoice2Engine
+from service.families.cosyvoice2.tokenizer import Qwen2Tokenizer
+from service.families.cosyvoice2.voice import Voice2
+from service.families.cosyvoice2.voices import Voices2, v2_voice
+from service.families.model import InstructVoice, ModelContext, ModelVoice, PromptVoice, VoiceReference
+from service.families.voices import unknown_voice
+from service.frontend import TextFrontend
+from service.stores.voices import AnalysisCache, MemoryVoiceStore
+
+
+class V2Engine(Protocol):
+    """What the model needs of its engine: CosyVoice2Engine, or a test's or benchmark's wrapper around one."""
+
+    @property
+    def sample_rate(self) -> int: ...
+
+    def synthesize(
+        self, sentences: Sequence[Sequence[int]], voice: Voice2, options: SynthesisOptions, cancel: threading.Event | None
+    ) -> Iterator[AudioChunk]: ...
+
+
+def load_engine(bundle: ModelBundle, runtime: RuntimeOptions) -> CosyVoice2Engine:
+    """The family's own engine: Qwen2 LLM on the batching scheduler, cached chunk-causal flow, HiFT at 24 kHz."""
+    return CosyVoice2Engine.load(bundle, runtime)
+
+
+class CosyVoice2Model:
+    """One loaded CosyVoice2 bundle; thread-safe (the engine and the voices lock what they share).
+
+    Built-in speakers exist only when the checkpoint had a spk2info.pt (the official release has none): requests
+    then name a saved voice or send a prompt recording, and the probes run with `warmup_voice`.
+    """
+
+    family = FAMILY_V2
+
+    def __init__(self, bundle: ModelBundle, frontend: TextFrontend, engine: V2Engine, voices: Voices2) -> None:
+        self.bundle = bundle
+        self._frontend = frontend
+        self.engine = engine
+        self._voices = voices
+        self._speakers = {name: Voice2.builtin(name, e) for name, e in bundle.speakers.items()}
+
+    @property
+    def model_id(self) -> str:
+        return self.bundle.manifest.model
+
+    @property
+    def sample_rate(self) -> int:
+        return self.engine.sample_rate
+
+    @property
+    def speakers(self) -> Sequence[str]:
+        return tuple(self._speakers)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.bundle.capabilities
+
+    @property
+    def frontend(self) -> TextFrontend:
+        return self._frontend
+
+    @property
+    def voices(self) -> Voices2:
+        return self._voices
+
+    def voice(self, speaker: str) -> Voice2:
+        found = self._speakers.get(speaker)
+        if found is None:
+            raise unknown_voice(speaker, self.speakers, saved=False)
+        return found
+
+    def resolve(self, reference: VoiceReference) -> Voice2:
+        """A spk2info speaker or saved voice by name, a one-off prompt (zero-shot with a transcript, cross-lingual
+        without), or either speaking as an instruction says (instruct2)."""
+        if isinstance(reference, PromptVoice):
+            return self._voices.prompt_voice(reference.prompt, reference.transcript, name=reference.label)
+        if isinstance(reference, InstructVoice):
+            base = reference.base
+            voice = self.resolve(base) if isinstance(base, PromptVoice) else self._named(base)
+            return self._voices.instruct_voice(voice, reference.instruction)
+        return self._named(reference.name)
+
+    def warmup_voice(self) -> Voice2:
+        """The first built-in speaker; without any (the official checkpoint), a neutral voice: a unit x-vector and no
+        prompt, which runs every graph the requests run."""
+        if self._speakers:
+            return next(iter(self._speakers.values()))
+        dim = self.bundle.constants.spk_embed_dim
+        return Voice2.builtin("warm-up", np.full(dim, dim**-0.5, dtype=np.float32))
+
+    def synthesize(
+        self, sentences: list[list[int]], voice: ModelVoice, options: SynthesisOptions, cancel: threading.Event
+    ) -> Iterator[AudioChunk]:
+        return self.engine.synthesize(sentences, v2_voice(voice), options, cancel)
+
+    def close(self) -> None:
+        """Stop the engine's scheduler thread (if it has one), then close the voice store and analysis cache."""
+        close_engine = getattr(self.engine, "close", None)
+        if callable(close_engine):
+            close_engine()
+        self._voices.store.close()
+        self._voices.cache.close()
+
+    def _named(self, name: str) -> Voice2:
+        if name in self._speakers:
+            return self._speakers[name]
+        return self._voices.named(name, self.speakers)
+
+
+def load_model(bundle: ModelBundle, context: ModelContext) -> CosyVoice2Model:
+    """Frontend (the bundle's Qwen2 BPE on tiktoken), engine (the context's loader, else CosyVoice2Engine), voices."""
+    if bundle.family != FAMILY_V2:
+        raise BundleError(f"{bundle.root}: not a CosyVoice2 bundle (family {bundle.family!r})")
+    tokenizer = Qwen2Tokenizer.load(bundle.tokenizer_path, cache_dir=context.options.compiled_cache_dir)
+    frontend = TextFrontend.load(tokenizer, lexicon_store=context.lexicon_store)
+    engine = cast(V2Engine, (context.engine_loader or load_engine)(bundle, context.options))
+    voices = Voices2.load(
+        bundle,
+        frontend,
+        context.voice_store or MemoryVoiceStore(),
+        context.analysis_cache or AnalysisCache(None),
+        context.options,
+        analyze=context.prompt_analysis,
+        max_voices=context.max_voices,
+        reserved_names=context.reserved_voice_names,
+    )
+    return CosyVoice2Model(bundle, frontend, engine, voices)
