@@ -204,13 +204,14 @@ def write_quantized_bundle(
     matmul_graphs: tuple[str, ...] = INT8_GRAPHS,
     table_graphs: tuple[str, ...] = EMBEDDING_GRAPHS,
     half_kv_graphs: tuple[str, ...] = (HALF_KV_GRAPH,),
+    float_twin_graphs: tuple[str, ...] = FLOAT_TWIN_GRAPHS,
 ) -> Manifest:
     """Copy the fp32 bundle in `src_dir` to `dst_dir` with its weights quantized by `scheme`; returns the new manifest.
 
     Only core graphs are quantized (and the decode step takes a float16 K/V cache, `half_kv_cache`); the prompt
     group, capabilities and other files are carried over unchanged. The keyword arguments name another family's
-    graphs (defaults: the v1 bundle's): graph -> precision, graphs with INT8 MatMuls, with int8 lookup tables, and
-    with float16 K/V cache inputs.
+    graphs (defaults: the v1 bundle's): graph -> precision, graphs with INT8 MatMuls, with int8 lookup tables, with
+    float16 K/V cache inputs, and with a float twin.
     """
     dst_dir.mkdir(parents=True, exist_ok=False)
     plan = precision_plan(scheme) if plan is None else plan
@@ -230,7 +231,7 @@ def write_quantized_bundle(
             half_kv_cache(dst)
         if precision is not None:
             graphs[name] = replace(entry, sha256=sha256_file(dst), precision=precision)
-        if precision is not None and name in FLOAT_TWIN_GRAPHS:
+        if precision is not None and name in float_twin_graphs:
             twin = dst_dir / f"{name}{FLOAT_SUFFIX}.onnx"
             float_twin(src, twin)
             graphs[name + FLOAT_SUFFIX] = replace(

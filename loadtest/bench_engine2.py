@@ -33,7 +33,7 @@ from loadtest.listener import Listening, listen
 from service.bundle import V2_GRAPH_IO, ModelBundle
 from service.engine.sessions import RuntimeOptions, open_sessions
 from service.engine.synthesizer import SynthesisOptions
-from service.families.cosyvoice2.engine import CosyVoice2Engine, stream_schedule
+from service.families.cosyvoice2.engine import CosyVoice2Engine, one_thread_calls, stream_schedule
 from service.families.cosyvoice2.tokenizer import Qwen2Tokenizer
 from service.families.cosyvoice2.voice import Voice2
 from service.settings import Settings
@@ -74,14 +74,14 @@ class TimedSession:
 
 def load(args: argparse.Namespace, log: dict[str, list[tuple[float, tuple[int, ...]]]] | None = None) -> CosyVoice2Engine:
     bundle = ModelBundle.load(args.bundle)
-    runtime = runtime_options(args)
+    runtime = one_thread_calls(runtime_options(args))  # as CosyVoice2Engine.load
     sessions: dict[str, Any] = open_sessions(bundle, runtime, names=tuple(V2_GRAPH_IO))
     if log is not None:
         sessions = {name: TimedSession(name, s, log) for name, s in sessions.items()}
     schedule = stream_schedule(bundle, runtime)
     if args.hop_scale:
         schedule = replace(schedule, scale=args.hop_scale)
-    engine = CosyVoice2Engine.from_sessions(bundle, sessions, runtime, cfg_lanes=args.cfg_lanes, schedule=schedule)
+    engine = CosyVoice2Engine.from_sessions(bundle, sessions, runtime, cfg_lanes=not args.no_cfg_lanes, schedule=schedule)
     engine.llm = ForcedLength(engine.llm, args.tokens)  # type: ignore[arg-type]  # same generate() signature
     return engine
 
@@ -198,7 +198,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-batch", type=int, default=defaults["max_batch"].default)
     p.add_argument("--acoustic-slots", type=int, default=defaults["acoustic_slots"].default)
     p.add_argument("--no-first-audio-priority", action="store_true")
-    p.add_argument("--cfg-lanes", action="store_true", help="the estimator's guidance rows as two concurrent calls")
+    p.add_argument("--no-cfg-lanes", action="store_true", help="never split the estimator's guidance rows")
     p.add_argument("--first-hop", type=int, help="first streamed hop in tokens (the schedule's own when omitted)")
     p.add_argument("--hop-scale", type=int, help="growth of the later hops (the schedule's own when omitted)")
     p.add_argument("--acoustic-backend", choices=["auto", "ort", "openvino"], default=defaults["acoustic_backend"].default)
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             result = (mode_listen if args.mode == "listen" else mode_concurrency)(engine, ids, voices, args)
         finally:
             engine.close()
-    runtime = replace(runtime_options(args), compiled_cache_dir=None)
+    runtime = replace(one_thread_calls(runtime_options(args)), compiled_cache_dir=None)
     meta = {"mode": args.mode, "bundle": str(args.bundle), "precision": bundle.manifest.precision, "tokens": args.tokens}
     meta |= {"text_tokens": len(ids), "runtime": asdict(runtime), "peak_rss_mb": peak_rss_mb()}
     print(json.dumps(result | meta, default=str))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -191,6 +192,37 @@ def test_non_streaming_flow_matches_torch(engine: CosyVoice2Engine, torch_flow: 
     with torch.no_grad():
         want = torch_flow.inference(torch.tensor([speech]), *args, flow_noise(), False, True)[0].numpy()
     np.testing.assert_allclose(chunk.mel, want, atol=1e-4, rtol=0)
+
+
+def test_an_early_first_chunk_is_the_official_chunk_masked_flow_over_what_exists(
+    cv2_bundle: Path, torch_flow: CausalMaskedDiffWithXvec
+) -> None:
+    """The default schedule's first chunk ends inside an attention chunk: it equals the official streaming flow over
+    the tokens so far (its last chunk partial, the look-ahead cut), and every later chunk ends on a boundary."""
+    early = CosyVoice2Engine.load(cv2_bundle, replace(ONE_THREAD, stream_schedule="adaptive", prompt_window_s=1.0))
+    voice = random_voice(80, seed=6)
+    speech = np.random.default_rng(6).integers(0, 6561, 90).tolist()
+    chunks = list(early.mel_chunks(iter(speech), voice.flow, SynthesisOptions(stream=True)))
+    assert early.prompt_window_tokens == 28 and [c.tokens for c in chunks] == [10, 12, 25, 25, 18]
+    window = voice.flow.window(28)
+    prompt = (torch.tensor([window.tokens]), torch.from_numpy(window.mel)[None], torch.from_numpy(window.embedding)[None])
+    with torch.no_grad():
+        want = torch_flow.inference(torch.tensor([speech[:13]]), *prompt, flow_noise(), True, False)[0].numpy()
+    np.testing.assert_allclose(chunks[0].mel, want, atol=1e-4, rtol=0)
+    assert sum(c.mel.shape[1] for c in chunks) == 2 * len(speech)
+
+
+def test_cfg_lanes_compute_the_batched_rows(cv2_bundle: Path) -> None:
+    """Two concurrent batch-1 estimator calls give a batch-2 call's numbers (fp32)."""
+    voice = random_voice(37, seed=7)
+    speech = np.random.default_rng(7).integers(0, 6561, 80).tolist()
+    mels = []
+    for lanes in (False, True):
+        engine = CosyVoice2Engine.load(cv2_bundle, ONE_THREAD, cfg_lanes=lanes)
+        mels.append([c.mel for c in engine.mel_chunks(iter(speech), voice.flow, SynthesisOptions(stream=True))])
+        engine.close()
+    for a, b in zip(*mels, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 
 def test_a_voice_prompt_state_is_computed_once_and_shared(cv2_bundle: Path) -> None:

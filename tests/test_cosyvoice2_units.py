@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.families.cosyvoice2.engine import HopSchedule, PromptStates
+from service.engine.sessions import RuntimeOptions
+from service.families.cosyvoice2.engine import HopSchedule, PromptStates, one_thread_calls
 from service.families.cosyvoice2.flow import EncoderState, EstimatorState, FlowState
+from service.families.cosyvoice2.schedule import window_tokens
 from service.families.cosyvoice2.voice import FlowPrompt2, Voice2
 
 
@@ -45,6 +47,52 @@ def test_hop_schedule_doubles_to_its_cap() -> None:
         hops.append(hop)
         end += hop
     assert hops == [25, 50, 100, 100, 100]
+
+
+def hops(schedule: HopSchedule, prompt: int, tokens: int) -> list[int]:
+    """Every non-final hop of a sentence of `tokens` speech tokens, as the engine's loop cuts them."""
+    hop, base, offset, out = schedule.first_hop(prompt), schedule.first, 0, []
+    while tokens - offset >= hop + schedule.look_ahead:
+        out.append(hop)
+        offset += hop
+        hop, base = schedule.next_hop(base, prompt + offset)
+    return out
+
+
+def test_early_schedule_splits_only_the_first_attention_chunk() -> None:
+    early = HopSchedule(first=10, scale=1, aligned_first=False)
+    assert hops(early, 28, 125) == [10, 12, 25, 25, 25, 25]  # then 3 final tokens
+    assert hops(early, 0, 60) == [10, 15, 25]
+    assert hops(HopSchedule(first=10, scale=2, aligned_first=False), 28, 200) == [10, 12, 25, 50, 100]
+    for prompt in (0, 3, 28, 37, 53):  # every hop after the first ends on a chunk boundary
+        cut = hops(early, prompt, 300)
+        ends = [prompt + sum(cut[: i + 1]) for i in range(len(cut))]
+        assert all(end % 25 == 0 for end in ends[1:])
+    assert early.first_audio_tokens(28) == 13 and HopSchedule().first_audio_tokens(28) == 25 + 22 + 3
+
+
+def test_official_schedule_pads_the_first_hop_then_doubles() -> None:
+    assert hops(HopSchedule(), 37, 300) == [38, 50, 100, 100]
+    assert hops(HopSchedule(), 0, 300) == [25, 50, 100, 100]
+
+
+def test_prompt_window_ends_three_tokens_past_a_chunk() -> None:
+    schedule = HopSchedule()
+    assert window_tokens(None, schedule, 25) is None
+    assert [window_tokens(s, schedule, 25) for s in (0.0, 0.04, 1.0, 1.2, 2.0)] == [0, 3, 28, 53, 53]
+    prompt = FlowPrompt2(np.zeros(192), tuple(range(40)), np.arange(80 * 80, dtype=np.float32).reshape(80, 80))
+    window = prompt.window(28)
+    assert window.tokens == tuple(range(12, 40)) and np.array_equal(window.mel, prompt.mel[24:])
+    assert prompt.window(None) is prompt and prompt.window(40) is prompt
+
+
+def test_acoustic_budget_becomes_one_thread_calls() -> None:
+    plan = one_thread_calls(RuntimeOptions(intra_op_threads=2, acoustic_slots=1))
+    assert (plan.acoustic_threads, plan.acoustic_slots) == (1, 2)
+    chosen = RuntimeOptions(acoustic_threads=2)
+    assert one_thread_calls(chosen) is chosen
+    unlimited = RuntimeOptions(acoustic_slots=0)
+    assert one_thread_calls(unlimited) is unlimited
 
 
 def test_prompt_states_keep_the_most_recent_within_the_budget() -> None:

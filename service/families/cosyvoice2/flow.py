@@ -9,6 +9,7 @@ attention and empty caches.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -90,11 +91,12 @@ class FlowState:
 class FlowRunner2:
     """Runs flow_speaker, flow_encoder and flow_estimator of a CosyVoice2 bundle (batch 1, CFG rows 2).
 
-    `cfg_lanes`: each estimator call runs its two classifier-free-guidance rows as two concurrent batch-1 calls (the
-    second on a lane thread) instead of one batch-2 call. The full-size estimator is ~10,000 small nodes: ONNX Runtime's
-    intra-op threads barely shorten a call (2 threads: 180 ms, 1 thread: 190 ms for 100 frames), two calls on two
-    cores nearly halve it. The rows are independent (fp32: the same numbers; int8: each row quantizes its activations
-    with its own scale instead of one scale for both).
+    `cfg_lanes`: an estimator call that runs alone (no other call of this runner in flight) runs its two
+    classifier-free-guidance rows as two concurrent batch-1 calls (the second on a lane thread) instead of one batch-2
+    call. The full-size estimator is ~10,000 small nodes: ONNX Runtime's intra-op threads barely shorten a call
+    (100 frames: 180 ms on 2 threads, 190 ms on 1), two calls on two cores nearly halve it. Calls of concurrent requests
+    stay whole (each already has its core). The rows are independent (fp32: the same numbers; int8: each row
+    quantizes its activations with its own scale instead of one scale for both).
     """
 
     def __init__(
@@ -120,6 +122,8 @@ class FlowRunner2:
         self._enc_names = expand_io_names(("enc_k_{e}", "enc_v_{e}", "up_k_{u}", "up_v_{u}"), 0, counts)
         self._est_names = expand_io_names(("past_k_{b}", "past_v_{b}"), 0, counts)
         self._lanes = ThreadPoolExecutor(2, thread_name_prefix="cfg-lane", initializer=lane_init) if cfg_lanes else None
+        self._in_flight = 0  # estimator calls running now (read and written under _count_lock)
+        self._count_lock = threading.Lock()
 
     def close(self) -> None:
         if self._lanes is not None:
@@ -180,8 +184,14 @@ class FlowRunner2:
         feeds = dict(feeds)
         feeds["tails"] = state.tails
         feeds.update(zip(self._est_names, [*state.k, *state.v], strict=True))
-        lanes = self._lanes
-        v, tails, new_k, new_v = self._estimator.run(None, feeds) if lanes is None else self._run_rows(lanes, feeds)
+        with self._count_lock:
+            self._in_flight += 1
+            lanes = self._lanes if self._in_flight == 1 else None
+        try:
+            v, tails, new_k, new_v = self._estimator.run(None, feeds) if lanes is None else self._run_rows(lanes, feeds)
+        finally:
+            with self._count_lock:
+                self._in_flight -= 1
         state.tails = tails
         state.k = [_grow(a, b) for a, b in zip(state.k, new_k, strict=True)]
         state.v = [_grow(a, b) for a, b in zip(state.v, new_v, strict=True)]

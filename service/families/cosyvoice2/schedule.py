@@ -10,9 +10,10 @@ Two schedules:
 * early first audio (`aligned_first=False`, the service default): the first hop is small (`first`, 10 tokens) and
   ends inside an attention chunk, so its frames see only the part of their chunk that exists, as the frames of an
   utterance's last, partial chunk do in the official chunk-masked training; the rest of that chunk is solved next
-  from the caches (its frames see the first hop's keys as they were computed). Every later chunk ends on a boundary:
-  one chunk, then the official growth (x 2 up to 100). What differs from the official audio is the sentence's first
-  attention chunk; the reason is first audio: the official first chunk waits for 25-49 tokens and solves them all.
+  from the caches (its frames see the first hop's keys as they were computed). Every later chunk ends on a boundary
+  and is one attention chunk (EARLY_SCALE). What differs from the official audio is the sentence's first attention
+  chunk (and, through its keys, a little of what follows); the reason is first audio: the official first chunk
+  waits for 25-49 tokens and solves them all.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from dataclasses import dataclass
 from service.bundle import CosyVoice2Constants, ModelConstants
 
 EARLY_FIRST_HOP = 10  # tokens of the first streamed chunk with early first audio (0.4 s of speech, 0.24 s heard)
+# Hops after the first attention chunk stay one chunk (25 tokens, 1 s): on 2 cores the stream is slower than real time
+# (streamed RTF ~1.6 full-size), and a listener then waits least when audio comes in small steps (TTCA 4.0 s vs 4.5 s
+# with the official doubling to 100, same run; docs/benchmarks.md).
+EARLY_SCALE = 1
 
 
 @dataclass(frozen=True)
@@ -49,9 +54,10 @@ class HopSchedule:
 
     @classmethod
     def early(cls, extra: CosyVoice2Constants, c: ModelConstants, first: int | None = None) -> HopSchedule:
-        """A first hop of `first` tokens (EARLY_FIRST_HOP) wherever it ends, then the official growth on boundaries."""
+        """A first hop of `first` tokens (EARLY_FIRST_HOP) wherever it ends, the rest of its attention chunk, then one
+        attention chunk per hop (EARLY_SCALE)."""
         official = cls.official(extra, c)
-        return cls(official.chunk, first or EARLY_FIRST_HOP, official.most, official.scale, official.look_ahead, False)
+        return cls(official.chunk, first or EARLY_FIRST_HOP, official.most, EARLY_SCALE, official.look_ahead, False)
 
     def first_hop(self, prompt_tokens: int, first: int | None = None) -> int:
         """Tokens of a sentence's first chunk after a flow prompt of `prompt_tokens` (`first` overrides the base)."""
