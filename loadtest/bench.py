@@ -8,6 +8,7 @@ Parts (each in its own process, so peak RSS is per configuration):
   concurrency  1/2/4/8 closed-loop streaming clients in-process
   http         the same through a real uvicorn server on a free loopback port, with the default settings
   cloning      a saved voice (10 s prompt) vs a built-in speaker at 1 and 8 clients; prompt analysis time
+  listen2      CosyVoice2-0.5B (full-size random-init int8) over HTTP: what a listener hears, defaults and each lever
 Results go to docs/benchmarks/results.json, docs/benchmarks/summary.png and the generated part of docs/benchmarks.md.
 """
 
@@ -35,8 +36,11 @@ from loadtest.bench_report import write_report  # noqa: E402
 
 PYTHON = sys.executable
 FULL_CONFIG = REPO / "export" / "configs" / "cosyvoice-300m-sft.yaml"
+V2_CONFIG = REPO / "export" / "configs" / "cosyvoice2-0.5b"  # cosyvoice2.yaml + CosyVoice-BlankEN/config.json
 SCHEMES = ("int8", "int4")
-PARTS = ("parity", "listen", "quality", "single", "reference", "latency", "concurrency", "http", "cloning", "websocket")
+PARTS = (
+    "parity", "listen", "quality", "single", "reference", "latency", "concurrency", "http", "cloning", "websocket", "listen2",
+)  # fmt: skip
 
 
 def bundle_dirs(models: Path) -> dict[str, Path]:
@@ -83,6 +87,19 @@ def ensure_bundles(models: Path) -> dict[str, Path]:
         write_quantized_bundle(dirs["fp32"], tmp, ModelBundle.load(dirs["fp32"]).manifest, scheme)  # type: ignore[arg-type]
         publish(tmp, path)
     return dirs
+
+
+def ensure_v2_bundle(models: Path) -> Path:
+    """The full-size random-init CosyVoice2 int8 bundle (and its fp32 source), exported once under `models`; a bundle
+    written by an exporter that still gave the estimator a float twin (now run on ONNX Runtime) is exported again."""
+    fp32, int8 = models / "full-random-cosyvoice2", models / "full-random-cosyvoice2-int8"
+    manifest = int8 / "manifest.json"
+    if manifest.is_file() and "flow_estimator_float" not in json.loads(manifest.read_text())["graphs"]:
+        return int8
+    cmd = [PYTHON, "export/export_onnx.py", "--model-dir", str(V2_CONFIG), "--out", str(fp32), "--random-init"]
+    log(f"building the full-size random-init CosyVoice2 bundles: {' '.join([*cmd, '--quantize', 'int8'])}")
+    subprocess.run([*cmd, "--quantize", "int8"], cwd=REPO, check=True)
+    return int8
 
 
 def log(message: str) -> None:
@@ -206,6 +223,28 @@ def part_listen(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
     return out
 
 
+V2_PARTS = ("listen2",)
+LISTEN2_COMPARE = (  # (label, server settings): each CosyVoice2 lever switched back to the official computation
+    ("official schedule: first hop 25 + pad, then 50, 100 (TTS_STREAM_SCHEDULE=official)", ("TTS_STREAM_SCHEDULE=official",)),
+    ("the whole prompt in the flow (TTS_PROMPT_WINDOW_S=all)", ("TTS_PROMPT_WINDOW_S=all",)),
+    ("two-thread acoustic calls, no CFG lanes (TTS_ACOUSTIC_THREADS=2)", ("TTS_ACOUSTIC_THREADS=2",)),
+    ("ONNX Runtime for HiFT (TTS_ACOUSTIC_BACKEND=ort)", ("TTS_ACOUSTIC_BACKEND=ort",)),
+    ("the engine before this work: all three engine levers off", (
+        "TTS_STREAM_SCHEDULE=official", "TTS_PROMPT_WINDOW_S=all", "TTS_ACOUSTIC_THREADS=2",
+    )),
+)  # fmt: skip
+
+
+def part_listen2(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
+    """CosyVoice2-0.5B over HTTP (full-size random-init int8, 125 forced tokens = 5 s): the default settings at 1, 2
+    and 4 clients for a built-in speaker and saved voices from 3 s and 10 s recordings, then each lever off at 1 client."""
+    bundle = ensure_v2_bundle(args.models)
+    cmd = [PYTHON, "loadtest/bench_listen.py", str(bundle), "--per-client", str(args.per_client + 1)]
+    out: dict[str, Any] = {"default": run_json([*cmd, "--levels", "1", "2", "4"])}
+    out["compare"] = {label: run_json([*cmd, "--levels", "1", "--env", *env]) for label, env in LISTEN2_COMPARE}
+    return out
+
+
 def part_parity(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
     """`python -m service verify` of the committed tiny bundle against the official implementation's fixtures."""
     cmd = [PYTHON, "-m", "service", "verify", "--bundle", "models/tiny", "--fixtures", "tests/reference/tiny"]
@@ -230,6 +269,7 @@ RUNNERS = {
     "http": part_http,
     "cloning": part_cloning,
     "websocket": part_websocket,
+    "listen2": part_listen2,
 }
 
 
@@ -250,7 +290,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    dirs = ensure_bundles(args.models)
+    v1_parts = [p for p in args.parts if p not in V2_PARTS]
+    dirs = ensure_bundles(args.models) if v1_parts else bundle_dirs(args.models)  # CosyVoice2 parts build their own
     results_path = args.out / "results.json"
     results: dict[str, Any] = json.loads(results_path.read_text()) if args.merge and results_path.is_file() else {}
     results["machine"] = {

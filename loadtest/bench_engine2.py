@@ -81,7 +81,8 @@ def load(args: argparse.Namespace, log: dict[str, list[tuple[float, tuple[int, .
     schedule = stream_schedule(bundle, runtime)
     if args.hop_scale:
         schedule = replace(schedule, scale=args.hop_scale)
-    engine = CosyVoice2Engine.from_sessions(bundle, sessions, runtime, cfg_lanes=not args.no_cfg_lanes, schedule=schedule)
+    lanes = runtime.threads_for("acoustic") == 1 and not args.no_cfg_lanes  # as CosyVoice2Engine.load
+    engine = CosyVoice2Engine.from_sessions(bundle, sessions, runtime, cfg_lanes=lanes, schedule=schedule)
     engine.llm = ForcedLength(engine.llm, args.tokens)  # type: ignore[arg-type]  # same generate() signature
     return engine
 

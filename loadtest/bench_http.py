@@ -38,7 +38,14 @@ from loadtest.bench_engine import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-PCM_BYTES_PER_S = 2 * 22050  # /tts pcm: int16 mono at the model's 22,050 Hz
+V1_PCM_BYTES_PER_S = 2 * 22050  # /tts pcm of a v1 bundle: int16 mono at 22,050 Hz
+
+
+def pcm_bytes_per_s(bundle_dir: Path) -> int:
+    """Bytes per second of /tts pcm: int16 mono at the model's own rate (22,050 Hz v1, 24,000 Hz CosyVoice2)."""
+    from service.bundle import ModelBundle
+
+    return 2 * ModelBundle.load(bundle_dir).constants.sample_rate
 
 
 def free_port() -> int:
@@ -52,17 +59,19 @@ def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from service.api.app import create_app
-    from service.bundle import ModelBundle
+    from service.bundle import FAMILY_V2, ModelBundle
     from service.engine.sessions import RuntimeOptions
     from service.engine.synthesizer import Synthesizer
+    from service.families.cosyvoice2.engine import CosyVoice2Engine
     from service.settings import Settings
 
     settings = Settings(_env_file=None, model_dir=args.bundle, port=args.port)  # type: ignore[call-arg]
 
-    def forced(bundle: ModelBundle, runtime: RuntimeOptions) -> Synthesizer:
-        synth = Synthesizer.load(bundle, runtime)
-        synth.llm = ForcedLength(synth.llm, args.tokens)
-        return synth
+    def forced(bundle: ModelBundle, runtime: RuntimeOptions) -> Synthesizer | CosyVoice2Engine:
+        """The bundle's family engine as the service loads it, its LLM forced to `args.tokens` per sentence."""
+        engine = CosyVoice2Engine.load(bundle, runtime) if bundle.family == FAMILY_V2 else Synthesizer.load(bundle, runtime)
+        engine.llm = ForcedLength(engine.llm, args.tokens)  # type: ignore[arg-type]  # the same generate() signature
+        return engine
 
     uvicorn.run(create_app(settings, engine_loader=forced), host="127.0.0.1", port=args.port, log_level="warning")
 
@@ -100,28 +109,33 @@ def peak_rss_mb(pid: int) -> float:
 
 
 def write_saved_voice(bundle_dir: Path, voices_dir: Path, seconds: float, seed: int = 7) -> str:
-    """Store a saved voice as a `seconds`-long prompt analysis gives it (50 speech tokens and 86.13 mel frames
-    per second, a transcript, an x-vector). The full-size bundle has random weights and no prompt models, so the
-    features are drawn at random with the real sizes: what costs time is their length, not their values."""
+    """Store a saved voice as a `seconds`-long prompt analysis gives it (v1: 50 speech tokens and 86.13 mel frames
+    per second; CosyVoice2: 25 tokens and 50 frames), a transcript, an x-vector. The full-size bundle has random
+    weights and no prompt models, so the features are drawn at random with the real sizes: what costs time is their
+    length, not their values."""
     import numpy as np
 
-    from service.bundle import ModelBundle
+    from service.bundle import FAMILY_V2, ModelBundle
+    from service.families.cosyvoice2.voices import ANALYSIS_VARIANT
     from service.families.voices import models_fingerprint
     from service.stores.voices import DirectoryVoiceStore, PromptFeatures, SavedVoice
 
     bundle = ModelBundle.load(bundle_dir)
     tokens, mel = random_prompt(bundle.constants, seconds, seed)
     embedding = next(iter(bundle.speakers.values())).astype(np.float32)
-    features = PromptFeatures(embedding, tokens, mel, duration_s=seconds, mel_variant="trained")
+    variant = ANALYSIS_VARIANT if bundle.family == FAMILY_V2 else "trained"
+    features = PromptFeatures(embedding, tokens, mel, duration_s=seconds, mel_variant=variant)
     name = f"bench-cloned-{seconds:g}s"
     voice = SavedVoice(name, PROMPT_TEXT, features, audio_sha256="0" * 64, models=models_fingerprint(bundle))
     DirectoryVoiceStore(voices_dir).add(voice, max_voices=1000)
     return name
 
 
-def stream_request(client: httpx.Client, seed: int, speaker: str | None = None, first_only: bool = False) -> Run:
+def stream_request(
+    client: httpx.Client, seed: int, speaker: str | None = None, first_only: bool = False, bytes_per_s: float = V1_PCM_BYTES_PER_S
+) -> Run:
     """One streamed /tts request: first audio bytes latency and audio seconds received (`first_only`: hang up at the
-    first audio, which cancels the synthesis: only the latency is measured)."""
+    first audio, which cancels the synthesis: only the latency is measured; `bytes_per_s`: the model's PCM rate)."""
     t0 = time.perf_counter()
     first = None
     received = 0
@@ -142,7 +156,7 @@ def stream_request(client: httpx.Client, seed: int, speaker: str | None = None, 
         print(f"request failed: {type(e).__name__}: {e}", file=sys.stderr)
         return Run(time.perf_counter() - t0, 0.0, float("nan"), 0.0, 0.0, 0.0, failed=True)
     wall = time.perf_counter() - t0
-    return Run(wall, received / PCM_BYTES_PER_S, first if first is not None else wall, 0.0, 0.0, 0.0)
+    return Run(wall, received / bytes_per_s, first if first is not None else wall, 0.0, 0.0, 0.0)
 
 
 def voice_rows(client: httpx.Client, saved: str, reps: int) -> dict[str, Any]:
@@ -190,10 +204,13 @@ def _load(args: argparse.Namespace, env: dict[str, str], saved: str | None) -> d
         rss_ready = peak_rss_mb(proc.pid)
         levels = []
         with httpx.Client(base_url=url, timeout=httpx.Timeout(600.0)) as client:
-            stream_request(client, 10**6)  # warm-up
+            rate = pcm_bytes_per_s(args.bundle)
+            stream_request(client, 10**6, bytes_per_s=rate)  # warm-up
             for n in args.levels:
                 # a seed no other request used: the audio cache (on, as by default) must not answer for the engine
-                runs, wall = closed_loop(n, args.per_client, lambda seed, n=n: stream_request(client, 1000 * n + seed))
+                runs, wall = closed_loop(
+                    n, args.per_client, lambda seed, n=n: stream_request(client, 1000 * n + seed, bytes_per_s=rate)
+                )
                 levels.append(load_summary(n, runs, wall))
                 print(json.dumps(levels[-1]), file=sys.stderr, flush=True)
             peak_rss = peak_rss_mb(proc.pid)  # under the 1-8 streams of the built-in speaker

@@ -1,8 +1,9 @@
 """Listener benchmark over HTTP: first audio, time to continuous audio (TTCA) and stall per voice and client count.
 
-One server process (`bench_http.py serve`: default settings, every sentence forced to `--tokens` speech tokens,
-250 = 5 s) with two saved voices written to its voice directory (3 s and 10 s recordings). For each voice (the
-built-in default speaker, then the saved ones) and each client count (1, 2, 4), that many clients send
+One server process (`bench_http.py serve`: default settings, every sentence forced to `--tokens` speech tokens, by
+default 5 s: 250 for v1, 125 for CosyVoice2) with two saved voices written to its voice directory (3 s and 10 s
+recordings). For each voice (the built-in default speaker, then the saved ones) and each client count (1, 2, 4), that
+many clients send
 `--per-client` streamed `POST /tts` pcm requests back to back; every piece's arrival time and size is recorded
 and turned into what a player hears (loadtest/listener.py). Prints one JSON line: p50 and max per row.
 """
@@ -25,14 +26,14 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loadtest.bench_engine import SHORT_TEXT, closed_loop
-from loadtest.bench_http import PCM_BYTES_PER_S, peak_rss_mb, served, write_saved_voice
+from loadtest.bench_http import pcm_bytes_per_s, peak_rss_mb, served, write_saved_voice
 from loadtest.listener import Listening, listen, pcm_pieces
 
 BUILTIN = "built-in speaker"
-TOKENS_5S = 250
+SENTENCE_S = 5.0  # forced speech per request: 250 tokens for v1 (50 Hz), 125 for CosyVoice2 (25 Hz)
 
 
-def stream_listen(client: httpx.Client, seed: int, speaker: str | None) -> Listening | None:
+def stream_listen(client: httpx.Client, seed: int, speaker: str | None, bytes_per_s: float) -> Listening | None:
     """One streamed /tts pcm request, read to the end; None when it failed."""
     body: dict[str, Any] = {"text": SHORT_TEXT, "stream": True, "format": "pcm", "seed": seed}
     if speaker:
@@ -45,7 +46,7 @@ def stream_listen(client: httpx.Client, seed: int, speaker: str | None) -> Liste
                 raise RuntimeError(f"HTTP {resp.status_code}: {resp.read()[:200]!r}")
             for piece in resp.iter_raw():
                 arrivals.append((time.perf_counter() - t0, len(piece)))
-        return listen(pcm_pieces(arrivals, PCM_BYTES_PER_S))
+        return listen(pcm_pieces(arrivals, bytes_per_s))
     except Exception as e:  # counted as a failure; the benchmark goes on
         print(f"request failed: {type(e).__name__}: {e}", file=sys.stderr)
         return None
@@ -64,15 +65,17 @@ def row(label: str, clients: int, heard: list[Listening | None], wall_s: float) 
     return out
 
 
-def measure(client: httpx.Client, voices: dict[str, str | None], levels: list[int], per_client: int) -> list[dict[str, Any]]:
+def measure(
+    client: httpx.Client, voices: dict[str, str | None], levels: list[int], per_client: int, bytes_per_s: float
+) -> list[dict[str, Any]]:
     rows = []
     for v, (label, speaker) in enumerate(voices.items()):
-        stream_listen(client, 10**6 + v, speaker)  # warm-up of this voice's shapes (not counted)
+        stream_listen(client, 10**6 + v, speaker, bytes_per_s)  # warm-up of this voice's shapes (not counted)
         for n in levels:
             base = 10**4 * (v + 1) + 100 * n  # seeds no other request used: the audio cache must not answer
 
             def request(i: int, base: int = base, speaker: str | None = speaker) -> Listening | None:
-                return stream_listen(client, base + i, speaker)
+                return stream_listen(client, base + i, speaker, bytes_per_s)
 
             heard, wall = closed_loop(n, per_client, request)
             rows.append(row(label, n, heard, wall))
@@ -85,8 +88,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         voices: dict[str, str | None] = {BUILTIN: None}
         for seconds in args.prompt_seconds:
             voices[f"saved voice, {seconds:g} s recording"] = write_saved_voice(args.bundle, Path(voices_dir), seconds)
+        rate = pcm_bytes_per_s(args.bundle)
         return serve_and(
-            args, {"TTS_VOICES_DIR": voices_dir}, lambda client: measure(client, voices, args.levels, args.per_client)
+            args, {"TTS_VOICES_DIR": voices_dir}, lambda client: measure(client, voices, args.levels, args.per_client, rate)
         )
 
 
@@ -102,7 +106,7 @@ def serve_and(
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("bundle", type=Path)
-    p.add_argument("--tokens", type=int, default=TOKENS_5S, help="speech tokens per request (250 = 5 s of audio)")
+    p.add_argument("--tokens", type=int, help="speech tokens per request (default: 5 s of audio at the model's token rate)")
     p.add_argument("--levels", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--per-client", type=int, default=3)
     p.add_argument("--prompt-seconds", type=float, nargs="*", default=[3.0, 10.0], help="saved voices' recording lengths")
@@ -113,6 +117,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.tokens is None:
+        from service.bundle import ModelBundle
+
+        args.tokens = round(SENTENCE_S * ModelBundle.load(args.bundle).constants.token_rate_hz)
     print(json.dumps(run(args) | {"bundle": str(args.bundle)}))
     return 0
 

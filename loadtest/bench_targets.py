@@ -112,3 +112,52 @@ def listen_lines(results: dict[str, Any]) -> list[str]:
     title = f"### What a listener hears: streamed `POST /tts` pcm, a 5 s sentence ({tokens} forced tokens)"
     stall = "Stall: seconds a player that starts at the first audio sits silent."
     return [title, "", f"{TTCA_MEANS} {stall}", "", *_table(head, rows)]
+
+
+def v2_targets(results: dict[str, Any]) -> list[Target]:
+    """(target, measured, met) of issue 24 item 6: CosyVoice2, full-size int8, default settings, HTTP, 5 s sentence."""
+    run = (results.get("listen2") or {}).get("default", {})
+    rows = {(r["voice"], r["clients"]): r for r in run.get("rows", [])}
+    ten, three = rows.get((SAVED_10S, 1)), rows.get((SAVED_3S, 1))
+    out: list[Target] = []
+    latency = "saved voice, 10 s recording, 1 client: first audio ≤ 1.0 s, TTCA ≤ 1.5 s"
+    if ten is None:
+        out.append((latency, *NOT_RUN))
+    else:
+        first, ttca = ten["first_audio_s_p50"], ten["ttca_s_p50"]
+        out.append((latency, f"first audio {_f(first)} s, TTCA {_f(ttca)} s", first <= 1.0 and ttca <= 1.5))
+    if ten is None or three is None:
+        out.append(("3 s vs 10 s recording, 1 client: first audio differs by ≤ 0.4 s", *NOT_RUN))
+    else:
+        gap = ten["first_audio_s_p50"] - three["first_audio_s_p50"]
+        measured = f"{_f(three['first_audio_s_p50'])} s vs {_f(ten['first_audio_s_p50'])} s: {_f(gap)} s"
+        out.append(("3 s vs 10 s recording, 1 client: first audio differs by ≤ 0.4 s", measured, abs(gap) <= 0.4))
+    four = rows.get((SAVED_10S, 4))
+    if four is None:
+        out.append(("saved voice, 10 s recording, 4 clients: ≥ 1.0 audio s per wall s", *NOT_RUN))
+    else:
+        apw = four["audio_per_wall"]
+        out.append(("saved voice, 10 s recording, 4 clients: ≥ 1.0 audio s per wall s", f"{_f(apw)} audio s/s", apw >= 1.0))
+    return out
+
+
+def listen2_lines(results: dict[str, Any]) -> list[str]:
+    """CosyVoice2-0.5B: the targets of its speed item and what a listener hears, default settings first, then each lever."""
+    listen2 = results.get("listen2")
+    if not listen2:
+        return []
+    status = [[t, m, "**met**" if ok else ("not met" if ok is False else "–")] for t, m, ok in v2_targets(results)]
+    head = ["setup", "voice", "clients", "requests", "first audio s p50 / max", "TTCA s p50 / max", "stall s p50 / max"]
+    head += ["streamed RTF p50", "audio s / wall s"]
+    rows = _listen_rows("default settings", listen2["default"])
+    for label, run in listen2.get("compare", {}).items():
+        rows += _listen_rows(label, run)
+    tokens = listen2["default"].get("tokens", 125)
+    return [
+        "### CosyVoice2-0.5B targets (full-size random-init int8, default settings, HTTP)",
+        "",
+        *_table(["target", "measured", "status"], status),
+        f"### CosyVoice2-0.5B: what a listener hears, streamed `POST /tts` pcm (24 kHz), a 5 s sentence ({tokens} tokens)",
+        "",
+        *_table(head, rows),
+    ]

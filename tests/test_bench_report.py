@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from loadtest.bench_report import markdown
-from loadtest.bench_targets import BUILTIN, SAVED_3S, SAVED_10S, targets
+from loadtest.bench_targets import BUILTIN, SAVED_3S, SAVED_10S, targets, v2_targets
 
 
 def _level(clients: int, p50: float, p95: float, per_wall: float, failures: int = 0) -> dict[str, Any]:
@@ -66,3 +66,19 @@ def test_the_listener_table_leads_and_says_what_ttca_means() -> None:
     assert "earliest moment a player can start and never have to wait" in doc
     assert "| default settings | built-in speaker | 1 | 3 | 0.65 / 0.75 | 1.10 / 1.20 |" in doc
     assert "| ORT | built-in speaker | 1 |" in doc
+
+
+def _v2(first_10s: float, first_3s: float, ttca: float, four_clients: float) -> dict[str, Any]:
+    rows = [_heard(SAVED_3S, 1, first_3s, ttca), _heard(SAVED_10S, 1, first_10s, ttca), _heard(SAVED_10S, 4, 2.0, 5.0)]
+    rows[-1]["audio_per_wall"] = four_clients
+    return {"listen2": {"default": {"rows": rows, "tokens": 125}, "compare": {"official": {"rows": rows[:1]}}}}
+
+
+def test_cosyvoice2_targets_have_their_own_table() -> None:
+    met = v2_targets(_v2(first_10s=0.9, first_3s=0.6, ttca=1.4, four_clients=1.1))
+    assert len(met) == 3 and all(ok is True for _, _, ok in met), met
+    missed = v2_targets(_v2(first_10s=1.2, first_3s=0.7, ttca=1.6, four_clients=0.9))
+    assert all(ok is False for _, _, ok in missed), missed
+    assert all(ok is None for _, _, ok in v2_targets({}))
+    doc = markdown(_v2(first_10s=0.9, first_3s=0.6, ttca=1.4, four_clients=1.1), "summary.png")
+    assert "CosyVoice2-0.5B targets" in doc and "| official | saved voice, 3 s recording | 1 |" in doc

@@ -141,7 +141,7 @@ class CosyVoice2Engine:
         loaded = bundle if isinstance(bundle, ModelBundle) else ModelBundle.load(bundle)
         runtime = one_thread_calls(runtime or RuntimeOptions())
         limit_malloc_arenas(runtime.malloc_arenas)
-        kwargs.setdefault("cfg_lanes", True)
+        kwargs.setdefault("cfg_lanes", runtime.threads_for("acoustic") == 1)  # lanes are the one-thread calls' parallelism
         return cls.from_sessions(loaded, open_sessions(loaded, runtime, names=tuple(V2_GRAPH_IO)), runtime, **kwargs)
 
     @classmethod
