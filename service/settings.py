@@ -95,7 +95,11 @@ class Settings(BaseSettings):
         default=None, ge=1, le=64, description="Intra-op threads of the LLM sessions; empty = TTS_INTRA_OP_THREADS."
     )
     acoustic_threads: int | None = Field(
-        default=None, ge=1, le=64, description="Intra-op threads of the flow/HiFT sessions; empty = TTS_INTRA_OP_THREADS."
+        default=None,
+        ge=1,
+        le=64,
+        description="Intra-op threads of the flow/HiFT sessions; empty = TTS_INTRA_OP_THREADS (CosyVoice2: "
+        "one-thread calls, and a lone estimator call splits its two guidance rows over two threads; 2 = off).",
     )
     max_batch: int = Field(
         default=16,
@@ -121,22 +125,23 @@ class Settings(BaseSettings):
     stream_schedule: Literal["adaptive", "official"] = Field(
         default="adaptive",
         description="How streamed sentences are cut into chunks: 'adaptive' (a small first chunk, then each chunk "
-        "large enough to cover making the next, from the measured rates) or 'official' (every hop 100 tokens).",
+        "large enough to cover making the next, from the measured rates; CosyVoice2: a 10-token first chunk, then "
+        "one 25-token attention chunk per hop) or 'official' (v1: every hop 100 tokens; CosyVoice2: 25 + pad, 50, 100).",
     )
     first_hop_tokens: int | None = Field(
         default=None,
         ge=21,
         le=400,
-        description="Speech tokens the first streamed chunk consumes (more than the 20-token overlap); empty = the "
-        "schedule's own (21 adaptive, 100 official).",
+        description="Speech tokens the first streamed chunk consumes (more than v1's 20-token overlap); empty = the "
+        "schedule's own (v1: 21 adaptive, 100 official; CosyVoice2: 10 adaptive, 25 + pad official).",
     )
     prompt_window_s: float | None = Field(
         default=1.0,
         ge=0.0,
         le=60.0,
         description="Seconds of a cloned voice's recording (the last ones, with their speech tokens) the flow sees "
-        "with each streamed chunk; 'all' = the whole recording (the official computation). Non-streamed sentences "
-        "always see all of it.",
+        "with each streamed chunk, in both families; 'all' = the whole recording (the official computation). "
+        "Non-streamed sentences always see all of it.",
     )
     ort_spinning: bool = Field(
         default=False, description="Let idle ONNX Runtime threads spin (only worth it when one graph owns the cores)."
