@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -22,7 +22,7 @@ from service.errors import (
     UnsupportedCapabilityError,
     VoiceExistsError,
 )
-from service.families.model import ModelVoice, PromptAudio
+from service.families.model import InstructVoice, ModelVoice, NamedVoice, PromptAudio, PromptVoice, VoiceReference
 from service.frontend import TextFrontend
 from service.stores.voices import AnalysisCache, PromptFeatures, SavedVoice, VoiceStore, check_voice_name
 
@@ -123,6 +123,23 @@ class PromptVoices(ABC, Generic[V]):
             return None
         return prompt.pcm_rate_hz
 
+    def voice_for(self, reference: VoiceReference, speakers: Sequence[str], speaker: Callable[[str], V]) -> V:
+        """A family's Model.resolve: a built-in speaker (`speaker(name)` for a name in `speakers`) or saved voice by
+        name, a one-off prompt (zero-shot with a transcript, cross-lingual without), or either styled by an
+        instruction. Reads the store and may analyse a recording: blocking."""
+        if isinstance(reference, PromptVoice):
+            return self.prompt_voice(reference.prompt, reference.transcript, name=reference.label)
+        if isinstance(reference, InstructVoice):
+            base = reference.base
+            named = NamedVoice(base) if isinstance(base, str) else base
+            return self.instruct_voice(self.voice_for(named, speakers, speaker), reference.instruction)
+        return speaker(reference.name) if reference.name in speakers else self.named(reference.name, speakers)
+
+    def close(self) -> None:
+        """Close the voice store and the analysis cache."""
+        self.store.close()
+        self.cache.close()
+
     def prompt_voice(self, prompt: PromptAudio, transcript: str = "", *, name: str = "prompt") -> V:
         """A one-off voice: zero-shot with the prompt's transcript, cross-lingual without one."""
         features = self.analyze(prompt)
@@ -214,6 +231,11 @@ class PromptVoices(ABC, Generic[V]):
                 param="prompt_text",
             )
         return tuple(ids)
+
+
+def neutral_embedding(dim: int) -> np.ndarray:
+    """A unit x-vector with equal components: the speaker of a model's warm-up voice when it has no built-in one."""
+    return np.full(dim, dim**-0.5, dtype=np.float32)
 
 
 def models_fingerprint(bundle: ModelBundle) -> str:

@@ -6,8 +6,6 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Protocol, cast, get_args
 
-import numpy as np
-
 from service.bundle import FAMILY_V1, Capabilities, ModelBundle
 from service.engine.prompt import MelVariant
 from service.engine.sessions import RuntimeOptions
@@ -15,7 +13,8 @@ from service.engine.synthesizer import AudioChunk, SynthesisOptions, Synthesizer
 from service.engine.voice import Voice
 from service.errors import BundleError
 from service.families.cosyvoice1.voices import Voices, v1_voice
-from service.families.model import InstructVoice, ModelContext, ModelVoice, PromptVoice, VoiceReference
+from service.families.model import ModelContext, ModelVoice, VoiceReference
+from service.families.voices import neutral_embedding
 from service.frontend import TextFrontend
 from service.stores.voices import AnalysisCache, MemoryVoiceStore
 
@@ -85,25 +84,14 @@ class CosyVoice1Model:
 
     def resolve(self, reference: VoiceReference) -> Voice:
         """A built-in speaker or saved voice by name, a one-off prompt, or a voice styled by an instruction."""
-        if isinstance(reference, PromptVoice):
-            return self._voices.prompt_voice(reference.prompt, reference.transcript, name=reference.label)
-        if isinstance(reference, InstructVoice):
-            base = reference.base
-            voice = self.resolve(base) if isinstance(base, PromptVoice) else self._named(base)
-            return self._voices.instruct_voice(voice, reference.instruction)
-        return self._named(reference.name)
+        return self._voices.voice_for(reference, self.engine.speakers, self.engine.voice)
 
     def warmup_voice(self) -> Voice:
         """The first built-in speaker; without any, a neutral voice (a unit x-vector and no prompt) for the probes."""
         if self.engine.speakers:
             return self.engine.voice(self.engine.speakers[0])
         dim = self.bundle.constants.spk_embed_dim
-        return Voice.builtin("warm-up", np.full(dim, dim**-0.5, dtype=np.float32))
-
-    def _named(self, name: str) -> Voice:
-        if name in self.engine.speakers:
-            return self.engine.voice(name)
-        return self._voices.named(name, self.engine.speakers)
+        return Voice.builtin("warm-up", neutral_embedding(dim))
 
     def synthesize(
         self, sentences: list[list[int]], voice: ModelVoice, options: SynthesisOptions, cancel: threading.Event
@@ -115,8 +103,7 @@ class CosyVoice1Model:
         close_engine = getattr(self.engine, "close", None)
         if callable(close_engine):
             cast(_Closable, self.engine).close()
-        self._voices.store.close()
-        self._voices.cache.close()
+        self._voices.close()
 
 
 def load_model(bundle: ModelBundle, context: ModelContext) -> CosyVoice1Model:

@@ -6,8 +6,6 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Protocol, cast
 
-import numpy as np
-
 from service.bundle import FAMILY_V2, Capabilities, ModelBundle
 from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import AudioChunk, SynthesisOptions
@@ -16,8 +14,8 @@ from service.families.cosyvoice2.engine import CosyVoice2Engine
 from service.families.cosyvoice2.tokenizer import Qwen2Tokenizer
 from service.families.cosyvoice2.voice import Voice2
 from service.families.cosyvoice2.voices import Voices2, v2_voice
-from service.families.model import InstructVoice, ModelContext, ModelVoice, PromptVoice, VoiceReference
-from service.families.voices import unknown_voice
+from service.families.model import ModelContext, ModelVoice, VoiceReference
+from service.families.voices import neutral_embedding, unknown_voice
 from service.frontend import TextFrontend
 from service.stores.voices import AnalysisCache, MemoryVoiceStore
 
@@ -87,13 +85,7 @@ class CosyVoice2Model:
     def resolve(self, reference: VoiceReference) -> Voice2:
         """A spk2info speaker or saved voice by name, a one-off prompt (zero-shot with a transcript, cross-lingual
         without), or either speaking as an instruction says (instruct2)."""
-        if isinstance(reference, PromptVoice):
-            return self._voices.prompt_voice(reference.prompt, reference.transcript, name=reference.label)
-        if isinstance(reference, InstructVoice):
-            base = reference.base
-            voice = self.resolve(base) if isinstance(base, PromptVoice) else self._named(base)
-            return self._voices.instruct_voice(voice, reference.instruction)
-        return self._named(reference.name)
+        return self._voices.voice_for(reference, self.speakers, self.voice)
 
     def warmup_voice(self) -> Voice2:
         """The first built-in speaker; without any (the official checkpoint), a neutral voice: a unit x-vector and no
@@ -101,7 +93,7 @@ class CosyVoice2Model:
         if self._speakers:
             return next(iter(self._speakers.values()))
         dim = self.bundle.constants.spk_embed_dim
-        return Voice2.builtin("warm-up", np.full(dim, dim**-0.5, dtype=np.float32))
+        return Voice2.builtin("warm-up", neutral_embedding(dim))
 
     def synthesize(
         self, sentences: list[list[int]], voice: ModelVoice, options: SynthesisOptions, cancel: threading.Event
@@ -113,13 +105,7 @@ class CosyVoice2Model:
         close_engine = getattr(self.engine, "close", None)
         if callable(close_engine):
             close_engine()
-        self._voices.store.close()
-        self._voices.cache.close()
-
-    def _named(self, name: str) -> Voice2:
-        if name in self._speakers:
-            return self._speakers[name]
-        return self._voices.named(name, self.speakers)
+        self._voices.close()
 
 
 def load_model(bundle: ModelBundle, context: ModelContext) -> CosyVoice2Model:
