@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -349,8 +350,11 @@ def test_replayed_image_installs_serves_and_passes_its_healthcheck(tmp_path: Pat
     no_pip = subprocess.run([python, "-m", "pip", "--version"], capture_output=True, text=True, cwd=replay.workdir)
     assert no_pip.returncode != 0 and "No module named pip" in no_pip.stderr
 
-    port = free_port()
-    env = {**replay.env, "TTS_HOST": LOOPBACK, "TTS_PORT": str(port)}
+    # both ports free by construction: the image's defaults (8000, 50000) may be taken on a shared CI host
+    port, grpc_port = free_port(), free_port()
+    while grpc_port == port:
+        grpc_port = free_port()
+    env = {**replay.env, "TTS_HOST": LOOPBACK, "TTS_PORT": str(port), "TTS_GRPC_PORT": str(grpc_port)}
     app = ProcessInDir("image-app", json.loads(DOCKER.runtime.args("CMD")[-1]), tmp_path / "app.log", env, replay.workdir)
     try:
         app.start()
@@ -360,6 +364,8 @@ def test_replayed_image_installs_serves_and_passes_its_healthcheck(tmp_path: Pat
         assert healthcheck(env) == 0
         speech = httpx.post(f"http://{LOOPBACK}:{port}/tts", json={"text": "镜像测试。"}, timeout=60)
         assert speech.status_code == 200 and speech.content[:4] == b"RIFF"
+        with socket.create_connection((LOOPBACK, grpc_port), timeout=5):
+            pass  # the official gRPC service listens where TTS_GRPC_PORT says
     finally:
         app.stop()
         app.dump_log()
