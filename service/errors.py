@@ -157,6 +157,11 @@ class StoreUnavailableError(TTSError):
         self.retry_after_s = retry_after_s
 
 
+class SettingError(InvalidInputError):
+    """A setting the loaded model's family cannot honour, found at start (never by a request): `param` names the
+    setting's field (RuntimeOptions / Settings, e.g. "first_hop_tokens"); the entry point says TTS_FIRST_HOP_TOKENS."""
+
+
 class BundleError(TTSError):
     """The model bundle is missing, incomplete, or inconsistent."""
 

@@ -14,7 +14,7 @@ from service.bundle import ModelBundle
 from service.engine.sessions import RuntimeOptions
 from service.errors import BundleError, NotReadyError, ShuttingDownError, TTSError
 from service.families.model import EngineLoader, Model, ModelContext, VoiceLibrary
-from service.families.registry import load_model
+from service.families.registry import check_options, load_model
 from service.frontend import TextFrontend
 from service.settings import OPENAI_VOICES, Settings
 from service.speech.job import SynthesisObserver
@@ -46,6 +46,13 @@ def runtime_options(s: Settings) -> RuntimeOptions:
         acoustic_backend=s.acoustic_backend,
         compiled_cache_dir=s.cache_dir.expanduser() if s.cache_dir is not None else None,
     )
+
+
+def check_settings(settings: Settings) -> None:
+    """Refuse at once, before the slow load, settings the model in `settings.model_dir` cannot honour: SettingError
+    naming the field (e.g. a first hop under the family's minimum), BundleError for a directory that is no bundle.
+    Reads the manifest and checks the files are there; hashes, graphs and voices wait for `Runtime.load`."""
+    check_options(ModelBundle.load(settings.model_dir), runtime_options(settings))
 
 
 class Runtime:

@@ -130,10 +130,11 @@ class Settings(BaseSettings):
     )
     first_hop_tokens: int | None = Field(
         default=None,
-        ge=21,
+        ge=1,
         le=400,
-        description="Speech tokens the first streamed chunk consumes (more than v1's 20-token overlap); empty = the "
-        "schedule's own (v1: 21 adaptive, 100 official; CosyVoice2: 10 adaptive, 25 + pad official).",
+        description="Speech tokens the first streamed chunk consumes; empty = the schedule's own (v1: 21 adaptive, "
+        "100 official; CosyVoice2: 10 adaptive, 25 + pad official). The family's minimum is checked at start: v1 "
+        "needs more than its 20-token overlap (>= 21), CosyVoice2 any value >= 1 (the official schedule pads it).",
     )
     prompt_window_s: float | None = Field(
         default=1.0,

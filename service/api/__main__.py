@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import socket
 import sys
+from typing import NoReturn
 
 import uvicorn
 from pydantic import ValidationError
 
 from service.api.app import create_app
 from service.api.logconfig import configure as configure_logging
+from service.errors import BundleError, SettingError
+from service.runtime import check_settings
 from service.settings import Settings
 
 # What to do about a busy port, in the terms of both ways of starting the server (the variable, or make's).
@@ -30,8 +33,13 @@ def main() -> None:
     for name, port in (("TTS_PORT", settings.port), ("TTS_GRPC_PORT", settings.grpc_port)):
         problem = _unavailable(settings.host, port) if port else None
         if problem:
-            print(f"error: {name}: cannot listen on {settings.host}:{port}: {problem} ({PORT_HINTS[name]})", file=sys.stderr)
-            sys.exit(2)
+            _refuse(name, f"cannot listen on {settings.host}:{port}: {problem} ({PORT_HINTS[name]})")
+    try:
+        check_settings(settings)  # what the model's family cannot honour, before uvicorn and the slow load
+    except SettingError as e:
+        _refuse(f"TTS_{(e.param or '').upper()}", e.message)
+    except BundleError as e:
+        _refuse("TTS_MODEL_DIR", e.message)
     log_config = configure_logging(settings.log_level)
     uvicorn.run(
         create_app(settings),
@@ -41,6 +49,12 @@ def main() -> None:
         log_config=log_config,
         timeout_graceful_shutdown=settings.drain_timeout_s,
     )
+
+
+def _refuse(setting: str, problem: str) -> NoReturn:
+    """One line naming the setting and what is wrong with it, then exit 2 (no traceback)."""
+    print(f"error: {setting}: {problem}", file=sys.stderr)
+    sys.exit(2)
 
 
 def _unavailable(host: str, port: int) -> str | None:

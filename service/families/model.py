@@ -186,6 +186,8 @@ class ModelContext:
 
 
 ModelLoader = Callable[[ModelBundle, ModelContext], Model]
+# Refuses (SettingError) runtime options the family's engine cannot honour with this bundle; cheap, opens no graph.
+OptionsCheck = Callable[[ModelBundle, RuntimeOptions], None]
 Verifier = Callable[[ModelBundle, Path, RuntimeOptions | None, Callable[[Check], None] | None], VerifyReport]
 
 
@@ -196,3 +198,4 @@ class Family:
     name: str
     verify: Verifier  # replays the official implementation's fixtures (`python -m service verify`)
     load: ModelLoader | None = None  # None: the family is verified, not served yet
+    check: OptionsCheck | None = None  # None: every option within the settings' bounds is fine

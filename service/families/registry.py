@@ -33,6 +33,13 @@ def load_model(bundle: ModelBundle, context: ModelContext | None = None) -> Mode
     return entry.load(bundle, context or ModelContext())
 
 
+def check_options(bundle: ModelBundle, options: RuntimeOptions) -> None:
+    """Refuse, before anything is loaded, options `bundle`'s family cannot honour (SettingError naming the field)."""
+    check = family(bundle.family).check
+    if check is not None:
+        check(bundle, options)
+
+
 def run_verification(
     bundle: ModelBundle,
     fixtures: Path,

@@ -9,9 +9,10 @@ from typing import Protocol, cast, get_args
 from service.bundle import FAMILY_V1, Capabilities, ModelBundle
 from service.engine.prompt import MelVariant
 from service.engine.sessions import RuntimeOptions
+from service.engine.streaming import default_first_hop
 from service.engine.synthesizer import AudioChunk, SynthesisOptions, Synthesizer
 from service.engine.voice import Voice
-from service.errors import BundleError
+from service.errors import BundleError, SettingError
 from service.families.cosyvoice1.voices import Voices, v1_voice
 from service.families.model import ModelContext, ModelVoice, VoiceReference
 from service.families.voices import neutral_embedding
@@ -106,8 +107,21 @@ class CosyVoice1Model:
         self._voices.close()
 
 
+def check_options(bundle: ModelBundle, runtime: RuntimeOptions) -> None:
+    """SettingError for what the v1 engine cannot do: a first streamed hop that is not longer than the bundle's token
+    overlap (20 tokens: the first chunk's overlap would not stay frame-aligned; ScheduleConfig)."""
+    least = default_first_hop(bundle.constants)
+    hop = runtime.first_hop_tokens
+    if hop is not None and hop < least:
+        raise SettingError(
+            f"must be at least {least} for CosyVoice-300M (more than its {least - 1}-token overlap), got {hop}",
+            param="first_hop_tokens",
+        )
+
+
 def load_model(bundle: ModelBundle, context: ModelContext) -> CosyVoice1Model:
     """Frontend (whisper BPE), engine (the context's loader, else the synthesizer) and voices of a v1 bundle."""
+    check_options(bundle, context.options)
     if context.mel_variant not in get_args(MelVariant):
         raise BundleError(f"prompt mel variant {context.mel_variant!r} is not one of {', '.join(get_args(MelVariant))}")
     frontend = TextFrontend.load(bundle.tokenizer_path, lexicon_store=context.lexicon_store)

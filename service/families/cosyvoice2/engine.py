@@ -362,10 +362,12 @@ def one_thread_calls(runtime: RuntimeOptions) -> RuntimeOptions:
 
 
 def stream_schedule(bundle: ModelBundle, runtime: RuntimeOptions) -> HopSchedule:
-    """The schedule `runtime` asks for: "official" (CosyVoice2Model.tts) or the default early first audio."""
+    """The schedule `runtime` asks for: "official" (CosyVoice2Model.tts) or the default early first audio; either with
+    `runtime.first_hop_tokens` as its first hop when that is set (the official one still pads it to a chunk boundary)."""
     extra, c = _extra(bundle), bundle.constants
     if runtime.stream_schedule == "official":
-        return HopSchedule.official(extra, c)
+        official = HopSchedule.official(extra, c)
+        return official if runtime.first_hop_tokens is None else replace(official, first=runtime.first_hop_tokens)
     return HopSchedule.early(extra, c, runtime.first_hop_tokens)
 
 

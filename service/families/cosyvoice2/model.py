@@ -9,7 +9,7 @@ from typing import Protocol, cast
 from service.bundle import FAMILY_V2, Capabilities, ModelBundle
 from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import AudioChunk, SynthesisOptions
-from service.errors import BundleError
+from service.errors import BundleError, SettingError
 from service.families.cosyvoice2.engine import CosyVoice2Engine
 from service.families.cosyvoice2.tokenizer import Qwen2Tokenizer
 from service.families.cosyvoice2.voice import Voice2
@@ -108,10 +108,19 @@ class CosyVoice2Model:
         self._voices.close()
 
 
+def check_options(bundle: ModelBundle, runtime: RuntimeOptions) -> None:
+    """SettingError for what the v2 engine cannot do: a first streamed hop under one token (the chunk-causal flow
+    solves any first hop from its caches: no overlap to keep, unlike v1)."""
+    hop = runtime.first_hop_tokens
+    if hop is not None and hop < 1:
+        raise SettingError(f"must be at least 1 for CosyVoice2, got {hop}", param="first_hop_tokens")
+
+
 def load_model(bundle: ModelBundle, context: ModelContext) -> CosyVoice2Model:
     """Frontend (the bundle's Qwen2 BPE on tiktoken), engine (the context's loader, else CosyVoice2Engine), voices."""
     if bundle.family != FAMILY_V2:
         raise BundleError(f"{bundle.root}: not a CosyVoice2 bundle (family {bundle.family!r})")
+    check_options(bundle, context.options)
     tokenizer = Qwen2Tokenizer.load(bundle.tokenizer_path, cache_dir=context.options.compiled_cache_dir)
     frontend = TextFrontend.load(tokenizer, lexicon_store=context.lexicon_store)
     engine = cast(V2Engine, (context.engine_loader or load_engine)(bundle, context.options))
