@@ -9,8 +9,12 @@ from pathlib import Path
 
 import pytest
 from api_bundles import flagged_bundle
+from fastapi.testclient import TestClient
 from gated_engine import FileGate
 from servers import AppServer, Chromium, DevToolsPage
+
+from service.api import create_app
+from service.settings import Settings
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -430,6 +434,16 @@ def enter_key(page: DevToolsPage, key: str) -> None:
         k.dispatchEvent(new Event('change')); }})()""")
 
 
+def test_use_makes_a_saved_voice_the_one_speak_uses(page: DevToolsPage) -> None:
+    choose_file(page, PROMPT)
+    assert save_voice(page, "use-me").startswith('Saved "use-me"')
+    page.eval("document.getElementById('voice').value = '中文女'")
+    click(page, '#savedVoices li[data-id="use-me"] button[data-role=use]')
+    assert page.eval("document.getElementById('voice').value") == "use-me"
+    assert page.eval("document.getElementById('cloneStatus').textContent") == '"use-me" is the voice now: press Speak.'
+    delete_voice(page, "use-me")
+
+
 def test_keys_the_page_explains_and_delete_only_for_admins(page: DevToolsPage, keyed_app: AppServer) -> None:
     """Without a key: a sentence a person can act on (was: the server's `Authorization: Bearer` hint), saved voices
     by name only, no Delete and no Save. A user key: still no Delete (it would be a 403). An admin key: Delete."""
@@ -445,7 +459,8 @@ def test_keys_the_page_explains_and_delete_only_for_admins(page: DevToolsPage, k
         assert message == "This server needs an API key: enter it in the “API key” field above.", message
         enter_key(page, USER_KEY)
         page.wait_for(f"{item}.textContent.startsWith('theirs (')", 10, "the details with a key")
-        assert page.eval(f"{item}.querySelector('button') === null"), "Delete offered to a key that cannot delete"
+        assert page.eval(f"{item}.querySelector('button[data-role=delete]') === null"), "Delete for a key that cannot"
+        assert page.eval(f"{item}.querySelector('button[data-role=use]') !== null"), "a usable voice offers Use"
         assert page.eval("document.getElementById('saveVoice').disabled")
         enter_key(page, ADMIN_KEY)
         page.wait_for(f"{item}.querySelector('button[data-role=delete]') !== null", 10, "Delete for an admin key")
@@ -453,10 +468,16 @@ def test_keys_the_page_explains_and_delete_only_for_admins(page: DevToolsPage, k
 
 
 @pytest.fixture(scope="module")
-def v2_app(tmp_path_factory: pytest.TempPathFactory, repo_root: Path) -> Iterator[AppServer]:
+def v2_voices(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The saved voices of `v2_app` (a directory another server may share)."""
+    return tmp_path_factory.mktemp("browser-v2-voices")
+
+
+@pytest.fixture(scope="module")
+def v2_app(tmp_path_factory: pytest.TempPathFactory, repo_root: Path, v2_voices: Path) -> Iterator[AppServer]:
     """The committed CosyVoice2 bundle: 24 kHz, no built-in speakers."""
     server = AppServer(tmp_path_factory.mktemp("browser-v2"), repo_root / "models" / "tiny-cosyvoice2",
-                       {"TTS_RATE_LIMIT_PER_MINUTE": "0"}, name="v2")  # fmt: skip
+                       {"TTS_RATE_LIMIT_PER_MINUTE": "0", "TTS_VOICES_DIR": str(v2_voices)}, name="v2")  # fmt: skip
     server.start()
     yield server
     server.stop()
@@ -483,3 +504,40 @@ def test_a_model_without_speakers_says_how_to_get_a_voice_then_speaks_a_saved_on
         state = page.eval("({error: tts.error, mode: tts.mode, seconds: tts.scheduledSeconds})")
         assert state["error"] == "" and state["mode"] == "webaudio" and state["seconds"] > 0, state
         delete_voice(page, "mine")
+
+
+def test_a_voice_another_model_made_is_labelled_without_use_and_admins_may_delete_it(
+    page: DevToolsPage, v2_app: AppServer, v2_voices: Path, tiny_bundle: Path
+) -> None:
+    """A CosyVoice-300M server saved `v1-voice` into the store this CosyVoice2 server reads: GET /v1/voices says it is
+    not usable here, so the page lists it apart (after the usable ones), says it was made for another model and
+    offers no Use; Delete stays for those who may delete, and the stored voice is kept until someone does."""
+    v1_settings = Settings(  # type: ignore[call-arg]
+        _env_file=None, model_dir=tiny_bundle, voices_dir=v2_voices, intra_op_threads=1, rate_limit_per_minute=0
+    )
+    with TestClient(create_app(v1_settings)) as v1:
+        files = {"audio": ("p.wav", PROMPT.read_bytes(), "audio/wav")}
+        assert v1.post("/v1/voices", data={"name": "v1-voice"}, files=files).status_code == 201
+    with v2_app.client() as http:
+        made = http.post("/v1/voices", data={"name": "v2-voice", "transcript": "希望你以后能够做的比我还好呦。"}, files=files)
+        assert made.status_code == 201, made.text
+        assert {v["id"]: v["usable"] for v in http.get("/v1/voices").json()["data"]} == {"v1-voice": False, "v2-voice": True}
+    stored = sorted(p.name for p in v2_voices.iterdir())
+    other, own = (f"document.querySelector('#savedVoices li[data-id=\"{n}\"]')" for n in ("v1-voice", "v2-voice"))
+    with visiting(page, v2_app.base_url + "/"):
+        page.wait_for(f"!!({other} && {own})", 20, "both saved voices")
+        assert saved_names(page)["list"] == ["v2-voice", "v1-voice"], "the other model's voice is not listed apart"
+        label = page.eval(f"{other}.querySelector('[data-role=other-model]')?.textContent")
+        assert label == " — made for another model: this server cannot speak it", label
+        assert page.eval(f"{other}.classList.contains('other') && {other}.querySelector('button[data-role=use]') === null")
+        assert page.eval(f"{other}.querySelector('button[data-role=delete]') !== null"), "an admin may delete it"
+        assert page.eval(f"{own}.querySelector('[data-role=other-model]') === null && !{own}.classList.contains('other')")
+        assert page.eval(f"{own}.querySelector('button[data-role=use]') !== null")
+        assert "v1-voice" not in saved_names(page)["select"]
+        assert sorted(p.name for p in v2_voices.iterdir()) == stored, "listing the voice changed the store"
+        click(page, '#savedVoices li[data-id="v1-voice"] button[data-role=delete]')
+        assert page.eval(f"{other}.querySelector('[data-role=other-model]') !== null"), "the label left while confirming"
+        click(page, '#savedVoices li[data-id="v1-voice"] button[data-role=confirm]')
+        page.wait_for(f"!{other}", 20, "the deletion")
+        delete_voice(page, "v2-voice")
+    assert list(v2_voices.iterdir()) == []
