@@ -5,17 +5,28 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from service.bundle import CosyVoice2Constants
 from service.engine.sessions import RuntimeOptions
+from service.errors import BundleError
 from service.families.cosyvoice2.engine import HopSchedule, PromptStates, one_thread_calls
-from service.families.cosyvoice2.flow import EncoderState, EstimatorState, FlowState
+from service.families.cosyvoice2.flow import EncoderState, EstimatorState, FlowState, FrameCache, check_time_first
 from service.families.cosyvoice2.schedule import window_tokens
 from service.families.cosyvoice2.voice import FlowPrompt2, Voice2
 
 
+def rows(frames: int, width: int, capacity: int | None = None) -> list[FrameCache]:
+    """Two guidance rows' caches of one block and one head, each holding `frames` frames valued by frame index."""
+    caches = [FrameCache(1, 1, width, np.float32, frames if capacity is None else capacity) for _ in (0, 1)]
+    for c in caches:
+        c.append(np.arange(frames, dtype=np.float32).reshape(1, 1, frames, 1, 1) * np.ones(width, dtype=np.float32))
+    return caches
+
+
 def state(frames: int, width: int = 4) -> FlowState:
-    kv = [np.zeros((2, 1, frames, width), dtype=np.float32)]
     encoder = EncoderState(np.zeros((1, 2, 2)), np.zeros((1, 2, 2)), [], [], [], [], tokens=frames // 2)
-    return FlowState(encoder, [EstimatorState(np.zeros((2, 3, 2), dtype=np.float32), list(kv), list(kv))], frames=frames)
+    return FlowState(
+        encoder, [EstimatorState(np.zeros((2, 3, 2), dtype=np.float32), rows(frames, width), rows(frames, width))], frames=frames
+    )
 
 
 def test_cloned_voice_trims_to_two_frames_a_token_and_picks_its_mode() -> None:
@@ -105,10 +116,48 @@ def test_prompt_states_keep_the_most_recent_within_the_budget() -> None:
     assert cache.get(("huge", 10, 0)) is None and len(cache) == 2
 
 
-def test_a_state_copy_shares_arrays_but_not_lists() -> None:
+def test_a_state_copy_owns_its_caches_and_the_original_is_untouched() -> None:
     original = state(6)
-    twin = original.copy()
-    twin.steps[0].k.append(np.ones(1))
+    twin = original.copy(capacity=20)
+    twin.steps[0].k[0].append(np.full((1, 1, 4, 1, 4), 99.0, dtype=np.float32))
     twin.frames += 4
-    assert len(original.steps[0].k) == 1 and original.frames == 6
-    assert twin.steps[0].k[0] is original.steps[0].k[0]  # the prompt's keys are not copied per request
+    assert original.frames == 6 and original.steps[0].k[0].frames == 6
+    assert np.array_equal(original.steps[0].k[0].view(0)[0, :, 0, 0], np.arange(6))
+    assert twin.steps[0].k[0].view(0)[0, :, 0, 0].tolist() == [0, 1, 2, 3, 4, 5, 99, 99, 99, 99]
+    assert twin.steps[0].k[0].buffer.shape[1] == 20 and twin.steps[0].tails is not original.steps[0].tails
+    assert not np.shares_memory(twin.steps[0].k[0].buffer, original.steps[0].k[0].buffer)
+
+
+def test_a_frame_cache_appends_in_place_and_grows_past_its_capacity() -> None:
+    cache = rows(0, 2, capacity=4)[0]
+    buffer = cache.buffer
+    for start in (0, 3):
+        cache.append(np.arange(start, start + 3, dtype=np.float32).reshape(1, 1, 3, 1, 1) * np.ones(2, dtype=np.float32))
+    assert cache.frames == 6 and cache.buffer.shape[1] == 8 and cache.buffer is not buffer  # grown once, kept
+    view = cache.view(0)
+    assert view.shape == (1, 6, 1, 2) and view.flags.c_contiguous  # fed to the graph without a copy
+    assert view[0, :, 0, 0].tolist() == [0, 1, 2, 3, 4, 5]
+    assert cache.nbytes() == 6 * 2 * 4
+    half = FrameCache(1, 1, 2, np.float16, 4)
+    half.append(np.full((1, 1, 2, 1, 2), 0.5, dtype=np.float32))  # a float32 graph output into a float16 cache
+    assert half.view(0).dtype == np.float16 and half.view(0).shape == (1, 2, 1, 2)
+
+
+class _Input:
+    def __init__(self, name: str, shape: list[object]) -> None:
+        self.name, self.shape = name, shape
+
+
+class _Graph:
+    def __init__(self, shape: list[object]) -> None:
+        self.inputs = [_Input("x", ["B", 80, "M"]), _Input("past_k_0", shape)]
+
+    def get_inputs(self) -> list[_Input]:
+        return self.inputs
+
+
+def test_an_estimator_with_heads_first_caches_is_refused_with_a_re_export_hint() -> None:
+    extra = CosyVoice2Constants()
+    check_time_first(_Graph(["B", "C", extra.estimator_heads, extra.estimator_head_dim]), extra)  # time-first: fine
+    with pytest.raises(BundleError, match="re-export the bundle"):
+        check_time_first(_Graph(["B", extra.estimator_heads, "C", extra.estimator_head_dim]), extra)

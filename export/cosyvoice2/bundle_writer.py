@@ -65,6 +65,7 @@ INT8_PLAN = {
 INT8_MATMUL_GRAPHS = ("llm_step", "flow_encoder", "flow_estimator")
 INT8_TABLE_GRAPHS = ("llm_prompt", "llm_embed", "flow_encoder")
 HALF_KV_GRAPHS = ("llm_step", "flow_estimator")
+HALF_OUTPUT_GRAPHS = ("flow_estimator",)  # its new keys/values leave the graph in float16 (export.quantize.half_kv_outputs)
 # No float twin of the estimator (v1's twin lets OpenVINO run it in bf16): the CosyVoice2 estimator with its streaming
 # caches ran slower on OpenVINO bf16 than on ONNX Runtime int8 (full size, 1 thread: 26 frames 69 ms vs 52 ms,
 # 100 frames after 100 cached 239 ms vs 211 ms), so it stays on ONNX Runtime; HiFT (fp32) still goes to OpenVINO.
@@ -227,7 +228,7 @@ def _export_int8(
     try:
         write_quantized_bundle(
             opts.out, tmp, manifest, "int8", plan=INT8_PLAN, matmul_graphs=INT8_MATMUL_GRAPHS, table_graphs=INT8_TABLE_GRAPHS,
-            half_kv_graphs=HALF_KV_GRAPHS, float_twin_graphs=FLOAT_TWIN_GRAPHS,
+            half_kv_graphs=HALF_KV_GRAPHS, half_output_graphs=HALF_OUTPUT_GRAPHS, float_twin_graphs=FLOAT_TWIN_GRAPHS,
         )  # fmt: skip
         errors = _verify(models, tmp) if opts.verify else {}
         if errors:

@@ -55,7 +55,12 @@ class EncoderGraph(nn.Module):
 
 
 class EstimatorGraph(nn.Module):
-    """flow_estimator: x, mu, t, spks, cond of new frames + caches -> v and what the caches gain."""
+    """flow_estimator: x, mu, t, spks, cond of new frames + caches -> v and what the caches gain.
+
+    Keys and values cross the graph's edge time-first: past_k_i/past_v_i (B,C,H,DK), new_k/new_v (blocks,B,M,H,DK).
+    The engine keeps each guidance row's cache as one buffer per step whose frames are appended in place, and a
+    time-first slice of it is a contiguous input; heads-first, every call copied the whole cache to append a chunk.
+    """
 
     def __init__(self, flow: CausalMaskedDiffWithXvec) -> None:
         super().__init__()
@@ -66,13 +71,16 @@ class EstimatorGraph(nn.Module):
         self, x: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor, chunk: Tensor, tails: Tensor, *kv: Tensor
     ) -> tuple[Tensor, ...]:
         nb = len(kv) // 2
-        cache = EstimatorCache(list(torch.split(tails, self.split, dim=1)), list(kv[:nb]), list(kv[nb:]))
+        heads_first = [a.transpose(1, 2) for a in kv]
+        # tails stay (B, channels, 2) at the graph's edge; the estimator reads them time-first
+        cache = EstimatorCache(list(torch.split(tails.transpose(1, 2), self.split, dim=2)), heads_first[:nb], heads_first[nb:])
         v, new = self.flow.estimator.chunk_step(x, mu, t, spks, cond, chunk, cache)
-        return v, torch.cat(new.tails, dim=1), torch.stack(new.k), torch.stack(new.v)
+        new_k, new_v = torch.stack(new.k).transpose(2, 3), torch.stack(new.v).transpose(2, 3)
+        return v, torch.cat(new.tails, dim=2).transpose(1, 2), new_k, new_v
 
 
-def _kv_axes(names: list[str], prefix: tuple[str, ...], batch_axis: int = 0) -> dict[str, dict[int, str]]:
-    return {n: {batch_axis: "B", 2: "C"} for n in names if n.startswith(prefix)}
+def _kv_axes(names: list[str], prefix: tuple[str, ...], time_axis: int = 2) -> dict[str, dict[int, str]]:
+    return {n: {0: "B", time_axis: "C"} for n in names if n.startswith(prefix)}
 
 
 def encoder_args(
@@ -100,7 +108,7 @@ def estimator_args(
     t, spks = torch.rand(batch, generator=gen), torch.randn(batch, 80, generator=gen)
     tails = torch.randn(batch, sum(flow.estimator.tail_channels()), 2, generator=gen)
     kv = [
-        torch.randn(batch, est.num_heads, past, est.attention_head_dim, generator=gen) for _ in range(2 * est.transformer_blocks)
+        torch.randn(batch, past, est.num_heads, est.attention_head_dim, generator=gen) for _ in range(2 * est.transformer_blocks)
     ]
     return (x, mu, t, spks, cond, torch.tensor([est.static_chunk_size]), tails, *kv)
 
@@ -124,10 +132,10 @@ def export_flow(flow: CausalMaskedDiffWithXvec, out_dir: Path, extra: CosyVoice2
     est_in, est_out = graph_names("flow_estimator", 0, extra)
     frames = {0: "B", 2: "M"}
     est_axes = {"x": frames, "mu": frames, "cond": frames, "t": {0: "B"}, "spks": {0: "B"}, "tails": {0: "B"}, "v": frames}
-    est_axes |= _kv_axes(est_in, ("past_k_", "past_v_")) | {
+    est_axes |= _kv_axes(est_in, ("past_k_", "past_v_"), time_axis=1) | {
         "tails_out": {0: "B"},
-        "new_k": {1: "B", 3: "M"},
-        "new_v": {1: "B", 3: "M"},
+        "new_k": {1: "B", 2: "M"},
+        "new_v": {1: "B", 2: "M"},
     }
     spk_in, spk_out = graph_names("flow_speaker", 0, extra)
     speaker_args = (torch.randn(2, flow.cfg.spk_embed_dim, generator=gen),)

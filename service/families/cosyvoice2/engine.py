@@ -41,8 +41,8 @@ PromptKey = tuple[str, int, int]  # voice fingerprint, Euler steps, prompt token
 class PromptStates:
     """Flow states after a prompt's prompt-only chunks, by voice fingerprint, least recently used dropped first.
 
-    States are shared, never written: a request continues from `FlowState.copy()`, which shares the arrays
-    (flow calls replace arrays, they never write into them).
+    States are shared, never written: a request continues from a `FlowState.copy()` (the estimator's caches, which
+    grow in place, are copied; the encoder's arrays are shared).
     """
 
     def __init__(self, max_bytes: int) -> None:
@@ -214,14 +214,15 @@ class CosyVoice2Engine:
         """What the flow of a sentence sees of the voice's prompt: its window when streaming, else all of it."""
         return prompt.window(self.prompt_window_tokens) if options.stream else prompt
 
-    def prompt_state(self, prompt: FlowPrompt2, n_timesteps: int, fingerprint: str) -> FlowState:
-        """The voice's prompt-only flow state (cached by fingerprint and window), as a copy this request may extend."""
+    def prompt_state(self, prompt: FlowPrompt2, n_timesteps: int, fingerprint: str, capacity: int | None) -> FlowState:
+        """The voice's prompt-only flow state (cached by fingerprint and window), as a copy this request may extend to
+        `capacity` frames (None: as many as the flow's noise has)."""
         key = (fingerprint, n_timesteps, len(prompt.tokens))
         state = self.prompt_states.get(key)
         if state is None:
-            state = self.flow.prompt_state(prompt, n_timesteps)
+            state = self.flow.prompt_state(prompt, n_timesteps, capacity=0)  # kept: room for its own frames only
             self.prompt_states.put(key, state)
-        return state.copy()
+        return state.copy(self.flow.noise.shape[1] if capacity is None else capacity)
 
     # ---- internals --------------------------------------------------------------------------------
     def _check(self, voice: Voice2, options: SynthesisOptions) -> None:
@@ -253,7 +254,8 @@ class CosyVoice2Engine:
             urgent = self.schedule.first_audio_tokens(len(flow_prompt.tokens), options.first_hop_tokens)
             tokens = self.llm.generate(ids, voice.llm, llm_rng, cancel=cancel, urgent_tokens=urgent)
             exact = self.official_final_chunk
-            pieces = self._sentence(iter(tokens), voice.flow, options, noise_rng, pace, voice.fingerprint, exact)
+            most = int(len(ids) * self.constants.max_token_text_ratio)  # the LLM's own limit for this sentence
+            pieces = self._sentence(iter(tokens), voice.flow, options, noise_rng, pace, voice.fingerprint, exact, most)
             for audio, (last, flow_s, hift_s, tokens_in) in pieces:
                 llm_s = max(0.0, time.perf_counter() - clock - flow_s - hift_s)
                 timings = StageTimings(llm_s=llm_s, flow_s=flow_s, hift_s=hift_s)
@@ -273,12 +275,14 @@ class CosyVoice2Engine:
         fingerprint: str | None = None,
         exact_final: bool = False,
         pace: Pacer | None = None,
+        max_tokens: int | None = None,
     ) -> Iterator[MelChunk]:
         """The flow half of a sentence: mel chunks (80, 2 * tokens) as `tokens` arrive (one chunk without streaming).
 
         Streaming chunks end on attention-chunk boundaries (prompt + first hop is a multiple of the chunk), so
         each call continues exactly where the previous one stopped. `fingerprint` names the voice whose
         prompt-only state may be cached; `exact_final` makes the last chunk the official full-attention one.
+        `max_tokens`: at most this many speech tokens will come (sizes the flow's caches; more still work).
         """
         steps = options.n_timesteps or self.constants.n_timesteps
         pace = pace or Pacer(None, self.sample_rate)
@@ -288,7 +292,12 @@ class CosyVoice2Engine:
             yield MelChunk(mel, True, flow_s, len(speech))
             return
         prompt = self.flow_prompt(prompt, options)
-        state = self.prompt_state(prompt, steps, fingerprint) if fingerprint else self.flow.prompt_state(prompt, steps)
+        ratio = self.extra.token_mel_ratio
+        capacity = None if max_tokens is None else ratio * (len(prompt.tokens) + max_tokens + self.schedule.look_ahead)
+        if fingerprint:
+            state = self.prompt_state(prompt, steps, fingerprint, capacity)
+        else:
+            state = self.flow.prompt_state(prompt, steps, capacity)
         schedule = self.schedule
         base = options.first_hop_tokens or schedule.first
         job = _Sentence(prompt, state, schedule.first_hop(len(prompt.tokens), base), [])
@@ -308,11 +317,15 @@ class CosyVoice2Engine:
         pace: Pacer,
         fingerprint: str | None,
         exact_final: bool,
+        max_tokens: int | None = None,
     ) -> Iterator[tuple[np.ndarray, tuple[bool, float, float, int]]]:
         """Audio pieces of one sentence with (final, flow seconds, vocoder seconds, speech tokens)."""
         vocoder = VocoderStream(self.vocoder, rng)
         stretch = StreamingStretch(options.speed) if options.stream and options.speed != 1.0 else None
-        for chunk in self.mel_chunks(tokens, prompt, options, fingerprint=fingerprint, exact_final=exact_final, pace=pace):
+        chunks = self.mel_chunks(
+            tokens, prompt, options, fingerprint=fingerprint, exact_final=exact_final, pace=pace, max_tokens=max_tokens
+        )
+        for chunk in chunks:
             clock = time.perf_counter()
             with pace.turn(first=pace.audio_s == 0.0):
                 mel = stretch.push(chunk.mel, final=chunk.final) if stretch is not None else chunk.mel
@@ -353,7 +366,7 @@ def one_thread_calls(runtime: RuntimeOptions) -> RuntimeOptions:
     """The acoustic thread budget spent as one-thread calls: unless `acoustic_threads` is set, every flow/HiFT call runs
     one intra-op thread and the gate admits as many calls at once as the budget had threads (slots x threads).
 
-    The full-size estimator is ~10,000 small nodes and ONNX Runtime's second intra-op thread barely shortens a call
+    The full-size estimator runs ~3,300 small kernels per call and ONNX Runtime's second intra-op thread barely shortens a call
     (100 frames: 190 ms -> 180 ms), while two one-thread calls on two cores run at full speed each (measured 208 ms
     each side by side); a request alone gets both cores through the CFG lanes (FlowRunner2)."""
     if runtime.acoustic_threads is not None or runtime.acoustic_slots == 0:

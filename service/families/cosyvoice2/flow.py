@@ -9,6 +9,7 @@ attention and empty caches.
 
 from __future__ import annotations
 
+import mmap
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,7 @@ import numpy as np
 
 from service.bundle import CosyVoice2Constants, ModelConstants, expand_io_names
 from service.engine.flow import cosine_t_span
+from service.errors import BundleError
 from service.families.cosyvoice2.voice import FlowPrompt2
 
 FULL_ATTENTION = 1 << 30  # chunk size of the non-streaming masks (one chunk covers any sequence)
@@ -27,6 +29,19 @@ FULL_ATTENTION = 1 << 30  # chunk size of the non-streaming masks (one chunk cov
 def _grow(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     """old (B,H,C,DK) ++ new (B,H,T,DK) along the time axis, in the old cache's element type."""
     return np.concatenate([old, new.astype(old.dtype, copy=False)], axis=2)
+
+
+def check_time_first(session: Any, extra: CosyVoice2Constants) -> None:
+    """Refuse an estimator graph whose caches are heads-first (B,H,C,DK): bundles exported before time-first caches."""
+    inputs = getattr(getattr(session, "session", session), "get_inputs", None)
+    if inputs is None:
+        return
+    shape = next((i.shape for i in inputs() if i.name == "past_k_0"), None)
+    if shape is not None and len(shape) == 4 and shape[2] != extra.estimator_heads:
+        raise BundleError(
+            "flow_estimator takes its key/value caches heads-first (an export before time-first caches): "
+            "re-export the bundle with this version (export/export_onnx.py)"
+        )
 
 
 def input_type(session: Any, prefix: str) -> type[np.floating]:
@@ -57,16 +72,78 @@ class EncoderState:
         return sum(a.nbytes for a in (self.look_ahead, self.up_tail, *self.enc_k, *self.enc_v, *self.up_k, *self.up_v))
 
 
-@dataclass
-class EstimatorState:
-    """One Euler step's estimator context for both CFG rows: conv tails (2,SC,2) and keys/values (2,H,C,DK)."""
+MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux's value; Python's mmap module names it from 3.13
 
-    tails: np.ndarray
-    k: list[np.ndarray]
-    v: list[np.ndarray]
+
+class FrameCache:
+    """One guidance row's keys (or values) of every estimator block, time-first and appended in place: a buffer
+    (blocks, capacity, H, DK) whose first `frames` frames are filled.
+
+    A block's filled part `view(b)` (1,C,H,DK) is contiguous, so it is fed to the graph as it is, and appending a
+    chunk writes only its frames. (The cache used to be concatenated anew per call: 57 ms of copying per Euler step
+    for two rows at 500 frames, full size, most of it page faults of freshly allocated arrays.) The buffer is an
+    anonymous mapping sized for the whole sequence (`capacity` frames): its pages are not reserved and take memory
+    only once a frame is written, it is unmapped when the cache is dropped, and it is kept out of transparent huge
+    pages (numpy asks for them for its large arrays; compacting memory for them stalled an allocation for seconds).
+    A sequence longer than `capacity` moves to a buffer twice as large.
+    """
+
+    def __init__(self, blocks: int, heads: int, dim: int, dtype: type[np.floating], capacity: int) -> None:
+        self.buffer = _mapped((blocks, capacity, heads, dim), dtype)
+        self.frames = 0
+
+    def view(self, block: int) -> np.ndarray:
+        return self.buffer[block, : self.frames][None]
+
+    def append(self, new: np.ndarray) -> None:
+        """new (blocks, 1, M, H, DK): the row's keys/values of M new frames (cast to the cache's type)."""
+        frames = new.shape[2]
+        if self.frames + frames > self.buffer.shape[1]:
+            self.buffer = self._filled_copy(max(2 * self.buffer.shape[1], self.frames + frames))
+        self.buffer[:, self.frames : self.frames + frames] = new[:, 0]
+        self.frames += frames
+
+    def copy(self, capacity: int) -> FrameCache:
+        """An independent cache with the same frames and room for `capacity` (a request continuing from a voice's
+        shared prompt state)."""
+        twin = FrameCache.__new__(FrameCache)
+        twin.buffer = self._filled_copy(max(capacity, self.frames))
+        twin.frames = self.frames
+        return twin
+
+    def _filled_copy(self, capacity: int) -> np.ndarray:
+        blocks, _, heads, dim = self.buffer.shape
+        buffer = _mapped((blocks, capacity, heads, dim), self.buffer.dtype.type)
+        buffer[:, : self.frames] = self.buffer[:, : self.frames]
+        return buffer
 
     def nbytes(self) -> int:
-        return int(self.tails.nbytes + sum(a.nbytes for a in (*self.k, *self.v)))
+        blocks, _, heads, dim = self.buffer.shape
+        return int(blocks * self.frames * heads * dim * self.buffer.itemsize)
+
+
+def _mapped(shape: tuple[int, int, int, int], dtype: type[np.floating]) -> np.ndarray:
+    """An uninitialised array on its own anonymous private mapping (no swap reserved; unmapped with the array)."""
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if size == 0:
+        return np.empty(shape, dtype=dtype)
+    region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE)
+    return np.frombuffer(region, dtype=dtype).reshape(shape)
+
+
+@dataclass
+class EstimatorState:
+    """One Euler step's estimator context: conv tails (2,SC,2) and each CFG row's keys and values (FrameCache)."""
+
+    tails: np.ndarray
+    k: list[FrameCache]  # per guidance row
+    v: list[FrameCache]
+
+    def nbytes(self) -> int:
+        return int(self.tails.nbytes + sum(c.nbytes() for c in (*self.k, *self.v)))
+
+    def copy(self, capacity: int) -> EstimatorState:
+        return EstimatorState(self.tails.copy(), [c.copy(capacity) for c in self.k], [c.copy(capacity) for c in self.v])
 
 
 @dataclass
@@ -80,23 +157,25 @@ class FlowState:
     def nbytes(self) -> int:
         return self.encoder.nbytes() + sum(s.nbytes() for s in self.steps)
 
-    def copy(self) -> FlowState:
-        """A copy to continue (a voice's prompt state serves many requests). The arrays are shared, not copied: flow
-        calls replace a state's arrays with new ones and never write into them."""
+    def copy(self, capacity: int) -> FlowState:
+        """A copy to continue for up to `capacity` frames in all (a voice's prompt state serves many requests). The
+        encoder's arrays are shared (encoder calls replace them, never write into them); the estimator's caches,
+        appended in place, are copied."""
         e = self.encoder
         encoder = EncoderState(e.look_ahead, e.up_tail, list(e.enc_k), list(e.enc_v), list(e.up_k), list(e.up_v), e.tokens)
-        return FlowState(encoder, [EstimatorState(s.tails, list(s.k), list(s.v)) for s in self.steps], self.frames)
+        return FlowState(encoder, [s.copy(capacity) for s in self.steps], self.frames)
 
 
 class FlowRunner2:
     """Runs flow_speaker, flow_encoder and flow_estimator of a CosyVoice2 bundle (batch 1, CFG rows 2).
 
-    `cfg_lanes`: an estimator call that runs alone (no other call of this runner in flight) runs its two
-    classifier-free-guidance rows as two concurrent batch-1 calls (the second on a lane thread) instead of one batch-2
-    call. The full-size estimator is ~10,000 small nodes: ONNX Runtime's intra-op threads barely shorten a call
-    (100 frames: 180 ms on 2 threads, 190 ms on 1), two calls on two cores nearly halve it. Calls of concurrent requests
-    stay whole (each already has its core). The rows are independent (fp32: the same numbers; int8: each row
-    quantizes its activations with its own scale instead of one scale for both).
+    The estimator runs each classifier-free-guidance row as its own batch-1 call on that row's caches (FrameCache,
+    appended in place). `cfg_lanes`: a call that runs alone (no other estimator call of this runner in flight) runs
+    the two rows side by side, the second on a lane thread. The full-size estimator runs ~3,300 small kernels: ONNX
+    Runtime's intra-op threads barely shorten a call (100 frames: 180 ms on 2 threads, 190 ms on 1), two calls on two
+    cores nearly halve it. Concurrent requests run their rows one after the other (each already has its core). The rows
+    are independent (fp32: the same numbers as one batch-2 call; int8: each row quantizes its activations with its
+    own scale instead of one scale for both).
     """
 
     def __init__(
@@ -118,9 +197,11 @@ class FlowRunner2:
         self.extra = extra
         self.noise = np.ascontiguousarray(noise, dtype=np.float32)  # (80, noise_frames)
         self.est_dtype = input_type(self._estimator, "past_k_")
+        check_time_first(self._estimator, extra)
         counts = extra.graph_counts()
         self._enc_names = expand_io_names(("enc_k_{e}", "enc_v_{e}", "up_k_{u}", "up_v_{u}"), 0, counts)
-        self._est_names = expand_io_names(("past_k_{b}", "past_v_{b}"), 0, counts)
+        self._k_names = expand_io_names(("past_k_{b}",), 0, counts)
+        self._v_names = expand_io_names(("past_v_{b}",), 0, counts)
         self._lanes = ThreadPoolExecutor(2, thread_name_prefix="cfg-lane", initializer=lane_init) if cfg_lanes else None
         self._in_flight = 0  # estimator calls running now (read and written under _count_lock)
         self._count_lock = threading.Lock()
@@ -130,7 +211,9 @@ class FlowRunner2:
             self._lanes.shutdown(wait=False)
 
     # ---- state ------------------------------------------------------------------------------------
-    def empty_state(self, n_timesteps: int) -> FlowState:
+    def empty_state(self, n_timesteps: int, capacity: int | None = None) -> FlowState:
+        """A fresh sequence's state with room for `capacity` frames (None: as many as the noise buffer has)."""
+        frames = self.noise.shape[1] if capacity is None else capacity
         e = self.extra
         tail = np.zeros((1, e.encoder_dim, e.conv_tail), dtype=np.float32)
 
@@ -147,10 +230,11 @@ class FlowRunner2:
         )
 
         def step() -> EstimatorState:
-            blocks = e.estimator_blocks
-            k = kv(blocks, e.estimator_heads, e.estimator_head_dim, 2, self.est_dtype)
-            v = kv(blocks, e.estimator_heads, e.estimator_head_dim, 2, self.est_dtype)
-            return EstimatorState(np.zeros((2, e.estimator_tail_channels, e.conv_tail), dtype=np.float32), k, v)
+            def rows() -> list[FrameCache]:
+                shape = (e.estimator_blocks, e.estimator_heads, e.estimator_head_dim)
+                return [FrameCache(*shape, self.est_dtype, frames) for _ in (0, 1)]
+
+            return EstimatorState(np.zeros((2, e.estimator_tail_channels, e.conv_tail), dtype=np.float32), rows(), rows())
 
         return FlowState(encoder, [step() for _ in range(n_timesteps)])
 
@@ -180,31 +264,42 @@ class FlowRunner2:
         return np.ascontiguousarray(np.asarray(h[0], dtype=np.float32).T)
 
     def estimate(self, feeds: dict[str, np.ndarray], state: EstimatorState) -> np.ndarray:
-        """Velocity (2, 80, M) of the CFG rows for the new frames in `feeds`; extends `state` in place."""
-        feeds = dict(feeds)
-        feeds["tails"] = state.tails
-        feeds.update(zip(self._est_names, [*state.k, *state.v], strict=True))
+        """Velocity (2, 80, M) of the CFG rows for the new frames in `feeds`; extends `state` in place.
+
+        Each guidance row is its own batch-1 call on its own caches: alone (no other estimator call of this runner
+        in flight) the two run side by side on the lane thread and this one, else one after the other here (one
+        batch-2 call was 6 % faster than two batch-1 calls, full size, but needs both rows' caches in one array).
+        """
         with self._count_lock:
             self._in_flight += 1
             lanes = self._lanes if self._in_flight == 1 else None
         try:
-            v, tails, new_k, new_v = self._estimator.run(None, feeds) if lanes is None else self._run_rows(lanes, feeds)
+            if lanes is None:
+                rows = [self._row(feeds, state, 0), self._row(feeds, state, 1)]
+            else:
+                other = lanes.submit(self._row, feeds, state, 1)
+                try:
+                    mine = self._row(feeds, state, 0)
+                finally:
+                    theirs = other.result()
+                rows = [mine, theirs]
         finally:
             with self._count_lock:
                 self._in_flight -= 1
-        state.tails = tails
-        state.k = [_grow(a, b) for a, b in zip(state.k, new_k, strict=True)]
-        state.v = [_grow(a, b) for a, b in zip(state.v, new_v, strict=True)]
-        return np.asarray(v, dtype=np.float32)
+        return np.stack(rows)
 
-    def _run_rows(self, lanes: ThreadPoolExecutor, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        """The estimator on each CFG row alone (row 1 on a lane thread, row 0 here), outputs joined as one call's."""
-        rows = [{k: a if k == "chunk" else a[r : r + 1] for k, a in feeds.items()} for r in (0, 1)]
-        other = lanes.submit(self._estimator.run, None, rows[1])
-        mine = self._estimator.run(None, rows[0])
-        theirs = other.result()
-        # v (B,80,M), tails (B,SC,2), new_k/new_v (blocks,B,H,M,DK)
-        return [np.concatenate([a, b], axis=0 if i < 2 else 1) for i, (a, b) in enumerate(zip(mine, theirs, strict=True))]
+    def _row(self, feeds: Mapping[str, np.ndarray], state: EstimatorState, row: int) -> np.ndarray:
+        """The estimator on guidance row `row` alone: velocity (80, M); appends the row's keys/values and tails."""
+        mine = {name: a if name == "chunk" else a[row : row + 1] for name, a in feeds.items()}
+        mine["tails"] = state.tails[row : row + 1]
+        k, v = state.k[row], state.v[row]
+        mine.update((name, k.view(b)) for b, name in enumerate(self._k_names))
+        mine.update((name, v.view(b)) for b, name in enumerate(self._v_names))
+        velocity, tails, new_k, new_v = self._estimator.run(None, mine)
+        k.append(new_k)
+        v.append(new_v)
+        state.tails[row] = tails[0]
+        return np.asarray(velocity[0], dtype=np.float32)
 
     # ---- solving ----------------------------------------------------------------------------------
     def solve(
@@ -277,12 +372,13 @@ class FlowRunner2:
             cond[:, :overlap] = prompt.mel[start : start + overlap].T
         return self.solve(mu, self.speaker(prompt.embedding), cond, start, state, chunk_frames, between_steps)
 
-    def prompt_state(self, prompt: FlowPrompt2, n_timesteps: int) -> FlowState:
+    def prompt_state(self, prompt: FlowPrompt2, n_timesteps: int, capacity: int | None = None) -> FlowState:
         """The state after the prompt's complete chunks whose look-ahead is still prompt: all of it depends on the
-        prompt alone, so every request of the voice can continue from a copy (empty for short prompts)."""
-        state = self.empty_state(n_timesteps)
+        prompt alone, so every request of the voice can continue from a copy (empty for short prompts). `capacity`:
+        frames the state has room for (None: the noise buffer's; a state kept for copies needs only the prompt's)."""
         e = self.extra
         chunks = max(0, (len(prompt.tokens) - e.pre_lookahead) // e.chunk_tokens)
+        state = self.empty_state(n_timesteps, capacity)
         if chunks:
             tokens = np.asarray(prompt.tokens, dtype=np.int64)
             end = chunks * e.chunk_tokens
