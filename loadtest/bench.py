@@ -91,15 +91,28 @@ def ensure_bundles(models: Path) -> dict[str, Path]:
 
 def ensure_v2_bundle(models: Path) -> Path:
     """The full-size random-init CosyVoice2 int8 bundle (and its fp32 source), exported once under `models`; a bundle
-    written by an exporter that still gave the estimator a float twin (now run on ONNX Runtime) is exported again."""
+    written by an older exporter (an estimator float twin, or estimator caches heads-first) is exported again."""
     fp32, int8 = models / "full-random-cosyvoice2", models / "full-random-cosyvoice2-int8"
-    manifest = int8 / "manifest.json"
-    if manifest.is_file() and "flow_estimator_float" not in json.loads(manifest.read_text())["graphs"]:
+    if (int8 / "manifest.json").is_file() and not _v2_stale(int8):
         return int8
+    for old in (fp32, int8):
+        if old.exists():
+            shutil.rmtree(old)
     cmd = [PYTHON, "export/export_onnx.py", "--model-dir", str(V2_CONFIG), "--out", str(fp32), "--random-init"]
     log(f"building the full-size random-init CosyVoice2 bundles: {' '.join([*cmd, '--quantize', 'int8'])}")
     subprocess.run([*cmd, "--quantize", "int8"], cwd=REPO, check=True)
     return int8
+
+
+def _v2_stale(int8: Path) -> bool:
+    import onnx
+
+    graphs = json.loads((int8 / "manifest.json").read_text())["graphs"]
+    if "flow_estimator_float" in graphs:
+        return True
+    model = onnx.load(str(int8 / graphs["flow_estimator"]["file"]), load_external_data=False)
+    past = next(v for v in model.graph.input if v.name == "past_k_0")
+    return not past.type.tensor_type.shape.dim[1].dim_param  # time-first caches: (B, C, H, DK)
 
 
 def log(message: str) -> None:

@@ -10,6 +10,7 @@ attention and empty caches.
 from __future__ import annotations
 
 import mmap
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -72,7 +73,8 @@ class EncoderState:
         return sum(a.nbytes for a in (self.look_ahead, self.up_tail, *self.enc_k, *self.enc_v, *self.up_k, *self.up_v))
 
 
-MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux's value; Python's mmap module names it from 3.13
+# Python's mmap module names MAP_NORESERVE from 3.13; 0x4000 is Linux's value (elsewhere: no flag, pages reserved)
+MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
 
 
 class FrameCache:
