@@ -15,6 +15,10 @@ from export.cosyvoice2.config import load_config
 from export.cosyvoice2.modules.flow import flow_noise
 from export.onnx_io import OPSET
 from service.bundle import FAMILY_V2, MANIFEST_NAME, V2_GRAPH_IO, V2_NOISE_NAME, V2_TOKENIZER_NAME, ModelBundle, sha256_file
+from service.engine.sessions import RuntimeOptions
+from service.engine.synthesizer import SynthesisOptions
+from service.families.cosyvoice2.engine import CosyVoice2Engine
+from service.families.cosyvoice2.voice import Voice2
 
 pytestmark = pytest.mark.export
 
@@ -77,6 +81,11 @@ def test_tokenizer_file_carries_the_cosyvoice2_special_tokens(exported: Path) ->
 
 def test_int8_twin_quantizes_weights_and_halves_the_caches(exported: Path) -> None:
     twin = ModelBundle.load(exported.with_name(exported.name + "-int8"), verify_hashes=True)
+    estimator = onnx.load(str(twin.graph_path("flow_estimator")), load_external_data=False)
+    outputs = {o.name: o.type.tensor_type.elem_type for o in estimator.graph.output}
+    assert outputs["new_k"] == outputs["new_v"] == onnx.TensorProto.FLOAT16  # appended to float16 caches as they come
+    ops = {n.op_type for n in estimator.graph.node}
+    assert "Conv" not in ops and "MatMulInteger" in ops  # the causal convolutions are int8 matrix products too
     assert twin.manifest.model.endswith("-int8") and twin.family == FAMILY_V2
     precisions = {n: g.precision for n, g in twin.manifest.graphs.items()}
     int8 = {n for n, p in precisions.items() if p == "int8"}
@@ -108,10 +117,26 @@ def test_an_estimator_with_two_levels_is_refused(checkpoint: Path, tmp_path: Pat
     assert "channels [16, 16] has 2 levels" in line
 
 
-def test_int4_is_refused_for_cosyvoice2(checkpoint: Path, tmp_path: Path) -> None:
+def test_int4_twin_has_a_4_bit_decode_step_and_speaks(checkpoint: Path, tmp_path: Path) -> None:
     proc = run_export("--model-dir", checkpoint, "--out", tmp_path / "out", "--quantize", "int4")
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == ["error: --quantize int4 is not offered for CosyVoice2 bundles (int8 is)"]
+    assert proc.returncode == 0, proc.stderr
+    assert "int4 llm_step vs fp32 (deviation, not a failure): max |dlogp|" in proc.stdout
+    twin = ModelBundle.load(tmp_path / "out-int4", verify_hashes=True)
+    assert twin.manifest.model.endswith("-int4") and twin.manifest.precision == "int4" and twin.family == FAMILY_V2
+    precisions = {n: g.precision for n, g in twin.manifest.graphs.items()}
+    assert precisions["llm_step"] == "int4"
+    assert {n for n, p in precisions.items() if p == "int8"} == {"flow_encoder", "flow_estimator", "llm_prompt", "llm_embed"}
+    step = onnx.load(str(twin.graph_path("llm_step")), load_external_data=False)
+    assert any(n.op_type == "MatMulNBits" for n in step.graph.node)
+    assert {i.name: i.type.tensor_type.elem_type for i in step.graph.input}["past_k_0"] == onnx.TensorProto.FLOAT16
+    engine = CosyVoice2Engine.load(twin, RuntimeOptions(intra_op_threads=1, max_batch=0, acoustic_slots=0))
+    try:
+        voice = Voice2.builtin("x", np.random.default_rng(0).standard_normal(192).astype(np.float32))
+        chunks = list(engine.synthesize([[11, 12, 13, 14]], voice, SynthesisOptions(seed=0, stream=True)))
+    finally:
+        engine.close()
+    audio = np.concatenate([c.audio for c in chunks])
+    assert audio.size > 0 and np.isfinite(audio).all() and chunks[-1].is_final and chunks[-1].sample_rate == 24000
 
 
 def test_random_init_needs_only_the_configs(tmp_path: Path) -> None:
