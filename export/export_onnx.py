@@ -123,10 +123,7 @@ def write_int4_v2(fp32_out: Path) -> Path:
     from export.cosyvoice2 import bundle_writer as cosyvoice2
 
     out, dev = cosyvoice2.write_int4(fp32_out)
-    print(
-        f"int4 llm_step vs fp32 (deviation, not a failure): max |dlogp| {dev['logp_max_abs']:.3e}, "
-        f"mean {dev['logp_mean_abs']:.3e}, top-1 agreement {dev['top1_agreement']:.0%}"
-    )
+    _print_step_deviation(dev)
     return out
 
 
@@ -146,11 +143,15 @@ def write_int4(fp32_out: Path) -> Path:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+    _print_step_deviation(dev)
+    return out
+
+
+def _print_step_deviation(dev: dict[str, float]) -> None:
     print(
         f"int4 llm_step vs fp32 (deviation, not a failure): max |dlogp| {dev['logp_max_abs']:.3e}, "
         f"mean {dev['logp_mean_abs']:.3e}, top-1 agreement {dev['top1_agreement']:.0%}"
     )
-    return out
 
 
 if __name__ == "__main__":

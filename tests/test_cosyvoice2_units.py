@@ -16,7 +16,7 @@ from service.families.cosyvoice2.voice import FlowPrompt2, Voice2
 
 def rows(frames: int, width: int, capacity: int | None = None) -> list[FrameCache]:
     """Two guidance rows' caches of one block and one head, each holding `frames` frames valued by frame index."""
-    caches = [FrameCache(1, 1, width, np.float32, frames if capacity is None else capacity) for _ in (0, 1)]
+    caches = [FrameCache.empty(1, 1, width, np.float32, frames if capacity is None else capacity) for _ in (0, 1)]
     for c in caches:
         c.append(np.arange(frames, dtype=np.float32).reshape(1, 1, frames, 1, 1) * np.ones(width, dtype=np.float32))
     return caches
@@ -138,7 +138,7 @@ def test_a_frame_cache_appends_in_place_and_grows_past_its_capacity() -> None:
     assert view.shape == (1, 6, 1, 2) and view.flags.c_contiguous  # fed to the graph without a copy
     assert view[0, :, 0, 0].tolist() == [0, 1, 2, 3, 4, 5]
     assert cache.nbytes() == 6 * 2 * 4
-    half = FrameCache(1, 1, 2, np.float16, 4)
+    half = FrameCache.empty(1, 1, 2, np.float16, 4)
     half.append(np.full((1, 1, 2, 1, 2), 0.5, dtype=np.float32))  # a float32 graph output into a float16 cache
     assert half.view(0).dtype == np.float16 and half.view(0).shape == (1, 2, 1, 2)
 

@@ -36,7 +36,7 @@ from export.graphs.hift import export_hift, verify_hift
 from export.modules.hift import HiFTGenerator, normalize_hift_state_dict
 from export.onnx_io import ExportError
 from export.prompt_models import copy_into
-from export.quantize import write_quantized_bundle
+from export.quantize import Scheme, write_quantized_bundle
 from service.bundle import (
     FAMILY_V2,
     FORMAT_VERSION,
@@ -231,19 +231,29 @@ def write_int4(fp32_out: Path) -> tuple[Path, dict[str, float]]:
     """Write OUT-int4 next to the fp32 bundle `fp32_out` (atomically); returns its path and the decode step's deviation
     from the fp32 step (`step_deviation`)."""
     manifest = ModelBundle.load(fp32_out).manifest
-    out = fp32_out.with_name(fp32_out.name + "-int4")
+    return _write_twin(
+        fp32_out, manifest, "int4", INT4_PLAN, lambda tmp: step_deviation(fp32_out / "llm_step.onnx", tmp / "llm_step.onnx")
+    )
+
+
+def _write_twin(
+    fp32_out: Path, manifest: Manifest, scheme: Scheme, plan: dict[str, str], check: Callable[[Path], dict[str, float]]
+) -> tuple[Path, dict[str, float]]:
+    """Write OUT-`scheme` from the fp32 bundle with the CosyVoice2 graph plan (staged, published only when written and
+    checked); returns its path and what `check` said of the staged bundle."""
+    out = fp32_out.with_name(f"{fp32_out.name}-{scheme}")
     tmp = _staging_dir(out, "partial")
     try:
         write_quantized_bundle(
-            fp32_out, tmp, manifest, "int4", plan=INT4_PLAN, matmul_graphs=INT8_MATMUL_GRAPHS, table_graphs=INT8_TABLE_GRAPHS,
+            fp32_out, tmp, manifest, scheme, plan=plan, matmul_graphs=INT8_MATMUL_GRAPHS, table_graphs=INT8_TABLE_GRAPHS,
             half_kv_graphs=HALF_KV_GRAPHS, half_output_graphs=HALF_OUTPUT_GRAPHS, float_twin_graphs=FLOAT_TWIN_GRAPHS,
         )  # fmt: skip
-        deviation = step_deviation(fp32_out / "llm_step.onnx", tmp / "llm_step.onnx")
+        result = check(tmp)
         publish(tmp, out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
-    return out, deviation
+    return out, result
 
 
 def step_deviation(fp32_step: Path, quant_step: Path, *, rows: int = 8, past: int = 24, seed: int = 0) -> dict[str, float]:
@@ -272,18 +282,10 @@ def step_deviation(fp32_step: Path, quant_step: Path, *, rows: int = 8, past: in
 def _export_int8(
     models: Models, opts: ExportOptions, manifest: Manifest, log: Callable[[str], None]
 ) -> tuple[Path, dict[str, float]]:
-    out = opts.out.with_name(opts.out.name + "-int8")
-    tmp = _staging_dir(out, "partial")
-    try:
-        write_quantized_bundle(
-            opts.out, tmp, manifest, "int8", plan=INT8_PLAN, matmul_graphs=INT8_MATMUL_GRAPHS, table_graphs=INT8_TABLE_GRAPHS,
-            half_kv_graphs=HALF_KV_GRAPHS, half_output_graphs=HALF_OUTPUT_GRAPHS, float_twin_graphs=FLOAT_TWIN_GRAPHS,
-        )  # fmt: skip
+    def check(tmp: Path) -> dict[str, float]:
         errors = _verify(models, tmp) if opts.verify else {}
         if errors:
             _log_errors(log, "int8 ONNX vs fp32 torch (deviation, not a failure)", errors, None)
-        publish(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-    return out, errors
+        return errors
+
+    return _write_twin(opts.out, manifest, "int8", INT8_PLAN, check)

@@ -115,6 +115,11 @@ class DecodeBatch:
         request.row = -1
 
 
+def max_speech_tokens(text_len: int, constants: ModelConstants) -> int:
+    """The official limit on speech tokens for `text_len` text ids (prompt text not counted): int(20 * T_txt)."""
+    return int(text_len * constants.max_token_text_ratio)
+
+
 def kv_cache_dtype(step_session: Any) -> type[np.floating]:
     """The K/V element type the decode graph takes: float16 (quantized bundles) or float32. Sessions without ORT's
     `get_inputs` (test doubles) get float32."""
@@ -235,7 +240,7 @@ class LLMRunner:
         n = len(text_ids)
         c = self.constants
         min_len = int(n * c.min_token_text_ratio) if min_tokens is None else min_tokens
-        max_len = int(n * c.max_token_text_ratio) if max_tokens is None else max_tokens
+        max_len = max_speech_tokens(n, c) if max_tokens is None else max_tokens
         if min_len < 0 or max_len < 0:
             raise InvalidInputError("min_tokens and max_tokens must be >= 0")
         request = LLMRequest(text_len=n, min_len=min_len, max_len=max_len, rng=rng)

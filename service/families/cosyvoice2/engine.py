@@ -23,6 +23,7 @@ from service.bundle import FAMILY_V2, V2_GRAPH_IO, V2_NOISE_NAME, CosyVoice2Cons
 from service.engine.acoustic_gate import AcousticGate, Pacer
 from service.engine.dsp import StreamingStretch
 from service.engine.hift import HiFTRunner
+from service.engine.llm import max_speech_tokens
 from service.engine.scheduler import BatchScheduler
 from service.engine.sessions import RuntimeOptions, limit_malloc_arenas, open_sessions
 from service.engine.synthesizer import AudioChunk, StageTimings, SynthesisOptions, TokenGenerator
@@ -214,15 +215,15 @@ class CosyVoice2Engine:
         """What the flow of a sentence sees of the voice's prompt: its window when streaming, else all of it."""
         return prompt.window(self.prompt_window_tokens) if options.stream else prompt
 
-    def prompt_state(self, prompt: FlowPrompt2, n_timesteps: int, fingerprint: str, capacity: int | None) -> FlowState:
+    def prompt_state(self, prompt: FlowPrompt2, n_timesteps: int, fingerprint: str, capacity: int) -> FlowState:
         """The voice's prompt-only flow state (cached by fingerprint and window), as a copy this request may extend to
-        `capacity` frames (None: as many as the flow's noise has)."""
+        `capacity` frames."""
         key = (fingerprint, n_timesteps, len(prompt.tokens))
         state = self.prompt_states.get(key)
         if state is None:
             state = self.flow.prompt_state(prompt, n_timesteps, capacity=0)  # kept: room for its own frames only
             self.prompt_states.put(key, state)
-        return state.copy(self.flow.noise.shape[1] if capacity is None else capacity)
+        return state.copy(capacity)
 
     # ---- internals --------------------------------------------------------------------------------
     def _check(self, voice: Voice2, options: SynthesisOptions) -> None:
@@ -254,7 +255,7 @@ class CosyVoice2Engine:
             urgent = self.schedule.first_audio_tokens(len(flow_prompt.tokens), options.first_hop_tokens)
             tokens = self.llm.generate(ids, voice.llm, llm_rng, cancel=cancel, urgent_tokens=urgent)
             exact = self.official_final_chunk
-            most = int(len(ids) * self.constants.max_token_text_ratio)  # the LLM's own limit for this sentence
+            most = max_speech_tokens(len(ids), self.constants)  # the LLM's own limit for this sentence
             pieces = self._sentence(iter(tokens), voice.flow, options, noise_rng, pace, voice.fingerprint, exact, most)
             for audio, (last, flow_s, hift_s, tokens_in) in pieces:
                 llm_s = max(0.0, time.perf_counter() - clock - flow_s - hift_s)
@@ -292,8 +293,10 @@ class CosyVoice2Engine:
             yield MelChunk(mel, True, flow_s, len(speech))
             return
         prompt = self.flow_prompt(prompt, options)
-        ratio = self.extra.token_mel_ratio
-        capacity = None if max_tokens is None else ratio * (len(prompt.tokens) + max_tokens + self.schedule.look_ahead)
+        if max_tokens is None:
+            capacity = self.flow.noise.shape[1]  # all the frames the flow can solve
+        else:
+            capacity = self.extra.token_mel_ratio * (len(prompt.tokens) + max_tokens + self.schedule.look_ahead)
         if fingerprint:
             state = self.prompt_state(prompt, steps, fingerprint, capacity)
         else:

@@ -32,12 +32,16 @@ def _grow(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     return np.concatenate([old, new.astype(old.dtype, copy=False)], axis=2)
 
 
+def graph_inputs(session: Any) -> list[Any]:
+    """A graph's inputs, read through a ShrinkingSession to its InferenceSession; none for objects without
+    `get_inputs` (test doubles)."""
+    inputs = getattr(getattr(session, "session", session), "get_inputs", None)
+    return [] if inputs is None else list(inputs())
+
+
 def check_time_first(session: Any, extra: CosyVoice2Constants) -> None:
     """Refuse an estimator graph whose caches are heads-first (B,H,C,DK): bundles exported before time-first caches."""
-    inputs = getattr(getattr(session, "session", session), "get_inputs", None)
-    if inputs is None:
-        return
-    shape = next((i.shape for i in inputs() if i.name == "past_k_0"), None)
+    shape = next((i.shape for i in graph_inputs(session) if i.name == "past_k_0"), None)
     if shape is not None and len(shape) == 4 and shape[2] != extra.estimator_heads:
         raise BundleError(
             "flow_estimator takes its key/value caches heads-first (an export before time-first caches): "
@@ -46,14 +50,9 @@ def check_time_first(session: Any, extra: CosyVoice2Constants) -> None:
 
 
 def input_type(session: Any, prefix: str) -> type[np.floating]:
-    """float16 when the graph's inputs named `prefix`* are float16 (an int8 twin's caches), else float32.
-
-    Reads through a ShrinkingSession to its InferenceSession; objects without `get_inputs` (test doubles) get float32.
-    """
-    inputs = getattr(getattr(session, "session", session), "get_inputs", None)
-    if inputs is None:
-        return np.float32
-    types = {i.type for i in inputs() if i.name.startswith(prefix)}
+    """float16 when the graph's inputs named `prefix`* are float16 (an int8 twin's caches), else float32 (also for
+    objects without inputs, test doubles)."""
+    types = {i.type for i in graph_inputs(session) if i.name.startswith(prefix)}
     return np.float16 if types == {"tensor(float16)"} else np.float32
 
 
@@ -90,9 +89,13 @@ class FrameCache:
     A sequence longer than `capacity` moves to a buffer twice as large.
     """
 
-    def __init__(self, blocks: int, heads: int, dim: int, dtype: type[np.floating], capacity: int) -> None:
-        self.buffer = _mapped((blocks, capacity, heads, dim), dtype)
-        self.frames = 0
+    def __init__(self, buffer: np.ndarray, frames: int = 0) -> None:
+        self.buffer = buffer
+        self.frames = frames
+
+    @classmethod
+    def empty(cls, blocks: int, heads: int, dim: int, dtype: type[np.floating], capacity: int) -> FrameCache:
+        return cls(_mapped((blocks, capacity, heads, dim), dtype))
 
     def view(self, block: int) -> np.ndarray:
         return self.buffer[block, : self.frames][None]
@@ -108,10 +111,7 @@ class FrameCache:
     def copy(self, capacity: int) -> FrameCache:
         """An independent cache with the same frames and room for `capacity` (a request continuing from a voice's
         shared prompt state)."""
-        twin = FrameCache.__new__(FrameCache)
-        twin.buffer = self._filled_copy(max(capacity, self.frames))
-        twin.frames = self.frames
-        return twin
+        return FrameCache(self._filled_copy(max(capacity, self.frames)), self.frames)
 
     def _filled_copy(self, capacity: int) -> np.ndarray:
         blocks, _, heads, dim = self.buffer.shape
@@ -234,7 +234,7 @@ class FlowRunner2:
         def step() -> EstimatorState:
             def rows() -> list[FrameCache]:
                 shape = (e.estimator_blocks, e.estimator_heads, e.estimator_head_dim)
-                return [FrameCache(*shape, self.est_dtype, frames) for _ in (0, 1)]
+                return [FrameCache.empty(*shape, self.est_dtype, frames) for _ in (0, 1)]
 
             return EstimatorState(np.zeros((2, e.estimator_tail_channels, e.conv_tail), dtype=np.float32), rows(), rows())
 
