@@ -12,7 +12,7 @@ from typing import TypeVar
 from service.access import ApiKeys, ClientIdentity, Gate
 from service.bundle import ModelBundle
 from service.engine.sessions import RuntimeOptions
-from service.errors import BundleError, NotReadyError, ShuttingDownError, TTSError
+from service.errors import BundleError, NotReadyError, SettingError, ShuttingDownError, TTSError
 from service.families.model import EngineLoader, Model, ModelContext, VoiceLibrary
 from service.families.registry import check_options, load_model
 from service.frontend import TextFrontend
@@ -50,9 +50,39 @@ def runtime_options(s: Settings) -> RuntimeOptions:
 
 def check_settings(settings: Settings) -> None:
     """Refuse at once, before the slow load, settings the model in `settings.model_dir` cannot honour: SettingError
-    naming the field (e.g. a first hop under the family's minimum), BundleError for a directory that is no bundle.
-    Reads the manifest and checks the files are there; hashes, graphs and voices wait for `Runtime.load`."""
-    check_options(ModelBundle.load(settings.model_dir), runtime_options(settings))
+    naming the field (e.g. a first hop under the family's minimum, a default speaker that is nowhere), BundleError for
+    a directory that is no bundle. Reads the manifest, the speakers and (for the default speaker) one saved voice;
+    hashes, graphs and whether a saved voice suits this model wait for `Runtime.load`."""
+    bundle = ModelBundle.load(settings.model_dir)
+    check_options(bundle, runtime_options(settings))
+    _check_default_speaker_exists(settings, tuple(bundle.speakers))
+
+
+def voice_store(s: Settings) -> VoiceStore:
+    """Where saved voices live: Redis (shared by replicas) when it is configured, else TTS_VOICES_DIR."""
+    redis_url = s.redis_url.get_secret_value() if s.redis_url else None
+    return RedisVoiceStore(redis_url) if redis_url else DirectoryVoiceStore(s.voices_dir)
+
+
+def _check_default_speaker_exists(s: Settings, speakers: Sequence[str]) -> None:
+    """A model with built-in speakers refuses a TTS_DEFAULT_SPEAKER that is neither one of them nor a saved voice (a
+    typo), as `Runtime.load` would after minutes of loading. A store that cannot be read now (Redis down) is left to
+    the load; a model without built-in speakers starts anyway (its default voice may be saved later)."""
+    name = s.default_speaker
+    if not speakers or name in speakers:
+        return
+    store = voice_store(s)
+    try:
+        saved = store.get(name)
+    except TTSError:
+        return
+    finally:
+        store.close()
+    if saved is None:
+        raise SettingError(
+            f"{name!r} is neither a built-in speaker nor a saved voice; the bundle has {', '.join(speakers)}",
+            param="default_speaker",
+        )
 
 
 class Runtime:
@@ -145,7 +175,7 @@ class Runtime:
         s = self.settings
         # lexicon entries live in Redis (shared by replicas) when it is configured, else in this process
         self.lexicon_store = RedisLexiconStore(self.redis_url) if self.redis_url else None
-        store: VoiceStore = RedisVoiceStore(self.redis_url) if self.redis_url else DirectoryVoiceStore(s.voices_dir)
+        store = voice_store(s)
         return ModelContext(
             options=runtime_options(s),
             lexicon_store=self.lexicon_store,

@@ -154,8 +154,9 @@ class Settings(BaseSettings):
         default="中文女",
         min_length=1,
         max_length=64,
-        description="Voice used when a request names none: a built-in speaker, or a saved voice (a model without "
-        "built-in speakers, like CosyVoice2-0.5B, refuses such requests until a voice of this name is saved).",
+        description="Voice used when a request names none: a built-in speaker, or a saved voice. A model with built-in "
+        "speakers refuses to start on a name that is neither; one without (like CosyVoice2-0.5B) starts and refuses "
+        "such requests until a voice of this name is saved.",
     )
     voice_aliases: Annotated[dict[str, str], NoDecode] = Field(
         default_factory=dict,

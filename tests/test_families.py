@@ -24,6 +24,7 @@ from service.families.cosyvoice2.engine import stream_schedule
 from service.families.cosyvoice2.voice import Voice2
 from service.families.model import Family, ModelContext
 from service.runtime import runtime_options
+from service.stores.voices import DirectoryVoiceStore, PromptFeatures, SavedVoice
 
 
 def test_the_registry_knows_both_families_by_their_manifest_names() -> None:
@@ -110,6 +111,29 @@ def test_a_bundle_that_is_not_there_is_one_line_naming_tts_model_dir(
     assert capsys.readouterr().err.splitlines() == [
         f"error: TTS_MODEL_DIR: {tmp_path}: not a model bundle (manifest.json is missing)"
     ]
+
+
+def test_an_unknown_default_speaker_is_one_line_before_the_load(
+    monkeypatch: pytest.MonkeyPatch, tiny_bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A typo in TTS_DEFAULT_SPEAKER stops the server in one line at once (it was a traceback after the load); a saved
+    voice of that name, or a store that cannot be read yet (the load decides then), lets it start."""
+    voices = tmp_path / "voices"
+    env = {"TTS_MODEL_DIR": str(tiny_bundle), "TTS_VOICES_DIR": str(voices), "TTS_DEFAULT_SPEAKER": "nobody"}
+    with pytest.raises(SystemExit) as exited:
+        serve_from_env(monkeypatch, env)
+    assert exited.value.code == 2
+    speakers = ", ".join(ModelBundle.load(tiny_bundle).speakers)
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: TTS_DEFAULT_SPEAKER: 'nobody' is neither a built-in speaker nor a saved voice; the bundle has {speakers}"
+    ]
+    g = np.random.default_rng(0)
+    features = PromptFeatures(g.standard_normal(192).astype(np.float32), np.arange(75, dtype=np.int32),
+                              g.standard_normal((150, 80)).astype(np.float32), 3.0, "trained")  # fmt: skip
+    DirectoryVoiceStore(voices).add(SavedVoice("nobody", "", features, "ab" * 32, "models-x"), max_voices=5)
+    assert serve_from_env(monkeypatch, env)["app"]
+    down = env | {"TTS_VOICES_DIR": str(tmp_path / "empty"), "TTS_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    assert serve_from_env(monkeypatch, down)["app"]
 
 
 def test_a_v2_server_streams_a_first_chunk_of_6_tokens_set_at_start(
