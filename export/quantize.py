@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -158,25 +158,7 @@ KV_INPUT_PREFIXES = ("past_k_", "past_v_")
 def half_kv_cache(path: Path) -> int:
     """Rewrite the decode graph at `path` to take its past_k_i/past_v_i inputs in float16 (a Cast to float32 right
     after each input; nothing else changes). Returns the number of inputs rewritten."""
-    model = onnx.load(str(path))
-    graph = model.graph
-    casts: list[onnx.NodeProto] = []
-    for value in graph.input:
-        if not value.name.startswith(KV_INPUT_PREFIXES):
-            continue
-        if value.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
-            raise ValueError(f"{path.name}: {value.name} is not a float32 input")
-        wide = f"{value.name}_fp32"
-        for node in graph.node:
-            node.input[:] = [wide if name == value.name else name for name in node.input]
-        value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT16
-        casts.append(helper.make_node("Cast", [value.name], [wide], name=f"widen_{value.name}", to=onnx.TensorProto.FLOAT))
-    nodes = casts + list(graph.node)
-    del graph.node[:]
-    graph.node.extend(nodes)
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-    return len(casts)
+    return _half_edges(path, "input", lambda name: name.startswith(KV_INPUT_PREFIXES))
 
 
 # A graph whose new keys/values the engine appends to a float16 cache gets them in float16 from the graph: ONNX
@@ -188,21 +170,32 @@ HALF_KV_OUTPUTS = ("new_k", "new_v")
 def half_kv_outputs(path: Path, names: tuple[str, ...] = HALF_KV_OUTPUTS) -> int:
     """Rewrite the graph at `path` so that its float32 outputs `names` come out as float16 (a Cast before each; the
     values are those the engine would store after narrowing them itself). Returns the number of outputs rewritten."""
+    return _half_edges(path, "output", lambda name: name in names)
+
+
+def _half_edges(path: Path, edge: Literal["input", "output"], chosen: Callable[[str], bool]) -> int:
+    """Make the graph's float32 inputs (or outputs) that `chosen` names float16 at the edge: the graph's nodes go on
+    reading (writing) `<name>_fp32`, a Cast between it and the edge. Returns the number of edges rewritten."""
     model = onnx.load(str(path))
     graph = model.graph
     casts: list[onnx.NodeProto] = []
-    for value in graph.output:
-        if value.name not in names:
+    for value in graph.input if edge == "input" else graph.output:
+        if not chosen(value.name):
             continue
         if value.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
-            raise ValueError(f"{path.name}: {value.name} is not a float32 output")
+            raise ValueError(f"{path.name}: {value.name} is not a float32 {edge}")
         wide = f"{value.name}_fp32"
         for node in graph.node:
-            node.output[:] = [wide if name == value.name else name for name in node.output]
             node.input[:] = [wide if name == value.name else name for name in node.input]
+            node.output[:] = [wide if name == value.name else name for name in node.output]
         value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT16
-        casts.append(helper.make_node("Cast", [wide], [value.name], name=f"narrow_{value.name}", to=onnx.TensorProto.FLOAT16))
-    graph.node.extend(casts)
+        if edge == "input":
+            casts.append(helper.make_node("Cast", [value.name], [wide], name=f"widen_{value.name}", to=onnx.TensorProto.FLOAT))
+        else:
+            casts.append(helper.make_node("Cast", [wide], [value.name], name=f"narrow_{value.name}", to=onnx.TensorProto.FLOAT16))
+    nodes = casts + list(graph.node) if edge == "input" else list(graph.node) + casts
+    del graph.node[:]
+    graph.node.extend(nodes)
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return len(casts)

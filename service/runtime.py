@@ -79,10 +79,12 @@ def _check_default_speaker_exists(s: Settings, speakers: Sequence[str]) -> None:
     finally:
         store.close()
     if saved is None:
-        raise SettingError(
-            f"{name!r} is neither a built-in speaker nor a saved voice; the bundle has {', '.join(speakers)}",
-            param="default_speaker",
-        )
+        raise SettingError(_no_such_voice(name, speakers), param="default_speaker")
+
+
+def _no_such_voice(name: str, speakers: Sequence[str]) -> str:
+    """Why TTS_DEFAULT_SPEAKER `name` cannot be served by a model with built-in `speakers` (before or at the load)."""
+    return f"{name!r} is neither a built-in speaker nor a saved voice; the bundle has {', '.join(speakers)}"
 
 
 class Runtime:
@@ -265,9 +267,8 @@ def _check_default_speaker(name: str, model: Model) -> None:
     if name in model.speakers or model.voices.resolve(name) is not None:
         return
     if model.speakers:
-        known = ", ".join(model.speakers)
         model.close()
-        raise BundleError(f"TTS_DEFAULT_SPEAKER {name!r} is neither in the bundle nor a saved voice; the bundle has {known}")
+        raise BundleError(f"TTS_DEFAULT_SPEAKER {_no_such_voice(name, model.speakers)}")
     log.warning("the model has no built-in speakers and TTS_DEFAULT_SPEAKER %r is not a saved voice (yet): requests "
                 "that name no voice answer 400 until a voice of that name is saved (POST /v1/voices)", name)  # fmt: skip
 
