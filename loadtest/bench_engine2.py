@@ -103,11 +103,14 @@ def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
     )
 
 
-def heard(engine: CosyVoice2Engine, ids: list[int], voice: Voice2, seed: int) -> tuple[Listening, list[list[float]]]:
-    """One streamed request read to the end as a player would: the listener's figures and (arrival, seconds, tokens)."""
+def heard(
+    engine: CosyVoice2Engine, ids: list[int], voice: Voice2, seed: int, steps: int | None = None
+) -> tuple[Listening, list[list[float]]]:
+    """One streamed request read to the end as a player would: the listener's figures and (arrival, seconds, tokens).
+    `steps`: the flow's Euler steps (None: the bundle's, as the service's default)."""
     t0 = time.perf_counter()
     pieces = []
-    for chunk in engine.synthesize([ids], voice, SynthesisOptions(seed=seed, stream=True)):
+    for chunk in engine.synthesize([ids], voice, SynthesisOptions(seed=seed, stream=True, n_timesteps=steps)):
         pieces.append([round(time.perf_counter() - t0, 3), round(chunk.seconds, 3), chunk.speech_tokens])
     return listen([(t, a) for t, a, _ in pieces]), pieces
 
@@ -126,10 +129,10 @@ def summary(runs: list[Listening], wall_s: float | None = None) -> dict[str, Any
 def mode_listen(engine: CosyVoice2Engine, ids: list[int], voices: dict[str, Voice2], args: argparse.Namespace) -> Any:
     rows = []
     for label, voice in voices.items():
-        heard(engine, ids, voice, 10**6)  # warm-up: this voice's shapes and its cached prompt state
+        heard(engine, ids, voice, 10**6, args.n_timesteps)  # warm-up: this voice's shapes and its cached prompt state
         runs, pieces = [], []
         for rep in range(args.reps):
-            h, p = heard(engine, ids, voice, rep)
+            h, p = heard(engine, ids, voice, rep, args.n_timesteps)
             runs.append(h)
             pieces.append(p)
             print(json.dumps({"voice": label} | asdict(h)), file=sys.stderr, flush=True)
@@ -138,11 +141,11 @@ def mode_listen(engine: CosyVoice2Engine, ids: list[int], voices: dict[str, Voic
 
 
 def mode_concurrency(engine: CosyVoice2Engine, ids: list[int], voices: dict[str, Voice2], args: argparse.Namespace) -> Any:
-    rows = []
+    rows, steps = [], args.n_timesteps
     for label, voice in voices.items():
-        heard(engine, ids, voice, 10**6)
+        heard(engine, ids, voice, 10**6, steps)
         for n in args.levels:
-            results, wall = closed_loop(n, args.per_client, lambda seed, v=voice: heard(engine, ids, v, 1000 + seed)[0])
+            results, wall = closed_loop(n, args.per_client, lambda seed, v=voice: heard(engine, ids, v, 1000 + seed, steps)[0])
             rows.append({"voice": label, "clients": n} | summary(results, wall))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return {"rows": rows}
@@ -170,13 +173,13 @@ def mode_stages(args: argparse.Namespace, ids: list[int], voices: dict[str, Voic
     try:
         out: dict[str, Any] = {}
         for label, voice in voices.items():
-            heard(engine, ids, voice, 10**6)
+            heard(engine, ids, voice, 10**6, args.n_timesteps)
             log.clear()
-            h, pieces = heard(engine, ids, voice, 0)
+            h, pieces = heard(engine, ids, voice, 0, args.n_timesteps)
             out[label] = {"heard": asdict(h), "chunks": pieces, "graphs": graph_summary(log)}
         log.clear()
         voice = list(voices.values())[-1]
-        closed_loop(4, 1, lambda seed: heard(engine, ids, voice, 2000 + seed)[0])
+        closed_loop(4, 1, lambda seed: heard(engine, ids, voice, 2000 + seed, args.n_timesteps)[0])
         out["4 clients"] = {"graphs": graph_summary(log)}
         return out
     finally:
@@ -199,6 +202,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-batch", type=int, default=defaults["max_batch"].default)
     p.add_argument("--acoustic-slots", type=int, default=defaults["acoustic_slots"].default)
     p.add_argument("--no-first-audio-priority", action="store_true")
+    p.add_argument("--n-timesteps", type=int, help="the flow's Euler steps (the bundle's 10 when omitted; TTS_N_TIMESTEPS)")
     p.add_argument("--no-cfg-lanes", action="store_true", help="never split the estimator's guidance rows")
     p.add_argument("--first-hop", type=int, help="first streamed hop in tokens (the schedule's own when omitted)")
     p.add_argument("--hop-scale", type=int, help="growth of the later hops (the schedule's own when omitted)")
@@ -228,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             engine.close()
     runtime = replace(one_thread_calls(runtime_options(args)), compiled_cache_dir=None)
     meta = {"mode": args.mode, "bundle": str(args.bundle), "precision": bundle.manifest.precision, "tokens": args.tokens}
+    meta |= {"n_timesteps": args.n_timesteps or bundle.constants.n_timesteps}
     meta |= {"text_tokens": len(ids), "runtime": asdict(runtime), "peak_rss_mb": peak_rss_mb()}
     print(json.dumps(result | meta, default=str))
     return 0
