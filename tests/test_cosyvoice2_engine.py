@@ -225,6 +225,21 @@ def test_cfg_lanes_compute_the_batched_rows(cv2_bundle: Path) -> None:
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 
+def test_a_whole_sentence_flow_keeps_no_keys_or_values(engine: CosyVoice2Engine) -> None:
+    """The non-streaming flow (one full-attention call over prompt and sentence) is never continued, so it keeps no
+    estimator keys/values (full size: 2.3 MB per frame); a streamed chunk keeps its frames' (the next chunk reads them)."""
+    voice = random_voice(30, seed=9)
+    seq = np.asarray([*voice.flow.tokens, *np.random.default_rng(9).integers(0, 6561, 40).tolist()], dtype=np.int64)
+    flow = engine.flow
+    whole = flow.empty_state(3)
+    mel = flow.advance(seq, seq[:0], voice.flow, whole, full_attention=True)
+    assert mel.shape[1] == 2 * len(seq)
+    assert [c.frames for s in whole.steps for c in (*s.k, *s.v)] == [0] * 12
+    streamed = flow.empty_state(3)
+    flow.advance(seq[:50], seq[50:53], voice.flow, streamed)
+    assert [c.frames for s in streamed.steps for c in (*s.k, *s.v)] == [100] * 12
+
+
 def test_a_voice_prompt_state_is_computed_once_and_shared(cv2_bundle: Path) -> None:
     engine = CosyVoice2Engine.load(cv2_bundle, ONE_THREAD)
     voice = random_voice(64, seed=4)  # (64 - 3) // 25 = 2 chunks depend on the prompt alone

@@ -265,8 +265,9 @@ class FlowRunner2:
         state.tokens += int(np.asarray(tokens).shape[0])
         return np.ascontiguousarray(np.asarray(h[0], dtype=np.float32).T)
 
-    def estimate(self, feeds: dict[str, np.ndarray], state: EstimatorState) -> np.ndarray:
-        """Velocity (2, 80, M) of the CFG rows for the new frames in `feeds`; extends `state` in place.
+    def estimate(self, feeds: dict[str, np.ndarray], state: EstimatorState, keep: bool = True) -> np.ndarray:
+        """Velocity (2, 80, M) of the CFG rows for the new frames in `feeds`; extends `state` in place (its keys and
+        values only with `keep`: a call no later call continues from needs none of them).
 
         Each guidance row is its own batch-1 call on its own caches: alone (no other estimator call of this runner
         in flight) the two run side by side on the lane thread and this one, else one after the other here (one
@@ -277,11 +278,11 @@ class FlowRunner2:
             lanes = self._lanes if self._in_flight == 1 else None
         try:
             if lanes is None:
-                rows = [self._row(feeds, state, 0), self._row(feeds, state, 1)]
+                rows = [self._row(feeds, state, 0, keep), self._row(feeds, state, 1, keep)]
             else:
-                other = lanes.submit(self._row, feeds, state, 1)
+                other = lanes.submit(self._row, feeds, state, 1, keep)
                 try:
-                    mine = self._row(feeds, state, 0)
+                    mine = self._row(feeds, state, 0, keep)
                 finally:
                     theirs = other.result()
                 rows = [mine, theirs]
@@ -290,16 +291,18 @@ class FlowRunner2:
                 self._in_flight -= 1
         return np.stack(rows)
 
-    def _row(self, feeds: Mapping[str, np.ndarray], state: EstimatorState, row: int) -> np.ndarray:
-        """The estimator on guidance row `row` alone: velocity (80, M); appends the row's keys/values and tails."""
+    def _row(self, feeds: Mapping[str, np.ndarray], state: EstimatorState, row: int, keep: bool = True) -> np.ndarray:
+        """The estimator on guidance row `row` alone: velocity (80, M); updates the row's tails and, with `keep`,
+        appends its keys/values."""
         mine = {name: a if name == "chunk" else a[row : row + 1] for name, a in feeds.items()}
         mine["tails"] = state.tails[row : row + 1]
         k, v = state.k[row], state.v[row]
         mine.update((name, k.view(b)) for b, name in enumerate(self._k_names))
         mine.update((name, v.view(b)) for b, name in enumerate(self._v_names))
         velocity, tails, new_k, new_v = self._estimator.run(None, mine)
-        k.append(new_k)
-        v.append(new_v)
+        if keep:
+            k.append(new_k)
+            v.append(new_v)
         state.tails[row] = tails[0]
         return np.asarray(velocity[0], dtype=np.float32)
 
@@ -313,12 +316,14 @@ class FlowRunner2:
         state: FlowState,
         chunk: int,
         between_steps: Callable[[], None] | None = None,
+        keep: bool = True,
     ) -> np.ndarray:
         """Euler CFM with classifier-free guidance for new frames start..start+M-1 -> mel (80, M).
 
         mu, cond (80, M), spks (80,); the initial x is the fixed noise buffer's frames at the same positions.
         Row 0 of each estimator call is conditioned, row 1 sees zeros for mu, spks and cond; the velocity is
-        (1 + cfg_rate) * v0 - cfg_rate * v1. Step s reads and extends `state.steps[s]`.
+        (1 + cfg_rate) * v0 - cfg_rate * v1. Step s reads and extends `state.steps[s]` (its keys and values only with
+        `keep`).
         """
         frames = mu.shape[1]
         if start + frames > self.noise.shape[1]:
@@ -338,7 +343,7 @@ class FlowRunner2:
         for step in range(1, n_timesteps + 1):
             feeds["x"] = np.stack([x, x])
             feeds["t"] = np.full(2, t, dtype=np.float32)
-            v = self.estimate(feeds, state.steps[step - 1])
+            v = self.estimate(feeds, state.steps[step - 1], keep)
             x = x + dt * ((np.float32(1.0) + cfg) * v[0] - cfg * v[1])
             t = t + dt
             if step < n_timesteps:
@@ -361,7 +366,9 @@ class FlowRunner2:
         """Encode and solve the next tokens (T,) of a sequence (prompt tokens first) -> their mel (80, 2T).
 
         `context`: the up to pre_lookahead tokens that follow (empty at the end). `full_attention` with a fresh
-        state and the whole sequence is the official non-streaming flow; otherwise attention is chunk-causal.
+        state and the whole sequence is the official non-streaming flow; otherwise attention is chunk-causal. Nothing
+        continues from a full-attention call, so it keeps no estimator keys/values (they would take 2.3 MB per frame
+        at full size, float16: 1.7 GB for a 10 s recording and a 5 s sentence, written and never read).
         """
         e = self.extra
         chunk_tokens = FULL_ATTENTION if full_attention else e.chunk_tokens
@@ -372,7 +379,8 @@ class FlowRunner2:
         overlap = max(0, min(prompt.mel.shape[0] - start, mu.shape[1]))
         if overlap:
             cond[:, :overlap] = prompt.mel[start : start + overlap].T
-        return self.solve(mu, self.speaker(prompt.embedding), cond, start, state, chunk_frames, between_steps)
+        spks = self.speaker(prompt.embedding)
+        return self.solve(mu, spks, cond, start, state, chunk_frames, between_steps, keep=not full_attention)
 
     def prompt_state(self, prompt: FlowPrompt2, n_timesteps: int, capacity: int | None = None) -> FlowState:
         """The state after the prompt's complete chunks whose look-ahead is still prompt: all of it depends on the
