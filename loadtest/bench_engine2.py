@@ -99,6 +99,7 @@ def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
         stream_schedule=args.stream_schedule,
         first_hop_tokens=args.first_hop,
         prompt_window_s=None if args.prompt_window_s < 0 else args.prompt_window_s,
+        flow_cache_mb=args.flow_cache_mb,
         compiled_cache_dir=args.cache_dir,
     )
 
@@ -208,6 +209,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hop-scale", type=int, help="growth of the later hops (the schedule's own when omitted)")
     p.add_argument("--acoustic-backend", choices=["auto", "ort", "openvino"], default=defaults["acoustic_backend"].default)
     p.add_argument("--stream-schedule", choices=["adaptive", "official"], default=defaults["stream_schedule"].default)
+    p.add_argument("--flow-cache-mb", type=int, help="bound on streamed flow caches (auto when omitted, 0: none)")
     p.add_argument("--prompt-window-s", type=float, default=defaults["prompt_window_s"].default, help="-1: all")
     cache = defaults["cache_dir"].default
     p.add_argument("--cache-dir", type=Path, default=cache.expanduser() if cache else None, help="OpenVINO model cache")

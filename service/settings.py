@@ -144,6 +144,15 @@ class Settings(BaseSettings):
         "with each streamed chunk, in both families; 'all' = the whole recording (the official computation). "
         "Non-streamed sentences always see all of it.",
     )
+    flow_cache_mb: int | None = Field(
+        default=None,
+        ge=0,
+        le=1 << 20,
+        description="Megabytes that streamed sentences' flow caches may hold at once (CosyVoice2: every frame's keys "
+        "and values, 2.3 MB per mel frame at full size, ~0.7 GB for a 5 s sentence); a sentence that would go over "
+        "waits until others end (the oldest always goes on). Empty = auto: half of what the memory limit (the "
+        "container's, else the machine's RAM) leaves after the model is loaded; 0 = no bound.",
+    )
     ort_spinning: bool = Field(
         default=False, description="Let idle ONNX Runtime threads spin (only worth it when one graph owns the cores)."
     )
@@ -312,7 +321,7 @@ class Settings(BaseSettings):
     def _empty_is_none(cls, value: object) -> object:
         return None if value == "" else value
 
-    @field_validator("n_timesteps", "llm_threads", "acoustic_threads", mode="before")
+    @field_validator("n_timesteps", "llm_threads", "acoustic_threads", "flow_cache_mb", mode="before")
     @classmethod
     def _empty_is_default(cls, value: object) -> object:
         return None if value == "" else value

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from export.cosyvoice2.modules.flow import CausalMaskedDiffWithXvec, flow_noise
 from export.cosyvoice2.modules.llm import Qwen2LM, drop_unused
 from service.bundle import ModelBundle
 from service.engine.llm import LLMRequest
+from service.engine.memory import StateBudget
 from service.engine.sampling import SamplingParams
 from service.engine.scheduler import BatchScheduler
 from service.engine.sessions import RuntimeOptions
@@ -28,6 +31,17 @@ from service.families.cosyvoice2.hift import sine_phase
 from service.families.cosyvoice2.voice import Voice2
 
 pytestmark = pytest.mark.export
+WAIT_S = 30.0  # how long a test waits for another thread to reach a state (a bound, never a measured speed)
+
+
+def eventually(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {WAIT_S} s: {what}")
+        time.sleep(0.002)
+
+
 ONE_THREAD = RuntimeOptions(intra_op_threads=1, max_batch=0, acoustic_slots=0, stream_schedule="official")
 
 
@@ -238,6 +252,47 @@ def test_a_whole_sentence_flow_keeps_no_keys_or_values(engine: CosyVoice2Engine)
     streamed = flow.empty_state(3)
     flow.advance(seq[:50], seq[50:53], voice.flow, streamed)
     assert [c.frames for s in streamed.steps for c in (*s.k, *s.v)] == [100] * 12
+
+
+def test_streams_over_the_flow_cache_budget_wait_for_the_oldest_and_give_it_all_back(cv2_bundle: Path) -> None:
+    """Under a budget that one stream already fills, a second stream waits before its first chunk until the first
+    ends (the oldest always goes on), then makes the audio it makes alone; a waiting stream whose request is
+    cancelled ends without audio; every reservation is given back."""
+    budget = StateBudget(1)
+    engine = CosyVoice2Engine.load(cv2_bundle, ONE_THREAD, state_budget=budget)
+    voice = random_voice(30, seed=11)
+    speech = np.random.default_rng(11).integers(0, 6561, 60).tolist()
+    options = SynthesisOptions(stream=True)
+    alone = [c.mel for c in engine.mel_chunks(iter(speech), voice.flow, options)]
+    assert budget.used == 0 and budget.peak > 1
+
+    first = engine.mel_chunks(iter(speech), voice.flow, options)
+    head = next(first)  # the first stream holds its caches' bytes now
+    second: list[np.ndarray] = []
+    thread = threading.Thread(target=lambda: second.extend(c.mel for c in engine.mel_chunks(iter(speech), voice.flow, options)))
+    thread.start()
+    eventually(lambda: budget.waiting == 1, "the second stream waits for the budget")
+    rest = [c.mel for c in first]  # the oldest goes on over the limit
+    thread.join(WAIT_S)
+    assert not thread.is_alive() and budget.used == 0
+    for a, b, c in zip(alone, [head.mel, *rest], second, strict=True):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+
+    holder = engine.mel_chunks(iter(speech), voice.flow, options)
+    next(holder)
+    cancel = threading.Event()
+    cancelled: list[np.ndarray] = []
+    late = threading.Thread(
+        target=lambda: cancelled.extend(c.mel for c in engine.mel_chunks(iter(speech), voice.flow, options, cancel=cancel))
+    )
+    late.start()
+    eventually(lambda: budget.waiting == 1, "the late stream waits for the budget")
+    cancel.set()
+    late.join(WAIT_S)
+    assert not late.is_alive() and cancelled == [] and budget.waiting == 0
+    holder.close()
+    assert budget.used == 0
 
 
 def test_a_voice_prompt_state_is_computed_once_and_shared(cv2_bundle: Path) -> None:

@@ -98,6 +98,8 @@ class RuntimeOptions:
     first_hop_tokens: int | None = None  # the first streamed chunk's hop; None: the schedule's own
     # Seconds of a cloned voice's prompt the flow sees with each streamed chunk; None: all of it (official).
     prompt_window_s: float | None = None
+    # Megabytes streamed sentences' growing state may hold at once (service.engine.memory); None: auto, 0: no bound.
+    flow_cache_mb: int | None = None
     # Runtime of the OPENVINO_GRAPHS: "auto" = OpenVINO in bf16 where the CPU computes bf16 natively (AVX-512 BF16,
     # AMX) and the openvino package is installed, else ORT; "ort"; "openvino" (bf16 where native, else f32).
     # The engine's own default is ORT (parity checks, tools); the service's setting defaults to "auto".
@@ -124,6 +126,8 @@ class RuntimeOptions:
             raise ValueError("stream_schedule must be 'adaptive' or 'official'")
         if self.prompt_window_s is not None and self.prompt_window_s < 0:
             raise ValueError("prompt_window_s must be >= 0")
+        if self.flow_cache_mb is not None and self.flow_cache_mb < 0:
+            raise ValueError("flow_cache_mb must be >= 0")
         if self.acoustic_backend not in ("auto", "ort", "openvino"):
             raise ValueError("acoustic_backend must be 'auto', 'ort' or 'openvino'")
 

@@ -8,6 +8,7 @@ caches: each mel frame is solved once per request.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -24,6 +25,7 @@ from service.engine.acoustic_gate import AcousticGate, Pacer
 from service.engine.dsp import StreamingStretch
 from service.engine.hift import HiFTRunner
 from service.engine.llm import max_speech_tokens
+from service.engine.memory import StateBudget, auto_budget
 from service.engine.scheduler import BatchScheduler
 from service.engine.sessions import RuntimeOptions, limit_malloc_arenas, open_sessions
 from service.engine.synthesizer import AudioChunk, StageTimings, SynthesisOptions, TokenGenerator
@@ -33,6 +35,8 @@ from service.families.cosyvoice2.hift import Vocoder, VocoderStream
 from service.families.cosyvoice2.llm import Qwen2Runner
 from service.families.cosyvoice2.schedule import HopSchedule, window_tokens
 from service.families.cosyvoice2.voice import FlowPrompt2, Voice2
+
+log = logging.getLogger(__name__)
 
 DEFAULT_OPTIONS = SynthesisOptions()
 DEFAULT_PROMPT_CACHE_BYTES = 2 << 30  # prompt flow states kept for reuse (a 10 s prompt: ~1 GB fp16 full-size)
@@ -112,12 +116,14 @@ class CosyVoice2Engine:
         schedule: HopSchedule | None = None,
         prompt_window_tokens: int | None = None,
         cfg_lanes: bool = False,
+        state_budget: StateBudget | None = None,
     ) -> None:
         """`official_final_chunk`: end every stream like the official code, with one full-attention flow pass over the
         whole sentence for the last chunk (exact official audio, at the cost of that pass before the last audio).
         `schedule`: how streamed sentences are cut (None: the official HopSchedule). `prompt_window_tokens`: the last
         prompt tokens (with their mel) a streamed flow sees (None: the whole prompt, as the official). `cfg_lanes`: the
-        estimator's two guidance rows run as two concurrent calls (FlowRunner2)."""
+        estimator's two guidance rows run as two concurrent calls (FlowRunner2). `state_budget`: what the streamed
+        sentences' estimator caches may hold at once (None: no bound; `load` sizes it from `flow_cache_mb`)."""
         extra = bundle.manifest.cosyvoice2
         if bundle.family != FAMILY_V2 or extra is None:
             raise BundleError(f"{bundle.root}: not a CosyVoice2 bundle (family {bundle.family!r})")
@@ -135,6 +141,7 @@ class CosyVoice2Engine:
         self.gate = gate
         self.prompt_states = PromptStates(prompt_cache_bytes)
         self.official_final_chunk = official_final_chunk
+        self.state_budget = state_budget or StateBudget(None)
 
     @classmethod
     def load(cls, bundle: ModelBundle | str | Path, runtime: RuntimeOptions | None = None, **kwargs: Any) -> CosyVoice2Engine:
@@ -159,6 +166,8 @@ class CosyVoice2Engine:
         schedule = kwargs.setdefault("schedule", stream_schedule(bundle, runtime))
         window = window_tokens(runtime.prompt_window_s, schedule, bundle.constants.token_rate_hz)
         kwargs.setdefault("prompt_window_tokens", window)
+        if "state_budget" not in kwargs:
+            kwargs["state_budget"] = flow_budget(runtime)  # after the sessions opened: auto counts the loaded model
         return cls(bundle, sessions, llm=llm, gate=gate, **kwargs)
 
     def close(self) -> None:
@@ -256,7 +265,7 @@ class CosyVoice2Engine:
             tokens = self.llm.generate(ids, voice.llm, llm_rng, cancel=cancel, urgent_tokens=urgent)
             exact = self.official_final_chunk
             most = max_speech_tokens(len(ids), self.constants)  # the LLM's own limit for this sentence
-            pieces = self._sentence(iter(tokens), voice.flow, options, noise_rng, pace, voice.fingerprint, exact, most)
+            pieces = self._sentence(iter(tokens), voice.flow, options, noise_rng, pace, voice.fingerprint, exact, most, cancel)
             for audio, (last, flow_s, hift_s, tokens_in) in pieces:
                 llm_s = max(0.0, time.perf_counter() - clock - flow_s - hift_s)
                 timings = StageTimings(llm_s=llm_s, flow_s=flow_s, hift_s=hift_s)
@@ -277,6 +286,7 @@ class CosyVoice2Engine:
         exact_final: bool = False,
         pace: Pacer | None = None,
         max_tokens: int | None = None,
+        cancel: threading.Event | None = None,
     ) -> Iterator[MelChunk]:
         """The flow half of a sentence: mel chunks (80, 2 * tokens) as `tokens` arrive (one chunk without streaming).
 
@@ -284,6 +294,8 @@ class CosyVoice2Engine:
         each call continues exactly where the previous one stopped. `fingerprint` names the voice whose
         prompt-only state may be cached; `exact_final` makes the last chunk the official full-attention one.
         `max_tokens`: at most this many speech tokens will come (sizes the flow's caches; more still work).
+        A streamed sentence reserves its caches' bytes in `state_budget` before each chunk grows them (waiting while
+        they do not fit; it ends early if `cancel` is set meanwhile) and returns them when it ends.
         """
         steps = options.n_timesteps or self.constants.n_timesteps
         pace = pace or Pacer(None, self.sample_rate)
@@ -304,12 +316,29 @@ class CosyVoice2Engine:
         schedule = self.schedule
         base = options.first_hop_tokens or schedule.first
         job = _Sentence(prompt, state, schedule.first_hop(len(prompt.tokens), base), [])
-        for token in tokens:
-            job.speech.append(int(token))
-            while len(job.speech) - job.offset >= job.hop + schedule.look_ahead:
-                yield self._flow_chunk(job, pace, final=False)
-                job.hop, base = schedule.next_hop(base, len(prompt.tokens) + job.offset)
-        yield self._flow_chunk(job, pace, final=True, exact=exact_final)
+        budget, per_frame, owner = self.state_budget, state.bytes_per_frame(), object()  # owner: this sentence
+        stop = cancel.is_set if cancel is not None else None
+        try:
+            if not budget.reserve(owner, state.nbytes(), stop):
+                return
+            for token in tokens:
+                job.speech.append(int(token))
+                while len(job.speech) - job.offset >= job.hop + schedule.look_ahead:
+                    if not budget.reserve(owner, per_frame * self._new_frames(job, final=False), stop):
+                        return
+                    yield self._flow_chunk(job, pace, final=False)
+                    job.hop, base = schedule.next_hop(base, len(prompt.tokens) + job.offset)
+            grows = 0 if exact_final else per_frame * self._new_frames(job, final=True)  # the exact pass keeps none
+            if not budget.reserve(owner, grows, stop):
+                return
+            yield self._flow_chunk(job, pace, final=True, exact=exact_final)
+        finally:
+            budget.release(owner)
+
+    def _new_frames(self, job: _Sentence, *, final: bool) -> int:
+        """Mel frames the next chunk adds to the flow's caches (the final chunk: everything not yet encoded)."""
+        end = len(job.prompt.tokens) + (len(job.speech) if final else job.offset + job.hop)
+        return self.extra.token_mel_ratio * max(0, end - job.encoded)
 
     def _sentence(
         self,
@@ -321,13 +350,15 @@ class CosyVoice2Engine:
         fingerprint: str | None,
         exact_final: bool,
         max_tokens: int | None = None,
+        cancel: threading.Event | None = None,
     ) -> Iterator[tuple[np.ndarray, tuple[bool, float, float, int]]]:
         """Audio pieces of one sentence with (final, flow seconds, vocoder seconds, speech tokens)."""
         vocoder = VocoderStream(self.vocoder, rng)
         stretch = StreamingStretch(options.speed) if options.stream and options.speed != 1.0 else None
         chunks = self.mel_chunks(
-            tokens, prompt, options, fingerprint=fingerprint, exact_final=exact_final, pace=pace, max_tokens=max_tokens
-        )
+            tokens, prompt, options, fingerprint=fingerprint, exact_final=exact_final, pace=pace, max_tokens=max_tokens,
+            cancel=cancel,
+        )  # fmt: skip
         for chunk in chunks:
             clock = time.perf_counter()
             with pace.turn(first=pace.audio_s == 0.0):
@@ -375,6 +406,18 @@ def one_thread_calls(runtime: RuntimeOptions) -> RuntimeOptions:
     if runtime.acoustic_threads is not None or runtime.acoustic_slots == 0:
         return runtime
     return replace(runtime, acoustic_threads=1, acoustic_slots=runtime.acoustic_slots * runtime.intra_op_threads)
+
+
+def flow_budget(runtime: RuntimeOptions) -> StateBudget:
+    """The bound on streamed sentences' estimator caches that `runtime.flow_cache_mb` asks for: None sizes it from the
+    memory limit and what is resident now (call it with the sessions open), 0 leaves it unbounded."""
+    mb = runtime.flow_cache_mb
+    limit = auto_budget() if mb is None else (mb << 20 if mb > 0 else None)
+    if limit is None:
+        log.info("flow caches of streamed sentences: no bound")
+    else:
+        log.info("flow caches of streamed sentences: at most %d MB at once%s", limit >> 20, " (auto)" if mb is None else "")
+    return StateBudget(limit)
 
 
 def stream_schedule(bundle: ModelBundle, runtime: RuntimeOptions) -> HopSchedule:

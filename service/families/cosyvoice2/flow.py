@@ -120,8 +120,11 @@ class FrameCache:
         return buffer
 
     def nbytes(self) -> int:
+        return self.frames * self.bytes_per_frame()
+
+    def bytes_per_frame(self) -> int:
         blocks, _, heads, dim = self.buffer.shape
-        return int(blocks * self.frames * heads * dim * self.buffer.itemsize)
+        return int(blocks * heads * dim * self.buffer.itemsize)
 
 
 def _mapped(shape: tuple[int, int, int, int], dtype: type[np.floating]) -> np.ndarray:
@@ -158,6 +161,10 @@ class FlowState:
 
     def nbytes(self) -> int:
         return self.encoder.nbytes() + sum(s.nbytes() for s in self.steps)
+
+    def bytes_per_frame(self) -> int:
+        """What one more solved frame adds to the estimator's caches (every step's rows, keys and values)."""
+        return sum(c.bytes_per_frame() for s in self.steps for c in (*s.k, *s.v))
 
     def copy(self, capacity: int) -> FlowState:
         """A copy to continue for up to `capacity` frames in all (a voice's prompt state serves many requests). The

@@ -1,0 +1,120 @@
+"""A memory budget for state that grows while a stream runs (CosyVoice2: the flow's estimator caches).
+
+A streamed CosyVoice2 sentence keeps every Euler step's keys and values for every frame so far (2.3 MB per frame at
+full size): about 0.7 GB for a 5 s sentence, 2.4 GB for a 20 s one. Concurrent streams add up, so a process with a
+memory limit (a container's) would be killed by the OS for a burst it could have queued. `StateBudget` bounds the sum:
+a stream reserves bytes before it grows and gives all of them back when it ends; one that does not fit waits until
+others end, except the oldest holder, which always proceeds (so streams never wait on each other in a circle, and the
+bound is exceeded at most by the oldest stream's own growth).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+_WAIT_POLL_S = 0.05  # how often a waiting stream looks at its cancel test
+AUTO_SHARE = 0.5  # of what the memory limit leaves after the model: the rest is for decode caches, HiFT, arenas
+AUTO_FLOOR = 256 << 20  # an auto budget never goes below this (one short sentence)
+_CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+_NO_LIMIT = 1 << 60  # cgroup v1 writes a huge number for "no limit"
+
+
+class StateBudget:
+    """At most `limit` bytes reserved at once over all owners (None: no bound); thread-safe.
+
+    `reserve(owner, n)` adds n bytes to what `owner` holds, waiting while they do not fit unless `owner` is the oldest
+    holder (the first one still holding); `release(owner)` returns everything `owner` holds and wakes the waiters.
+    """
+
+    def __init__(self, limit: int | None) -> None:
+        if limit is not None and limit < 0:
+            raise ValueError("limit must be >= 0 (or None: no bound)")
+        self.limit = limit
+        self._cond = threading.Condition()
+        self._held: dict[object, int] = {}  # in the order owners first reserved: the first one is the oldest
+        self.used = 0
+        self.waiting = 0  # owners blocked in reserve() now
+        self.peak = 0
+
+    def reserve(self, owner: object, nbytes: int, cancelled: Callable[[], bool] | None = None) -> bool:
+        """Hold `nbytes` more for `owner`; False (nothing reserved) if `cancelled()` turned true while waiting."""
+        with self._cond:
+            if not self._fits(owner, nbytes):
+                self.waiting += 1
+                try:
+                    while not self._fits(owner, nbytes):
+                        if cancelled is not None and cancelled():
+                            return False
+                        self._cond.wait(_WAIT_POLL_S if cancelled is not None else None)
+                finally:
+                    self.waiting -= 1
+            self._held[owner] = self._held.get(owner, 0) + nbytes
+            self.used += nbytes
+            self.peak = max(self.peak, self.used)
+            return True
+
+    def release(self, owner: object) -> None:
+        """Give back everything `owner` holds (a no-op for an owner that holds nothing)."""
+        with self._cond:
+            self.used -= self._held.pop(owner, 0)
+            self._cond.notify_all()
+
+    def held(self, owner: object) -> int:
+        with self._cond:
+            return self._held.get(owner, 0)
+
+    def _fits(self, owner: object, nbytes: int) -> bool:
+        if self.limit is None or self.used + nbytes <= self.limit:
+            return True
+        oldest = next(iter(self._held), owner)  # nobody holding: this owner is the oldest
+        return oldest is owner
+
+
+def memory_limit_bytes() -> int | None:
+    """The memory this process may use: its cgroup's limit (a container's) or, without one, the machine's RAM; None
+    where neither can be read (not Linux)."""
+    limits = [n for n in (_read_int(p) for p in _CGROUP_LIMITS) if n is not None and n < _NO_LIMIT]
+    total = _meminfo_total()
+    if total is not None:
+        limits.append(total)
+    return min(limits) if limits else None
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (0 where /proc is missing)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def auto_budget(limit: int | None = None, resident: int | None = None) -> int | None:
+    """The budget of `StateBudget` when none is set: AUTO_SHARE of what the memory limit leaves after what is resident
+    now (the loaded model), at least AUTO_FLOOR; None (no bound) when the limit cannot be read."""
+    limit = memory_limit_bytes() if limit is None else limit
+    if limit is None:
+        return None
+    resident = resident_bytes() if resident is None else resident
+    return max(AUTO_FLOOR, int(AUTO_SHARE * (limit - resident)))
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # cgroup v2 writes "max" for no limit
+
+
+def _meminfo_total() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
