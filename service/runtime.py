@@ -11,6 +11,7 @@ from typing import TypeVar
 
 from service.access import ApiKeys, ClientIdentity, Gate
 from service.bundle import ModelBundle
+from service.engine.memory import StateBudget
 from service.engine.sessions import RuntimeOptions
 from service.errors import BundleError, NotReadyError, SettingError, ShuttingDownError, TTSError
 from service.families.model import EngineLoader, Model, ModelContext, VoiceLibrary
@@ -143,6 +144,10 @@ class Runtime:
         watch_cache: Callable[[CacheStats], None] | None = getattr(self.observer, "watch_cache", None)
         if watch_cache is not None:  # an observer that exports the cache's counters (the HTTP metrics)
             watch_cache(cache.stats)
+        watch_budget: Callable[[StateBudget], None] | None = getattr(self.observer, "watch_state_budget", None)
+        budget = model.state_budget()
+        if watch_budget is not None and budget is not None:  # the same for the streams' flow-cache bound
+            watch_budget(budget)
         aliases = voice_aliases(s.voice_aliases, tuple(bundle.speakers))
         _warn_unknown_targets(s.voice_aliases, tuple(bundle.speakers), model.voices)
         service = TTSService(

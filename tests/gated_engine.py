@@ -79,6 +79,11 @@ class GatedEngine:
     def voice(self, speaker: str) -> Voice:
         return self.inner.voice(speaker)
 
+    @property
+    def state_budget(self) -> object:
+        """The wrapped engine's bound on its streams' growing state (None where it has none), for the metrics."""
+        return getattr(self.inner, "state_budget", None)
+
     def synthesize(
         self, sentences: list[list[int]], voice: Voice, options: SynthesisOptions, cancel: threading.Event
     ) -> Iterator[AudioChunk]:

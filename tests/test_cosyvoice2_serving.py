@@ -301,6 +301,32 @@ def test_streamed_audio_arrives_while_the_rest_is_being_made(local: LocalApp, sa
     assert engine.chunks > before + 1 and len(rest) > 0
 
 
+def flow_cache_gauge(client: TestClient, name: str) -> float:
+    lines = [line for line in client.get("/metrics").text.splitlines() if line.startswith(name + " ")]
+    assert len(lines) == 1, f"/metrics has no {name}"
+    return float(lines[0].split()[1])
+
+
+def test_metrics_count_a_held_streams_flow_caches_and_let_them_go(local: LocalApp, saved: dict[str, dict[str, Any]]) -> None:
+    """/metrics shows the bound on the streams' flow caches and what they hold: a stream held after its first chunk
+    (the gate is closed) holds some, none once it has ended."""
+    assert flow_cache_gauge(local.client, "tts_flow_cache_limit_bytes") > 0  # auto: half of what the memory limit leaves
+    assert flow_cache_gauge(local.client, "tts_flow_cache_bytes") == 0
+    local.gate.clear()
+    try:
+        request = {"text": TTS_TEXT, "speaker": ZERO_SHOT, "stream": True, "format": "pcm", "seed": 5}
+        with local.client.stream("POST", "/tts", json=request) as response:
+            pieces = response.iter_bytes()
+            assert len(next(pieces)) > 0
+            assert flow_cache_gauge(local.client, "tts_flow_cache_bytes") > 0
+            assert flow_cache_gauge(local.client, "tts_flow_cache_waiting") == 0
+            local.gate.set()
+            assert len(b"".join(pieces)) > 0
+    finally:
+        local.gate.set()
+    assert flow_cache_gauge(local.client, "tts_flow_cache_bytes") == 0
+
+
 def test_tts_prompt_clones_a_one_off_recording_at_24khz(
     http: httpx.Client, token_bounds: Callable[[str], tuple[int, int]]
 ) -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -32,6 +33,33 @@ class _CacheCollector(Collector):
         ):
             family = CounterMetricFamily(f"tts_cache_{name}", doc)
             family.add_metric([], snap[name])
+            yield family
+
+
+class BudgetView(Protocol):
+    """What the metrics read of a model's bound on its streams' growing state (service.engine.memory.StateBudget)."""
+
+    used: int
+    limit: int | None
+    waiting: int
+
+
+class _BudgetCollector(Collector):
+    """Exports the flow-cache budget at scrape time (zeros for a model without one, such as v1)."""
+
+    def __init__(self) -> None:
+        self.budget: BudgetView | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        b = self.budget
+        used, limit, waiting = (b.used, b.limit or 0, b.waiting) if b is not None else (0, 0, 0)
+        for name, doc, value in (
+            ("tts_flow_cache_bytes", "Bytes streamed sentences' flow caches hold now (CosyVoice2)", used),
+            ("tts_flow_cache_limit_bytes", "Bound on tts_flow_cache_bytes (TTS_FLOW_CACHE_MB; 0: none)", limit),
+            ("tts_flow_cache_waiting", "Streams waiting for flow cache memory before their next chunk", waiting),
+        ):
+            family = GaugeMetricFamily(name, doc)
+            family.add_metric([], value)
             yield family
 
 
@@ -74,9 +102,14 @@ class Metrics(SynthesisObserver):
         )  # fmt: skip
         self._cache = _CacheCollector()
         r.register(self._cache)
+        self._budget = _BudgetCollector()
+        r.register(self._budget)
 
     def watch_cache(self, stats: CacheStats) -> None:
         self._cache.stats = stats
+
+    def watch_state_budget(self, budget: BudgetView) -> None:
+        self._budget.budget = budget
 
     # SynthesisObserver overrides
     def queue_changed(self, waiting: int, running: int) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Protocol
 
 from service.bundle import Capabilities, ModelBundle
+from service.engine.memory import StateBudget
 from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import AudioChunk, SynthesisOptions
 from service.frontend import TextFrontend
@@ -156,6 +157,11 @@ class Model(Engine, Protocol):
     def warmup_voice(self) -> ModelVoice:
         """A voice that runs every stage, for the warm-up and readiness probes of a model whose default speaker is not
         built in (a bundle without built-in speakers: CosyVoice2-0.5B as it ships)."""
+        ...
+
+    def state_budget(self) -> StateBudget | None:
+        """The bound on what its streams' growing state holds at once (CosyVoice2: the flow caches), for the
+        metrics; None for a model whose streams keep no such state."""
         ...
 
     def close(self) -> None:

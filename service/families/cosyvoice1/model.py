@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol, cast, get_args
 
 from service.bundle import FAMILY_V1, Capabilities, ModelBundle
+from service.engine.memory import StateBudget
 from service.engine.prompt import MelVariant
 from service.engine.sessions import RuntimeOptions
 from service.engine.streaming import default_first_hop
@@ -98,6 +99,10 @@ class CosyVoice1Model:
         self, sentences: list[list[int]], voice: ModelVoice, options: SynthesisOptions, cancel: threading.Event
     ) -> Iterator[AudioChunk]:
         return self.engine.synthesize(sentences, v1_voice(voice), options, cancel)
+
+    def state_budget(self) -> StateBudget | None:
+        """None: a v1 stream's flow re-runs its overlap instead of keeping caches that grow with the sentence."""
+        return None
 
     def close(self) -> None:
         """Stop the engine's scheduler thread (if it has one), then close the voice store and analysis cache."""

@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol, cast
 
 from service.bundle import FAMILY_V2, Capabilities, ModelBundle
+from service.engine.memory import StateBudget
 from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import AudioChunk, SynthesisOptions
 from service.errors import BundleError, SettingError
@@ -86,6 +87,11 @@ class CosyVoice2Model:
         """A spk2info speaker or saved voice by name, a one-off prompt (zero-shot with a transcript, cross-lingual
         without), or either speaking as an instruction says (instruct2)."""
         return self._voices.voice_for(reference, self.speakers, self.voice)
+
+    def state_budget(self) -> StateBudget | None:
+        """The engine's bound on the streams' flow caches (None for a test's engine without one)."""
+        budget = getattr(self.engine, "state_budget", None)
+        return budget if isinstance(budget, StateBudget) else None
 
     def warmup_voice(self) -> Voice2:
         """The first built-in speaker; without any (the official checkpoint), a neutral voice: a unit x-vector and no
