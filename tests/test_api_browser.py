@@ -14,6 +14,7 @@ from gated_engine import FileGate
 from servers import AppServer, Chromium, DevToolsPage
 
 from service.api import create_app
+from service.bundle import ModelBundle
 from service.settings import Settings
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -528,7 +529,8 @@ def test_a_voice_another_model_made_is_labelled_without_use_and_admins_may_delet
         page.wait_for(f"!!({other} && {own})", 20, "both saved voices")
         assert saved_names(page)["list"] == ["v2-voice", "v1-voice"], "the other model's voice is not listed apart"
         label = page.eval(f"{other}.querySelector('[data-role=other-model]')?.textContent")
-        assert label == " — made for another model: this server cannot speak it", label
+        v1_model = ModelBundle.load(tiny_bundle).manifest.model
+        assert label == f" — made for another model ({v1_model}): this server cannot speak it", label
         assert page.eval(f"{other}.classList.contains('other') && {other}.querySelector('button[data-role=use]') === null")
         assert page.eval(f"{other}.querySelector('button[data-role=delete]') !== null"), "an admin may delete it"
         assert page.eval(f"{own}.querySelector('[data-role=other-model]') === null && !{own}.classList.contains('other')")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
+import json
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +44,19 @@ def test_a_saved_voice_round_trips_exactly() -> None:
     np.testing.assert_array_equal(back.features.speech_tokens, original.features.speech_tokens)
     with pytest.raises(ValueError):
         SavedVoice.from_bytes(b"not a voice")
+
+
+def test_a_voice_names_the_model_it_was_made_for_and_older_voices_still_load() -> None:
+    made = SavedVoice.from_bytes(replace(voice("bob"), made_for="CosyVoice2-0.5B-int8").to_bytes())
+    assert made.made_for == "CosyVoice2-0.5B-int8" and made.info()["made_for"] == "CosyVoice2-0.5B-int8"
+    with np.load(io.BytesIO(voice("carol").to_bytes()), allow_pickle=False) as npz:  # as saved before `made_for`
+        arrays = {k: npz[k] for k in npz.files}
+    meta = json.loads(bytes(arrays.pop("meta")).decode("utf-8"))
+    del meta["made_for"]
+    buf = io.BytesIO()
+    np.savez(buf, meta=np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8), **arrays)
+    older = SavedVoice.from_bytes(buf.getvalue())
+    assert older.made_for == "" and older.name == "carol" and older.info()["made_for"] == ""
 
 
 def test_directory_store_limits_duplicates_and_skips_damaged_files(tmp_path: Path) -> None:

@@ -153,7 +153,7 @@ class PromptVoices(ABC, Generic[V]):
             raise VoiceExistsError(f"a voice named {name!r} exists; delete it first", param="name")
         features = self.analyze(prompt)
         self._transcript_ids(transcript, features.duration_s)  # refuse a transcript the audio cannot hold
-        voice = SavedVoice(name, transcript.strip(), features, prompt.sha256, self.models)
+        voice = SavedVoice(name, transcript.strip(), features, prompt.sha256, self.models, made_for=self.bundle.manifest.model)
         self.store.add(voice, self.max_voices)
         return voice
 

@@ -60,7 +60,9 @@ class PromptFeatures:
 class SavedVoice:
     """A named voice: its prompt features, the transcript (empty: cross-lingual cloning) and where it came from.
 
-    `models` fingerprints the prompt models that analysed it (a voice analysed by other models is refused).
+    `models` fingerprints the prompt models that analysed it (a voice analysed by other models is refused);
+    `made_for` names the model the saving server served (its manifest's `model`; empty for voices saved before it was
+    recorded), so that a server of another model can say which one the voice belongs to.
     """
 
     name: str
@@ -69,6 +71,7 @@ class SavedVoice:
     audio_sha256: str
     models: str
     created_at: float = field(default_factory=time.time)
+    made_for: str = ""
 
     @property
     def kind(self) -> str:
@@ -85,6 +88,7 @@ class SavedVoice:
             "prompt_tokens": int(self.features.speech_tokens.size),
             "mel_variant": self.features.mel_variant,
             "created_at": self.created_at,
+            "made_for": self.made_for,
         }
 
     def to_bytes(self) -> bytes:
@@ -95,6 +99,7 @@ class SavedVoice:
             "audio_sha256": self.audio_sha256,
             "models": self.models,
             "created_at": self.created_at,
+            "made_for": self.made_for,
             "duration_s": self.features.duration_s,
             "mel_variant": self.features.mel_variant,
         }
@@ -109,7 +114,8 @@ class SavedVoice:
             if meta.get("format") != VOICE_FORMAT:
                 raise ValueError(f"unknown saved-voice format {meta.get('format')!r}")
             features = PromptFeatures.from_arrays(npz, meta["duration_s"], meta["mel_variant"])
-        return cls(meta["name"], meta["transcript"], features, meta["audio_sha256"], meta["models"], meta["created_at"])
+        made_for = str(meta.get("made_for", ""))  # absent from voices saved before it was recorded
+        return cls(meta["name"], meta["transcript"], features, meta["audio_sha256"], meta["models"], meta["created_at"], made_for)
 
 
 def check_voice_name(name: str, reserved: Iterable[str] = ()) -> str:

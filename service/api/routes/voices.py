@@ -36,7 +36,8 @@ async def create_voice(
 @router.get("", dependencies=LISTING, responses=ERROR_RESPONSES, summary="List saved voices")
 async def list_voices(request: Request, state: StateDep, voices: VoicesDep) -> dict[str, Any]:
     """Every saved voice with its details (transcript, length, kind; `usable` is false for a voice the served model's
-    prompt models did not analyse, e.g. one a CosyVoice v1 server saved into a store shared with CosyVoice2). With API
+    prompt models did not analyse, e.g. one a CosyVoice v1 server saved into a store shared with CosyVoice2, and
+    `made_for` names the model it was saved for, empty for voices saved before that was recorded). With API
     keys on, a request without a key (let through while TTS_PUBLIC_MODEL_LIST is on) gets ids and names only:
     transcripts are personal data. `can_manage` says whether this caller may save and delete voices (an admin key, or
     no keys configured)."""
