@@ -101,7 +101,7 @@ class CosyVoice1Model:
         return self.engine.synthesize(sentences, v1_voice(voice), options, cancel)
 
     def state_budget(self) -> StateBudget | None:
-        """None: a v1 stream's flow re-runs its overlap instead of keeping caches that grow with the sentence."""
+        """None: a v1 stream carries a fixed overlap from chunk to chunk, nothing that grows with the sentence."""
         return None
 
     def close(self) -> None:
