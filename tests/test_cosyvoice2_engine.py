@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from servers import wait_until
 
 from export.checkpoint import read_state_dict
 from export.cosyvoice2.config import load_config
@@ -32,14 +31,6 @@ from service.families.cosyvoice2.voice import Voice2
 
 pytestmark = pytest.mark.export
 WAIT_S = 30.0  # how long a test waits for another thread to reach a state (a bound, never a measured speed)
-
-
-def eventually(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {WAIT_S} s: {what}")
-        time.sleep(0.002)
 
 
 ONE_THREAD = RuntimeOptions(intra_op_threads=1, max_batch=0, acoustic_slots=0, stream_schedule="official")
@@ -271,7 +262,7 @@ def test_streams_over_the_flow_cache_budget_wait_for_the_oldest_and_give_it_all_
     second: list[np.ndarray] = []
     thread = threading.Thread(target=lambda: second.extend(c.mel for c in engine.mel_chunks(iter(speech), voice.flow, options)))
     thread.start()
-    eventually(lambda: budget.waiting == 1, "the second stream waits for the budget")
+    wait_until(lambda: budget.waiting == 1, WAIT_S, "the second stream to wait for the budget", 0.002)
     rest = [c.mel for c in first]  # the oldest goes on over the limit
     thread.join(WAIT_S)
     assert not thread.is_alive() and budget.used == 0
@@ -287,7 +278,7 @@ def test_streams_over_the_flow_cache_budget_wait_for_the_oldest_and_give_it_all_
         target=lambda: cancelled.extend(c.mel for c in engine.mel_chunks(iter(speech), voice.flow, options, cancel=cancel))
     )
     late.start()
-    eventually(lambda: budget.waiting == 1, "the late stream waits for the budget")
+    wait_until(lambda: budget.waiting == 1, WAIT_S, "the late stream to wait for the budget", 0.002)
     cancel.set()
     late.join(WAIT_S)
     assert not late.is_alive() and cancelled == [] and budget.waiting == 0

@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 
 import pytest
+from servers import wait_until
 
 from service.engine.memory import AUTO_FLOOR, AUTO_SHARE, StateBudget, auto_budget
 
 WAIT_S = 10.0  # how long a test waits for another thread to reach a state (never reached early by a fast machine)
-
-
-def eventually(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {WAIT_S} s: {what}")
-        time.sleep(0.002)
 
 
 def test_reservations_within_the_limit_go_through_and_are_given_back() -> None:
@@ -43,7 +34,7 @@ def test_the_oldest_holder_always_goes_on_and_a_newer_one_waits_for_it() -> None
 
     thread = threading.Thread(target=newcomer)
     thread.start()
-    eventually(lambda: budget.waiting == 1, "the newcomer waits")
+    wait_until(lambda: budget.waiting == 1, WAIT_S, "the newcomer to wait", 0.002)
     assert budget.reserve(old, 50)  # over the limit, but the oldest: no wait (no circle of waiting streams)
     assert not done.is_set() and budget.used == 140
     budget.release(old)
@@ -59,7 +50,7 @@ def test_a_waiting_reservation_ends_when_its_request_is_cancelled() -> None:
     result: list[bool] = []
     thread = threading.Thread(target=lambda: result.append(budget.reserve(waiter, 5, cancel.is_set)))
     thread.start()
-    eventually(lambda: budget.waiting == 1, "the reservation waits")
+    wait_until(lambda: budget.waiting == 1, WAIT_S, "the reservation to wait", 0.002)
     cancel.set()
     thread.join(WAIT_S)
     assert result == [False] and budget.held(waiter) == 0 and budget.used == 10 and budget.waiting == 0
