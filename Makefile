@@ -17,7 +17,17 @@ SKIP_SYSTEM_DEPS ?=
 # not answer (pip would retry it for every package); empty = pip's configured indexes only.
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: run test check lint typecheck export bench bench-engine loadtest soak clean-bench
+.PHONY: run test check lint typecheck export bench bench-engine loadtest soak clean-bench native
+
+# Our native kernels (service/engine/native: the CosyVoice2 estimator's cached attention as an ONNX Runtime custom
+# operator), built by scripts/build_native.sh as the image builds them. Optional: without a C compiler it prints a
+# notice and the engine runs ONNX Runtime's graphs.
+NATIVE_LIB := service/engine/native/libcosyvoice_lite_native.so
+
+native: $(NATIVE_LIB)
+
+$(NATIVE_LIB): $(wildcard service/engine/native/*.c service/engine/native/*.h) scripts/build_native.sh
+	sh scripts/build_native.sh
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,10 +41,10 @@ $(VENV)/.dev: requirements-lite.txt requirements-export.txt requirements-dev.txt
 	$(PIP) --no-deps --upgrade --target $(VENV)/pipecat -r requirements-pipecat.txt
 	touch $@ $(VENV)/.lite
 
-run: $(VENV)/.lite
+run: $(VENV)/.lite native
 	TTS_HOST=$(HOST) TTS_PORT=$(PORT) TTS_GRPC_PORT=$(GRPC_PORT) TTS_MODEL_DIR=$(MODEL_DIR) $(BIN)/python -m service.api
 
-test: $(VENV)/.dev
+test: $(VENV)/.dev native
 	SKIP_SYSTEM_DEPS=$(SKIP_SYSTEM_DEPS) bash scripts/install_test_deps.sh
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 

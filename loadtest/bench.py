@@ -94,6 +94,9 @@ def ensure_v2_bundle(models: Path) -> Path:
     written by an older exporter (an estimator float twin, or estimator caches heads-first) is exported again."""
     fp32, int8 = models / "full-random-cosyvoice2", models / "full-random-cosyvoice2-int8"
     if (int8 / "manifest.json").is_file() and not _v2_stale(int8):
+        if "flow_estimator_native" not in json.loads((int8 / "manifest.json").read_text())["graphs"]:
+            log(f"adding the native twin of the estimator to {int8}")
+            subprocess.run([PYTHON, "-m", "export.native_twin", str(int8)], cwd=REPO, check=True)
         return int8
     for old in (fp32, int8):
         if old.exists():
@@ -242,6 +245,7 @@ LISTEN2_COMPARE = (  # (label, server settings): each CosyVoice2 lever switched 
     ("the whole prompt in the flow (TTS_PROMPT_WINDOW_S=all)", ("TTS_PROMPT_WINDOW_S=all",)),
     ("two-thread acoustic calls, no CFG lanes (TTS_ACOUSTIC_THREADS=2)", ("TTS_ACOUSTIC_THREADS=2",)),
     ("ONNX Runtime for HiFT (TTS_ACOUSTIC_BACKEND=ort)", ("TTS_ACOUSTIC_BACKEND=ort",)),
+    ("ONNX Runtime's attention in the estimator, not our kernel (TTS_NATIVE_KERNELS=off)", ("TTS_NATIVE_KERNELS=off",)),
     ("the engine before this work: all three engine levers off", (
         "TTS_STREAM_SCHEDULE=official", "TTS_PROMPT_WINDOW_S=all", "TTS_ACOUSTIC_THREADS=2",
     )),

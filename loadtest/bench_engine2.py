@@ -96,6 +96,7 @@ def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
         acoustic_slots=args.acoustic_slots,
         first_audio_priority=not args.no_first_audio_priority,
         acoustic_backend=args.acoustic_backend,
+        native_kernels=args.native_kernels,
         stream_schedule=args.stream_schedule,
         first_hop_tokens=args.first_hop,
         prompt_window_s=None if args.prompt_window_s < 0 else args.prompt_window_s,
@@ -208,6 +209,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--first-hop", type=int, help="first streamed hop in tokens (the schedule's own when omitted)")
     p.add_argument("--hop-scale", type=int, help="growth of the later hops (the schedule's own when omitted)")
     p.add_argument("--acoustic-backend", choices=["auto", "ort", "openvino"], default=defaults["acoustic_backend"].default)
+    p.add_argument("--native-kernels", choices=["auto", "off"], default=defaults["native_kernels"].default)
     p.add_argument("--stream-schedule", choices=["adaptive", "official"], default=defaults["stream_schedule"].default)
     p.add_argument("--flow-cache-mb", type=int, help="bound on streamed flow caches (auto when omitted, 0: none)")
     p.add_argument("--prompt-window-s", type=float, default=defaults["prompt_window_s"].default, help="-1: all")

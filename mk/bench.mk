@@ -5,8 +5,8 @@
 # BENCH_ARGS passes options through, e.g. `make bench BENCH_ARGS="--parts single latency --reps 5"`.
 BENCH_ARGS ?=
 
-bench: $(VENV)/.dev
+bench: $(VENV)/.dev native
 	$(BIN)/python loadtest/bench.py $(BENCH_ARGS)
 
-bench-engine: $(VENV)/.dev
+bench-engine: $(VENV)/.dev native
 	$(BIN)/python loadtest/bench.py --parts single latency --merge $(BENCH_ARGS)

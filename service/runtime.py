@@ -12,7 +12,7 @@ from typing import TypeVar
 from service.access import ApiKeys, ClientIdentity, Gate
 from service.bundle import ModelBundle
 from service.engine.memory import StateBudget
-from service.engine.sessions import RuntimeOptions
+from service.engine.sessions import RuntimeOptions, native_kernels_note
 from service.errors import BundleError, NotReadyError, SettingError, ShuttingDownError, TTSError
 from service.families.model import EngineLoader, Model, ModelContext, VoiceLibrary
 from service.families.registry import check_options, load_model
@@ -46,6 +46,7 @@ def runtime_options(s: Settings) -> RuntimeOptions:
         prompt_window_s=s.prompt_window_s,
         flow_cache_mb=s.flow_cache_mb,
         acoustic_backend=s.acoustic_backend,
+        native_kernels=s.native_kernels,
         compiled_cache_dir=s.cache_dir.expanduser() if s.cache_dir is not None else None,
     )
 
@@ -174,6 +175,9 @@ class Runtime:
                  len(bundle.speakers), cache.backend)  # fmt: skip
         if bundle.manifest.warning:
             log.warning("%s", bundle.manifest.warning)
+        native_note = native_kernels_note(bundle, runtime_options(s))
+        if native_note:
+            log.info("%s", native_note)
         self.model_created = int((bundle.root / "manifest.json").stat().st_mtime)  # read here, not on an event loop
         self.bundle, self.normalizer = bundle, model.frontend.normalizer_info
         self._frontend, self._service, self._model = model.frontend, service, model

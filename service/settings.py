@@ -122,6 +122,12 @@ class Settings(BaseSettings):
         description="Runtime of the flow estimator and HiFT: 'auto' = OpenVINO in bf16 where the CPU computes bf16 "
         "natively (AVX-512 BF16 or AMX), else ONNX Runtime; 'ort'; 'openvino' (bf16 where native, else f32).",
     )
+    native_kernels: Literal["auto", "off"] = Field(
+        default="auto",
+        description="Our own kernels (built by `make native`): 'auto' runs the CosyVoice2 flow estimator's attention "
+        "as our bf16 kernel where the bundle is quantized and has the native twin and the CPU has AVX-512 BF16 (else "
+        "ONNX Runtime's graph runs); 'off' always runs ONNX Runtime's graph.",
+    )
     stream_schedule: Literal["adaptive", "official"] = Field(
         default="adaptive",
         description="How streamed sentences are cut into chunks: 'adaptive' (a small first chunk, then each chunk "

@@ -89,7 +89,8 @@ def test_int8_twin_quantizes_weights_and_halves_the_caches(exported: Path) -> No
     assert twin.manifest.model.endswith("-int8") and twin.family == FAMILY_V2
     precisions = {n: g.precision for n, g in twin.manifest.graphs.items()}
     int8 = {n for n, p in precisions.items() if p == "int8"}
-    assert int8 == {"llm_step", "flow_encoder", "flow_estimator", "llm_prompt", "llm_embed"}
+    assert int8 == {"llm_step", "flow_encoder", "flow_estimator", "flow_estimator_native", "llm_prompt", "llm_embed"}
+    assert twin.manifest.graphs["flow_estimator_native"].group == "native"  # its attention as our kernel
     for name in ("llm_step", "flow_estimator"):
         model = onnx.load(str(twin.graph_path(name)), load_external_data=False)
         kinds = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
@@ -125,7 +126,8 @@ def test_int4_twin_has_a_4_bit_decode_step_and_speaks(checkpoint: Path, tmp_path
     assert twin.manifest.model.endswith("-int4") and twin.manifest.precision == "int4" and twin.family == FAMILY_V2
     precisions = {n: g.precision for n, g in twin.manifest.graphs.items()}
     assert precisions["llm_step"] == "int4"
-    assert {n for n, p in precisions.items() if p == "int8"} == {"flow_encoder", "flow_estimator", "llm_prompt", "llm_embed"}
+    int8 = {n for n, p in precisions.items() if p == "int8"}
+    assert int8 == {"flow_encoder", "flow_estimator", "flow_estimator_native", "llm_prompt", "llm_embed"}
     step = onnx.load(str(twin.graph_path("llm_step")), load_external_data=False)
     assert any(n.op_type == "MatMulNBits" for n in step.graph.node)
     assert {i.name: i.type.tensor_type.elem_type for i in step.graph.input}["past_k_0"] == onnx.TensorProto.FLOAT16

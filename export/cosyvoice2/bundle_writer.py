@@ -34,6 +34,7 @@ from export.cosyvoice2.modules.flow import CausalMaskedDiffWithXvec, flow_noise
 from export.cosyvoice2.modules.llm import Qwen2LM, drop_unused
 from export.graphs.hift import export_hift, verify_hift
 from export.modules.hift import HiFTGenerator, normalize_hift_state_dict
+from export.native_twin import write_native_twin
 from export.onnx_io import ExportError
 from export.prompt_models import copy_into
 from export.quantize import Scheme, write_quantized_bundle
@@ -248,6 +249,7 @@ def _write_twin(
             fp32_out, tmp, manifest, scheme, plan=plan, matmul_graphs=INT8_MATMUL_GRAPHS, table_graphs=INT8_TABLE_GRAPHS,
             half_kv_graphs=HALF_KV_GRAPHS, half_output_graphs=HALF_OUTPUT_GRAPHS, float_twin_graphs=FLOAT_TWIN_GRAPHS,
         )  # fmt: skip
+        write_native_twin(tmp, log=lambda _: None)
         result = check(tmp)
         publish(tmp, out)
     finally:

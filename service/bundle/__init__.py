@@ -12,8 +12,12 @@ from service.bundle.layout import (
     GRAPH_NAMES,
     GROUP_CORE,
     GROUP_FLOAT,
+    GROUP_NATIVE,
     GROUP_PROMPT,
     MANIFEST_NAME,
+    NATIVE_DOMAIN,
+    NATIVE_GRAPHS,
+    NATIVE_SUFFIX,
     PROMPT_GRAPH_NAMES,
     PROMPT_GRAPHS,
     SPEAKERS_NAME,
@@ -30,7 +34,8 @@ from service.bundle.manifest import Capabilities, GraphEntry, Manifest
 
 __all__ = [
     "FAMILIES", "FAMILY_V1", "FAMILY_V2", "FLOAT_SUFFIX", "FORMAT_VERSION", "GRAPH_IO", "GRAPH_NAMES", "GROUP_CORE",
-    "GROUP_FLOAT", "GROUP_PROMPT", "MANIFEST_NAME", "PROMPT_GRAPHS", "PROMPT_GRAPH_NAMES", "SPEAKERS_NAME",
+    "GROUP_FLOAT", "GROUP_NATIVE", "GROUP_PROMPT", "MANIFEST_NAME", "NATIVE_DOMAIN", "NATIVE_GRAPHS", "NATIVE_SUFFIX",
+    "PROMPT_GRAPHS", "PROMPT_GRAPH_NAMES", "SPEAKERS_NAME",
     "TOKENIZER_NAME", "V2_GRAPH_IO", "V2_NOISE_NAME", "V2_PROMPT_GRAPHS", "V2_TOKENIZER_NAME", "Capabilities",
     "CosyVoice2Constants", "FamilyLayout", "GraphEntry", "Manifest", "ModelBundle", "ModelConstants", "expand_io_names",
     "family_layout", "read_speakers", "relative_pe", "sha256_file", "write_speakers",

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from service.bundle.constants import ModelConstants
-from service.bundle.layout import FLOAT_SUFFIX, MANIFEST_NAME, SPEAKERS_NAME
+from service.bundle.layout import FLOAT_SUFFIX, MANIFEST_NAME, NATIVE_SUFFIX, SPEAKERS_NAME
 from service.bundle.manifest import Capabilities, Manifest
 from service.errors import BundleError
 
@@ -83,6 +83,12 @@ class ModelBundle:
         if entry.precision == "fp32":
             return self.graph_path(name)
         twin = name + FLOAT_SUFFIX
+        return self.graph_path(twin) if twin in self.manifest.graphs else None
+
+    def native_graph_path(self, name: str) -> Path | None:
+        """The native twin of core graph `name` (group "native": its attention cores as our CachedAttention kernel),
+        or None when the bundle has none."""
+        twin = name + NATIVE_SUFFIX
         return self.graph_path(twin) if twin in self.manifest.graphs else None
 
     def prompt_model_path(self, name: str) -> Path:

@@ -16,7 +16,10 @@ from service.bundle.layout import (
     GRAPH_IO,
     GROUP_CORE,
     GROUP_FLOAT,
+    GROUP_NATIVE,
     GROUP_PROMPT,
+    NATIVE_GRAPHS,
+    NATIVE_SUFFIX,
     FamilyLayout,
     family_layout,
 )
@@ -152,12 +155,15 @@ def _check_groups(manifest: Manifest) -> None:
     """Graph groups agree with the table above and with the declared capabilities."""
     prompt_graphs = manifest.layout.prompt_graphs
     for name, g in manifest.graphs.items():
-        want = GROUP_PROMPT if name in prompt_graphs else GROUP_FLOAT if _is_float_twin(name) else GROUP_CORE
+        want = _group_of(name, prompt_graphs)
         if g.group != want:
             raise BundleError(f"manifest graph {name!r} is in group {g.group!r}, expected {want!r}")
-        core = manifest.graphs.get(name.removesuffix(FLOAT_SUFFIX)) if want == GROUP_FLOAT else None
-        if core is not None and (g.inputs, g.outputs) != (core.inputs, core.outputs):
+        suffix = {GROUP_FLOAT: FLOAT_SUFFIX, GROUP_NATIVE: NATIVE_SUFFIX}.get(want)
+        core = manifest.graphs.get(name.removesuffix(suffix)) if suffix else None
+        if suffix and (core is None or (g.inputs, g.outputs) != (core.inputs, core.outputs)):
             raise BundleError(f"manifest graph {name!r} must have the inputs and outputs of its core graph")
+        if want == GROUP_NATIVE and core is not None and g.precision != core.precision:
+            raise BundleError(f"manifest graph {name!r} must have the precision of its core graph")
     caps, prompt = manifest.capabilities, manifest.graphs_in(GROUP_PROMPT)
     if caps.prompt_analysis:
         missing = [n for n in prompt_graphs if n not in prompt]
@@ -179,8 +185,14 @@ def _check_groups(manifest: Manifest) -> None:
         raise BundleError("manifest declares neither builtin_speakers nor prompt_analysis: the model has no voice")
 
 
-def _is_float_twin(name: str) -> bool:
-    return name.endswith(FLOAT_SUFFIX) and name.removesuffix(FLOAT_SUFFIX) in GRAPH_IO
+def _group_of(name: str, prompt_graphs: Any) -> str:
+    if name in prompt_graphs:
+        return GROUP_PROMPT
+    if name.endswith(FLOAT_SUFFIX) and name.removesuffix(FLOAT_SUFFIX) in GRAPH_IO:
+        return GROUP_FLOAT
+    if name.endswith(NATIVE_SUFFIX) and name.removesuffix(NATIVE_SUFFIX) in NATIVE_GRAPHS:
+        return GROUP_NATIVE
+    return GROUP_CORE
 
 
 def _flag(data: dict[str, Any], key: str, default: bool = False) -> bool:

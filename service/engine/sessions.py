@@ -15,7 +15,8 @@ from typing import Any, Literal
 import numpy as np
 import onnxruntime as ort
 
-from service.bundle import GRAPH_NAMES, GROUP_PROMPT, PROMPT_GRAPHS, GraphEntry, ModelBundle
+from service.bundle import GRAPH_NAMES, GROUP_PROMPT, NATIVE_GRAPHS, NATIVE_SUFFIX, PROMPT_GRAPHS, GraphEntry, ModelBundle
+from service.engine import native
 from service.errors import BundleError
 
 ExecutionMode = Literal["sequential", "parallel"]
@@ -23,6 +24,7 @@ GraphOptimization = Literal["all", "extended", "basic", "disabled"]
 Stage = Literal["llm", "acoustic"]
 StreamSchedule = Literal["adaptive", "official"]
 AcousticBackend = Literal["auto", "ort", "openvino"]
+NativeKernelsMode = Literal["auto", "off"]
 
 _EXECUTION_MODES: dict[str, ort.ExecutionMode] = {
     "sequential": ort.ExecutionMode.ORT_SEQUENTIAL,
@@ -107,6 +109,9 @@ class RuntimeOptions:
     # Where OpenVINO keeps compiled graphs (imported at every start after the first: faster, and 0.19 GB less resident
     # for the full-size estimator); None: compile in this process at every start.
     compiled_cache_dir: Path | None = None
+    # Native twins of the NATIVE_GRAPHS (a quantized CosyVoice2 estimator with our CachedAttention kernel): "auto"
+    # runs the twin where the bundle has one and our library runs here (service.engine.native), "off" the core graph.
+    native_kernels: NativeKernelsMode = "auto"
 
     def __post_init__(self) -> None:
         stage_threads = [t for t in (self.llm_threads, self.acoustic_threads) if t is not None]
@@ -130,6 +135,8 @@ class RuntimeOptions:
             raise ValueError("flow_cache_mb must be >= 0")
         if self.acoustic_backend not in ("auto", "ort", "openvino"):
             raise ValueError("acoustic_backend must be 'auto', 'ort' or 'openvino'")
+        if self.native_kernels not in ("auto", "off"):
+            raise ValueError("native_kernels must be 'auto' or 'off'")
 
     def threads_for(self, stage: Stage) -> int:
         """Intra-op threads of the sessions of one stage."""
@@ -285,21 +292,27 @@ class GraphRuntime:
     path: Path
     precision: str = "fp32"
     fingerprint: str = ""  # sha256 of the file at `path`, from the manifest
+    custom_ops: Path | None = None  # a library of custom operators the graph needs (our native kernels)
 
 
 def graph_runtime(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> GraphRuntime:
     """The one place that picks the runtime of a graph, from the settings, the CPU's features and the bundle's files.
 
-    OpenVINO runs OPENVINO_GRAPHS when asked (or on "auto" where bf16 is native), from floating-point weights: the
-    graph itself, or the float twin of a quantized graph; a quantized graph without a twin stays on ORT.
+    A NATIVE_GRAPHS graph runs as its native twin on ORT with our kernels when the bundle has the twin, native_kernels
+    is "auto" and the library runs here. Else OpenVINO runs OPENVINO_GRAPHS when asked (or on "auto" where bf16 is
+    native), from floating-point weights: the graph itself, or the float twin of a quantized graph; a quantized graph
+    without a twin stays on ORT.
     """
     ort_runtime = GraphRuntime("ort", bundle.graph_path(name), bundle.manifest.graphs[name].precision)
+    twin = native_twin(bundle, name, opts)
+    if twin is not None:
+        return twin
     if name not in OPENVINO_GRAPHS or opts.acoustic_backend == "ort":
         return ort_runtime
     from service.engine import ov_session
 
-    native = ov_session.native_bf16()
-    if opts.acoustic_backend == "auto" and not native:
+    bf16 = ov_session.native_bf16()
+    if opts.acoustic_backend == "auto" and not bf16:
         return ort_runtime
     if not ov_session.available():
         raise BundleError("TTS_ACOUSTIC_BACKEND=openvino needs the openvino package (pip install openvino)")
@@ -307,7 +320,34 @@ def graph_runtime(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> Graph
     if path is None:
         return ort_runtime
     entry = next(g for g in bundle.manifest.graphs.values() if bundle.root / g.file == path)
-    return GraphRuntime("openvino", path, "bf16" if native else "f32", entry.sha256)
+    return GraphRuntime("openvino", path, "bf16" if bf16 else "f32", entry.sha256)
+
+
+def native_twin(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> GraphRuntime | None:
+    """The native twin of graph `name` as it would run here, or None (no twin, off, or the library cannot run)."""
+    path = bundle.native_graph_path(name) if name in NATIVE_GRAPHS and opts.native_kernels == "auto" else None
+    if path is None:
+        return None
+    extra = bundle.manifest.cosyvoice2
+    kernels = native.probe(head_dim=extra.estimator_head_dim if extra else 64)
+    if not kernels.usable:
+        return None
+    entry = bundle.manifest.graphs[name + NATIVE_SUFFIX]
+    return GraphRuntime("ort", path, entry.precision, entry.sha256, kernels.path)
+
+
+def native_kernels_note(bundle: ModelBundle, opts: RuntimeOptions) -> str | None:
+    """One line for the start-up log when the bundle has native twins: whether our kernels run, and if not why."""
+    twins = [n for n in NATIVE_GRAPHS if bundle.native_graph_path(n) is not None]
+    if not twins:
+        return None
+    if opts.native_kernels == "off":
+        return f"native kernels off (TTS_NATIVE_KERNELS=off): ONNX Runtime's graph runs {', '.join(twins)}"
+    if all(native_twin(bundle, n, opts) is not None for n in twins):
+        return f"native kernels: {', '.join(twins)} runs its attention as our bf16 kernel ({native.LIBRARY_PATH.name})"
+    extra = bundle.manifest.cosyvoice2
+    reason = native.probe(head_dim=extra.estimator_head_dim if extra else 64).reason
+    return f"native kernels not used ({reason}): ONNX Runtime's graph runs {', '.join(twins)}"
 
 
 def _open_openvino(runtime: GraphRuntime, opts: RuntimeOptions, name: str) -> Any:
@@ -366,7 +406,9 @@ def open_sessions(
             sessions[name] = _open_openvino(runtime, opts, name)
             continue
         so = make_session_options(opts, name)
-        path = bundle.graph_path(name)
+        if runtime.custom_ops is not None:
+            so.register_custom_ops_library(str(runtime.custom_ops))
+        path = runtime.path
         acoustic = graph_stage(name) == "acoustic"
         if name in lazy:
             sessions[name] = TransientSession(path, so)

@@ -1,0 +1,157 @@
+"""The native twin of the CosyVoice2 flow estimator (service.bundle GROUP_NATIVE, export/native_twin.py): what the
+exporter writes, what the manifest accepts, which graph the engine opens, and that the twin computes what the core
+graph computes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from export.native_twin import fuse_attention, main, write_native_twin
+from service.bundle import GROUP_NATIVE, MANIFEST_NAME, NATIVE_DOMAIN, ModelBundle
+from service.engine import native
+from service.engine.sessions import RuntimeOptions, graph_runtime, native_kernels_note, open_sessions
+from service.errors import BundleError
+
+TWIN = "flow_estimator_native"
+
+
+@pytest.fixture(scope="module")
+def kernels() -> native.NativeKernels:
+    probe = native.probe()
+    if not native.LIBRARY_PATH.is_file():
+        pytest.skip(probe.reason)
+    return probe
+
+
+def estimator_feeds(session: ort.InferenceSession, cached: int, new: int, rows: int = 2) -> dict[str, np.ndarray]:
+    """Random inputs of the estimator graph: `rows` guidance rows, `new` frames after `cached` ones."""
+    rng = np.random.default_rng(cached * 100 + new)
+    feeds: dict[str, np.ndarray] = {}
+    for i in session.get_inputs():
+        if i.name == "chunk":
+            feeds[i.name] = np.array([4], np.int64)
+            continue
+        if i.name == "t":
+            feeds[i.name] = np.full(rows, 0.3, np.float32)
+            continue
+        shape = [{"B": rows, "M": new, "C": cached}.get(d, 1) if isinstance(d, str) else d for d in i.shape]
+        dtype = np.float16 if i.type == "tensor(float16)" else np.float32
+        feeds[i.name] = (rng.standard_normal(shape) * 0.5).astype(dtype)
+    return feeds
+
+
+def test_the_quantized_tiny_bundle_carries_the_twin(tiny_v2_bundle: Path) -> None:
+    bundle = ModelBundle.load(tiny_v2_bundle, verify_hashes=True)
+    core, twin = bundle.manifest.graphs["flow_estimator"], bundle.manifest.graphs[TWIN]
+    assert (twin.group, twin.precision, twin.inputs, twin.outputs) == (GROUP_NATIVE, core.precision, core.inputs, core.outputs)
+    assert bundle.native_graph_path("flow_estimator") == tiny_v2_bundle / twin.file
+    assert bundle.native_graph_path("hift_decode") is None
+    model = onnx.load(str(tiny_v2_bundle / twin.file))
+    ops = [n for n in model.graph.node if n.domain == NATIVE_DOMAIN]
+    assert len(ops) == bundle.manifest.cosyvoice2.estimator_blocks  # type: ignore[union-attr]
+    assert not any(n.op_type == "Softmax" for n in model.graph.node)
+
+
+@pytest.mark.parametrize(("cached", "new"), [(0, 9), (13, 8), (40, 3)])
+def test_the_twin_computes_what_the_core_graph_computes(
+    tiny_v2_bundle: Path, kernels: native.NativeKernels, cached: int, new: int
+) -> None:
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(str(native.LIBRARY_PATH))
+    core = ort.InferenceSession(str(tiny_v2_bundle / "flow_estimator.onnx"), providers=["CPUExecutionProvider"])
+    twin = ort.InferenceSession(str(tiny_v2_bundle / f"{TWIN}.onnx"), so, providers=["CPUExecutionProvider"])
+    feeds = estimator_feeds(core, cached, new)
+    for name, want, got in zip([o.name for o in core.get_outputs()], core.run(None, feeds), twin.run(None, feeds), strict=True):
+        want, got = np.asarray(want, np.float64), np.asarray(got, np.float64)
+        rel = float(np.sqrt(((got - want) ** 2).mean() / max((want**2).mean(), 1e-30)))
+        # bf16 attention products inside an int8 graph; a miswired core is off by O(1)
+        assert rel < 0.05, f"{name}: relative RMS {rel:.3f}"
+
+
+def test_the_engine_opens_the_twin_only_where_it_can_run(
+    tiny_v2_bundle: Path, kernels: native.NativeKernels, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = ModelBundle.load(tiny_v2_bundle)
+    chosen = graph_runtime(bundle, "flow_estimator", RuntimeOptions())
+    if kernels.usable:
+        assert (chosen.path, chosen.custom_ops) == (tiny_v2_bundle / f"{TWIN}.onnx", native.LIBRARY_PATH)
+        assert chosen.fingerprint == bundle.manifest.graphs[TWIN].sha256
+        opened = open_sessions(bundle, RuntimeOptions(), names=("flow_estimator",))["flow_estimator"]
+        core = ort.InferenceSession(str(tiny_v2_bundle / "flow_estimator.onnx"), providers=["CPUExecutionProvider"])
+        feeds = estimator_feeds(core, 5, 4)
+        assert opened.run(["v"], feeds)[0].shape == core.run(["v"], feeds)[0].shape
+    off = graph_runtime(bundle, "flow_estimator", RuntimeOptions(native_kernels="off"))
+    assert (off.path, off.custom_ops) == (tiny_v2_bundle / "flow_estimator.onnx", None)
+    monkeypatch.setattr(native, "probe", lambda **_: native.NativeKernels(None, "no AVX-512 BF16"))
+    assert graph_runtime(bundle, "flow_estimator", RuntimeOptions()).custom_ops is None
+    with pytest.raises(ValueError, match="native_kernels"):
+        RuntimeOptions(native_kernels="on")  # type: ignore[arg-type]
+
+
+def test_the_start_up_log_says_whether_the_kernels_run_and_why_not(
+    tiny_v2_bundle: Path, tiny_bundle: Path, kernels: native.NativeKernels, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = ModelBundle.load(tiny_v2_bundle)
+    assert native_kernels_note(ModelBundle.load(tiny_bundle), RuntimeOptions()) is None  # v1: no twin
+    assert "TTS_NATIVE_KERNELS=off" in str(native_kernels_note(bundle, RuntimeOptions(native_kernels="off")))
+    if kernels.usable:
+        assert "as our bf16 kernel" in str(native_kernels_note(bundle, RuntimeOptions()))
+    monkeypatch.setattr(native, "probe", lambda **_: native.NativeKernels(None, "this CPU lacks AVX-512 BF16"))
+    assert "not used (this CPU lacks AVX-512 BF16)" in str(native_kernels_note(bundle, RuntimeOptions()))
+
+
+def test_the_manifest_refuses_a_twin_unlike_its_core_graph(tiny_v2_bundle: Path, tmp_path: Path) -> None:
+    data = json.loads((tiny_v2_bundle / MANIFEST_NAME).read_text(encoding="utf-8"))
+    for change, message in [
+        ({"precision": "fp32"}, "precision of its core graph"),
+        ({"outputs": ["v"]}, "inputs and outputs of its core graph"),
+        ({"group": "core"}, "expected 'native'"),
+    ]:
+        bad = json.loads(json.dumps(data))
+        bad["graphs"][TWIN] |= change
+        copy = tmp_path / f"bad-{len(message)}"
+        shutil.copytree(tiny_v2_bundle, copy)
+        (copy / MANIFEST_NAME).write_text(json.dumps(bad), encoding="utf-8")
+        with pytest.raises(BundleError, match=message):
+            ModelBundle.load(copy)
+
+
+def test_a_bundle_exported_before_twins_gets_one_from_the_command(
+    tiny_v2_bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = tmp_path / "old"
+    shutil.copytree(tiny_v2_bundle, old)
+    manifest = ModelBundle.load(old).manifest
+    graphs = {n: g for n, g in manifest.graphs.items() if n != TWIN}
+    (old / MANIFEST_NAME).write_text(replace(manifest, graphs=graphs).to_json(), encoding="utf-8")
+    (old / f"{TWIN}.onnx").unlink()
+    assert ModelBundle.load(old).native_graph_path("flow_estimator") is None
+    assert main([str(old)]) == 0
+    assert ModelBundle.load(old, verify_hashes=True).native_graph_path("flow_estimator") == old / f"{TWIN}.onnx"
+    assert (old / f"{TWIN}.onnx").read_bytes() == (tiny_v2_bundle / f"{TWIN}.onnx").read_bytes()  # reproducible
+    assert main([str(old)]) == 0
+    assert "already has its native twin" in capsys.readouterr().out
+    assert main([str(tmp_path / "nowhere")]) == 2
+
+
+def test_float_and_v1_bundles_take_no_twin(tiny_bundle: Path, tmp_path: Path) -> None:
+    v1 = tmp_path / "v1"
+    shutil.copytree(tiny_bundle, v1)
+    assert write_native_twin(v1) is None
+    assert ModelBundle.load(v1).native_graph_path("flow_estimator") is None
+
+
+def test_a_graph_without_the_attention_cores_is_refused() -> None:
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Softmax", ["x"], ["y"])], "g", [x], [y])
+    with pytest.raises(Exception, match="comes from a graph input"):
+        fuse_attention(onnx.helper.make_model(graph))
