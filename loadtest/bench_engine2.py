@@ -94,6 +94,7 @@ def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
         acoustic_threads=args.acoustic_threads,
         max_batch=args.max_batch,
         acoustic_slots=args.acoustic_slots,
+        acoustic_nice=args.acoustic_nice,
         first_audio_priority=not args.no_first_audio_priority,
         acoustic_backend=args.acoustic_backend,
         native_kernels=args.native_kernels,
@@ -203,6 +204,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--acoustic-threads", type=int)
     p.add_argument("--max-batch", type=int, default=defaults["max_batch"].default)
     p.add_argument("--acoustic-slots", type=int, default=defaults["acoustic_slots"].default)
+    p.add_argument("--acoustic-nice", type=int, default=defaults["acoustic_nice"].default, help="TTS_ACOUSTIC_NICE")
     p.add_argument("--no-first-audio-priority", action="store_true")
     p.add_argument("--n-timesteps", type=int, help="the flow's Euler steps (the bundle's 10 when omitted; TTS_N_TIMESTEPS)")
     p.add_argument("--no-cfg-lanes", action="store_true", help="never split the estimator's guidance rows")

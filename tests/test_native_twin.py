@@ -15,6 +15,7 @@ import onnxruntime as ort
 import pytest
 
 from export.native_twin import fuse_attention, main, write_native_twin
+from export.quantize import half_kv_cache
 from service.bundle import GROUP_NATIVE, MANIFEST_NAME, NATIVE_DOMAIN, ModelBundle
 from service.engine import native
 from service.engine.sessions import RuntimeOptions, graph_runtime, native_kernels_note, open_sessions
@@ -60,20 +61,47 @@ def test_the_quantized_tiny_bundle_carries_the_twin(tiny_v2_bundle: Path) -> Non
     assert not any(n.op_type == "Softmax" for n in model.graph.node)
 
 
-@pytest.mark.parametrize(("cached", "new"), [(0, 9), (13, 8), (40, 3)])
-def test_the_twin_computes_what_the_core_graph_computes(
-    tiny_v2_bundle: Path, kernels: native.NativeKernels, cached: int, new: int
-) -> None:
+def relative_rms(want: np.ndarray, got: np.ndarray) -> float:
+    want, got = np.asarray(want, np.float64), np.asarray(got, np.float64)
+    return float(np.sqrt(((got - want) ** 2).mean() / max((want**2).mean(), 1e-30)))
+
+
+def native_session(path: Path) -> ort.InferenceSession:
     so = ort.SessionOptions()
     so.register_custom_ops_library(str(native.LIBRARY_PATH))
-    core = ort.InferenceSession(str(tiny_v2_bundle / "flow_estimator.onnx"), providers=["CPUExecutionProvider"])
-    twin = ort.InferenceSession(str(tiny_v2_bundle / f"{TWIN}.onnx"), so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize(("cached", "new"), [(0, 9), (13, 8), (40, 3)])
+def test_the_rewrite_computes_what_the_float_estimator_computes(
+    cv2_ref_bundle: Path, kernels: native.NativeKernels, tmp_path: Path, cached: int, new: int
+) -> None:
+    """The fp32 estimator of the tiny reference export, its caches taken in float16 as the int8 bundle's are, against
+    its rewritten twin: only the kernel's bf16 products differ (a miswired core would be off by O(1))."""
+    core_path = tmp_path / "core.onnx"
+    shutil.copy2(cv2_ref_bundle / "flow_estimator.onnx", core_path)
+    half_kv_cache(core_path)
+    model = onnx.load(str(core_path))
+    assert fuse_attention(model) == ModelBundle.load(cv2_ref_bundle).manifest.cosyvoice2.estimator_blocks  # type: ignore[union-attr]
+    onnx.save(model, str(tmp_path / "twin.onnx"))
+    core = ort.InferenceSession(str(core_path), providers=["CPUExecutionProvider"])
     feeds = estimator_feeds(core, cached, new)
-    for name, want, got in zip([o.name for o in core.get_outputs()], core.run(None, feeds), twin.run(None, feeds), strict=True):
-        want, got = np.asarray(want, np.float64), np.asarray(got, np.float64)
-        rel = float(np.sqrt(((got - want) ** 2).mean() / max((want**2).mean(), 1e-30)))
-        # bf16 attention products inside an int8 graph; a miswired core is off by O(1)
-        assert rel < 0.05, f"{name}: relative RMS {rel:.3f}"
+    bound = 1e-2 if kernels.usable else 1e-5  # bf16 products, or the portable float32 kernel
+    for output, want, got in zip(
+        core.get_outputs(), core.run(None, feeds), native_session(tmp_path / "twin.onnx").run(None, feeds), strict=True
+    ):
+        assert relative_rms(want, got) < bound, output.name
+
+
+def test_the_committed_twin_runs_and_stays_near_the_int8_graph(tiny_v2_bundle: Path, kernels: native.NativeKernels) -> None:
+    core = ort.InferenceSession(str(tiny_v2_bundle / "flow_estimator.onnx"), providers=["CPUExecutionProvider"])
+    feeds = estimator_feeds(core, 13, 8)
+    for output, want, got in zip(
+        core.get_outputs(), core.run(None, feeds), native_session(tiny_v2_bundle / f"{TWIN}.onnx").run(None, feeds), strict=True
+    ):
+        # int8 activations are re-quantized after every block, so the attention's rounding comes out amplified
+        # (2-5 % here, measured; the full-size int8 graph is as far from fp32 with either attention)
+        assert relative_rms(want, got) < 0.15, output.name
 
 
 def test_the_engine_opens_the_twin_only_where_it_can_run(
