@@ -85,9 +85,8 @@ def _cache_input(g: _Graph, transposed: str) -> str:
     return g.made_by(g.made_by(transposed, "Transpose").input[0], "Cast").input[0]
 
 
-def _attention_core(g: _Graph, softmax: onnx.NodeProto) -> tuple[list[str], str, float, set[str]]:
-    """The inputs (q, k, v, past_k, past_v), output and score scale of the core around `softmax`, and the names of
-    the nodes that produce that output (the ones the rewrite replaces)."""
+def _attention_core(g: _Graph, softmax: onnx.NodeProto) -> tuple[list[str], str, float]:
+    """The inputs (q, k, v, past_k, past_v), output and score scale of the core around `softmax`."""
     masked = g.made_by(softmax.input[0], "Add")
     scaled = g.made_by(masked.input[0], "Mul")
     scores = g.made_by(scaled.input[0], "Concat")
@@ -98,15 +97,24 @@ def _attention_core(g: _Graph, softmax: onnx.NodeProto) -> tuple[list[str], str,
     products = [g.only_consumer(s.output[0], "MatMul") for s in g.consumers.get(softmax.output[0], [])]
     if len(products) != 2:
         raise RewriteError(f"{softmax.name}: expected two value products after the softmax")
-    past_product = next(p for p in products if g.producer[p.input[1]].op_type == "Transpose" and
-                        g.producer[g.producer[p.input[1]].input[0]].op_type == "Cast")  # fmt: skip
+    from_cache = [p for p in products if _reads_cache(g, p.input[1])]
+    if len(from_cache) != 1:
+        raise RewriteError(f"{softmax.name}: expected one value product over the cache and one over the new frames")
+    past_product = from_cache[0]
     new_product = next(p for p in products if p is not past_product)
     past_v = _cache_input(g, past_product.input[1])
     v = _heads_input(g, new_product.input[1])
     total = g.only_consumer(past_product.output[0], "Add")
     merged = g.only_consumer(g.only_consumer(total.output[0], "Transpose").output[0], "Reshape")
     scale = float(np.asarray(g.constant(scaled.input[1])).reshape(-1)[0])
-    return [q, k, v, past_k, past_v], merged.output[0], scale, {merged.name}
+    return [q, k, v, past_k, past_v], merged.output[0], scale
+
+
+def _reads_cache(g: _Graph, tensor: str) -> bool:
+    """Whether `tensor` is Transpose(Cast(a graph input)): a per-head view of a float16 cache."""
+    transpose = g.producer.get(tensor)
+    cast = g.producer.get(transpose.input[0]) if transpose is not None and transpose.op_type == "Transpose" else None
+    return cast is not None and cast.op_type == "Cast" and cast.input[0] not in g.producer
 
 
 def fuse_attention(model: onnx.ModelProto) -> int:
@@ -115,20 +123,22 @@ def fuse_attention(model: onnx.ModelProto) -> int:
     graph = model.graph
     g = _Graph(graph)
     caches = {i.name: i for i in graph.input}
-    new_nodes, replaced = [], set()
+    new_nodes, replaced = [], set()  # replaced: the cores' output tensors, whose producers the new nodes become
     for softmax in [n for n in graph.node if n.op_type == "Softmax"]:
-        inputs, output, scale, names = _attention_core(g, softmax)
+        inputs, output, scale = _attention_core(g, softmax)
+        if inputs[3] not in caches:
+            raise RewriteError(f"{inputs[3]!r} is not a graph input")
         dims = caches[inputs[3]].type.tensor_type.shape.dim
         heads, head_dim = dims[2].dim_value, dims[3].dim_value
         if heads < 1 or head_dim < 1 or not np.isclose(scale, head_dim**-0.5, rtol=1e-6):
             raise RewriteError(f"{inputs[3]}: heads {heads}, head dim {head_dim}, score scale {scale}")
-        replaced |= names
+        replaced.add(output)
         node = helper.make_node(
             OP_NAME, [*inputs, CHUNK_INPUT], [output], name=f"attention_{inputs[3]}", domain=NATIVE_DOMAIN,
             heads=heads, scale=scale,
         )  # fmt: skip
         new_nodes.append(node)
-    kept = [n for n in graph.node if n.name not in replaced] + new_nodes
+    kept = [n for n in graph.node if not replaced.intersection(n.output)] + new_nodes
     live = _live(kept, [o.name for o in graph.output])
     order = _topological(live, {i.name for i in graph.input} | set(g.initializers) | {""})
     del graph.node[:]
