@@ -11,7 +11,6 @@ node; everything else (projections, new keys/values narrowed for the cache, norm
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -29,7 +28,6 @@ from service.bundle import (
     NATIVE_DOMAIN,
     NATIVE_GRAPHS,
     NATIVE_SUFFIX,
-    Manifest,
     ModelBundle,
     sha256_file,
 )
@@ -123,7 +121,7 @@ def fuse_attention(model: onnx.ModelProto) -> int:
     graph = model.graph
     g = _Graph(graph)
     caches = {i.name: i for i in graph.input}
-    new_nodes, replaced = [], set()  # replaced: the cores' output tensors, whose producers the new nodes become
+    fused: dict[str, onnx.NodeProto] = {}  # a core's output tensor -> the node that now makes it
     for softmax in [n for n in graph.node if n.op_type == "Softmax"]:
         inputs, output, scale = _attention_core(g, softmax)
         if inputs[3] not in caches:
@@ -132,24 +130,22 @@ def fuse_attention(model: onnx.ModelProto) -> int:
         heads, head_dim = dims[2].dim_value, dims[3].dim_value
         if heads < 1 or head_dim < 1 or not np.isclose(scale, head_dim**-0.5, rtol=1e-6):
             raise RewriteError(f"{inputs[3]}: heads {heads}, head dim {head_dim}, score scale {scale}")
-        replaced.add(output)
-        node = helper.make_node(
+        fused[output] = helper.make_node(
             OP_NAME, [*inputs, CHUNK_INPUT], [output], name=f"attention_{inputs[3]}", domain=NATIVE_DOMAIN,
             heads=heads, scale=scale,
         )  # fmt: skip
-        new_nodes.append(node)
-    kept = [n for n in graph.node if not replaced.intersection(n.output)] + new_nodes
+    # each node takes the place of the one that made its output, after every producer of its inputs: still in order
+    kept = [fused.get(n.output[0], n) if len(n.output) == 1 else n for n in graph.node]
     live = _live(kept, [o.name for o in graph.output])
-    order = _topological(live, {i.name for i in graph.input} | set(g.initializers) | {""})
     del graph.node[:]
-    graph.node.extend(order)
-    used = {name for node in order for name in node.input}
+    graph.node.extend(live)
+    used = {name for node in live for name in node.input}
     keep_inits = [init for init in graph.initializer if init.name in used]
     del graph.initializer[:]
     graph.initializer.extend(keep_inits)
     if not any(op.domain == NATIVE_DOMAIN for op in model.opset_import):
         model.opset_import.append(helper.make_opsetid(NATIVE_DOMAIN, 1))
-    return len(new_nodes)
+    return len(fused)
 
 
 def _live(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[onnx.NodeProto]:
@@ -164,36 +160,11 @@ def _live(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[onnx.NodeProt
     return [n for n in nodes if id(n) in seen]
 
 
-def _topological(nodes: list[onnx.NodeProto], ready: set[str]) -> list[onnx.NodeProto]:
-    """`nodes` in an order in which every input is produced before it is read (Kahn's algorithm)."""
-    producer = {out: i for i, node in enumerate(nodes) for out in node.output}
-    waiting = [0] * len(nodes)
-    readers: dict[int, list[int]] = {}
-    for i, node in enumerate(nodes):
-        for name in set(node.input) - ready:
-            if name not in producer:
-                raise RewriteError(f"{node.name}: input {name!r} is produced by no node")
-            waiting[i] += 1
-            readers.setdefault(producer[name], []).append(i)
-    queue = [i for i, count in enumerate(waiting) if count == 0]
-    order: list[onnx.NodeProto] = []
-    while queue:
-        i = queue.pop()
-        order.append(nodes[i])
-        for j in readers.get(i, []):
-            waiting[j] -= 1
-            if waiting[j] == 0:
-                queue.append(j)
-    if len(order) != len(nodes):
-        raise RewriteError("the rewritten graph has a cycle")
-    return order
-
-
 def write_native_twin(bundle_dir: Path, log: Callable[[str], None] = print) -> str | None:
     """Add the native twin of each NATIVE_GRAPHS graph to the quantized CosyVoice2 bundle in `bundle_dir` (file and
     manifest entry); returns the twin's graph name, or None when the bundle takes none (fp32: the official
     computation stays exact; v1: no cached attention). RewriteError when the graph does not match."""
-    manifest = Manifest.from_dict(json.loads((bundle_dir / MANIFEST_NAME).read_text(encoding="utf-8")))
+    manifest = ModelBundle.load(bundle_dir).manifest
     if manifest.family != FAMILY_V2 or manifest.precision == "fp32":
         return None
     graphs = dict(manifest.graphs)

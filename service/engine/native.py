@@ -36,7 +36,7 @@ def probe(path: Path = LIBRARY_PATH, head_dim: int = 64) -> NativeKernels:
         return NativeKernels(None, f"{path.name} is not built ({BUILD_HINT})")
     try:
         lib = ctypes.CDLL(str(path))
-        fast = lib.cvl_native_fast_kernel
+        fast = lib.cvl_fast_kernel  # cached_attention.h
         fast.argtypes = [ctypes.c_int]
         fast.restype = ctypes.c_int
         ok = bool(fast(head_dim))

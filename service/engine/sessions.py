@@ -328,8 +328,7 @@ def native_twin(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> GraphRu
     path = bundle.native_graph_path(name) if name in NATIVE_GRAPHS and opts.native_kernels == "auto" else None
     if path is None:
         return None
-    extra = bundle.manifest.cosyvoice2
-    kernels = native.probe(head_dim=extra.estimator_head_dim if extra else 64)
+    kernels = _native_kernels(bundle)
     if not kernels.usable:
         return None
     entry = bundle.manifest.graphs[name + NATIVE_SUFFIX]
@@ -345,9 +344,14 @@ def native_kernels_note(bundle: ModelBundle, opts: RuntimeOptions) -> str | None
         return f"native kernels off (TTS_NATIVE_KERNELS=off): ONNX Runtime's graph runs {', '.join(twins)}"
     if all(native_twin(bundle, n, opts) is not None for n in twins):
         return f"native kernels: {', '.join(twins)} runs its attention as our bf16 kernel ({native.LIBRARY_PATH.name})"
-    extra = bundle.manifest.cosyvoice2
-    reason = native.probe(head_dim=extra.estimator_head_dim if extra else 64).reason
+    reason = _native_kernels(bundle).reason
     return f"native kernels not used ({reason}): ONNX Runtime's graph runs {', '.join(twins)}"
+
+
+def _native_kernels(bundle: ModelBundle) -> native.NativeKernels:
+    """Whether our library runs here for the bundle's attention head size (a twin is only written for CosyVoice2)."""
+    extra = bundle.manifest.cosyvoice2
+    return native.probe(head_dim=extra.estimator_head_dim if extra else 64)
 
 
 def _open_openvino(runtime: GraphRuntime, opts: RuntimeOptions, name: str) -> Any:

@@ -191,6 +191,3 @@ OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base)
     if (!s) s = API(ADD_CUSTOM_OP_DOMAIN, OrtStatus* (*)(OrtSessionOptions*, OrtCustomOpDomain*))(options, domain);
     return s;
 }
-
-/* For the loader's checks (ctypes): 1 when the bf16 kernel runs for `head_dim` on this CPU. */
-int cvl_native_fast_kernel(int head_dim) { return cvl_fast_kernel(head_dim); }
