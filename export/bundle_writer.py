@@ -24,6 +24,7 @@ from export.graphs.llm import export_llm, verify_llm
 from export.modules.flow import MaskedDiffWithXvec
 from export.modules.hift import HiFTGenerator, normalize_hift_state_dict
 from export.modules.llm import TransformerLM
+from export.native_twin import write_native_twin
 from export.onnx_io import OPSET, ExportedGraph, ExportError
 from export.quantize import write_int8_bundle
 from service.bundle import (
@@ -286,6 +287,7 @@ def _export_int8(
     tmp = _staging_dir(out, "partial")
     try:
         write_int8_bundle(opts.out, tmp, manifest)
+        write_native_twin(tmp, log=lambda _: None)
         errors = _verify(models, tmp) if opts.verify else {}
         if errors:
             _log_errors(log, "int8 ONNX vs fp32 torch (deviation, not a failure)", errors, None)

@@ -1,11 +1,16 @@
-"""Native twins (service.bundle GROUP_NATIVE): a quantized CosyVoice2 flow estimator whose attention cores are one
-`cosyvoice_lite.CachedAttention` node each, run by our kernel (service/engine/native).
+"""Native twins (service.bundle GROUP_NATIVE): quantized graphs in which some nodes are kernels of ours
+(service/engine/native), run by ONNX Runtime with our library loaded.
 
-`python -m export.native_twin BUNDLE` adds the twin to a bundle exported before it existed; the CosyVoice2 exporter
-writes it into every quantized bundle. The rewrite matches the attention core our exporter emits for
-`CachedAttention.chunk_step` (export/cosyvoice2/modules/estimator.py): from the new frames' q, k, v projections and
-the float16 caches to the tensor fed to `to_out`. The scores, mask, softmax and value products in between become the
-node; everything else (projections, new keys/values narrowed for the cache, norms, feed-forward) stays as it is.
+* The CosyVoice2 flow estimator: each attention core is one `cosyvoice_lite.CachedAttention` node. The rewrite matches
+  the core our exporter emits for `CachedAttention.chunk_step` (export/cosyvoice2/modules/estimator.py): from the new
+  frames' q, k, v projections and the float16 caches to the tensor fed to `to_out`; the scores, mask, softmax and
+  value products in between become the node. Its int8 weight products become Int8MatMul nodes as below.
+* The LLM step (either family): each int8 weight product as ONNX Runtime's dynamic quantization writes it
+  (DynamicQuantizeLinear, MatMulInteger, Cast, Mul by the scales, and the bias Add) is one `cosyvoice_lite.Int8MatMul`
+  node over the same int8 weight, packed in the order the kernel reads it.
+
+`python -m export.native_twin BUNDLE` adds the twins a bundle exported before them lacks; the exporters write them
+into every quantized bundle.
 """
 
 from __future__ import annotations
@@ -134,7 +139,76 @@ def fuse_attention(model: onnx.ModelProto) -> int:
             OP_NAME, [*inputs, CHUNK_INPUT], [output], name=f"attention_{inputs[3]}", domain=NATIVE_DOMAIN,
             heads=heads, scale=scale,
         )  # fmt: skip
-    # each node takes the place of the one that made its output, after every producer of its inputs: still in order
+    _replace_nodes(model, fused)
+    return len(fused)
+
+
+INT8_OP_NAME = "Int8MatMul"
+PANEL = 64  # output columns per packed panel (service/engine/native/int8_matmul.h)
+
+
+def pack_int8_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(packed, colsum) of an int8 (K, N) weight in the layout of int8_matmul.h: panels of 64 columns, each a run of
+    ceil(K/4) groups of 64 columns x 4 rows; zero padding; colsum int32 over the padded columns."""
+    k, n = w.shape
+    kq, panels = -(-k // 4), -(-n // PANEL)
+    padded = np.zeros((kq * 4, panels * PANEL), np.int8)
+    padded[:k, :n] = w
+    packed = padded.reshape(kq, 4, panels, PANEL).transpose(2, 0, 3, 1)
+    return np.ascontiguousarray(packed), padded.astype(np.int32).sum(axis=0, dtype=np.int32)
+
+
+def fuse_int8_matmuls(model: onnx.ModelProto) -> int:
+    """Replace every int8 weight product of `model` (DynamicQuantizeLinear -> MatMulInteger with a constant int8
+    weight and zero point 0 -> Cast -> Mul by the two scales, and the bias Add after it when it adds a constant of
+    the output width) by one Int8MatMul node over the packed weight (in place); returns how many. RewriteError when
+    a product does not match."""
+    graph = model.graph
+    g = _Graph(graph)
+    fused: dict[str, onnx.NodeProto] = {}
+    new_inits: list[onnx.TensorProto] = []
+    for node in [n for n in graph.node if n.op_type == "MatMulInteger"]:
+        xq, weight, xzp, wzp = node.input
+        quant = g.made_by(xq, "DynamicQuantizeLinear")
+        if xzp != quant.output[2] or weight not in g.initializers or wzp not in g.initializers:
+            raise RewriteError(f"{node.name}: not a dynamically quantized product with a constant weight")
+        w = numpy_helper.to_array(g.initializers[weight])
+        if w.dtype != np.int8 or w.ndim != 2 or np.any(numpy_helper.to_array(g.initializers[wzp]) != 0):
+            raise RewriteError(f"{node.name}: the weight is not int8 (K, N) with zero point 0")
+        cast = g.only_consumer(node.output[0], "Cast")
+        scaled = g.only_consumer(cast.output[0], "Mul")
+        scales = g.made_by(scaled.input[1] if scaled.input[0] == cast.output[0] else scaled.input[0], "Mul")
+        if quant.output[1] not in scales.input:
+            raise RewriteError(f"{node.name}: the output scale is not the activation's scale times the weight's")
+        w_scale = np.asarray(g.constant(next(i for i in scales.input if i != quant.output[1])), np.float32)
+        if w_scale.size != 1:
+            raise RewriteError(f"{node.name}: the weight has {w_scale.size} scales, the kernel takes one")
+        output, bias = scaled.output[0], None
+        users = g.consumers.get(output, [])
+        if len(users) == 1 and users[0].op_type == "Add":
+            other = next((i for i in users[0].input if i != output), None)
+            if other in g.initializers and list(g.initializers[other].dims) == [w.shape[1]]:
+                output, bias = users[0].output[0], other
+        packed, colsum = pack_int8_weight(w)
+        base = f"{weight}_int8mm"
+        new_inits += [
+            numpy_helper.from_array(packed, f"{base}_packed"),
+            numpy_helper.from_array(colsum, f"{base}_colsum"),
+            numpy_helper.from_array(w_scale.reshape(1), f"{base}_scale"),
+        ]
+        inputs = [quant.input[0], f"{base}_packed", f"{base}_colsum", f"{base}_scale"] + ([bias] if bias else [])
+        fused[output] = helper.make_node(
+            INT8_OP_NAME, inputs, [output], name=f"int8mm_{weight}", domain=NATIVE_DOMAIN, n=int(w.shape[1])
+        )
+    graph.initializer.extend(new_inits)
+    _replace_nodes(model, fused)
+    return len(fused)
+
+
+def _replace_nodes(model: onnx.ModelProto, fused: dict[str, onnx.NodeProto]) -> None:
+    """Put each new node where the node making its output was (after every producer of its inputs: still in order),
+    drop what nothing reads any more, and declare our domain."""
+    graph = model.graph
     kept = [fused.get(n.output[0], n) if len(n.output) == 1 else n for n in graph.node]
     live = _live(kept, [o.name for o in graph.output])
     del graph.node[:]
@@ -145,7 +219,6 @@ def fuse_attention(model: onnx.ModelProto) -> int:
     graph.initializer.extend(keep_inits)
     if not any(op.domain == NATIVE_DOMAIN for op in model.opset_import):
         model.opset_import.append(helper.make_opsetid(NATIVE_DOMAIN, 1))
-    return len(fused)
 
 
 def _live(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[onnx.NodeProto]:
@@ -160,43 +233,72 @@ def _live(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[onnx.NodeProt
     return [n for n in nodes if id(n) in seen]
 
 
-def write_native_twin(bundle_dir: Path, log: Callable[[str], None] = print) -> str | None:
-    """Add the native twin of each NATIVE_GRAPHS graph to the quantized CosyVoice2 bundle in `bundle_dir` (file and
-    manifest entry); returns the twin's graph name, or None when the bundle takes none (fp32: the official
-    computation stays exact; v1: no cached attention). RewriteError when the graph does not match."""
+def _rewrite(name: str, model: onnx.ModelProto) -> tuple[int, str]:
+    """Rewrite graph `name` of NATIVE_GRAPHS in place: (attention cores or int8 products replaced, what was done)."""
+    products = f"int8 weight products as {NATIVE_DOMAIN}.{INT8_OP_NAME}"
+    if name == "flow_estimator":
+        cores = fuse_attention(model)
+        return cores, f"attention cores as {NATIVE_DOMAIN}.{OP_NAME}, {fuse_int8_matmuls(model)} {products}"
+    return fuse_int8_matmuls(model), products
+
+
+def write_native_twin(bundle_dir: Path, log: Callable[[str], None] = print) -> tuple[str, ...]:
+    """Add the native twins the quantized bundle in `bundle_dir` lacks (file and manifest entry): the CosyVoice2 flow
+    estimator's (attention) and the LLM step's (int8 products, either family); returns the twins' graph names. An
+    fp32 bundle takes none (the official computation stays exact), nor does a graph with nothing to rewrite (a 4-bit
+    step). RewriteError when a graph does not match."""
     manifest = ModelBundle.load(bundle_dir).manifest
-    if manifest.family != FAMILY_V2 or manifest.precision == "fp32":
-        return None
+    if manifest.precision == "fp32":
+        return ()
     graphs = dict(manifest.graphs)
-    written = None
+    written: list[str] = []
     for name in NATIVE_GRAPHS:
+        if name not in graphs or name + NATIVE_SUFFIX in graphs or graphs[name].precision == "fp32":
+            continue
+        if name == "flow_estimator" and manifest.family != FAMILY_V2:
+            continue  # only CosyVoice2's estimator attends over cached frames
         entry = graphs[name]
         model = onnx.load(str(bundle_dir / entry.file))
-        count = fuse_attention(model)
-        want = manifest.cosyvoice2.estimator_blocks if manifest.cosyvoice2 else count
-        if count != want:
-            raise RewriteError(f"{entry.file}: rewrote {count} attention cores, the estimator has {want}")
+        count, what = _rewrite(name, model)
+        if name == "flow_estimator":
+            want = manifest.cosyvoice2.estimator_blocks if manifest.cosyvoice2 else count
+            if count != want:
+                raise RewriteError(f"{entry.file}: rewrote {count} attention cores, the estimator has {want}")
+        if count == 0:
+            continue
         onnx.checker.check_model(model)
         twin = bundle_dir / f"{name}{NATIVE_SUFFIX}.onnx"
         onnx.save(model, str(twin))
         graphs[name + NATIVE_SUFFIX] = replace(entry, file=twin.name, sha256=sha256_file(twin), group=GROUP_NATIVE)
-        written = name + NATIVE_SUFFIX
-        log(f"native twin: {twin.name} ({count} attention cores as {NATIVE_DOMAIN}.{OP_NAME})")
+        written.append(name + NATIVE_SUFFIX)
+        log(f"native twin: {twin.name} ({count} {what})")
+    if written:
+        (bundle_dir / MANIFEST_NAME).write_text(replace(manifest, graphs=graphs).to_json(), encoding="utf-8")
+    return tuple(written)
+
+
+def drop_native_twins(bundle_dir: Path) -> None:
+    """Remove the bundle's native twins (files and manifest entries)."""
+    manifest = ModelBundle.load(bundle_dir).manifest
+    twins = {name: g for name, g in manifest.graphs.items() if g.group == GROUP_NATIVE}
+    graphs = {name: g for name, g in manifest.graphs.items() if name not in twins}
     (bundle_dir / MANIFEST_NAME).write_text(replace(manifest, graphs=graphs).to_json(), encoding="utf-8")
-    return written
+    for g in twins.values():
+        (bundle_dir / g.file).unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Add the native twin of the flow estimator to a quantized CosyVoice2 bundle.")
+    parser = argparse.ArgumentParser(description="Add the native twins a quantized bundle lacks (LLM step, estimator).")
     parser.add_argument("bundle", type=Path)
+    parser.add_argument("--replace", action="store_true", help="write every twin again (a twin from an older exporter)")
     args = parser.parse_args(argv)
     try:
-        bundle = ModelBundle.load(args.bundle)
-        if any(name + NATIVE_SUFFIX in bundle.manifest.graphs for name in NATIVE_GRAPHS):
-            print(f"{args.bundle}: already has its native twin")
-            return 0
-        if write_native_twin(args.bundle) is None:
-            print(f"{args.bundle}: takes no native twin (fp32 or CosyVoice 1 bundle)")
+        if args.replace:
+            drop_native_twins(args.bundle)
+        ModelBundle.load(args.bundle)
+        written = write_native_twin(args.bundle)
+        if not written:
+            print(f"{args.bundle}: no native twin to add (fp32 bundle, or it has every twin it takes)")
         ModelBundle.load(args.bundle, verify_hashes=True)
     except (ExportError, BundleError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -89,14 +89,23 @@ def ensure_bundles(models: Path) -> dict[str, Path]:
     return dirs
 
 
+def _old_estimator_twin(bundle: Path) -> bool:
+    """An estimator twin written before its int8 products were our kernel too (session 7)."""
+    import onnx
+
+    model = onnx.load(str(bundle / "flow_estimator_native.onnx"), load_external_data=False)
+    return not any(n.op_type == "Int8MatMul" for n in model.graph.node)
+
+
 def ensure_v2_bundle(models: Path) -> Path:
     """The full-size random-init CosyVoice2 int8 bundle (and its fp32 source), exported once under `models`; a bundle
     written by an older exporter (an estimator float twin, or estimator caches heads-first) is exported again."""
     fp32, int8 = models / "full-random-cosyvoice2", models / "full-random-cosyvoice2-int8"
     if (int8 / "manifest.json").is_file() and not _v2_stale(int8):
-        if "flow_estimator_native" not in json.loads((int8 / "manifest.json").read_text())["graphs"]:
-            log(f"adding the native twin of the estimator to {int8}")
-            subprocess.run([PYTHON, "-m", "export.native_twin", str(int8)], cwd=REPO, check=True)
+        graphs = json.loads((int8 / "manifest.json").read_text())["graphs"]
+        if any(f"{name}_native" not in graphs for name in ("flow_estimator", "llm_step")) or _old_estimator_twin(int8):
+            log(f"writing the native twins of {int8}")
+            subprocess.run([PYTHON, "-m", "export.native_twin", "--replace", str(int8)], cwd=REPO, check=True)
         return int8
     for old in (fp32, int8):
         if old.exists():

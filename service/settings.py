@@ -124,9 +124,10 @@ class Settings(BaseSettings):
     )
     native_kernels: Literal["auto", "off"] = Field(
         default="auto",
-        description="Our own kernels (built by `make native`): 'auto' runs the CosyVoice2 flow estimator's attention "
-        "as our bf16 kernel where the bundle is quantized and has the native twin and the CPU has AVX-512 BF16 (else "
-        "ONNX Runtime's graph runs); 'off' always runs ONNX Runtime's graph.",
+        description="Our own kernels (built by `make native`): 'auto' runs a quantized bundle's native twins where the "
+        "CPU has what their kernels need: the CosyVoice2 flow estimator's attention in bf16 (AVX-512 BF16) and int8 "
+        "products, the LLM decode step's int8 products (AVX-512 VNNI); else ONNX Runtime's graphs run; 'off' always "
+        "runs ONNX Runtime's graphs.",
     )
     stream_schedule: Literal["adaptive", "official"] = Field(
         default="adaptive",

@@ -1,6 +1,6 @@
-"""The native twin of the CosyVoice2 flow estimator (service.bundle GROUP_NATIVE, export/native_twin.py): what the
-exporter writes, what the manifest accepts, which graph the engine opens, and that the twin computes what the core
-graph computes."""
+"""Native twins (service.bundle GROUP_NATIVE, export/native_twin.py): the CosyVoice2 flow estimator's (attention and
+int8 products as our kernels) and the LLM step's (int8 products): what the exporters write, what the manifest
+accepts, which graph the engine opens, and that a twin computes what its core graph computes."""
 
 from __future__ import annotations
 
@@ -15,13 +15,14 @@ import onnxruntime as ort
 import pytest
 
 from export.native_twin import fuse_attention, main, write_native_twin
-from export.quantize import half_kv_cache
+from export.quantize import half_kv_cache, write_quantized_bundle
 from service.bundle import GROUP_NATIVE, MANIFEST_NAME, NATIVE_DOMAIN, ModelBundle
 from service.engine import native
 from service.engine.sessions import RuntimeOptions, graph_runtime, native_kernels_note, open_sessions
 from service.errors import BundleError
 
 TWIN = "flow_estimator_native"
+STEP_TWIN = "llm_step_native"
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +57,16 @@ def test_the_quantized_tiny_bundle_carries_the_twin(tiny_v2_bundle: Path) -> Non
     assert bundle.native_graph_path("flow_estimator") == tiny_v2_bundle / twin.file
     assert bundle.native_graph_path("hift_decode") is None
     model = onnx.load(str(tiny_v2_bundle / twin.file))
-    ops = [n for n in model.graph.node if n.domain == NATIVE_DOMAIN]
-    assert len(ops) == bundle.manifest.cosyvoice2.estimator_blocks  # type: ignore[union-attr]
-    assert not any(n.op_type == "Softmax" for n in model.graph.node)
+    ops = [n.op_type for n in model.graph.node if n.domain == NATIVE_DOMAIN]
+    assert ops.count("CachedAttention") == bundle.manifest.cosyvoice2.estimator_blocks  # type: ignore[union-attr]
+    assert not any(n.op_type in ("Softmax", "MatMulInteger") for n in model.graph.node)
+    core_products = sum(n.op_type == "MatMulInteger" for n in onnx.load(str(tiny_v2_bundle / "flow_estimator.onnx")).graph.node)
+    assert ops.count("Int8MatMul") == core_products > 0
+    step, step_twin = bundle.manifest.graphs["llm_step"], bundle.manifest.graphs[STEP_TWIN]
+    assert (step_twin.group, step_twin.precision, step_twin.inputs) == (GROUP_NATIVE, step.precision, step.inputs)
+    step_ops = [n.op_type for n in onnx.load(str(tiny_v2_bundle / step_twin.file)).graph.node]
+    core_step = [n.op_type for n in onnx.load(str(tiny_v2_bundle / step.file)).graph.node]
+    assert step_ops.count("Int8MatMul") == core_step.count("MatMulInteger") > 0 and "MatMulInteger" not in step_ops
 
 
 def relative_rms(want: np.ndarray, got: np.ndarray) -> float:
@@ -104,6 +112,30 @@ def test_the_committed_twin_runs_and_stays_near_the_int8_graph(tiny_v2_bundle: P
         assert relative_rms(want, got) < 0.15, output.name
 
 
+def step_feeds(session: ort.InferenceSession, rows: int, positions: int, cached: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(rows * 100 + positions)
+    feeds: dict[str, np.ndarray] = {"past_len": np.full(rows, cached, np.int64)}
+    for i in session.get_inputs():
+        if i.name != "past_len":
+            shape = [{"B": rows, "T": positions, "C": cached}.get(d, 1) if isinstance(d, str) else d for d in i.shape]
+            dtype = np.float16 if i.type == "tensor(float16)" else np.float32
+            feeds[i.name] = (rng.standard_normal(shape) * 0.5).astype(dtype)
+    return feeds
+
+
+def test_the_committed_step_twin_decodes_what_the_int8_step_decodes(tiny_v2_bundle: Path, kernels: native.NativeKernels) -> None:
+    """One row is ONNX Runtime's computation exactly (same quantization, same integer sums); several rows differ only
+    by each row's own activation range (ONNX Runtime's operator takes one range for the whole batch)."""
+    core = ort.InferenceSession(str(tiny_v2_bundle / "llm_step.onnx"), providers=["CPUExecutionProvider"])
+    twin = native_session(tiny_v2_bundle / f"{STEP_TWIN}.onnx")
+    feeds = step_feeds(core, 1, 1, 7)
+    for output, want, got in zip(core.get_outputs(), core.run(None, feeds), twin.run(None, feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=output.name)
+    feeds = step_feeds(core, 3, 5, 4)
+    for output, want, got in zip(core.get_outputs(), core.run(None, feeds), twin.run(None, feeds), strict=True):
+        assert relative_rms(want, got) < 0.05, output.name
+
+
 def test_the_engine_opens_the_twin_only_where_it_can_run(
     tiny_v2_bundle: Path, kernels: native.NativeKernels, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -116,10 +148,20 @@ def test_the_engine_opens_the_twin_only_where_it_can_run(
         core = ort.InferenceSession(str(tiny_v2_bundle / "flow_estimator.onnx"), providers=["CPUExecutionProvider"])
         feeds = estimator_feeds(core, 5, 4)
         assert opened.run(["v"], feeds)[0].shape == core.run(["v"], feeds)[0].shape
+    step = graph_runtime(bundle, "llm_step", RuntimeOptions())
+    assert step.path == tiny_v2_bundle / (f"{STEP_TWIN}.onnx" if kernels.usable else "llm_step.onnx")
     off = graph_runtime(bundle, "flow_estimator", RuntimeOptions(native_kernels="off"))
     assert (off.path, off.custom_ops) == (tiny_v2_bundle / "flow_estimator.onnx", None)
+    assert graph_runtime(bundle, "llm_step", RuntimeOptions(native_kernels="off")).custom_ops is None
     monkeypatch.setattr(native, "probe", lambda **_: native.NativeKernels(None, "no AVX-512 BF16"))
     assert graph_runtime(bundle, "flow_estimator", RuntimeOptions()).custom_ops is None
+    # the estimator's twin needs both kernels: without VNNI it stays on the core graph even where bf16 runs
+    monkeypatch.setattr(
+        native, "probe",
+        lambda **kw: native.NativeKernels(None, "no VNNI") if kw["kernel"] == "int8_matmul" else kernels,
+    )  # fmt: skip
+    assert graph_runtime(bundle, "flow_estimator", RuntimeOptions()).custom_ops is None
+    assert graph_runtime(bundle, "llm_step", RuntimeOptions()).custom_ops is None
     with pytest.raises(ValueError, match="native_kernels"):
         RuntimeOptions(native_kernels="on")  # type: ignore[arg-type]
 
@@ -131,9 +173,13 @@ def test_the_start_up_log_says_whether_the_kernels_run_and_why_not(
     assert native_kernels_note(ModelBundle.load(tiny_bundle), RuntimeOptions()) is None  # v1: no twin
     assert "TTS_NATIVE_KERNELS=off" in str(native_kernels_note(bundle, RuntimeOptions(native_kernels="off")))
     if kernels.usable:
-        assert "as our bf16 kernel" in str(native_kernels_note(bundle, RuntimeOptions()))
+        note = str(native_kernels_note(bundle, RuntimeOptions()))
+        assert "flow_estimator runs its attention as our bf16 kernel and its int8 products" in note
+        assert "llm_step runs its int8 products as our VNNI kernel" in note
     monkeypatch.setattr(native, "probe", lambda **_: native.NativeKernels(None, "this CPU lacks AVX-512 BF16"))
-    assert "not used (this CPU lacks AVX-512 BF16)" in str(native_kernels_note(bundle, RuntimeOptions()))
+    assert "flow_estimator on ONNX Runtime's graph (this CPU lacks AVX-512 BF16)" in str(
+        native_kernels_note(bundle, RuntimeOptions())
+    )
 
 
 def test_the_manifest_refuses_a_twin_unlike_its_core_graph(tiny_v2_bundle: Path, tmp_path: Path) -> None:
@@ -158,23 +204,42 @@ def test_a_bundle_exported_before_twins_gets_one_from_the_command(
     old = tmp_path / "old"
     shutil.copytree(tiny_v2_bundle, old)
     manifest = ModelBundle.load(old).manifest
-    graphs = {n: g for n, g in manifest.graphs.items() if n != TWIN}
+    graphs = {n: g for n, g in manifest.graphs.items() if n not in (TWIN, STEP_TWIN)}
     (old / MANIFEST_NAME).write_text(replace(manifest, graphs=graphs).to_json(), encoding="utf-8")
-    (old / f"{TWIN}.onnx").unlink()
+    for name in (TWIN, STEP_TWIN):
+        (old / f"{name}.onnx").unlink()
     assert ModelBundle.load(old).native_graph_path("flow_estimator") is None
     assert main([str(old)]) == 0
     assert ModelBundle.load(old, verify_hashes=True).native_graph_path("flow_estimator") == old / f"{TWIN}.onnx"
-    assert (old / f"{TWIN}.onnx").read_bytes() == (tiny_v2_bundle / f"{TWIN}.onnx").read_bytes()  # reproducible
+    assert ModelBundle.load(old).native_graph_path("llm_step") == old / f"{STEP_TWIN}.onnx"
+    for name in (TWIN, STEP_TWIN):  # reproducible
+        assert (old / f"{name}.onnx").read_bytes() == (tiny_v2_bundle / f"{name}.onnx").read_bytes()
     assert main([str(old)]) == 0
-    assert "already has its native twin" in capsys.readouterr().out
+    assert "no native twin to add" in capsys.readouterr().out
+    (old / f"{STEP_TWIN}.onnx").write_bytes(b"a twin from an older exporter")
+    assert main(["--replace", str(old)]) == 0  # every twin written again from the core graphs
+    assert ModelBundle.load(old, verify_hashes=True).native_graph_path("llm_step") == old / f"{STEP_TWIN}.onnx"
+    assert (old / f"{STEP_TWIN}.onnx").read_bytes() == (tiny_v2_bundle / f"{STEP_TWIN}.onnx").read_bytes()
     assert main([str(tmp_path / "nowhere")]) == 2
 
 
-def test_float_and_v1_bundles_take_no_twin(tiny_bundle: Path, tmp_path: Path) -> None:
+def test_float_bundles_take_no_twin_and_quantized_v1_ones_the_steps(
+    tiny_bundle: Path, tmp_path: Path, kernels: native.NativeKernels
+) -> None:
     v1 = tmp_path / "v1"
     shutil.copytree(tiny_bundle, v1)
-    assert write_native_twin(v1) is None
-    assert ModelBundle.load(v1).native_graph_path("flow_estimator") is None
+    assert write_native_twin(v1) == ()
+    assert ModelBundle.load(v1).native_graph_path("llm_step") is None
+    quantized = tmp_path / "v1-int8"
+    write_quantized_bundle(tiny_bundle, quantized, ModelBundle.load(tiny_bundle).manifest, "int8")
+    assert write_native_twin(quantized, log=lambda _: None) == (STEP_TWIN,)  # v1's estimator has no cached attention
+    bundle = ModelBundle.load(quantized, verify_hashes=True)
+    assert bundle.native_graph_path("flow_estimator") is None
+    core = ort.InferenceSession(str(quantized / "llm_step.onnx"), providers=["CPUExecutionProvider"])
+    twin = native_session(quantized / f"{STEP_TWIN}.onnx")
+    feeds = step_feeds(core, 1, 1, 0)  # the first step (v1's relative positions need the engine's own feeds later)
+    for output, want, got in zip(core.get_outputs(), core.run(None, feeds), twin.run(None, feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=output.name)
 
 
 def test_a_graph_without_the_attention_cores_is_refused() -> None:

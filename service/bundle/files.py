@@ -86,8 +86,8 @@ class ModelBundle:
         return self.graph_path(twin) if twin in self.manifest.graphs else None
 
     def native_graph_path(self, name: str) -> Path | None:
-        """The native twin of core graph `name` (group "native": its attention cores as our CachedAttention kernel),
-        or None when the bundle has none."""
+        """The native twin of core graph `name` (group "native": some of its nodes as our kernels), or None when the
+        bundle has none."""
         twin = name + NATIVE_SUFFIX
         return self.graph_path(twin) if twin in self.manifest.graphs else None
 

@@ -41,15 +41,17 @@ GROUP_PROMPT = "prompt"
 # DequantizeLinear, other weights float16 behind Cast; export/quantize.py float_twin).
 GROUP_FLOAT = "float"
 FLOAT_SUFFIX = "_float"
-# The optional "native" group: twins of core graphs of a quantized bundle in which each of the CosyVoice2 flow
-# estimator's attention cores (the score and value products over the cached frames, with the chunk mask and
-# softmax) is one node `cosyvoice_lite.CachedAttention` (domain NATIVE_DOMAIN), a kernel of ours that ONNX Runtime
-# runs from service/engine/native (bf16 products, float32 sums). A twin is named `<core name>_native`, has the core
-# graph's inputs, outputs and precision; export/native_twin.py writes it.
+# The optional "native" group: twins of core graphs of a quantized bundle in which some nodes are kernels of ours
+# (domain NATIVE_DOMAIN) that ONNX Runtime runs from service/engine/native: in the CosyVoice2 flow estimator each
+# attention core (score and value products over the cached frames, chunk mask, softmax) is one
+# `cosyvoice_lite.CachedAttention` (bf16 products, float32 sums); in the LLM step each int8 weight product (dynamic
+# quantization, MatMulInteger, scales, bias) is one `cosyvoice_lite.Int8MatMul` over the weight packed in the order
+# the kernel reads it. A twin is named `<core name>_native`, has the core graph's inputs, outputs and precision;
+# export/native_twin.py writes it.
 GROUP_NATIVE = "native"
 NATIVE_SUFFIX = "_native"
 NATIVE_DOMAIN = "cosyvoice_lite"
-NATIVE_GRAPHS = ("flow_estimator",)
+NATIVE_GRAPHS = ("flow_estimator", "llm_step")
 
 FAMILY_V1 = "cosyvoice1"  # CosyVoice-300M (-SFT, -Instruct); a manifest without `family` is one
 FAMILY_V2 = "cosyvoice2"  # CosyVoice2-0.5B

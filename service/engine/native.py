@@ -1,9 +1,11 @@
 """Our native kernels: the shared library built from service/engine/native/*.c (`make native`) and whether it runs here.
 
-The library holds ONNX Runtime's custom operator cosyvoice_lite.CachedAttention (native/ort_custom_op.c), which the
-native twin of a quantized CosyVoice2 flow estimator uses (service.bundle GROUP_NATIVE). It is used only where it
-pays: its AVX-512 BF16 kernel needs avx512f/bw/vl/bf16 (Zen 4, Cooper Lake, Sapphire Rapids and later); on other CPUs
-the core graph runs instead, as it does when the library was not built (no C compiler) or TTS_NATIVE_KERNELS=off.
+The library holds two ONNX Runtime custom operators (native/ort_custom_op.c), used by the native twins of quantized
+bundles (service.bundle GROUP_NATIVE): cosyvoice_lite.CachedAttention in the CosyVoice2 flow estimator, and
+cosyvoice_lite.Int8MatMul in the LLM step. Each is used only where it pays: the attention's kernel needs AVX-512 BF16
+(avx512f/bw/vl/bf16: Zen 4, Cooper Lake, Sapphire Rapids and later), the int8 products' AVX-512 VNNI
+(avx512f/bw/vl/vnni: also Ice Lake and Cascade Lake); elsewhere the core graph runs instead, as it does when the
+library was not built (no C compiler) or TTS_NATIVE_KERNELS=off.
 """
 
 from __future__ import annotations
@@ -12,9 +14,21 @@ import ctypes
 import functools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 LIBRARY_PATH = Path(__file__).resolve().parent / "native" / "libcosyvoice_lite_native.so"
 BUILD_HINT = "make native (needs a C compiler, e.g. apt-get install gcc)"
+Kernel = Literal["attention", "int8_matmul"]
+# What each kernel's fast path needs, for the reason given when it is not there.
+NEEDS: dict[str, str] = {
+    "attention": "AVX-512 BF16 (avx512f, avx512bw, avx512vl, avx512_bf16)",
+    "int8_matmul": "AVX-512 VNNI (avx512f, avx512bw, avx512vl, avx512_vnni)",
+}
+# The kernels a graph's native twin runs (service.bundle NATIVE_GRAPHS; export/native_twin.py).
+KERNELS_OF_GRAPH: dict[str, tuple[Kernel, ...]] = {
+    "flow_estimator": ("attention", "int8_matmul"),
+    "llm_step": ("int8_matmul",),
+}
 
 
 @dataclass(frozen=True)
@@ -29,19 +43,26 @@ class NativeKernels:
         return self.path is not None
 
 
-@functools.lru_cache(maxsize=4)
-def probe(path: Path = LIBRARY_PATH, head_dim: int = 64) -> NativeKernels:
-    """Load the library once and ask it whether its fast kernel runs on this CPU for `head_dim`."""
+@functools.lru_cache(maxsize=8)
+def probe(path: Path = LIBRARY_PATH, head_dim: int = 64, kernel: Kernel = "attention") -> NativeKernels:
+    """Load the library once and ask it whether the fast path of `kernel` runs on this CPU (the attention's for
+    `head_dim`)."""
     if not path.is_file():
         return NativeKernels(None, f"{path.name} is not built ({BUILD_HINT})")
     try:
         lib = ctypes.CDLL(str(path))
-        fast = lib.cvl_fast_kernel  # cached_attention.h
-        fast.argtypes = [ctypes.c_int]
-        fast.restype = ctypes.c_int
-        ok = bool(fast(head_dim))
+        if kernel == "attention":
+            fast = lib.cvl_fast_kernel  # cached_attention.h
+            fast.argtypes = [ctypes.c_int]
+            fast.restype = ctypes.c_int
+            ok = bool(fast(head_dim))
+        else:
+            fast = lib.cvl_int8_fast_kernel  # int8_matmul.h
+            fast.argtypes = []
+            fast.restype = ctypes.c_int
+            ok = bool(fast())
     except (OSError, AttributeError) as e:
         return NativeKernels(None, f"{path.name} does not load: {e}")
     if not ok:
-        return NativeKernels(None, "this CPU lacks AVX-512 BF16 (avx512f, avx512bw, avx512vl, avx512_bf16)")
+        return NativeKernels(None, f"this CPU lacks {NEEDS[kernel]}")
     return NativeKernels(path, "")

@@ -109,8 +109,9 @@ class RuntimeOptions:
     # Where OpenVINO keeps compiled graphs (imported at every start after the first: faster, and 0.19 GB less resident
     # for the full-size estimator); None: compile in this process at every start.
     compiled_cache_dir: Path | None = None
-    # Native twins of the NATIVE_GRAPHS (a quantized CosyVoice2 estimator with our CachedAttention kernel): "auto"
-    # runs the twin where the bundle has one and our library runs here (service.engine.native), "off" the core graph.
+    # Native twins of the NATIVE_GRAPHS (a quantized bundle's graphs with kernels of ours: the CosyVoice2 estimator's
+    # attention, the LLM step's int8 products): "auto" runs a twin where the bundle has one and our library's kernel
+    # for it runs here (service.engine.native), "off" the core graphs.
     native_kernels: NativeKernelsMode = "auto"
 
     def __post_init__(self) -> None:
@@ -328,7 +329,7 @@ def native_twin(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> GraphRu
     path = bundle.native_graph_path(name) if name in NATIVE_GRAPHS and opts.native_kernels == "auto" else None
     if path is None:
         return None
-    kernels = _native_kernels(bundle)
+    kernels = _native_kernels(bundle, name)
     if not kernels.usable:
         return None
     entry = bundle.manifest.graphs[name + NATIVE_SUFFIX]
@@ -336,22 +337,30 @@ def native_twin(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> GraphRu
 
 
 def native_kernels_note(bundle: ModelBundle, opts: RuntimeOptions) -> str | None:
-    """One line for the start-up log when the bundle has native twins: whether our kernels run, and if not why."""
+    """One line for the start-up log when the bundle has native twins: which run our kernels, and why the others not."""
     twins = [n for n in NATIVE_GRAPHS if bundle.native_graph_path(n) is not None]
     if not twins:
         return None
     if opts.native_kernels == "off":
-        return f"native kernels off (TTS_NATIVE_KERNELS=off): ONNX Runtime's graph runs {', '.join(twins)}"
-    if all(native_twin(bundle, n, opts) is not None for n in twins):
-        return f"native kernels: {', '.join(twins)} runs its attention as our bf16 kernel ({native.LIBRARY_PATH.name})"
-    reason = _native_kernels(bundle).reason
-    return f"native kernels not used ({reason}): ONNX Runtime's graph runs {', '.join(twins)}"
+        return f"native kernels off (TTS_NATIVE_KERNELS=off): ONNX Runtime's graphs run {', '.join(twins)}"
+    parts = []
+    for name in twins:
+        kernels = _native_kernels(bundle, name)
+        what = " and ".join(_KERNEL_NOTE[k] for k in native.KERNELS_OF_GRAPH[name])
+        parts.append(f"{name} runs {what}" if kernels.usable else f"{name} on ONNX Runtime's graph ({kernels.reason})")
+    return f"native kernels ({native.LIBRARY_PATH.name}): {'; '.join(parts)}"
 
 
-def _native_kernels(bundle: ModelBundle) -> native.NativeKernels:
-    """Whether our library runs here for the bundle's attention head size (a twin is only written for CosyVoice2)."""
+_KERNEL_NOTE = {"attention": "its attention as our bf16 kernel", "int8_matmul": "its int8 products as our VNNI kernel"}
+
+
+def _native_kernels(bundle: ModelBundle, name: str) -> native.NativeKernels:
+    """Whether our library runs every kernel of graph `name`'s twin here (the attention for the bundle's head size):
+    the first one that cannot, or the library."""
     extra = bundle.manifest.cosyvoice2
-    return native.probe(head_dim=extra.estimator_head_dim if extra else 64)
+    head_dim = extra.estimator_head_dim if extra else 64
+    probes = [native.probe(head_dim=head_dim, kernel=k) for k in native.KERNELS_OF_GRAPH[name]]
+    return next((p for p in probes if not p.usable), probes[0])
 
 
 def _open_openvino(runtime: GraphRuntime, opts: RuntimeOptions, name: str) -> Any:

@@ -1,4 +1,5 @@
-/* The ONNX Runtime custom operator cosyvoice_lite.CachedAttention around cvl_cached_attention.
+/* ONNX Runtime custom operators around our kernels: cosyvoice_lite.CachedAttention (cvl_cached_attention) and
+ * cosyvoice_lite.Int8MatMul (cvl_int8_matmul).
  *
  * Loaded with SessionOptions.register_custom_ops_library(path) (service/engine/native.py). ONNX Runtime's C API is a
  * versioned, append-only table of function pointers: this file declares only the members it calls, by their fixed
@@ -6,14 +7,19 @@
  * version 16 (KernelComputeV2, which can return an error). Positions and layouts come from onnxruntime_c_api.h;
  * tests/test_native_attention.py runs the operator through the installed runtime.
  *
- * Inputs: q, k, v (B, M, H*DK) float32; past_k, past_v (B, C, H, DK) float16; chunk (1,) int64.
- * Output: (B, M, H*DK) float32. Attributes: heads (int), scale (float). */
+ * CachedAttention. Inputs: q, k, v (B, M, H*DK) float32; past_k, past_v (B, C, H, DK) float16; chunk (1,) int64.
+ * Output: (B, M, H*DK) float32. Attributes: heads (int), scale (float).
+ * Int8MatMul. Inputs: x (..., K) float32; packed (P, ceil(K/4), 64, 4) int8 (int8_matmul.h); colsum (P*64,) int32;
+ * w_scale (1,) float32; bias (N,) float32, optional. Output (..., N) float32. Attribute: n (int). Its work is shared
+ * out over the session's intra-op threads (KernelContext_ParallelFor, API version 17). */
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cached_attention.h"
+#include "int8_matmul.h"
 
 typedef struct OrtStatus OrtStatus;
 typedef struct OrtApi OrtApi;
@@ -31,7 +37,8 @@ typedef struct {
 
 enum { API_VERSION = 16 };
 enum { ORT_FAIL = 1, ORT_INVALID_ARGUMENT = 2 };
-enum { T_FLOAT = 1, T_INT64 = 7, T_FLOAT16 = 10 };
+enum { T_FLOAT = 1, T_INT8 = 3, T_INT32 = 6, T_INT64 = 7, T_FLOAT16 = 10 };
+enum { PARALLEL_FOR_VERSION = 17 };
 
 /* Positions in OrtApi. */
 enum {
@@ -50,6 +57,7 @@ enum {
     KERNEL_CONTEXT_GET_OUTPUT = 91,
     RELEASE_STATUS = 93,
     RELEASE_TENSOR_TYPE_AND_SHAPE_INFO = 99,
+    KERNEL_CONTEXT_PARALLEL_FOR = 274, /* API version 17 */
 };
 
 typedef struct OrtCustomOp {
@@ -75,6 +83,7 @@ typedef struct OrtCustomOp {
 } OrtCustomOp;
 
 static const OrtApi* api;
+static const OrtApi* api17; /* NULL when the runtime is older than API version 17: the products run on one thread */
 #define API(index, type) ((type)((void* const*)api)[index])
 
 typedef struct {
@@ -106,10 +115,10 @@ static OrtStatus* shape_of(const OrtValue* value, int want_type, int64_t* dims, 
     if (s) return s;
     s = API(GET_TENSOR_ELEMENT_TYPE, OrtStatus* (*)(const OrtTensorTypeAndShapeInfo*, int*))(info, &type);
     if (!s) s = API(GET_DIMENSIONS_COUNT, OrtStatus* (*)(const OrtTensorTypeAndShapeInfo*, size_t*))(info, count);
-    if (!s && *count > max_dims) s = status(ORT_INVALID_ARGUMENT, "CachedAttention: an input has too many dimensions");
+    if (!s && *count > max_dims) s = status(ORT_INVALID_ARGUMENT, "cosyvoice_lite: an input has too many dimensions");
     if (!s) s = API(GET_DIMENSIONS, OrtStatus* (*)(const OrtTensorTypeAndShapeInfo*, int64_t*, size_t))(info, dims, *count);
     API(RELEASE_TENSOR_TYPE_AND_SHAPE_INFO, void (*)(OrtTensorTypeAndShapeInfo*))(info);
-    if (!s && type != want_type) s = status(ORT_INVALID_ARGUMENT, "CachedAttention: an input has the wrong element type");
+    if (!s && type != want_type) s = status(ORT_INVALID_ARGUMENT, "cosyvoice_lite: an input has the wrong element type");
     return s;
 }
 
@@ -182,12 +191,120 @@ static const OrtCustomOp cached_attention_op = {
     compute_v1, destroy_kernel, required, required, default_memory, one, one, one, one, NULL, compute,
 };
 
+/* ---- Int8MatMul ---- */
+
+typedef struct {
+    int64_t n;
+} int8_kernel;
+
+static void* int8_create_kernel(const OrtCustomOp* op, const OrtApi* ort, const OrtKernelInfo* info) {
+    (void)op;
+    int8_kernel* kn = malloc(sizeof *kn);
+    if (kn == NULL) return NULL;
+    kn->n = 0;
+    OrtStatus* s = ((OrtStatus * (*)(const OrtKernelInfo*, const char*, int64_t*))((void* const*)ort)[KERNEL_INFO_GET_ATTRIBUTE_INT64])(info, "n", &kn->n);
+    if (s) API(RELEASE_STATUS, void (*)(OrtStatus*))(s);
+    return kn;
+}
+
+typedef struct {
+    OrtKernelContext* ctx;
+    cvl_task_fn task;
+    void* task_ctx;
+} parallel_call;
+
+static void parallel_trampoline(void* data, size_t i) {
+    parallel_call* call = data;
+    call->task(call->task_ctx, i);
+}
+
+static void parallel_for(void* runner, cvl_task_fn task, void* ctx, size_t tasks) {
+    parallel_call call = {runner, task, ctx};
+    OrtStatus* s = ((OrtStatus * (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*))(
+        (void* const*)api17)[KERNEL_CONTEXT_PARALLEL_FOR])(runner, parallel_trampoline, tasks, 0, &call);
+    if (s) { /* the pool refused: do the tasks here */
+        API(RELEASE_STATUS, void (*)(OrtStatus*))(s);
+        for (size_t i = 0; i < tasks; i++) task(ctx, i);
+    }
+}
+
+#define INT8_INPUTS 5
+static const int int8_types[INT8_INPUTS] = {T_FLOAT, T_INT8, T_INT32, T_FLOAT, T_FLOAT};
+
+static OrtStatus* int8_compute(void* kp, OrtKernelContext* ctx) {
+    const int8_kernel* kn = kp;
+    const OrtValue* in[INT8_INPUTS] = {NULL};
+    int64_t dims[INT8_INPUTS][8];
+    size_t nd[INT8_INPUTS] = {0};
+    for (size_t i = 0; i < INT8_INPUTS; i++) {
+        OrtStatus* s = API(KERNEL_CONTEXT_GET_INPUT, OrtStatus* (*)(const OrtKernelContext*, size_t, const OrtValue**))(ctx, i, &in[i]);
+        if (s) {
+            if (i < 4) return s;
+            API(RELEASE_STATUS, void (*)(OrtStatus*))(s);
+            in[i] = NULL;
+        }
+        if (in[i] == NULL) {
+            if (i < 4) return status(ORT_INVALID_ARGUMENT, "Int8MatMul: an input is missing");
+            continue;
+        }
+        if ((s = shape_of(in[i], int8_types[i], dims[i], 8, &nd[i]))) return s;
+    }
+    int64_t n = kn->n, rank = (int64_t)nd[0];
+    int64_t k = rank > 0 ? dims[0][rank - 1] : 0, panels = (n + 63) / 64, rows = 1;
+    for (int64_t i = 0; i + 1 < rank; i++) rows *= dims[0][i];
+    int64_t scale_count = 1;
+    for (size_t i = 0; i < nd[3]; i++) scale_count *= dims[3][i];
+    if (n < 1 || rank < 1 || nd[1] != 4 || dims[1][0] != panels || dims[1][1] != (k + 3) / 4 || dims[1][2] != 64 ||
+        dims[1][3] != 4 || nd[2] != 1 || dims[2][0] != panels * 64 || scale_count != 1 ||
+        (in[4] != NULL && (nd[4] != 1 || dims[4][0] != n)))
+        return status(ORT_INVALID_ARGUMENT,
+                      "Int8MatMul: x (..., K), packed (ceil(n/64), ceil(K/4), 64, 4), colsum (ceil(n/64)*64,), "
+                      "w_scale (1,) and bias (n,) disagree");
+    void* p[INT8_INPUTS] = {NULL};
+    for (int i = 0; i < INT8_INPUTS; i++) {
+        if (in[i] == NULL) continue;
+        OrtStatus* s = data_of(in[i], &p[i]);
+        if (s) return s;
+    }
+    int64_t out_dims[8];
+    memcpy(out_dims, dims[0], sizeof(int64_t) * (size_t)rank);
+    out_dims[rank - 1] = n;
+    OrtValue* out;
+    OrtStatus* s = API(KERNEL_CONTEXT_GET_OUTPUT, OrtStatus* (*)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**))(ctx, 0, out_dims, (size_t)rank, &out);
+    if (s) return s;
+    void* o;
+    if ((s = data_of(out, &o))) return s;
+    if (rows == 0) return NULL;
+    cvl_int8_problem prob = {rows, k, n, p[0], p[1], p[2], *(const float*)p[3], p[4], o};
+    if (cvl_int8_matmul(&prob, api17 ? parallel_for : NULL, ctx) != 0)
+        return status(ORT_FAIL, "Int8MatMul: out of memory for the work buffer");
+    return NULL;
+}
+
+static void int8_compute_v1(void* kp, OrtKernelContext* ctx) {
+    OrtStatus* s = int8_compute(kp, ctx);
+    if (s) API(RELEASE_STATUS, void (*)(OrtStatus*))(s);
+}
+
+static const char* int8_name(const OrtCustomOp* op) { (void)op; return "Int8MatMul"; }
+static int int8_input_type(const OrtCustomOp* op, size_t i) { (void)op; return i < INT8_INPUTS ? int8_types[i] : 0; }
+static size_t int8_input_count(const OrtCustomOp* op) { (void)op; return INT8_INPUTS; }
+static int int8_input_characteristic(const OrtCustomOp* op, size_t i) { (void)op; return i == 4 ? 1 : 0; } /* 1: optional */
+
+static const OrtCustomOp int8_matmul_op = {
+    API_VERSION, int8_create_kernel, int8_name, cpu_provider, int8_input_type, int8_input_count, output_type,
+    output_count, int8_compute_v1, destroy_kernel, int8_input_characteristic, required, default_memory, one, one, one,
+    one, NULL, int8_compute,
+};
+
 OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
     api = base->GetApi(API_VERSION);
     if (api == NULL) return NULL; /* cannot even report it: the runtime is older than API 16 (ONNX Runtime 1.16) */
     OrtCustomOpDomain* domain;
     OrtStatus* s = API(CREATE_CUSTOM_OP_DOMAIN, OrtStatus* (*)(const char*, OrtCustomOpDomain**))("cosyvoice_lite", &domain);
+    api17 = base->GetApi(PARALLEL_FOR_VERSION);
     if (!s) s = API(CUSTOM_OP_DOMAIN_ADD, OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*))(domain, &cached_attention_op);
+    if (!s) s = API(CUSTOM_OP_DOMAIN_ADD, OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*))(domain, &int8_matmul_op);
     if (!s) s = API(ADD_CUSTOM_OP_DOMAIN, OrtStatus* (*)(OrtSessionOptions*, OrtCustomOpDomain*))(options, domain);
     return s;
 }

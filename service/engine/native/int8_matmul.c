@@ -1,0 +1,270 @@
+/* int8 weight products of the LLM step (y = x · W, x float32 quantized per row to uint8): AVX-512 VNNI and portable.
+ *
+ * Why a kernel of our own: at batch 1 a decode step reads every weight once, so it is bound by memory bandwidth;
+ * ONNX Runtime's int8 kernels stream weights at about half of what a kernel reading them in order reaches
+ * (cpu-limits.md 1.3-1.4), because W is stored row-major and a column block reads K short strided rows. Here each
+ * panel of 64 output columns is stored as one contiguous run (int8_matmul.h), read front to back, and a tile of up
+ * to 6 rows of x shares every weight load (prefill: compute-bound, the panel stays in L2 while the row tiles pass). */
+
+#include "int8_matmul.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PANEL 64      /* output columns per panel: 4 vectors of 16 int32 sums */
+#define ROW_TILE 6    /* rows of x per tile: 24 accumulators */
+#define MAX_TASKS 16
+#define TASK_BYTES (256 * 1024) /* weight bytes x row tiles per task: smaller jobs are not worth a wake-up */
+#define FAST "avx512f,avx512bw,avx512vl,avx512vnni"
+
+typedef struct {
+    const cvl_int8_problem* p;
+    int64_t kq, kp, panels; /* groups of 4 weight rows, padded row length of xq, panels of 64 columns */
+    uint8_t* xq;            /* rows x kp */
+    float* xs;              /* per-row scale x w_scale */
+    int32_t* xzp;           /* per-row zero point */
+    int64_t tasks, row_tasks;
+    int fast;
+} job;
+
+size_t cvl_int8_packed_bytes(int64_t k, int64_t n) {
+    return (size_t)((n + PANEL - 1) / PANEL) * (size_t)((k + 3) / 4) * PANEL * 4;
+}
+
+/* The VNNI kernel where the CPU has it, unless COSYVOICE_LITE_PORTABLE_KERNELS=1 asks for the portable one (tests). */
+static int cpu_has_vnni(void) {
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        const char* portable = getenv("COSYVOICE_LITE_PORTABLE_KERNELS");
+        known = !(portable && strcmp(portable, "1") == 0) && __builtin_cpu_supports("avx512f") &&
+                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                __builtin_cpu_supports("avx512vnni");
+    }
+    return known;
+}
+
+int cvl_int8_fast_kernel(void) { return cpu_has_vnni(); }
+
+/* ---- per-row quantization (DynamicQuantizeLinear of one row) ---- */
+
+static void row_params(float lo, float hi, float* scale, int32_t* zp) {
+    lo = lo < 0.f ? lo : 0.f;
+    hi = hi > 0.f ? hi : 0.f;
+    float s = hi == lo ? 1.f : (hi - lo) / 255.f;
+    float z = 0.f - lo / s;
+    z = z < 0.f ? 0.f : (z > 255.f ? 255.f : z);
+    *scale = s;
+    *zp = (int32_t)nearbyintf(z); /* the default rounding mode: half to even */
+}
+
+static void quantize_row_portable(const float* x, int64_t k, int64_t kp, uint8_t* q, float* scale, int32_t* zp) {
+    float lo = 0.f, hi = 0.f;
+    for (int64_t i = 0; i < k; i++) {
+        lo = x[i] < lo ? x[i] : lo;
+        hi = x[i] > hi ? x[i] : hi;
+    }
+    row_params(lo, hi, scale, zp);
+    for (int64_t i = 0; i < k; i++) {
+        float v = nearbyintf(x[i] / *scale) + (float)*zp;
+        q[i] = (uint8_t)(v < 0.f ? 0.f : (v > 255.f ? 255.f : v));
+    }
+    memset(q + k, 0, (size_t)(kp - k));
+}
+
+__attribute__((target(FAST))) static void quantize_row_fast(const float* x, int64_t k, int64_t kp, uint8_t* q,
+                                                            float* scale, int32_t* zp) {
+    __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        lo = _mm512_min_ps(lo, v);
+        hi = _mm512_max_ps(hi, v);
+    }
+    if (i < k) {
+        __mmask16 m = (__mmask16)((1u << (k - i)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i); /* zeros elsewhere: the range includes 0 anyway */
+        lo = _mm512_min_ps(lo, v);
+        hi = _mm512_max_ps(hi, v);
+    }
+    row_params(_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi), scale, zp);
+    const __m512 s = _mm512_set1_ps(*scale);
+    const __m512i z = _mm512_set1_epi32(*zp), zero = _mm512_setzero_si512(), top = _mm512_set1_epi32(255);
+    for (i = 0; i < k; i += 16) {
+        int64_t left = k - i;
+        __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        __m512i v = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_maskz_loadu_ps(m, x + i), s)); /* half to even */
+        v = _mm512_min_epi32(_mm512_max_epi32(_mm512_add_epi32(v, z), zero), top);
+        _mm_mask_storeu_epi8(q + i, m, _mm512_cvtepi32_epi8(v));
+    }
+    memset(q + k, 0, (size_t)(kp - k));
+}
+
+/* ---- products of one panel with a tile of rows ---- */
+
+static void tile_portable(const job* jb, int64_t panel, int64_t r0, int rows) {
+    const cvl_int8_problem* p = jb->p;
+    const int8_t* w = p->packed + panel * jb->kq * PANEL * 4;
+    for (int r = 0; r < rows; r++) {
+        int32_t acc[PANEL] = {0};
+        const uint8_t* xr = jb->xq + (r0 + r) * jb->kp;
+        for (int64_t q = 0; q < jb->kq; q++) {
+            const int8_t* wq = w + q * PANEL * 4;
+            for (int c = 0; c < PANEL; c++)
+                for (int j = 0; j < 4; j++) acc[c] += (int32_t)xr[4 * q + j] * (int32_t)wq[4 * c + j];
+        }
+        for (int c = 0; c < PANEL; c++) {
+            int64_t col = panel * PANEL + c;
+            if (col >= p->n) break;
+            float v = (float)(acc[c] - jb->xzp[r0 + r] * p->colsum[col]) * jb->xs[r0 + r];
+            p->y[(r0 + r) * p->n + col] = p->bias ? v + p->bias[col] : v;
+        }
+    }
+}
+
+__attribute__((target(FAST), always_inline)) static inline void store_row(const job* jb, int64_t panel, int64_t row,
+                                                                           __m512i c0, __m512i c1, __m512i c2,
+                                                                           __m512i c3) {
+    const cvl_int8_problem* p = jb->p;
+    const __m512i zp = _mm512_set1_epi32(jb->xzp[row]);
+    const __m512 scale = _mm512_set1_ps(jb->xs[row]);
+    float* y = p->y + row * p->n;
+    const __m512i sums[4] = {c0, c1, c2, c3};
+    for (int j = 0; j < 4; j++) {
+        int64_t col = panel * PANEL + 16 * j;
+        if (col >= p->n) break;
+        int64_t left = p->n - col;
+        __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        __m512i sum = _mm512_sub_epi32(sums[j], _mm512_mullo_epi32(zp, _mm512_loadu_si512(p->colsum + col)));
+        __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), scale);
+        if (p->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, p->bias + col));
+        _mm512_mask_storeu_ps(y + col, m, v);
+    }
+}
+
+/* One panel times rows r0 .. r0+R-1 (R a constant after inlining, so every accumulator stays in a register). */
+#define ACC(r)                                                                                                        \
+    __m512i c##r##0 = _mm512_setzero_si512(), c##r##1 = _mm512_setzero_si512(), c##r##2 = _mm512_setzero_si512(),    \
+            c##r##3 = _mm512_setzero_si512()
+#define STEP(r)                                                                                                       \
+    if (R > r) {                                                                                                      \
+        int32_t quad;                                                                                                 \
+        memcpy(&quad, x + r * kp + 4 * q, sizeof quad);                                                               \
+        const __m512i a = _mm512_set1_epi32(quad);                                                                    \
+        c##r##0 = _mm512_dpbusd_epi32(c##r##0, a, w0);                                                                \
+        c##r##1 = _mm512_dpbusd_epi32(c##r##1, a, w1);                                                                \
+        c##r##2 = _mm512_dpbusd_epi32(c##r##2, a, w2);                                                                \
+        c##r##3 = _mm512_dpbusd_epi32(c##r##3, a, w3);                                                                \
+    }
+#define STORE(r) \
+    if (R > r) store_row(jb, panel, r0 + r, c##r##0, c##r##1, c##r##2, c##r##3)
+
+__attribute__((target(FAST), always_inline)) static inline void tile_fast(const job* jb, int64_t panel, int64_t r0,
+                                                                           const int R) {
+    const int8_t* w = jb->p->packed + panel * jb->kq * PANEL * 4;
+    const uint8_t* x = jb->xq + r0 * jb->kp;
+    const int64_t kp = jb->kp, kq = jb->kq;
+    ACC(0);
+    ACC(1);
+    ACC(2);
+    ACC(3);
+    ACC(4);
+    ACC(5);
+    for (int64_t q = 0; q < kq; q++, w += PANEL * 4) {
+        const __m512i w0 = _mm512_loadu_si512(w), w1 = _mm512_loadu_si512(w + 64);
+        const __m512i w2 = _mm512_loadu_si512(w + 128), w3 = _mm512_loadu_si512(w + 192);
+        STEP(0)
+        STEP(1)
+        STEP(2)
+        STEP(3)
+        STEP(4)
+        STEP(5)
+    }
+    STORE(0);
+    STORE(1);
+    STORE(2);
+    STORE(3);
+    STORE(4);
+    STORE(5);
+}
+#undef ACC
+#undef STEP
+#undef STORE
+
+__attribute__((target(FAST))) static void panel_fast(const job* jb, int64_t panel) {
+    int64_t r = 0, rows = jb->p->rows;
+    for (; r + ROW_TILE <= rows; r += ROW_TILE) tile_fast(jb, panel, r, ROW_TILE);
+    switch (rows - r) {
+        case 5: tile_fast(jb, panel, r, 5); break;
+        case 4: tile_fast(jb, panel, r, 4); break;
+        case 3: tile_fast(jb, panel, r, 3); break;
+        case 2: tile_fast(jb, panel, r, 2); break;
+        case 1: tile_fast(jb, panel, r, 1); break;
+        default: break;
+    }
+}
+
+/* ---- tasks ---- */
+
+static void quantize_task(void* ctx, size_t i) {
+    const job* jb = ctx;
+    const cvl_int8_problem* p = jb->p;
+    int64_t from = p->rows * (int64_t)i / jb->row_tasks, to = p->rows * (int64_t)(i + 1) / jb->row_tasks;
+    for (int64_t r = from; r < to; r++) {
+        float s;
+        if (jb->fast)
+            quantize_row_fast(p->x + r * p->k, p->k, jb->kp, jb->xq + r * jb->kp, &s, &jb->xzp[r]);
+        else
+            quantize_row_portable(p->x + r * p->k, p->k, jb->kp, jb->xq + r * jb->kp, &s, &jb->xzp[r]);
+        jb->xs[r] = s * p->w_scale;
+    }
+}
+
+static void product_task(void* ctx, size_t i) {
+    const job* jb = ctx;
+    int64_t from = jb->panels * (int64_t)i / jb->tasks, to = jb->panels * (int64_t)(i + 1) / jb->tasks;
+    for (int64_t panel = from; panel < to; panel++) {
+        if (jb->fast)
+            panel_fast(jb, panel);
+        else
+            tile_portable(jb, panel, 0, (int)jb->p->rows), (void)0;
+    }
+}
+
+static void run(cvl_parallel_fn parallel, void* runner, cvl_task_fn task, void* ctx, size_t tasks) {
+    if (tasks <= 1 || parallel == NULL) {
+        for (size_t i = 0; i < tasks; i++) task(ctx, i);
+    } else {
+        parallel(runner, task, ctx, tasks);
+    }
+}
+
+int cvl_int8_matmul(const cvl_int8_problem* p, cvl_parallel_fn parallel, void* runner) {
+    if (p->rows <= 0 || p->n <= 0) return 0;
+    job jb = {.p = p, .kq = (p->k + 3) / 4, .panels = (p->n + PANEL - 1) / PANEL, .fast = cpu_has_vnni()};
+    jb.kp = jb.kq * 4;
+    /* Rows for the portable kernel go one panel at a time over every row (its tile is all rows). */
+    size_t bytes = (size_t)p->rows * (size_t)jb.kp + (size_t)p->rows * (sizeof(float) + sizeof(int32_t)) + 64;
+    void* work = malloc(bytes);
+    if (work == NULL) return -1;
+    jb.xs = work;
+    jb.xzp = (int32_t*)(jb.xs + p->rows);
+    jb.xq = (uint8_t*)(jb.xzp + p->rows);
+    jb.row_tasks = p->rows * p->k >= 65536 ? (p->rows < MAX_TASKS ? p->rows : MAX_TASKS) : 1;
+    run(parallel, runner, quantize_task, &jb, (size_t)jb.row_tasks);
+    /* One row tile (a decode step's few rows) is bound by memory bandwidth, and one core already streams most of
+     * it (full size, one thread: 14.9 ms of products a step, two: 12.9 ms): it runs on the calling thread and
+     * leaves the other cores to the flow. More rows are compute-bound: enough tasks to share the work when it is
+     * worth a wake-up, by weight bytes times the row tiles that read them. */
+    int64_t weight_bytes = jb.panels * jb.kq * PANEL * 4;
+    int64_t passes = (p->rows + ROW_TILE - 1) / ROW_TILE;
+    int64_t tasks = passes == 1 ? 1 : (weight_bytes * passes + TASK_BYTES - 1) / TASK_BYTES;
+    tasks = tasks < 1 ? 1 : tasks;
+    tasks = tasks > MAX_TASKS ? MAX_TASKS : tasks;
+    jb.tasks = tasks > jb.panels ? jb.panels : tasks;
+    run(parallel, runner, product_task, &jb, (size_t)jb.tasks);
+    free(work);
+    return 0;
+}

@@ -1,0 +1,39 @@
+/* y = x · W for int8 weights and float32 activations quantized per row to uint8 (the LLM decode step's projections). */
+#ifndef COSYVOICE_LITE_INT8_MATMUL_H
+#define COSYVOICE_LITE_INT8_MATMUL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Weights come packed in panels of 64 output columns, each panel K4 = ceil(k/4) groups of 64 columns x 4 rows of W:
+ *   packed[((p * K4 + q) * 64 + c) * 4 + j] = W[4q + j][64p + c]   (zero where 4q + j >= k or 64p + c >= n)
+ * so a panel is read front to back (export/native_twin.py writes it; cvl_int8_packed_bytes gives its size).
+ * colsum[c] = sum over rows of W[.][c] for the padded columns (int32), w_scale the weights' one scale (zero point 0).
+ *
+ * Each row of x is quantized on its own exactly as ONNX's DynamicQuantizeLinear quantizes a tensor (range widened to
+ * include 0, scale = range / 255, zero point rounded half to even, values rounded half to even and saturated), so
+ * with one row the result is ONNX Runtime's DynamicQuantizeLinear + MatMulInteger + scale (+ bias), and a row's
+ * result never depends on the other rows of a batch. */
+typedef struct {
+    int64_t rows, k, n;
+    const float* x;        /* rows x k */
+    const int8_t* packed;  /* cvl_int8_packed_bytes(k, n) */
+    const int32_t* colsum; /* ceil(n/64)*64 */
+    float w_scale;
+    const float* bias; /* n, or NULL */
+    float* y;          /* rows x n */
+} cvl_int8_problem;
+
+/* Runs task(ctx, i) for i in [0, tasks), possibly on several threads, and returns when all are done. */
+typedef void (*cvl_task_fn)(void* ctx, size_t i);
+typedef void (*cvl_parallel_fn)(void* runner, cvl_task_fn task, void* ctx, size_t tasks);
+
+size_t cvl_int8_packed_bytes(int64_t k, int64_t n);
+
+/* 0 on success, -1 when the work buffer cannot be allocated. `parallel` may be NULL (one thread). */
+int cvl_int8_matmul(const cvl_int8_problem* p, cvl_parallel_fn parallel, void* runner);
+
+/* 1 when cvl_int8_matmul takes its AVX-512 VNNI kernel on this CPU, 0 when the portable one. */
+int cvl_int8_fast_kernel(void);
+
+#endif

@@ -1,0 +1,189 @@
+"""Our native kernel cosyvoice_lite.Int8MatMul (service/engine/native/int8_matmul.c) through the installed ONNX
+Runtime: per-row dynamic quantization and int8 products against an exact numpy reference for every shape class
+(padding of K and N, row tiles, the parallel path), ONNX Runtime's own operators on one row, batch invariance, and a
+clear error for inputs that disagree."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from export.native_twin import pack_int8_weight
+from service.bundle import NATIVE_DOMAIN
+from service.engine import native
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def library() -> Path:
+    """The library `make native` builds (`make test` builds it first); built here when a C compiler exists."""
+    if not native.LIBRARY_PATH.is_file() and shutil.which("cc"):
+        subprocess.run(["make", "-s", "native"], cwd=REPO, check=True)
+    if not native.LIBRARY_PATH.is_file():
+        pytest.skip("no C compiler here: the native kernels cannot be built (the engine runs ONNX Runtime's graphs)")
+    return native.LIBRARY_PATH
+
+
+def weights(k: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(-64, 64, (k, n), dtype=np.int8), rng.standard_normal(n).astype(np.float32)
+
+
+def product_graph(w: np.ndarray, w_scale: float, bias: np.ndarray | None, rank: int = 2) -> bytes:
+    packed, colsum = pack_int8_weight(w)
+    inits = [
+        numpy_helper.from_array(packed, "packed"),
+        numpy_helper.from_array(colsum, "colsum"),
+        numpy_helper.from_array(np.array([w_scale], np.float32), "w_scale"),
+    ]
+    inputs = ["x", "packed", "colsum", "w_scale"]
+    if bias is not None:
+        inits.append(numpy_helper.from_array(bias, "bias"))
+        inputs.append("bias")
+    node = helper.make_node("Int8MatMul", inputs, ["y"], domain=NATIVE_DOMAIN, n=w.shape[1])
+    dims = [f"d{i}" for i in range(rank - 1)]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [*dims, "K"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [*dims, "N"])
+    model = helper.make_model(
+        helper.make_graph([node], "product", [x], [y], inits),
+        opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid(NATIVE_DOMAIN, 1)],
+    )
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def session(library: Path, model: bytes, threads: int = 1) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.register_custom_ops_library(str(library))
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
+def reference(x: np.ndarray, w: np.ndarray, w_scale: float, bias: np.ndarray | None) -> np.ndarray:
+    """DynamicQuantizeLinear of each row (ONNX's definition), the integer product, then the scales and bias."""
+    rows = x.reshape(-1, x.shape[-1]).astype(np.float32)
+    out = np.empty((rows.shape[0], w.shape[1]), np.float64)
+    for i, row in enumerate(rows):
+        lo, hi = min(0.0, float(row.min())), max(0.0, float(row.max()))
+        scale = np.float32((hi - lo) / 255.0) if hi != lo else np.float32(1.0)
+        zp = np.clip(np.round(-lo / scale), 0, 255)  # np.round: half to even, as ONNX
+        q = np.clip(np.round(row / scale) + zp, 0, 255).astype(np.int64)
+        acc = (q - int(zp)) @ w.astype(np.int64)
+        out[i] = acc.astype(np.float64) * float(np.float32(scale * np.float32(w_scale)))
+    if bias is not None:
+        out += bias
+    return out.reshape(*x.shape[:-1], w.shape[1])
+
+
+@pytest.mark.parametrize(
+    ("rows", "k", "n", "with_bias"),
+    [
+        (1, 896, 896, True),  # a decode step's projection
+        (1, 64, 6564, True),  # a vocabulary head: N not a multiple of 64
+        (3, 30, 10, False),  # K not a multiple of 4, N under one vector
+        (6, 256, 128, True),  # one whole row tile
+        (7, 100, 200, False),  # a tile and one row
+        (13, 520, 300, True),  # two tiles and a partial one
+        (50, 256, 512, False),  # an estimator call's frames
+    ],
+)
+def test_products_match_the_exact_reference(library: Path, rows: int, k: int, n: int, with_bias: bool) -> None:
+    w, b = weights(k, n, rows)
+    bias = b if with_bias else None
+    x = np.random.default_rng(k).standard_normal((rows, k)).astype(np.float32)
+    x[0, 0] = 0.0  # a row with zeros and both signs; the last row all positive (zero point 0)
+    x[-1] = np.abs(x[-1])
+    got = session(library, product_graph(w, 0.0123, bias)).run(["y"], {"x": x})[0]
+    want = reference(x, w, 0.0123, bias)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+def test_one_row_is_what_onnx_runtime_computes_bit_for_bit(library: Path) -> None:
+    """DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul(scales) -> Add(bias), the graph our quantizer writes."""
+    w, bias = weights(96, 80)
+    w_scale = np.array(0.02, np.float32)
+    nodes = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+        helper.make_node("MatMulInteger", ["xq", "w", "xz", "wz"], ["acc"]),
+        helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["xs", "ws"], ["scale"]),
+        helper.make_node("Mul", ["accf", "scale"], ["prod"]),
+        helper.make_node("Add", ["prod", "bias"], ["y"]),
+    ]
+    inits = [
+        numpy_helper.from_array(w, "w"),
+        numpy_helper.from_array(np.array(0, np.int8), "wz"),
+        numpy_helper.from_array(w_scale, "ws"),
+        numpy_helper.from_array(bias, "bias"),
+    ]
+    graph = helper.make_graph(
+        nodes, "ort", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 96])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 80])], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    x = np.random.default_rng(1).standard_normal((1, 1, 96)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(["y"], {"x": x})[0]
+    got = session(library, product_graph(w, float(w_scale), bias, rank=3)).run(["y"], {"x": x})[0]
+    assert np.array_equal(got, want)
+
+
+def test_a_rows_result_does_not_depend_on_its_batch_or_the_threads(library: Path) -> None:
+    """Each row is quantized on its own (ONNX Runtime's operator takes one range for the whole batch), and the work
+    shared over two threads (many rows: several tasks) gives the same numbers as one."""
+    w, bias = weights(640, 384)
+    model = product_graph(w, 0.01, bias, rank=3)
+    x = np.random.default_rng(2).standard_normal((2, 20, 640)).astype(np.float32)
+    x[1] *= 40.0  # a batch row with a far wider range
+    one_thread = session(library, model).run(["y"], {"x": x})[0]
+    two_threads = session(library, model, threads=2).run(["y"], {"x": x})[0]
+    alone = session(library, model).run(["y"], {"x": x[:1, :1]})[0]
+    assert np.array_equal(one_thread, two_threads)
+    assert np.array_equal(alone[0, 0], one_thread[0, 0])
+
+
+def test_inputs_that_disagree_are_an_error_not_a_crash(library: Path) -> None:
+    w, bias = weights(64, 32)
+    sess = session(library, product_graph(w, 0.01, bias))
+    with pytest.raises(Exception, match="Int8MatMul: x"):
+        sess.run(["y"], {"x": np.zeros((2, 60), np.float32)})  # K 60 where the packed weight has 64
+    assert sess.run(["y"], {"x": np.zeros((0, 64), np.float32)})[0].shape == (0, 32)
+
+
+def test_the_probe_reports_the_int8_kernel(library: Path) -> None:
+    probe = native.probe(library, kernel="int8_matmul")
+    flags = Path("/proc/cpuinfo").read_text(encoding="utf-8") if Path("/proc/cpuinfo").is_file() else ""
+    has_vnni = all(f in flags.split() for f in ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"))
+    assert probe.usable == has_vnni
+    assert probe.usable or "AVX-512 VNNI" in probe.reason
+
+
+def test_the_portable_kernel_computes_the_same(library: Path, tmp_path: Path) -> None:
+    """The kernel for CPUs without AVX-512 VNNI (forced here by COSYVOICE_LITE_PORTABLE_KERNELS=1, in a process of its
+    own: the choice is made once per process)."""
+    w, bias = weights(70, 90)
+    x = np.random.default_rng(3).standard_normal((9, 70)).astype(np.float32)
+    (tmp_path / "model.onnx").write_bytes(product_graph(w, 0.01, bias))
+    np.save(tmp_path / "x.npy", x)
+    script = (
+        "import sys, numpy as np, onnxruntime as ort\n"
+        "from service.engine import native\n"
+        "assert not native.probe(kernel='int8_matmul').usable\n"
+        "so = ort.SessionOptions(); so.register_custom_ops_library(sys.argv[1])\n"
+        "s = ort.InferenceSession(sys.argv[2] + '/model.onnx', so, providers=['CPUExecutionProvider'])\n"
+        "np.save(sys.argv[2] + '/y.npy', s.run(['y'], {'x': np.load(sys.argv[2] + '/x.npy')})[0])\n"
+    )
+    env = {**os.environ, "COSYVOICE_LITE_PORTABLE_KERNELS": "1"}
+    subprocess.run([sys.executable, "-c", script, str(library), str(tmp_path)], cwd=REPO, env=env, check=True)
+    want = reference(x, w, 0.01, bias)
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
