@@ -183,14 +183,119 @@ static tiles tiles_in(float* w, int T, int DK) {
     return t;
 }
 
+/* One tile of up to QL new frames (i0 .. i0+QG-1) of head h: QV = ceil(QG/16) vectors of query lanes (a constant after
+ * inlining), so a chunk of a few frames does not pay for 64 lanes. */
+__attribute__((always_inline, target(FAST))) static inline void tile_bf16(
+    const int NC, const int QV, const cvl_attention_shape* s, int b, int h, int i0, int QG, const float* q,
+    const float* k, const uint16_t* pk, float* out, tiles t, __m512i il) {
+    const int M = s->new_frames, C = s->cached, DK = 16 * NC, D = s->heads * DK;
+    const float* qb = q + (size_t)b * M * D;
+    const float* kn = k + (size_t)b * M * D;
+    const uint16_t* kc = pk + (size_t)b * C * D;
+    for (int i = 0; i < QV * 16; i++) {
+        const float* src = qb + (size_t)(i0 + (i < QG ? i : 0)) * D + h * DK;
+        for (int d = 0; d < DK; d++) t.tq[d * QL + i] = i < QG ? src[d] * s->scale : 0.f;
+    }
+    for (int p = 0; p < DK / 2; p++)
+        for (int c = 0; c < QV; c++)
+            _mm512_storeu_si512(t.qp + p * QL + 16 * c, bf16_pairs(_mm512_loadu_ps(t.tq + 2 * p * QL + 16 * c),
+                                                                    _mm512_loadu_ps(t.tq + (2 * p + 1) * QL + 16 * c), il));
+    int32_t limits[QL];
+    int maxlim = 0;
+    for (int i = 0; i < QV * 16; i++) {
+        limits[i] = (int32_t)key_limit(s, i0 + (i < QG ? i : QG - 1));
+        if (limits[i] > maxlim) maxlim = limits[i];
+    }
+    const int maxe = (maxlim + 1) & ~1;
+    __m512i lim[4];
+    __m512 mx[4], sum[4];
+    for (int c = 0; c < QV; c++) {
+        lim[c] = _mm512_loadu_si512(limits + 16 * c);
+        mx[c] = _mm512_set1_ps(-INFINITY);
+        sum[c] = _mm512_setzero_ps();
+    }
+    for (int j0 = 0; j0 < maxlim; j0 += 4) { /* scores, four keys at a time */
+        const int nk = maxlim - j0 < 4 ? maxlim - j0 : 4;
+        for (int r = 0; r < 4; r++) {
+            int j = j0 + (r < nk ? r : 0);
+            __m512 f[4];
+            if (j < C)
+                load_half(kc + (size_t)j * D + h * DK, NC, f);
+            else
+                load_float(kn + (size_t)(j - C) * D + h * DK, NC, f);
+            if (NC == 1) {
+                _mm256_storeu_si256((__m256i*)(t.kb + r * DK / 2),
+                                    _mm512_castsi512_si256((__m512i)_mm512_cvtne2ps_pbh(f[0], f[0])));
+            } else {
+                for (int c = 0; c < NC; c += 2)
+                    _mm512_storeu_si512(t.kb + r * DK / 2 + 8 * c, (__m512i)_mm512_cvtne2ps_pbh(f[c + 1], f[c]));
+            }
+        }
+        __m512 a[4][4];
+        for (int r = 0; r < 4; r++)
+            for (int c = 0; c < QV; c++) a[r][c] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+        for (int p = 0; p < DK / 2; p++) {
+            __m512bh qq[4];
+            for (int c = 0; c < QV; c++) qq[c] = (__m512bh)_mm512_loadu_si512(t.qp + p * QL + 16 * c);
+            for (int r = 0; r < 4; r++) {
+                __m512bh kk = (__m512bh)_mm512_set1_epi32((int)t.kb[r * DK / 2 + p]);
+                for (int c = 0; c < QV; c++) a[r][c] = _mm512_dpbf16_ps(a[r][c], qq[c], kk);
+            }
+        }
+        for (int r = 0; r < nk; r++) {
+            const int j = j0 + r;
+            for (int c = 0; c < QV; c++) {
+                __m512 sc = a[r][c];
+                if (j >= C) {
+                    __mmask16 seen = _mm512_cmpgt_epi32_mask(lim[c], _mm512_set1_epi32(j));
+                    sc = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), seen, sc);
+                }
+                mx[c] = _mm512_max_ps(mx[c], sc);
+                _mm512_storeu_ps(t.st + (size_t)j * QL + 16 * c, sc);
+            }
+        }
+    }
+    if (maxe > maxlim)
+        for (int c = 0; c < QV; c++) _mm512_storeu_ps(t.st + (size_t)maxlim * QL + 16 * c, _mm512_set1_ps(-INFINITY));
+    for (int jp = 0; jp < maxe / 2; jp++) /* probabilities (unnormalised), in key pairs */
+        for (int c = 0; c < QV; c++) {
+            __m512 e0 = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(t.st + (size_t)(2 * jp) * QL + 16 * c), mx[c]));
+            __m512 e1 = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(t.st + (size_t)(2 * jp + 1) * QL + 16 * c), mx[c]));
+            sum[c] = _mm512_add_ps(sum[c], _mm512_add_ps(e0, e1));
+            _mm512_storeu_si512(t.pp + (size_t)jp * QL + 16 * c, bf16_pairs(e0, e1, il));
+        }
+    float inv[QL];
+    for (int c = 0; c < QV; c++) _mm512_storeu_ps(inv + 16 * c, _mm512_div_ps(_mm512_set1_ps(1.f), sum[c]));
+    for (int i = 0; i < QG; i += 4) { /* values, four frames at a time */
+        const int nr = QG - i < 4 ? QG - i : 4;
+        __m512 o[4][4];
+        for (int r = 0; r < 4; r++)
+            for (int c = 0; c < 4; c++) o[r][c] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+        for (int jp = 0; jp < maxe / 2; jp++) {
+            const uint32_t* vr = t.vp + (size_t)jp * DK;
+            const uint32_t* pr = t.pp + (size_t)jp * QL + i;
+            __m512bh vv[4];
+            for (int c = 0; c < NC; c++) vv[c] = (__m512bh)_mm512_loadu_si512(vr + 16 * c);
+            for (int r = 0; r < 4; r++) {
+                __m512bh pb = (__m512bh)_mm512_set1_epi32((int)pr[r]);
+                for (int c = 0; c < NC; c++) o[r][c] = _mm512_dpbf16_ps(o[r][c], vv[c], pb);
+            }
+        }
+        for (int r = 0; r < nr; r++) {
+            float* dst = out + ((size_t)b * M + i0 + i + r) * D + h * DK;
+            __m512 scale = _mm512_set1_ps(inv[i + r]);
+            for (int c = 0; c < NC; c++) _mm512_storeu_ps(dst + 16 * c, _mm512_mul_ps(o[r][c], scale));
+        }
+    }
+}
+
 __attribute__((always_inline, target(FAST))) static inline void head_bf16(
     const int NC, const cvl_attention_shape* s, int b, int h, const float* q, const float* k, const float* v,
     const uint16_t* pk, const uint16_t* pv, float* out, tiles t, __m512i il) {
     const int M = s->new_frames, C = s->cached, DK = 16 * NC, D = s->heads * DK, T = C + M, TE = (T + 1) & ~1;
-    const float* qb = q + (size_t)b * M * D;
-    const float* kn = k + (size_t)b * M * D;
     const float* vn = v + (size_t)b * M * D;
-    const uint16_t* kc = pk + (size_t)b * C * D;
     const uint16_t* vc = pv + (size_t)b * C * D;
     for (int jp = 0; jp < TE / 2; jp++) { /* value pairs of this head */
         __m512 r0[4], r1[4];
@@ -208,105 +313,11 @@ __attribute__((always_inline, target(FAST))) static inline void head_bf16(
     }
     for (int i0 = 0; i0 < M; i0 += QL) {
         const int QG = M - i0 < QL ? M - i0 : QL;
-        for (int i = 0; i < QL; i++) {
-            const float* src = qb + (size_t)(i0 + (i < QG ? i : 0)) * D + h * DK;
-            for (int d = 0; d < DK; d++) t.tq[d * QL + i] = i < QG ? src[d] * s->scale : 0.f;
-        }
-        for (int p = 0; p < DK / 2; p++)
-            for (int c = 0; c < 4; c++)
-                _mm512_storeu_si512(t.qp + p * QL + 16 * c, bf16_pairs(_mm512_loadu_ps(t.tq + 2 * p * QL + 16 * c),
-                                                                        _mm512_loadu_ps(t.tq + (2 * p + 1) * QL + 16 * c), il));
-        int32_t limits[QL];
-        int maxlim = 0;
-        for (int i = 0; i < QL; i++) {
-            limits[i] = (int32_t)key_limit(s, i0 + (i < QG ? i : QG - 1));
-            if (limits[i] > maxlim) maxlim = limits[i];
-        }
-        const int maxe = (maxlim + 1) & ~1;
-        __m512i lim[4];
-        __m512 mx[4], sum[4];
-        for (int c = 0; c < 4; c++) {
-            lim[c] = _mm512_loadu_si512(limits + 16 * c);
-            mx[c] = _mm512_set1_ps(-INFINITY);
-            sum[c] = _mm512_setzero_ps();
-        }
-        for (int j0 = 0; j0 < maxlim; j0 += 4) { /* scores, four keys at a time */
-            const int nk = maxlim - j0 < 4 ? maxlim - j0 : 4;
-            for (int r = 0; r < 4; r++) {
-                int j = j0 + (r < nk ? r : 0);
-                __m512 f[4];
-                if (j < C)
-                    load_half(kc + (size_t)j * D + h * DK, NC, f);
-                else
-                    load_float(kn + (size_t)(j - C) * D + h * DK, NC, f);
-                if (NC == 1) {
-                    _mm256_storeu_si256((__m256i*)(t.kb + r * DK / 2),
-                                        _mm512_castsi512_si256((__m512i)_mm512_cvtne2ps_pbh(f[0], f[0])));
-                } else {
-                    for (int c = 0; c < NC; c += 2)
-                        _mm512_storeu_si512(t.kb + r * DK / 2 + 8 * c, (__m512i)_mm512_cvtne2ps_pbh(f[c + 1], f[c]));
-                }
-            }
-            __m512 a[4][4];
-            for (int r = 0; r < 4; r++)
-                for (int c = 0; c < 4; c++) a[r][c] = _mm512_setzero_ps();
-#pragma GCC unroll 2
-            for (int p = 0; p < DK / 2; p++) {
-                __m512bh q0 = (__m512bh)_mm512_loadu_si512(t.qp + p * QL), q1 = (__m512bh)_mm512_loadu_si512(t.qp + p * QL + 16);
-                __m512bh q2 = (__m512bh)_mm512_loadu_si512(t.qp + p * QL + 32), q3 = (__m512bh)_mm512_loadu_si512(t.qp + p * QL + 48);
-                for (int r = 0; r < 4; r++) {
-                    __m512bh kk = (__m512bh)_mm512_set1_epi32((int)t.kb[r * DK / 2 + p]);
-                    a[r][0] = _mm512_dpbf16_ps(a[r][0], q0, kk);
-                    a[r][1] = _mm512_dpbf16_ps(a[r][1], q1, kk);
-                    a[r][2] = _mm512_dpbf16_ps(a[r][2], q2, kk);
-                    a[r][3] = _mm512_dpbf16_ps(a[r][3], q3, kk);
-                }
-            }
-            for (int r = 0; r < nk; r++) {
-                const int j = j0 + r;
-                for (int c = 0; c < 4; c++) {
-                    __m512 sc = a[r][c];
-                    if (j >= C) {
-                        __mmask16 seen = _mm512_cmpgt_epi32_mask(lim[c], _mm512_set1_epi32(j));
-                        sc = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), seen, sc);
-                    }
-                    mx[c] = _mm512_max_ps(mx[c], sc);
-                    _mm512_storeu_ps(t.st + (size_t)j * QL + 16 * c, sc);
-                }
-            }
-        }
-        if (maxe > maxlim)
-            for (int c = 0; c < 4; c++) _mm512_storeu_ps(t.st + (size_t)maxlim * QL + 16 * c, _mm512_set1_ps(-INFINITY));
-        for (int jp = 0; jp < maxe / 2; jp++) /* probabilities (unnormalised), in key pairs */
-            for (int c = 0; c < 4; c++) {
-                __m512 e0 = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(t.st + (size_t)(2 * jp) * QL + 16 * c), mx[c]));
-                __m512 e1 = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(t.st + (size_t)(2 * jp + 1) * QL + 16 * c), mx[c]));
-                sum[c] = _mm512_add_ps(sum[c], _mm512_add_ps(e0, e1));
-                _mm512_storeu_si512(t.pp + (size_t)jp * QL + 16 * c, bf16_pairs(e0, e1, il));
-            }
-        float inv[QL];
-        for (int c = 0; c < 4; c++) _mm512_storeu_ps(inv + 16 * c, _mm512_div_ps(_mm512_set1_ps(1.f), sum[c]));
-        for (int i = 0; i < QG; i += 4) { /* values, four frames at a time */
-            const int nr = QG - i < 4 ? QG - i : 4;
-            __m512 o[4][4];
-            for (int r = 0; r < 4; r++)
-                for (int c = 0; c < 4; c++) o[r][c] = _mm512_setzero_ps();
-#pragma GCC unroll 2
-            for (int jp = 0; jp < maxe / 2; jp++) {
-                const uint32_t* vr = t.vp + (size_t)jp * DK;
-                const uint32_t* pr = t.pp + (size_t)jp * QL + i;
-                __m512bh vv[4];
-                for (int c = 0; c < NC; c++) vv[c] = (__m512bh)_mm512_loadu_si512(vr + 16 * c);
-                for (int r = 0; r < 4; r++) {
-                    __m512bh pb = (__m512bh)_mm512_set1_epi32((int)pr[r]);
-                    for (int c = 0; c < NC; c++) o[r][c] = _mm512_dpbf16_ps(o[r][c], vv[c], pb);
-                }
-            }
-            for (int r = 0; r < nr; r++) {
-                float* dst = out + ((size_t)b * M + i0 + i + r) * D + h * DK;
-                __m512 scale = _mm512_set1_ps(inv[i + r]);
-                for (int c = 0; c < NC; c++) _mm512_storeu_ps(dst + 16 * c, _mm512_mul_ps(o[r][c], scale));
-            }
+        switch ((QG + 15) / 16) {
+            case 1: tile_bf16(NC, 1, s, b, h, i0, QG, q, k, pk, out, t, il); break;
+            case 2: tile_bf16(NC, 2, s, b, h, i0, QG, q, k, pk, out, t, il); break;
+            case 3: tile_bf16(NC, 3, s, b, h, i0, QG, q, k, pk, out, t, il); break;
+            default: tile_bf16(NC, 4, s, b, h, i0, QG, q, k, pk, out, t, il); break;
         }
     }
 }
