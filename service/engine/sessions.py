@@ -300,9 +300,9 @@ def graph_runtime(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> Graph
     """The one place that picks the runtime of a graph, from the settings, the CPU's features and the bundle's files.
 
     A NATIVE_GRAPHS graph runs as its native twin on ORT with our kernels when the bundle has the twin, native_kernels
-    is "auto" and the library runs every kernel of that twin here (native.KERNELS_OF_GRAPH). Else OpenVINO runs OPENVINO_GRAPHS when asked (or on "auto" where bf16 is
-    native), from floating-point weights: the graph itself, or the float twin of a quantized graph; a quantized graph
-    without a twin stays on ORT.
+    is "auto" and the library runs every kernel of that twin here (native.KERNELS_OF_GRAPH). Else OpenVINO runs
+    OPENVINO_GRAPHS when asked (or on "auto" where bf16 is native), from floating-point weights: the graph itself, or
+    the float twin of a quantized graph; a quantized graph without a twin stays on ORT.
     """
     ort_runtime = GraphRuntime("ort", bundle.graph_path(name), bundle.manifest.graphs[name].precision)
     twin = native_twin(bundle, name, opts)
