@@ -81,6 +81,7 @@ def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
         allow_spinning=args.spinning,
         first_audio_priority=not args.no_first_audio_priority,
         acoustic_backend=args.acoustic_backend,
+        native_kernels=args.native_kernels,
         stream_schedule=args.stream_schedule,
         prompt_window_s=None if args.prompt_window_s < 0 else args.prompt_window_s,
         compiled_cache_dir=args.cache_dir,
@@ -285,6 +286,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--first-hop", type=int, help="first streaming hop in tokens (engine default when omitted)")
     defaults = Settings.model_fields  # the service's defaults: the benchmark measures what users get
     p.add_argument("--acoustic-backend", choices=["auto", "ort", "openvino"], default=defaults["acoustic_backend"].default)
+    p.add_argument("--native-kernels", choices=["auto", "off"], default=defaults["native_kernels"].default)
     p.add_argument("--stream-schedule", choices=["adaptive", "official"], default=defaults["stream_schedule"].default)
     p.add_argument(
         "--prompt-window-s", type=float, default=defaults["prompt_window_s"].default, help="flow prompt window (-1: all)"
