@@ -168,7 +168,7 @@ def fuse_int8_matmuls(model: onnx.ModelProto) -> int:
     fused: dict[str, onnx.NodeProto] = {}
     new_inits: list[onnx.TensorProto] = []
     for node in [n for n in graph.node if n.op_type == "MatMulInteger"]:
-        xq, weight, xzp, wzp = node.input
+        xq, weight, xzp, wzp = [*node.input, "", ""][:4]  # zero points are optional inputs
         quant = g.made_by(xq, "DynamicQuantizeLinear")
         if xzp != quant.output[2] or weight not in g.initializers or wzp not in g.initializers:
             raise RewriteError(f"{node.name}: not a dynamically quantized product with a constant weight")
@@ -244,9 +244,9 @@ def _rewrite(name: str, model: onnx.ModelProto) -> tuple[int, str]:
 
 def write_native_twin(bundle_dir: Path, log: Callable[[str], None] = print) -> tuple[str, ...]:
     """Add the native twins the quantized bundle in `bundle_dir` lacks (file and manifest entry): the CosyVoice2 flow
-    estimator's (attention) and the LLM step's (int8 products, either family); returns the twins' graph names. An
-    fp32 bundle takes none (the official computation stays exact), nor does a graph with nothing to rewrite (a 4-bit
-    step). RewriteError when a graph does not match."""
+    estimator's (attention and int8 products) and the LLM step's (int8 products, either family); returns the twins'
+    graph names. An fp32 bundle takes none (the official computation stays exact), nor does a graph with nothing to
+    rewrite (a 4-bit step). RewriteError when a graph does not match."""
     manifest = ModelBundle.load(bundle_dir).manifest
     if manifest.precision == "fp32":
         return ()

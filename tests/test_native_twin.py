@@ -14,7 +14,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from export.native_twin import fuse_attention, main, write_native_twin
+from export.native_twin import fuse_attention, fuse_int8_matmuls, main, write_native_twin
 from export.quantize import half_kv_cache, write_quantized_bundle
 from service.bundle import GROUP_NATIVE, MANIFEST_NAME, NATIVE_DOMAIN, ModelBundle
 from service.engine import native
@@ -240,6 +240,16 @@ def test_float_bundles_take_no_twin_and_quantized_v1_ones_the_steps(
     feeds = step_feeds(core, 1, 1, 0)  # the first step (v1's relative positions need the engine's own feeds later)
     for output, want, got in zip(core.get_outputs(), core.run(None, feeds), twin.run(None, feeds), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=output.name)
+
+
+def test_an_int8_product_unlike_the_quantizers_is_refused() -> None:
+    """A MatMulInteger whose activations do not come from DynamicQuantizeLinear (nothing is rewritten)."""
+    a = onnx.helper.make_tensor_value_info("a", onnx.TensorProto.UINT8, [1, 4])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.INT32, [1, 2])
+    w = onnx.numpy_helper.from_array(np.ones((4, 2), np.int8), "w")
+    node = onnx.helper.make_node("MatMulInteger", ["a", "w", "", ""], ["y"])
+    with pytest.raises(Exception, match="comes from a graph input"):
+        fuse_int8_matmuls(onnx.helper.make_model(onnx.helper.make_graph([node], "g", [a], [y], [w])))
 
 
 def test_a_graph_without_the_attention_cores_is_refused() -> None:

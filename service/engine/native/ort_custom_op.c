@@ -5,7 +5,7 @@
  * versioned, append-only table of function pointers: this file declares only the members it calls, by their fixed
  * positions in `OrtApi` (API version 1 block, unchanged since), and fills `OrtCustomOp` up to the members of API
  * version 16 (KernelComputeV2, which can return an error). Positions and layouts come from onnxruntime_c_api.h;
- * tests/test_native_attention.py runs the operator through the installed runtime.
+ * tests/test_native_attention.py and tests/test_native_int8.py run the operators through the installed runtime.
  *
  * CachedAttention. Inputs: q, k, v (B, M, H*DK) float32; past_k, past_v (B, C, H, DK) float16; chunk (1,) int64.
  * Output: (B, M, H*DK) float32. Attributes: heads (int), scale (float).
@@ -208,7 +208,6 @@ static void* int8_create_kernel(const OrtCustomOp* op, const OrtApi* ort, const 
 }
 
 typedef struct {
-    OrtKernelContext* ctx;
     cvl_task_fn task;
     void* task_ctx;
 } parallel_call;
@@ -219,7 +218,7 @@ static void parallel_trampoline(void* data, size_t i) {
 }
 
 static void parallel_for(void* runner, cvl_task_fn task, void* ctx, size_t tasks) {
-    parallel_call call = {runner, task, ctx};
+    parallel_call call = {task, ctx};
     OrtStatus* s = ((OrtStatus * (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*))(
         (void* const*)api17)[KERNEL_CONTEXT_PARALLEL_FOR])(runner, parallel_trampoline, tasks, 0, &call);
     if (s) { /* the pool refused: do the tasks here */
