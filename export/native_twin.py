@@ -295,7 +295,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.replace:
             drop_native_twins(args.bundle)
-        ModelBundle.load(args.bundle)
         written = write_native_twin(args.bundle)
         if not written:
             print(f"{args.bundle}: no native twin to add (fp32 bundle, or it has every twin it takes)")

@@ -75,31 +75,35 @@ def ensure_bundles(models: Path) -> dict[str, Path]:
         log(f"building full-size random-init bundles: {' '.join(cmd)}")
         subprocess.run(cmd, cwd=REPO, check=True)
     from export.bundle_writer import _staging_dir, publish
-    from export.native_twin import write_native_twin
     from export.quantize import write_quantized_bundle
     from service.bundle import ModelBundle
 
     for scheme in SCHEMES:
         path = dirs[scheme]
         if (path / "manifest.json").is_file() and not _stale(path, scheme):
-            if scheme == "int8" and ModelBundle.load(path).native_graph_path("llm_step") is None:
-                log(f"adding the decode step's native twin to {path}")  # as the exporter writes it since session 8
-                write_native_twin(path)
+            if scheme == "int8":
+                _refresh_native_twins(path)
             continue
         log(f"writing {path} ({scheme})")
         tmp = _staging_dir(path, "partial")
         write_quantized_bundle(dirs["fp32"], tmp, ModelBundle.load(dirs["fp32"]).manifest, scheme)  # type: ignore[arg-type]
-        write_native_twin(tmp, log=lambda _: None)
+        _refresh_native_twins(tmp)
         publish(tmp, path)
     return dirs
 
 
-def _old_estimator_twin(bundle: Path) -> bool:
-    """An estimator twin written before its int8 products were our kernel too (session 7)."""
+def _refresh_native_twins(bundle_dir: Path) -> None:
+    """Give a quantized bench bundle the native twins the exporter writes now: the missing ones, or all of them again
+    when its estimator twin predates the int8 kernel (session 7: attention only)."""
     import onnx
 
-    model = onnx.load(str(bundle / "flow_estimator_native.onnx"), load_external_data=False)
-    return not any(n.op_type == "Int8MatMul" for n in model.graph.node)
+    from export.native_twin import drop_native_twins, write_native_twin
+    from service.bundle import ModelBundle
+
+    estimator = ModelBundle.load(bundle_dir).native_graph_path("flow_estimator")
+    if estimator is not None and not any(n.op_type == "Int8MatMul" for n in onnx.load(str(estimator)).graph.node):
+        drop_native_twins(bundle_dir)
+    write_native_twin(bundle_dir, log=log)
 
 
 def ensure_v2_bundle(models: Path) -> Path:
@@ -107,10 +111,7 @@ def ensure_v2_bundle(models: Path) -> Path:
     written by an older exporter (an estimator float twin, or estimator caches heads-first) is exported again."""
     fp32, int8 = models / "full-random-cosyvoice2", models / "full-random-cosyvoice2-int8"
     if (int8 / "manifest.json").is_file() and not _v2_stale(int8):
-        graphs = json.loads((int8 / "manifest.json").read_text())["graphs"]
-        if any(f"{name}_native" not in graphs for name in ("flow_estimator", "llm_step")) or _old_estimator_twin(int8):
-            log(f"writing the native twins of {int8}")
-            subprocess.run([PYTHON, "-m", "export.native_twin", "--replace", str(int8)], cwd=REPO, check=True)
+        _refresh_native_twins(int8)
         return int8
     for old in (fp32, int8):
         if old.exists():

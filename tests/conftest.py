@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,3 +95,16 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     yield server
     server.stop()
     server.dump_log()
+
+
+@pytest.fixture(scope="session")
+def native_library() -> Path:
+    """Our kernels' library as `make native` builds it (`make test` builds it first); built here when a C compiler
+    exists, else the test is skipped (the engine then runs ONNX Runtime's graphs)."""
+    from service.engine import native
+
+    if not native.LIBRARY_PATH.is_file() and shutil.which("cc"):
+        subprocess.run(["make", "-s", "native"], cwd=REPO, check=True)
+    if not native.LIBRARY_PATH.is_file():
+        pytest.skip("no C compiler here: the native kernels cannot be built (the engine runs ONNX Runtime's graphs)")
+    return native.LIBRARY_PATH

@@ -3,8 +3,6 @@ shape the estimator gives it against a float64 numpy reference, and a clear erro
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -14,18 +12,6 @@ from onnx import TensorProto, helper
 
 from service.bundle import NATIVE_DOMAIN
 from service.engine import native
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def library() -> Path:
-    """The library `make native` builds (`make test` builds it first); built here when a C compiler exists."""
-    if not native.LIBRARY_PATH.is_file() and shutil.which("cc"):
-        subprocess.run(["make", "-s", "native"], cwd=REPO, check=True)
-    if not native.LIBRARY_PATH.is_file():
-        pytest.skip("no C compiler here: the native kernels cannot be built (the engine runs ONNX Runtime's graphs)")
-    return native.LIBRARY_PATH
 
 
 def attention_graph(heads: int, head_dim: int) -> bytes:
@@ -44,10 +30,10 @@ def attention_graph(heads: int, head_dim: int) -> bytes:
     return model.SerializeToString()
 
 
-def session(library: Path, heads: int, head_dim: int) -> ort.InferenceSession:
+def session(native_library: Path, heads: int, head_dim: int) -> ort.InferenceSession:
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
-    so.register_custom_ops_library(str(library))
+    so.register_custom_ops_library(str(native_library))
     return ort.InferenceSession(attention_graph(heads, head_dim), so, providers=["CPUExecutionProvider"])
 
 
@@ -81,23 +67,23 @@ CASES = [  # batch, new frames, cached frames, heads, head dim, frames per atten
 
 @pytest.mark.parametrize(("batch", "new", "cached", "heads", "head_dim", "chunk"), CASES)
 def test_cached_attention_matches_the_estimators_attention(
-    library: Path, batch: int, new: int, cached: int, heads: int, head_dim: int, chunk: int
+    native_library: Path, batch: int, new: int, cached: int, heads: int, head_dim: int, chunk: int
 ) -> None:
     rng = np.random.default_rng(new * 1000 + cached)
     q, k, v = (rng.standard_normal((batch, new, heads * head_dim)).astype(np.float32) for _ in range(3))
     pk, pv = (rng.standard_normal((batch, cached, heads, head_dim)).astype(np.float16) for _ in range(2))
     feeds = {"q": q, "k": k, "v": v, "past_k": pk, "past_v": pv, "chunk": np.array([chunk], np.int64)}
-    got = session(library, heads, head_dim).run(["out"], feeds)[0]
+    got = session(native_library, heads, head_dim).run(["out"], feeds)[0]
     want = reference(q, k, v, pk, pv, chunk)
     rel = float(np.sqrt(((got - want) ** 2).mean() / (want**2).mean()))
     # bf16 products (8-bit mantissa) with float32 sums: ~0.3 % relative; the portable kernel is float32 throughout
-    bound = 1e-2 if native.probe(library, head_dim).usable else 1e-5
+    bound = 1e-2 if native.probe(native_library, head_dim).usable else 1e-5
     assert got.shape == want.shape
     assert rel < bound, f"relative RMS {rel:.2e}"
 
 
-def test_inputs_that_disagree_are_an_error_not_a_crash(library: Path) -> None:
-    sess = session(library, 8, 64)
+def test_inputs_that_disagree_are_an_error_not_a_crash(native_library: Path) -> None:
+    sess = session(native_library, 8, 64)
     rng = np.random.default_rng(0)
     q = rng.standard_normal((1, 4, 512)).astype(np.float32)
     past = rng.standard_normal((1, 3, 4, 128)).astype(np.float16)  # 4 heads in the cache, 8 in the node

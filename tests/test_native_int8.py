@@ -6,7 +6,6 @@ clear error for inputs that disagree."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,16 +20,6 @@ from service.bundle import NATIVE_DOMAIN
 from service.engine import native
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def library() -> Path:
-    """The library `make native` builds (`make test` builds it first); built here when a C compiler exists."""
-    if not native.LIBRARY_PATH.is_file() and shutil.which("cc"):
-        subprocess.run(["make", "-s", "native"], cwd=REPO, check=True)
-    if not native.LIBRARY_PATH.is_file():
-        pytest.skip("no C compiler here: the native kernels cannot be built (the engine runs ONNX Runtime's graphs)")
-    return native.LIBRARY_PATH
 
 
 def weights(k: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -61,10 +50,10 @@ def product_graph(w: np.ndarray, w_scale: float, bias: np.ndarray | None, rank: 
     return model.SerializeToString()
 
 
-def session(library: Path, model: bytes, threads: int = 1) -> ort.InferenceSession:
+def session(native_library: Path, model: bytes, threads: int = 1) -> ort.InferenceSession:
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
-    so.register_custom_ops_library(str(library))
+    so.register_custom_ops_library(str(native_library))
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
@@ -96,19 +85,19 @@ def reference(x: np.ndarray, w: np.ndarray, w_scale: float, bias: np.ndarray | N
         (50, 256, 512, False),  # an estimator call's frames
     ],
 )
-def test_products_match_the_exact_reference(library: Path, rows: int, k: int, n: int, with_bias: bool) -> None:
+def test_products_match_the_exact_reference(native_library: Path, rows: int, k: int, n: int, with_bias: bool) -> None:
     w, b = weights(k, n, rows)
     bias = b if with_bias else None
     x = np.random.default_rng(k).standard_normal((rows, k)).astype(np.float32)
     x[0, 0] = 0.0  # a row with zeros and both signs; the last row all positive (zero point 0)
     x[-1] = np.abs(x[-1])
-    got = session(library, product_graph(w, 0.0123, bias)).run(["y"], {"x": x})[0]
+    got = session(native_library, product_graph(w, 0.0123, bias)).run(["y"], {"x": x})[0]
     want = reference(x, w, 0.0123, bias)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
 
 
-def test_one_row_is_what_onnx_runtime_computes_bit_for_bit(library: Path) -> None:
+def test_one_row_is_what_onnx_runtime_computes_bit_for_bit(native_library: Path) -> None:
     """DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul(scales) -> Add(bias), the graph our quantizer writes."""
     w, bias = weights(96, 80)
     w_scale = np.array(0.02, np.float32)
@@ -134,41 +123,41 @@ def test_one_row_is_what_onnx_runtime_computes_bit_for_bit(library: Path) -> Non
     model.ir_version = 8
     x = np.random.default_rng(1).standard_normal((1, 1, 96)).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(["y"], {"x": x})[0]
-    got = session(library, product_graph(w, float(w_scale), bias, rank=3)).run(["y"], {"x": x})[0]
+    got = session(native_library, product_graph(w, float(w_scale), bias, rank=3)).run(["y"], {"x": x})[0]
     assert np.array_equal(got, want)
 
 
-def test_a_rows_result_does_not_depend_on_its_batch_or_the_threads(library: Path) -> None:
+def test_a_rows_result_does_not_depend_on_its_batch_or_the_threads(native_library: Path) -> None:
     """Each row is quantized on its own (ONNX Runtime's operator takes one range for the whole batch), and the work
     shared over two threads (many rows: several tasks) gives the same numbers as one."""
     w, bias = weights(640, 384)
     model = product_graph(w, 0.01, bias, rank=3)
     x = np.random.default_rng(2).standard_normal((2, 20, 640)).astype(np.float32)
     x[1] *= 40.0  # a batch row with a far wider range
-    one_thread = session(library, model).run(["y"], {"x": x})[0]
-    two_threads = session(library, model, threads=2).run(["y"], {"x": x})[0]
-    alone = session(library, model).run(["y"], {"x": x[:1, :1]})[0]
+    one_thread = session(native_library, model).run(["y"], {"x": x})[0]
+    two_threads = session(native_library, model, threads=2).run(["y"], {"x": x})[0]
+    alone = session(native_library, model).run(["y"], {"x": x[:1, :1]})[0]
     assert np.array_equal(one_thread, two_threads)
     assert np.array_equal(alone[0, 0], one_thread[0, 0])
 
 
-def test_inputs_that_disagree_are_an_error_not_a_crash(library: Path) -> None:
+def test_inputs_that_disagree_are_an_error_not_a_crash(native_library: Path) -> None:
     w, bias = weights(64, 32)
-    sess = session(library, product_graph(w, 0.01, bias))
+    sess = session(native_library, product_graph(w, 0.01, bias))
     with pytest.raises(Exception, match="Int8MatMul: x"):
         sess.run(["y"], {"x": np.zeros((2, 60), np.float32)})  # K 60 where the packed weight has 64
     assert sess.run(["y"], {"x": np.zeros((0, 64), np.float32)})[0].shape == (0, 32)
 
 
-def test_the_probe_reports_the_int8_kernel(library: Path) -> None:
-    probe = native.probe(library, kernel="int8_matmul")
+def test_the_probe_reports_the_int8_kernel(native_library: Path) -> None:
+    probe = native.probe(native_library, kernel="int8_matmul")
     flags = Path("/proc/cpuinfo").read_text(encoding="utf-8") if Path("/proc/cpuinfo").is_file() else ""
     has_vnni = all(f in flags.split() for f in ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"))
     assert probe.usable == has_vnni
     assert probe.usable or "AVX-512 VNNI" in probe.reason
 
 
-def test_the_portable_kernel_computes_the_same(library: Path, tmp_path: Path) -> None:
+def test_the_portable_kernel_computes_the_same(native_library: Path, tmp_path: Path) -> None:
     """The kernel for CPUs without AVX-512 VNNI (forced here by COSYVOICE_LITE_PORTABLE_KERNELS=1, in a process of its
     own: the choice is made once per process)."""
     w, bias = weights(70, 90)
@@ -184,6 +173,6 @@ def test_the_portable_kernel_computes_the_same(library: Path, tmp_path: Path) ->
         "np.save(sys.argv[2] + '/y.npy', s.run(['y'], {'x': np.load(sys.argv[2] + '/x.npy')})[0])\n"
     )
     env = {**os.environ, "COSYVOICE_LITE_PORTABLE_KERNELS": "1"}
-    subprocess.run([sys.executable, "-c", script, str(library), str(tmp_path)], cwd=REPO, env=env, check=True)
+    subprocess.run([sys.executable, "-c", script, str(native_library), str(tmp_path)], cwd=REPO, env=env, check=True)
     want = reference(x, w, 0.01, bias)
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))

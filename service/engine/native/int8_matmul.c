@@ -104,12 +104,13 @@ __attribute__((target(FAST))) static void quantize_row_fast(const float* x, int6
 
 /* ---- products of one panel with a tile of rows ---- */
 
-static void tile_portable(const job* jb, int64_t panel, int64_t r0, int rows) {
+/* One panel times every row, a row at a time. */
+static void panel_portable(const job* jb, int64_t panel) {
     const cvl_int8_problem* p = jb->p;
     const int8_t* w = p->packed + panel * jb->kq * PANEL * 4;
-    for (int r = 0; r < rows; r++) {
+    for (int64_t r = 0; r < p->rows; r++) {
         int32_t acc[PANEL] = {0};
-        const uint8_t* xr = jb->xq + (r0 + r) * jb->kp;
+        const uint8_t* xr = jb->xq + r * jb->kp;
         for (int64_t q = 0; q < jb->kq; q++) {
             const int8_t* wq = w + q * PANEL * 4;
             for (int c = 0; c < PANEL; c++)
@@ -118,8 +119,8 @@ static void tile_portable(const job* jb, int64_t panel, int64_t r0, int rows) {
         for (int c = 0; c < PANEL; c++) {
             int64_t col = panel * PANEL + c;
             if (col >= p->n) break;
-            float v = (float)(acc[c] - jb->xzp[r0 + r] * p->colsum[col]) * jb->xs[r0 + r];
-            p->y[(r0 + r) * p->n + col] = p->bias ? v + p->bias[col] : v;
+            float v = (float)(acc[c] - jb->xzp[r] * p->colsum[col]) * jb->xs[r];
+            p->y[r * p->n + col] = p->bias ? v + p->bias[col] : v;
         }
     }
 }
@@ -229,7 +230,7 @@ static void product_task(void* ctx, size_t i) {
         if (jb->fast)
             panel_fast(jb, panel);
         else
-            tile_portable(jb, panel, 0, (int)jb->p->rows), (void)0;
+            panel_portable(jb, panel);
     }
 }
 
@@ -245,8 +246,7 @@ int cvl_int8_matmul(const cvl_int8_problem* p, cvl_parallel_fn parallel, void* r
     if (p->rows <= 0 || p->n <= 0) return 0;
     job jb = {.p = p, .kq = (p->k + 3) / 4, .panels = (p->n + PANEL - 1) / PANEL, .fast = cpu_has_vnni()};
     jb.kp = jb.kq * 4;
-    /* Rows for the portable kernel go one panel at a time over every row (its tile is all rows). */
-    size_t bytes = (size_t)p->rows * (size_t)jb.kp + (size_t)p->rows * (sizeof(float) + sizeof(int32_t)) + 64;
+    size_t bytes = (size_t)p->rows * ((size_t)jb.kp + sizeof(float) + sizeof(int32_t));
     void* work = malloc(bytes);
     if (work == NULL) return -1;
     jb.xs = work;

@@ -95,16 +95,27 @@ static OrtStatus* status(int code, const char* message) {
     return API(CREATE_STATUS, OrtStatus* (*)(int, const char*))(code, message);
 }
 
+/* A node attribute, or `fallback` when the node has none (the kernel then refuses the shapes it is given). */
+static int64_t attr_int64(const OrtApi* ort, const OrtKernelInfo* info, const char* name, int64_t fallback) {
+    int64_t value = fallback;
+    OrtStatus* s = ((OrtStatus * (*)(const OrtKernelInfo*, const char*, int64_t*))((void* const*)ort)[KERNEL_INFO_GET_ATTRIBUTE_INT64])(info, name, &value);
+    if (s) API(RELEASE_STATUS, void (*)(OrtStatus*))(s);
+    return s ? fallback : value;
+}
+
+static float attr_float(const OrtApi* ort, const OrtKernelInfo* info, const char* name, float fallback) {
+    float value = fallback;
+    OrtStatus* s = ((OrtStatus * (*)(const OrtKernelInfo*, const char*, float*))((void* const*)ort)[KERNEL_INFO_GET_ATTRIBUTE_FLOAT])(info, name, &value);
+    if (s) API(RELEASE_STATUS, void (*)(OrtStatus*))(s);
+    return s ? fallback : value;
+}
+
 static void* create_kernel(const OrtCustomOp* op, const OrtApi* ort, const OrtKernelInfo* info) {
     (void)op;
     kernel* kn = malloc(sizeof *kn);
     if (kn == NULL) return NULL;
-    kn->heads = 0;
-    kn->scale = 0.f;
-    OrtStatus* s = ((OrtStatus * (*)(const OrtKernelInfo*, const char*, int64_t*))((void* const*)ort)[KERNEL_INFO_GET_ATTRIBUTE_INT64])(info, "heads", &kn->heads);
-    if (s) API(RELEASE_STATUS, void (*)(OrtStatus*))(s);
-    s = ((OrtStatus * (*)(const OrtKernelInfo*, const char*, float*))((void* const*)ort)[KERNEL_INFO_GET_ATTRIBUTE_FLOAT])(info, "scale", &kn->scale);
-    if (s) API(RELEASE_STATUS, void (*)(OrtStatus*))(s);
+    kn->heads = attr_int64(ort, info, "heads", 0);
+    kn->scale = attr_float(ort, info, "scale", 0.f);
     return kn;
 }
 
@@ -126,18 +137,20 @@ static OrtStatus* data_of(const OrtValue* value, void** data) {
     return API(GET_TENSOR_MUTABLE_DATA, OrtStatus* (*)(OrtValue*, void**))((OrtValue*)value, data);
 }
 
+#define ATTENTION_INPUTS 6
+static const int attention_types[ATTENTION_INPUTS] = {T_FLOAT, T_FLOAT, T_FLOAT, T_FLOAT16, T_FLOAT16, T_INT64};
+
 static int same3(const int64_t* a, const int64_t* b) { return a[0] == b[0] && a[1] == b[1] && a[2] == b[2]; }
 
 static OrtStatus* compute(void* kp, OrtKernelContext* ctx) {
     const kernel* kn = kp;
-    const OrtValue* in[6];
-    int64_t dims[6][4];
-    size_t nd[6];
-    static const int types[6] = {T_FLOAT, T_FLOAT, T_FLOAT, T_FLOAT16, T_FLOAT16, T_INT64};
-    for (size_t i = 0; i < 6; i++) {
+    const OrtValue* in[ATTENTION_INPUTS];
+    int64_t dims[ATTENTION_INPUTS][4];
+    size_t nd[ATTENTION_INPUTS];
+    for (size_t i = 0; i < ATTENTION_INPUTS; i++) {
         OrtStatus* s = API(KERNEL_CONTEXT_GET_INPUT, OrtStatus* (*)(const OrtKernelContext*, size_t, const OrtValue**))(ctx, i, &in[i]);
         if (!s && in[i] == NULL) s = status(ORT_INVALID_ARGUMENT, "CachedAttention: an input is missing");
-        if (!s) s = shape_of(in[i], types[i], dims[i], 4, &nd[i]);
+        if (!s) s = shape_of(in[i], attention_types[i], dims[i], 4, &nd[i]);
         if (s) return s;
     }
     const int64_t* qd = dims[0];
@@ -147,8 +160,8 @@ static OrtStatus* compute(void* kp, OrtKernelContext* ctx) {
         pd[0] != qd[0] || pd[2] != heads || heads < 1 || pd[2] * pd[3] != qd[2] || dims[4][0] != pd[0] ||
         dims[4][1] != pd[1] || dims[4][2] != pd[2] || dims[4][3] != pd[3] || nd[5] != 1 || dims[5][0] != 1)
         return status(ORT_INVALID_ARGUMENT, "CachedAttention: q, k, v (B,M,H*DK), past_k, past_v (B,C,H,DK), chunk (1,) disagree");
-    void* p[6];
-    for (int i = 0; i < 6; i++) {
+    void* p[ATTENTION_INPUTS];
+    for (int i = 0; i < ATTENTION_INPUTS; i++) {
         OrtStatus* s = data_of(in[i], &p[i]);
         if (s) return s;
     }
@@ -173,12 +186,8 @@ static void compute_v1(void* kp, OrtKernelContext* ctx) { /* not called: the run
 
 static const char* op_name(const OrtCustomOp* op) { (void)op; return "CachedAttention"; }
 static const char* cpu_provider(const OrtCustomOp* op) { (void)op; return NULL; }
-static int input_type(const OrtCustomOp* op, size_t i) {
-    (void)op;
-    static const int types[6] = {T_FLOAT, T_FLOAT, T_FLOAT, T_FLOAT16, T_FLOAT16, T_INT64};
-    return i < 6 ? types[i] : 0;
-}
-static size_t input_count(const OrtCustomOp* op) { (void)op; return 6; }
+static int input_type(const OrtCustomOp* op, size_t i) { (void)op; return i < ATTENTION_INPUTS ? attention_types[i] : 0; }
+static size_t input_count(const OrtCustomOp* op) { (void)op; return ATTENTION_INPUTS; }
 static int output_type(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return T_FLOAT; }
 static size_t output_count(const OrtCustomOp* op) { (void)op; return 1; }
 static void destroy_kernel(void* kp) { free(kp); }
@@ -201,9 +210,7 @@ static void* int8_create_kernel(const OrtCustomOp* op, const OrtApi* ort, const 
     (void)op;
     int8_kernel* kn = malloc(sizeof *kn);
     if (kn == NULL) return NULL;
-    kn->n = 0;
-    OrtStatus* s = ((OrtStatus * (*)(const OrtKernelInfo*, const char*, int64_t*))((void* const*)ort)[KERNEL_INFO_GET_ATTRIBUTE_INT64])(info, "n", &kn->n);
-    if (s) API(RELEASE_STATUS, void (*)(OrtStatus*))(s);
+    kn->n = attr_int64(ort, info, "n", 0);
     return kn;
 }
 
