@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,14 @@ TINY_V2_BUNDLE = REPO / "models" / "tiny-cosyvoice2"
 # Apps built by tests listen for gRPC only where a test asks for it (tests/test_grpc.py): every app on the default
 # port 50000 would collide with the others and with a `make run` on this machine.
 os.environ.setdefault("TTS_GRPC_PORT", "0")
+# OpenVINO's compiled-graph cache goes to a directory of this run, removed at its end (pytest_sessionfinish): the
+# default, ~/.cache/cosyvoice-lite, would gain blobs of every graph the suite exports, run after run.
+_CACHE_DIR = tempfile.mkdtemp(prefix="cosyvoice-lite-test-cache-")
+os.environ.setdefault("TTS_CACHE_DIR", _CACHE_DIR)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_CACHE_DIR, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
