@@ -4,7 +4,9 @@
 * The CosyVoice2 flow estimator: each attention core is one `cosyvoice_lite.CachedAttention` node. The rewrite matches
   the core our exporter emits for `CachedAttention.chunk_step` (export/cosyvoice2/modules/estimator.py): from the new
   frames' q, k, v projections and the float16 caches to the tensor fed to `to_out`; the scores, mask, softmax and
-  value products in between become the node. Its int8 weight products become Int8MatMul nodes as below.
+  value products in between become the node. Its int8 weight products become Int8MatMul nodes as below. Then each
+  transformer block around an attention (LayerNorm, q/k/v, attention, out, residual, LayerNorm, feed-forward with
+  GELU, residual) becomes one `cosyvoice_lite.EstimatorBlock` node whose q, k and v are one product.
 * The LLM step (either family): each int8 weight product as ONNX Runtime's dynamic quantization writes it
   (DynamicQuantizeLinear, MatMulInteger, Cast, Mul by the scales, and the bias Add) is one `cosyvoice_lite.Int8MatMul`
   node over the same int8 weight, packed in the order the kernel reads it.
@@ -74,8 +76,25 @@ class _Graph:
     def constant(self, tensor: str) -> np.ndarray:
         if tensor in self.initializers:
             return numpy_helper.to_array(self.initializers[tensor])
+        node = self.producer.get(tensor)
+        if node is not None and node.op_type == "Identity":  # the exporter's alias of a shared initializer
+            return self.constant(node.input[0])
         node = self.made_by(tensor, "Constant")
         return numpy_helper.to_array(node.attribute[0].t)
+
+    def other_input(self, node: onnx.NodeProto, known: str) -> str:
+        """The input of two-input `node` that is not `known`."""
+        if len(node.input) != 2 or known not in node.input:
+            raise RewriteError(f"{node.name}: expected two inputs, one of them {known!r}")
+        return node.input[1] if node.input[0] == known else node.input[0]
+
+    def made_by_either(self, node: onnx.NodeProto, op_type: str) -> tuple[onnx.NodeProto, str]:
+        """The node of `op_type` making one of `node`'s two inputs, and the other input."""
+        for name in node.input:
+            maker = self.producer.get(name)
+            if maker is not None and maker.op_type == op_type:
+                return maker, self.other_input(node, name)
+        raise RewriteError(f"{node.name}: no input comes from {op_type}")
 
 
 def _heads_input(g: _Graph, transposed: str) -> str:
@@ -205,6 +224,156 @@ def fuse_int8_matmuls(model: onnx.ModelProto) -> int:
     return len(fused)
 
 
+BLOCK_OP_NAME = "EstimatorBlock"
+SQRT_HALF = 0.5**0.5
+
+
+def unpack_int8_weight(packed: np.ndarray, k: int, n: int) -> np.ndarray:
+    """The int8 (K, N) weight of a packed one (pack_int8_weight's inverse)."""
+    panels, kq = packed.shape[:2]
+    return np.ascontiguousarray(packed.transpose(1, 3, 0, 2).reshape(kq * 4, panels * PANEL)[:k, :n])
+
+
+def _layer_norm(g: _Graph, output: str) -> tuple[list[onnx.NodeProto], str, np.ndarray, np.ndarray, float]:
+    """(nodes, input, weight, bias, epsilon) of the LayerNorm pattern making `output` (opset 13 has no LayerNorm op):
+    Add(Mul(Div(Sub(x, ReduceMean(x)), Sqrt(Add(ReduceMean(Pow(Sub, 2)), eps))), weight), bias), over the last axis."""
+    shifted = g.made_by(output, "Add")
+    scaled, bias = g.made_by_either(shifted, "Mul")
+    div, weight = g.made_by_either(scaled, "Div")
+    sub, sqrt = g.made_by(div.input[0], "Sub"), g.made_by(div.input[1], "Sqrt")
+    add_eps = g.made_by(sqrt.input[0], "Add")
+    var, eps = g.made_by_either(add_eps, "ReduceMean")
+    power = g.made_by(var.input[0], "Pow")
+    mean = g.made_by(sub.input[1], "ReduceMean")
+    x = sub.input[0]
+    if power.input[0] != sub.output[0] or float(g.constant(power.input[1])) != 2.0 or mean.input[0] != x:
+        raise RewriteError(f"{output!r}: not a LayerNorm")
+    for reduce in (mean, var):
+        axes = next((list(a.ints) for a in reduce.attribute if a.name == "axes"), None)
+        if axes != [-1]:
+            raise RewriteError(f"{reduce.name}: a LayerNorm over axes {axes}, the kernel takes the last one")
+    nodes = [mean, sub, power, var, add_eps, sqrt, div, scaled, shifted]
+    w, b = (np.asarray(g.constant(t), np.float32).reshape(-1) for t in (weight, bias))
+    return nodes, x, w, b, float(np.asarray(g.constant(eps)).reshape(-1)[0])
+
+
+def _gelu(g: _Graph, output: str) -> tuple[list[onnx.NodeProto], str]:
+    """(nodes, input) of exact GELU as torch exports it: Mul(Mul(x, Add(Erf(Div(x, sqrt 2)), 1)), 0.5)."""
+    outer = g.made_by(output, "Mul")
+    inner, half = g.made_by_either(outer, "Mul")
+    plus, x = g.made_by_either(inner, "Add")
+    erf, one = g.made_by_either(plus, "Erf")
+    div = g.made_by(erf.input[0], "Div")
+    ok = div.input[0] == x and np.isclose(float(g.constant(div.input[1])), 1 / SQRT_HALF, rtol=1e-6)
+    if not ok or float(g.constant(one)) != 1.0 or float(g.constant(half)) != 0.5:
+        raise RewriteError(f"{output!r}: not an exact GELU")
+    return [div, erf, plus, inner, outer], x
+
+
+def _int8_parts(g: _Graph, node: onnx.NodeProto, bias: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(int8 (K, N) weight, scale, bias) of an Int8MatMul node."""
+    if node.op_type != INT8_OP_NAME or len(node.input) != (5 if bias else 4):
+        raise RewriteError(f"{node.name}: expected an {INT8_OP_NAME} {'with' if bias else 'without'} a bias")
+    n = next(a.i for a in node.attribute if a.name == "n")
+    packed = g.constant(node.input[1])
+    w = unpack_int8_weight(packed, packed.shape[1] * 4, n)  # K padded to a multiple of 4 with zero rows, as packed
+    scale = np.asarray(g.constant(node.input[3]), np.float32).reshape(-1)
+    return w, scale, np.asarray(g.constant(node.input[4]), np.float32).reshape(-1) if bias else None
+
+
+def fuse_blocks(model: onnx.ModelProto) -> int:
+    """Replace each transformer block around a CachedAttention node (after fuse_attention and fuse_int8_matmuls) by
+    one EstimatorBlock node (in place); returns how many. Its outputs keep the block output's and the k and v
+    products' names (the graph hands the new keys and values to the caches). RewriteError when a block does not
+    match."""
+    graph = model.graph
+    g = _Graph(graph)
+    blocks: list[tuple[list[onnx.NodeProto], onnx.NodeProto]] = []
+    inits: list[onnx.TensorProto] = []
+    graph_outputs = {o.name for o in graph.output}
+    for attention in [n for n in graph.node if n.op_type == OP_NAME]:
+        q_mm, k_mm, v_mm = (g.made_by(t, INT8_OP_NAME) for t in attention.input[:3])
+        h1 = q_mm.input[0]
+        if k_mm.input[0] != h1 or v_mm.input[0] != h1:
+            raise RewriteError(f"{attention.name}: q, k and v are not products of one input")
+        ln1, x, ln1_w, ln1_b, eps1 = _layer_norm(g, h1)
+        out_mm = g.only_consumer(attention.output[0], INT8_OP_NAME)
+        residual1 = g.only_consumer(out_mm.output[0], "Add")
+        if g.other_input(residual1, out_mm.output[0]) != x:
+            raise RewriteError(f"{residual1.name}: not the attention's residual")
+        h = residual1.output[0]
+        ends = [n for n in g.consumers.get(h, []) if n.op_type == "Add"]
+        if len(ends) != 1:
+            raise RewriteError(f"{h!r}: expected one residual Add after the feed-forward")
+        residual2 = ends[0]
+        ff2_mm = g.made_by(g.other_input(residual2, h), INT8_OP_NAME)
+        gelu, u = _gelu(g, ff2_mm.input[0])
+        ff1_mm = g.made_by(u, INT8_OP_NAME)
+        ln3, h_in, ln3_w, ln3_b, eps3 = _layer_norm(g, ff1_mm.input[0])
+        if h_in != h:
+            raise RewriteError(f"{ff1_mm.name}: the feed-forward does not read the attention's residual")
+        nodes = [*ln1, q_mm, k_mm, v_mm, attention, out_mm, residual1, *ln3, ff1_mm, *gelu, ff2_mm, residual2]
+        members = {id(n) for n in nodes}
+        shared = {k_mm.output[0], v_mm.output[0], residual2.output[0]}
+        for node in nodes:
+            for out in node.output:
+                outside = out in graph_outputs or any(id(c) not in members for c in g.consumers.get(out, []))
+                if out not in shared and outside:
+                    raise RewriteError(f"{out!r} of the block around {attention.name} is read outside it")
+        (wq, sq, _), (wk, sk, _), (wv, sv, _) = (_int8_parts(g, mm, False) for mm in (q_mm, k_mm, v_mm))
+        w_out, s_out, b_out = _int8_parts(g, out_mm, True)
+        w_ff1, s_ff1, b_ff1 = _int8_parts(g, ff1_mm, True)
+        w_ff2, s_ff2, b_ff2 = _int8_parts(g, ff2_mm, True)
+        hd = wq.shape[1]
+        scales = np.concatenate([np.repeat(sq, hd), np.repeat(sk, hd), np.repeat(sv, hd)]).astype(np.float32)
+        if np.all(scales == scales[0]):
+            scales = scales[:1]
+        base = f"block_{attention.input[3]}"
+        arrays: list[tuple[str, np.ndarray]] = [("ln1_w", ln1_w), ("ln1_b", ln1_b)]
+        for part, (w, scale, bias) in {
+            "qkv": (np.concatenate([wq, wk, wv], axis=1), scales, None),
+            "out": (w_out, s_out, b_out),
+            "ln3": (None, None, None),
+            "ff1": (w_ff1, s_ff1, b_ff1),
+            "ff2": (w_ff2, s_ff2, b_ff2),
+        }.items():
+            if part == "ln3":
+                arrays += [("ln3_w", ln3_w), ("ln3_b", ln3_b)]
+                continue
+            assert w is not None and scale is not None
+            packed, colsum = pack_int8_weight(w)
+            arrays += [(f"{part}_packed", packed), (f"{part}_colsum", colsum), (f"{part}_scale", scale)]
+            if bias is not None:
+                arrays.append((f"{part}_bias", bias))
+        inits += [numpy_helper.from_array(a, f"{base}_{name}") for name, a in arrays]
+        heads = next(a.i for a in attention.attribute if a.name == "heads")
+        scale_attr = next(a.f for a in attention.attribute if a.name == "scale")
+        fused = helper.make_node(
+            BLOCK_OP_NAME, [x, *attention.input[3:6], *(f"{base}_{name}" for name, _ in arrays)],
+            [residual2.output[0], k_mm.output[0], v_mm.output[0]], name=base, domain=NATIVE_DOMAIN,
+            heads=heads, scale=scale_attr, eps1=eps1, eps3=eps3,
+        )  # fmt: skip
+        blocks.append((nodes, fused))
+    graph.initializer.extend(inits)
+    gone = {id(n) for nodes, _ in blocks for n in nodes}
+    order = {id(n): i for i, n in enumerate(graph.node)}
+    starts = {id(min(nodes, key=lambda n: order[id(n)])): fused for nodes, fused in blocks}
+    kept: list[onnx.NodeProto] = []
+    for node in graph.node:
+        if id(node) in starts:
+            kept.append(starts[id(node)])  # where the block began: its inputs are all made by then
+        if id(node) not in gone:
+            kept.append(node)
+    live = _live(kept, [o.name for o in graph.output])
+    del graph.node[:]
+    graph.node.extend(live)
+    used = {name for node in live for name in node.input}
+    keep_inits = [init for init in graph.initializer if init.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(keep_inits)
+    return len(blocks)
+
+
 def _replace_nodes(model: onnx.ModelProto, fused: dict[str, onnx.NodeProto]) -> None:
     """Put each new node where the node making its output was (after every producer of its inputs: still in order),
     drop what nothing reads any more, and declare our domain."""
@@ -238,7 +407,12 @@ def _rewrite(name: str, model: onnx.ModelProto) -> tuple[int, str]:
     products = f"int8 weight products as {NATIVE_DOMAIN}.{INT8_OP_NAME}"
     if name == "flow_estimator":
         cores = fuse_attention(model)
-        return cores, f"attention cores as {NATIVE_DOMAIN}.{OP_NAME}, {fuse_int8_matmuls(model)} {products}"
+        count = fuse_int8_matmuls(model)
+        blocks = fuse_blocks(model)
+        if blocks != cores:
+            raise RewriteError(f"fused {blocks} transformer blocks around {cores} attention cores")
+        left = count - 6 * blocks
+        return cores, f"transformer blocks as {NATIVE_DOMAIN}.{BLOCK_OP_NAME}, {left} more {products}"
     return fuse_int8_matmuls(model), products
 
 

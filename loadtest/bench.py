@@ -94,14 +94,14 @@ def ensure_bundles(models: Path) -> dict[str, Path]:
 
 def _refresh_native_twins(bundle_dir: Path) -> None:
     """Give a quantized bench bundle the native twins the exporter writes now: the missing ones, or all of them again
-    when its estimator twin predates the int8 kernel (session 7: attention only)."""
+    when its estimator twin predates the block kernel (sessions 7-8: attention and int8 products as separate nodes)."""
     import onnx
 
     from export.native_twin import drop_native_twins, write_native_twin
     from service.bundle import ModelBundle
 
     estimator = ModelBundle.load(bundle_dir).native_graph_path("flow_estimator")
-    if estimator is not None and not any(n.op_type == "Int8MatMul" for n in onnx.load(str(estimator)).graph.node):
+    if estimator is not None and not any(n.op_type == "EstimatorBlock" for n in onnx.load(str(estimator)).graph.node):
         drop_native_twins(bundle_dir)
     write_native_twin(bundle_dir, log=log)
 

@@ -58,10 +58,11 @@ def test_the_quantized_tiny_bundle_carries_the_twin(tiny_v2_bundle: Path) -> Non
     assert bundle.native_graph_path("hift_decode") is None
     model = onnx.load(str(tiny_v2_bundle / twin.file))
     ops = [n.op_type for n in model.graph.node if n.domain == NATIVE_DOMAIN]
-    assert ops.count("CachedAttention") == bundle.manifest.cosyvoice2.estimator_blocks  # type: ignore[union-attr]
-    assert not any(n.op_type in ("Softmax", "MatMulInteger") for n in model.graph.node)
+    blocks = bundle.manifest.cosyvoice2.estimator_blocks  # type: ignore[union-attr]
+    assert ops.count("EstimatorBlock") == blocks and "CachedAttention" not in ops  # each block holds its attention
+    assert not any(n.op_type in ("Softmax", "MatMulInteger", "Erf") for n in model.graph.node)
     core_products = sum(n.op_type == "MatMulInteger" for n in onnx.load(str(tiny_v2_bundle / "flow_estimator.onnx")).graph.node)
-    assert ops.count("Int8MatMul") == core_products > 0
+    assert ops.count("Int8MatMul") == core_products - 6 * blocks > 0  # q, k, v, out, ff1, ff2 are in the blocks
     step, step_twin = bundle.manifest.graphs["llm_step"], bundle.manifest.graphs[STEP_TWIN]
     assert (step_twin.group, step_twin.precision, step_twin.inputs) == (GROUP_NATIVE, step.precision, step.inputs)
     step_ops = [n.op_type for n in onnx.load(str(tiny_v2_bundle / step_twin.file)).graph.node]

@@ -1,9 +1,10 @@
 """Our native kernels: the shared library built from service/engine/native/*.c (`make native`) and whether it runs here.
 
-The library holds two ONNX Runtime custom operators (native/ort_custom_op.c), used by the native twins of quantized
-bundles (service.bundle GROUP_NATIVE): cosyvoice_lite.CachedAttention in the CosyVoice2 flow estimator, and
-cosyvoice_lite.Int8MatMul in the LLM step. Each is used only where it pays: the attention's kernel needs AVX-512 BF16
-(avx512f/bw/vl/bf16: Zen 4, Cooper Lake, Sapphire Rapids and later), the int8 products' AVX-512 VNNI
+The library holds three ONNX Runtime custom operators (native/ort_custom_op.c), used by the native twins of quantized
+bundles (service.bundle GROUP_NATIVE): cosyvoice_lite.EstimatorBlock (a transformer block of the CosyVoice2 flow
+estimator, with its attention) and cosyvoice_lite.Int8MatMul in the estimator and the LLM step, plus
+cosyvoice_lite.CachedAttention, which older estimator twins hold. Each is used only where it pays: the attention's
+kernel needs AVX-512 BF16 (avx512f/bw/vl/bf16: Zen 4, Cooper Lake, Sapphire Rapids and later), the int8 products' AVX-512 VNNI
 (avx512f/bw/vl/vnni: also Ice Lake and Cascade Lake); elsewhere the core graph runs instead, as it does when the
 library was not built (no C compiler) or TTS_NATIVE_KERNELS=off.
 """

@@ -9,47 +9,16 @@
 
 #include "cached_attention.h"
 
+#include "simd_math.h"
+#include "work.h"
+
 #include <immintrin.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define QL 64 /* query lanes of one score tile: 4 vectors of 16 frames */
 #define FAST "avx512f,avx512bw,avx512vl,avx512bf16,fma,f16c"
-
-/* ---- per-thread work buffer, grown on demand, freed when the thread ends ---- */
-
-static pthread_key_t work_key;
-static pthread_once_t work_once = PTHREAD_ONCE_INIT;
-typedef struct { float* data; size_t floats; } work_buffer;
-
-static void work_free(void* p) {
-    work_buffer* w = p;
-    free(w->data);
-    free(w);
-}
-
-static void work_init(void) { pthread_key_create(&work_key, work_free); }
-
-static float* work_floats(size_t floats) {
-    pthread_once(&work_once, work_init);
-    work_buffer* w = pthread_getspecific(work_key);
-    if (w == NULL) {
-        w = calloc(1, sizeof *w);
-        if (w == NULL || pthread_setspecific(work_key, w) != 0) {
-            free(w);
-            return NULL;
-        }
-    }
-    if (floats > w->floats) {
-        free(w->data);
-        size_t bytes = (floats * sizeof(float) + 63) & ~(size_t)63;
-        w->data = aligned_alloc(64, bytes);
-        w->floats = w->data ? floats : 0;
-    }
-    return w->data;
-}
 
 /* Last key position (exclusive) new frame `i` may see. */
 static inline int64_t key_limit(const cvl_attention_shape* s, int i) {
@@ -82,7 +51,7 @@ static float half_to_float(uint16_t h) {
 static int attention_portable(const cvl_attention_shape* s, const float* q, const float* k, const float* v,
                               const uint16_t* pk, const uint16_t* pv, float* out) {
     const int M = s->new_frames, C = s->cached, H = s->heads, DK = s->head_dim, D = H * DK, T = C + M;
-    float* w = work_floats((size_t)T + (size_t)DK);
+    float* w = cvl_work_floats(CVL_WORK_ATTENTION, (size_t)T + (size_t)DK);
     if (w == NULL) return -1;
     float* p = w;
     float* acc = w + T;
@@ -126,23 +95,6 @@ static int attention_portable(const cvl_attention_shape* s, const float* q, cons
 }
 
 /* ---- AVX-512 BF16 kernel (head_dim 16, 32 or 64) ---- */
-
-__attribute__((target(FAST))) static inline __m512 exp_nonpositive(__m512 x) {
-    /* e^x for x <= 0 (scores minus their maximum): range reduction by ln 2, degree-6 polynomial, 2^n by scalef */
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(y, n);
-}
 
 /* 32-bit words (bf16(lo[l]), bf16(hi[l])): the pair layout vdpbf16ps multiplies and adds. */
 __attribute__((target(FAST))) static inline __m512i bf16_pairs(__m512 lo, __m512 hi, __m512i interleave) {
@@ -260,8 +212,8 @@ __attribute__((always_inline, target(FAST))) static inline void tile_bf16(
         for (int c = 0; c < QV; c++) _mm512_storeu_ps(t.st + (size_t)maxlim * QL + 16 * c, _mm512_set1_ps(-INFINITY));
     for (int jp = 0; jp < maxe / 2; jp++) /* probabilities (unnormalised), in key pairs */
         for (int c = 0; c < QV; c++) {
-            __m512 e0 = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(t.st + (size_t)(2 * jp) * QL + 16 * c), mx[c]));
-            __m512 e1 = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(t.st + (size_t)(2 * jp + 1) * QL + 16 * c), mx[c]));
+            __m512 e0 = cvl_exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(t.st + (size_t)(2 * jp) * QL + 16 * c), mx[c]));
+            __m512 e1 = cvl_exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(t.st + (size_t)(2 * jp + 1) * QL + 16 * c), mx[c]));
             sum[c] = _mm512_add_ps(sum[c], _mm512_add_ps(e0, e1));
             _mm512_storeu_si512(t.pp + (size_t)jp * QL + 16 * c, bf16_pairs(e0, e1, il));
         }
@@ -358,7 +310,7 @@ int cvl_cached_attention(const cvl_attention_shape* s, const float* q, const flo
                          const uint16_t* past_k, const uint16_t* past_v, float* out) {
     if (!cvl_fast_kernel(s->head_dim)) return attention_portable(s, q, k, v, past_k, past_v, out);
     const int T = s->cached + s->new_frames;
-    float* w = work_floats(tile_floats(T, s->head_dim));
+    float* w = cvl_work_floats(CVL_WORK_ATTENTION, tile_floats(T, s->head_dim));
     if (w == NULL) return -1;
     tiles t = tiles_in(w, T, s->head_dim);
     if (s->head_dim == 16)

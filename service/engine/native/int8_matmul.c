@@ -23,7 +23,7 @@ typedef struct {
     const cvl_int8_problem* p;
     int64_t kq, kp, panels; /* groups of 4 weight rows, padded row length of xq, panels of 64 columns */
     uint8_t* xq;            /* rows x kp */
-    float* xs;              /* per-row scale x w_scale */
+    float* xs;              /* per-row scale x w_scale (per-row scale alone with w_scales) */
     int32_t* xzp;           /* per-row zero point */
     int64_t tasks, row_tasks;
     int fast;
@@ -104,6 +104,13 @@ __attribute__((target(FAST))) static void quantize_row_fast(const float* x, int6
 
 /* ---- products of one panel with a tile of rows ---- */
 
+/* Where the result of row `row`, column `col` goes. */
+static inline float* out_at(const cvl_int8_problem* p, int64_t row, int64_t col) {
+    if (p->y_parts == NULL) return p->y + row * p->n + col;
+    int64_t part = col / p->part_n;
+    return p->y_parts[part] + row * p->part_n + (col - part * p->part_n);
+}
+
 /* One panel times every row, a row at a time. */
 static void panel_portable(const job* jb, int64_t panel) {
     const cvl_int8_problem* p = jb->p;
@@ -119,8 +126,9 @@ static void panel_portable(const job* jb, int64_t panel) {
         for (int c = 0; c < PANEL; c++) {
             int64_t col = panel * PANEL + c;
             if (col >= p->n) break;
-            float v = (float)(acc[c] - jb->xzp[r] * p->colsum[col]) * jb->xs[r];
-            p->y[r * p->n + col] = p->bias ? v + p->bias[col] : v;
+            float scale = p->w_scales ? jb->xs[r] * p->w_scales[col] : jb->xs[r];
+            float v = (float)(acc[c] - jb->xzp[r] * p->colsum[col]) * scale;
+            *out_at(p, r, col) = p->bias ? v + p->bias[col] : v;
         }
     }
 }
@@ -131,7 +139,6 @@ __attribute__((target(FAST), always_inline)) static inline void store_row(const 
     const cvl_int8_problem* p = jb->p;
     const __m512i zp = _mm512_set1_epi32(jb->xzp[row]);
     const __m512 scale = _mm512_set1_ps(jb->xs[row]);
-    float* y = p->y + row * p->n;
     const __m512i sums[4] = {c0, c1, c2, c3};
     for (int j = 0; j < 4; j++) {
         int64_t col = panel * PANEL + 16 * j;
@@ -139,9 +146,10 @@ __attribute__((target(FAST), always_inline)) static inline void store_row(const 
         int64_t left = p->n - col;
         __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
         __m512i sum = _mm512_sub_epi32(sums[j], _mm512_mullo_epi32(zp, _mm512_loadu_si512(p->colsum + col)));
-        __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), scale);
+        __m512 cs = p->w_scales ? _mm512_mul_ps(scale, _mm512_maskz_loadu_ps(m, p->w_scales + col)) : scale;
+        __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), cs);
         if (p->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, p->bias + col));
-        _mm512_mask_storeu_ps(y + col, m, v);
+        _mm512_mask_storeu_ps(out_at(p, row, col), m, v);
     }
 }
 
@@ -219,7 +227,7 @@ static void quantize_task(void* ctx, size_t i) {
             quantize_row_fast(p->x + r * p->k, p->k, jb->kp, jb->xq + r * jb->kp, &s, &jb->xzp[r]);
         else
             quantize_row_portable(p->x + r * p->k, p->k, jb->kp, jb->xq + r * jb->kp, &s, &jb->xzp[r]);
-        jb->xs[r] = s * p->w_scale;
+        jb->xs[r] = p->w_scales ? s : s * p->w_scale;
     }
 }
 

@@ -8,7 +8,8 @@
 /* Weights come packed in panels of 64 output columns, each panel K4 = ceil(k/4) groups of 64 columns x 4 rows of W:
  *   packed[((p * K4 + q) * 64 + c) * 4 + j] = W[4q + j][64p + c]   (zero where 4q + j >= k or 64p + c >= n)
  * so a panel is read front to back (export/native_twin.py writes it; cvl_int8_packed_bytes gives its size).
- * colsum[c] = sum over rows of W[.][c] for the padded columns (int32), w_scale the weights' one scale (zero point 0).
+ * colsum[c] = sum over rows of W[.][c] for the padded columns (int32), w_scale the weights' one scale (zero point 0)
+ * or w_scales one per column.
  *
  * Each row of x is quantized on its own exactly as ONNX's DynamicQuantizeLinear quantizes a tensor (range widened to
  * include 0, scale = range / 255, zero point rounded half to even, values rounded half to even and saturated), so
@@ -22,6 +23,13 @@ typedef struct {
     float w_scale;
     const float* bias; /* n, or NULL */
     float* y;          /* rows x n */
+    /* n scales, one per column (products side by side, e.g. q | k | v, each quantized with its own scale), or NULL:
+     * w_scale for every column. A column's result is the same either way. */
+    const float* w_scales;
+    /* With y_parts: output columns [i * part_n, (i + 1) * part_n) go to y_parts[i] (rows x part_n each) instead of y;
+     * part_n a multiple of 16. */
+    float* const* y_parts;
+    int64_t part_n;
 } cvl_int8_problem;
 
 /* Runs task(ctx, i) for i in [0, tasks), possibly on several threads, and returns when all are done. */

@@ -1,5 +1,5 @@
-/* ONNX Runtime custom operators around our kernels: cosyvoice_lite.CachedAttention (cvl_cached_attention) and
- * cosyvoice_lite.Int8MatMul (cvl_int8_matmul).
+/* ONNX Runtime custom operators around our kernels: cosyvoice_lite.CachedAttention (cvl_cached_attention),
+ * cosyvoice_lite.Int8MatMul (cvl_int8_matmul) and cosyvoice_lite.EstimatorBlock (cvl_estimator_block).
  *
  * Loaded with SessionOptions.register_custom_ops_library(path) (service/engine/native.py). ONNX Runtime's C API is a
  * versioned, append-only table of function pointers: this file declares only the members it calls, by their fixed
@@ -11,7 +11,11 @@
  * Output: (B, M, H*DK) float32. Attributes: heads (int), scale (float).
  * Int8MatMul. Inputs: x (..., K) float32; packed (P, ceil(K/4), 64, 4) int8 (int8_matmul.h); colsum (P*64,) int32;
  * w_scale (1,) float32; bias (N,) float32, optional. Output (..., N) float32. Attribute: n (int). Its work is shared
- * out over the session's intra-op threads (KernelContext_ParallelFor, API version 17). */
+ * out over the session's intra-op threads (KernelContext_ParallelFor, API version 17).
+ * EstimatorBlock. Inputs: x (B, M, D) float32; past_k, past_v (B, C, H, DK) float16; chunk (1,) int64; ln1 weight and
+ * bias (D,); the q|k|v weight as Int8MatMul takes it (n = 3*H*DK) with scales (1,) or (3*H*DK,); ln3 weight and bias;
+ * then out (n = D), ff1 (n = F) and ff2 (n = D), each packed, colsum, scale (1,) and bias: 23 inputs. Outputs: y
+ * (B, M, D), k and v (B, M, H*DK). Attributes: heads (int), scale, eps1, eps3 (float). */
 
 #include <stdint.h>
 #include <stdio.h>
@@ -19,6 +23,7 @@
 #include <string.h>
 
 #include "cached_attention.h"
+#include "estimator_block.h"
 #include "int8_matmul.h"
 
 typedef struct OrtStatus OrtStatus;
@@ -281,7 +286,8 @@ static OrtStatus* int8_compute(void* kp, OrtKernelContext* ctx) {
     void* o;
     if ((s = data_of(out, &o))) return s;
     if (rows == 0) return NULL;
-    cvl_int8_problem prob = {rows, k, n, p[0], p[1], p[2], *(const float*)p[3], p[4], o};
+    cvl_int8_problem prob = {.rows = rows, .k = k, .n = n, .x = p[0], .packed = p[1], .colsum = p[2],
+                             .w_scale = *(const float*)p[3], .bias = p[4], .y = o};
     if (cvl_int8_matmul(&prob, api17 ? parallel_for : NULL, ctx) != 0)
         return status(ORT_FAIL, "Int8MatMul: out of memory for the work buffer");
     return NULL;
@@ -303,6 +309,135 @@ static const OrtCustomOp int8_matmul_op = {
     one, NULL, int8_compute,
 };
 
+/* ---- EstimatorBlock ---- */
+
+typedef struct {
+    int64_t heads;
+    float scale, eps1, eps3;
+} block_kernel;
+
+static void* block_create_kernel(const OrtCustomOp* op, const OrtApi* ort, const OrtKernelInfo* info) {
+    (void)op;
+    block_kernel* kn = malloc(sizeof *kn);
+    if (kn == NULL) return NULL;
+    kn->heads = attr_int64(ort, info, "heads", 0);
+    kn->scale = attr_float(ort, info, "scale", 0.f);
+    kn->eps1 = attr_float(ort, info, "eps1", 1e-5f);
+    kn->eps3 = attr_float(ort, info, "eps3", 1e-5f);
+    return kn;
+}
+
+#define BLOCK_INPUTS 23
+enum { B_X, B_PK, B_PV, B_CHUNK, B_LN1W, B_LN1B, B_QKV, B_OUT = 9, B_LN3W = 13, B_LN3B, B_FF1, B_FF2 = 19 };
+static const int block_types[BLOCK_INPUTS] = {
+    T_FLOAT, T_FLOAT16, T_FLOAT16, T_INT64, T_FLOAT, T_FLOAT,                  /* x, past_k, past_v, chunk, ln1 */
+    T_INT8, T_INT32, T_FLOAT,                                                  /* qkv */
+    T_INT8, T_INT32, T_FLOAT, T_FLOAT,                                         /* out */
+    T_FLOAT, T_FLOAT,                                                          /* ln3 */
+    T_INT8, T_INT32, T_FLOAT, T_FLOAT,                                         /* ff1 */
+    T_INT8, T_INT32, T_FLOAT, T_FLOAT,                                         /* ff2 */
+};
+
+static int64_t count_of(const int64_t* dims, size_t nd) {
+    int64_t c = 1;
+    for (size_t i = 0; i < nd; i++) c *= dims[i];
+    return c;
+}
+
+/* Whether inputs first.. (packed, colsum, scales[, bias]) hold a k -> n weight; fills `w`. */
+static int block_weight(int64_t (*dims)[4], const size_t* nd, void* const* p, int first, int64_t k, int64_t n,
+                        int with_bias, cvl_int8_weight* w) {
+    const int64_t panels = (n + 63) / 64;
+    const int64_t* pd = dims[first];
+    if (n < 1 || nd[first] != 4 || pd[0] != panels || pd[1] != (k + 3) / 4 || pd[2] != 64 || pd[3] != 4) return 0;
+    if (nd[first + 1] != 1 || dims[first + 1][0] != panels * 64) return 0;
+    int64_t scales = count_of(dims[first + 2], nd[first + 2]);
+    if (scales != 1 && scales != n) return 0;
+    if (with_bias && count_of(dims[first + 3], nd[first + 3]) != n) return 0;
+    *w = (cvl_int8_weight){n, p[first], p[first + 1], p[first + 2], scales, with_bias ? p[first + 3] : NULL};
+    return 1;
+}
+
+static OrtStatus* block_compute(void* kp, OrtKernelContext* ctx) {
+    const block_kernel* kn = kp;
+    const OrtValue* in[BLOCK_INPUTS];
+    int64_t dims[BLOCK_INPUTS][4];
+    size_t nd[BLOCK_INPUTS];
+    void* p[BLOCK_INPUTS];
+    for (size_t i = 0; i < BLOCK_INPUTS; i++) {
+        OrtStatus* s = API(KERNEL_CONTEXT_GET_INPUT, OrtStatus* (*)(const OrtKernelContext*, size_t, const OrtValue**))(ctx, i, &in[i]);
+        if (!s && in[i] == NULL) s = status(ORT_INVALID_ARGUMENT, "EstimatorBlock: an input is missing");
+        if (!s) s = shape_of(in[i], block_types[i], dims[i], 4, &nd[i]);
+        if (!s) s = data_of(in[i], &p[i]);
+        if (s) return s;
+    }
+    const int64_t* xd = dims[B_X];
+    const int64_t* kd = dims[B_PK];
+    const int64_t heads = kn->heads, D = nd[B_X] == 3 ? xd[2] : 0;
+    const int64_t HD = nd[B_PK] == 4 ? kd[2] * kd[3] : 0, F = count_of(dims[B_FF1 + 3], nd[B_FF1 + 3]);
+    cvl_block_problem b = {0};
+    int ok = nd[B_X] == 3 && nd[B_PK] == 4 && nd[B_PV] == 4 && kd[0] == xd[0] && kd[2] == heads && heads >= 1 &&
+             memcmp(dims[B_PV], kd, 4 * sizeof(int64_t)) == 0 && count_of(dims[B_CHUNK], nd[B_CHUNK]) == 1 &&
+             count_of(dims[B_LN1W], nd[B_LN1W]) == D && count_of(dims[B_LN1B], nd[B_LN1B]) == D &&
+             count_of(dims[B_LN3W], nd[B_LN3W]) == D && count_of(dims[B_LN3B], nd[B_LN3B]) == D && D >= 1;
+    ok = ok && block_weight(dims, nd, p, B_QKV, D, 3 * HD, 0, &b.qkv) && block_weight(dims, nd, p, B_OUT, HD, D, 1, &b.out) &&
+         block_weight(dims, nd, p, B_FF1, D, F, 1, &b.ff1) && block_weight(dims, nd, p, B_FF2, F, D, 1, &b.ff2);
+    if (!ok)
+        return status(ORT_INVALID_ARGUMENT,
+                      "EstimatorBlock: x (B,M,D), past_k, past_v (B,C,H,DK), chunk (1,), the LayerNorms (D,) and the "
+                      "q|k|v, out, ff1 and ff2 weights disagree");
+    const int64_t chunk = *(const int64_t*)p[B_CHUNK];
+    if (chunk < 1) return status(ORT_INVALID_ARGUMENT, "EstimatorBlock: chunk must be >= 1");
+    OrtValue* out[3];
+    void* o[3];
+    const int64_t y_dims[3] = {xd[0], xd[1], D}, kv_dims[3] = {xd[0], xd[1], HD};
+    for (size_t i = 0; i < 3; i++) {
+        OrtStatus* s = API(KERNEL_CONTEXT_GET_OUTPUT, OrtStatus* (*)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**))(ctx, i, i ? kv_dims : y_dims, 3, &out[i]);
+        if (!s) s = data_of(out[i], &o[i]);
+        if (s) return s;
+    }
+    b.batch = xd[0];
+    b.frames = xd[1];
+    b.cached = kd[1];
+    b.dim = D;
+    b.heads = heads;
+    b.head_dim = kd[3];
+    b.ff = F;
+    b.chunk = chunk;
+    b.scale = kn->scale;
+    b.eps1 = kn->eps1;
+    b.eps3 = kn->eps3;
+    b.x = p[B_X];
+    b.past_k = p[B_PK];
+    b.past_v = p[B_PV];
+    b.ln1_w = p[B_LN1W];
+    b.ln1_b = p[B_LN1B];
+    b.ln3_w = p[B_LN3W];
+    b.ln3_b = p[B_LN3B];
+    b.y = o[0];
+    b.k = o[1];
+    b.v = o[2];
+    if (cvl_estimator_block(&b, api17 ? parallel_for : NULL, ctx) != 0)
+        return status(ORT_FAIL, "EstimatorBlock: out of memory for the work buffers");
+    return NULL;
+}
+
+static void block_compute_v1(void* kp, OrtKernelContext* ctx) {
+    OrtStatus* s = block_compute(kp, ctx);
+    if (s) API(RELEASE_STATUS, void (*)(OrtStatus*))(s);
+}
+
+static const char* block_name(const OrtCustomOp* op) { (void)op; return "EstimatorBlock"; }
+static int block_input_type(const OrtCustomOp* op, size_t i) { (void)op; return i < BLOCK_INPUTS ? block_types[i] : 0; }
+static size_t block_input_count(const OrtCustomOp* op) { (void)op; return BLOCK_INPUTS; }
+static size_t three(const OrtCustomOp* op) { (void)op; return 3; }
+
+static const OrtCustomOp estimator_block_op = {
+    API_VERSION, block_create_kernel, block_name, cpu_provider, block_input_type, block_input_count, output_type,
+    three, block_compute_v1, destroy_kernel, required, required, default_memory, one, one, one, one, NULL,
+    block_compute,
+};
+
 OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
     api = base->GetApi(API_VERSION);
     if (api == NULL) return NULL; /* cannot even report it: the runtime is older than API 16 (ONNX Runtime 1.16) */
@@ -311,6 +446,7 @@ OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base)
     api17 = base->GetApi(PARALLEL_FOR_VERSION);
     if (!s) s = API(CUSTOM_OP_DOMAIN_ADD, OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*))(domain, &cached_attention_op);
     if (!s) s = API(CUSTOM_OP_DOMAIN_ADD, OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*))(domain, &int8_matmul_op);
+    if (!s) s = API(CUSTOM_OP_DOMAIN_ADD, OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*))(domain, &estimator_block_op);
     if (!s) s = API(ADD_CUSTOM_OP_DOMAIN, OrtStatus* (*)(OrtSessionOptions*, OrtCustomOpDomain*))(options, domain);
     return s;
 }

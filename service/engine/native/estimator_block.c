@@ -1,0 +1,154 @@
+/* The CosyVoice2 flow estimator's transformer block in one call (estimator_block.h).
+ *
+ * Why: in ONNX Runtime a block is ~45 nodes (two LayerNorm patterns, three q/k/v products that each quantize the same
+ * input, the attention, GELU, residual adds, the shape nodes between them); an estimator call runs 56 blocks per
+ * guidance row, 10 Euler steps per chunk, on chunks of 6-50 frames, so the dispatch and the small element-wise
+ * kernels cost as much as a third of the call. Here the block's intermediates stay in one per-thread buffer, q, k
+ * and v come from one product over the quantized input (per-column scales keep each one's result unchanged), and the
+ * LayerNorms, GELU and residuals are single passes. */
+
+#include "estimator_block.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cached_attention.h"
+#include "simd_math.h"
+#include "work.h"
+
+#define VEC "avx512f,fma"
+
+static int cpu_has_avx512f(void) {
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        const char* portable = getenv("COSYVOICE_LITE_PORTABLE_KERNELS");
+        known = !(portable && strcmp(portable, "1") == 0) && __builtin_cpu_supports("avx512f") &&
+                __builtin_cpu_supports("fma");
+    }
+    return known;
+}
+
+/* ---- LayerNorm over rows of n: (x - mean) / sqrt(var + eps) * w + b, two passes as torch computes it ---- */
+
+static void layer_norm_portable(const float* x, int64_t rows, int64_t n, const float* w, const float* b, float eps,
+                                float* y) {
+    for (int64_t r = 0; r < rows; r++, x += n, y += n) {
+        float mean = 0.f, var = 0.f;
+        for (int64_t i = 0; i < n; i++) mean += x[i];
+        mean /= (float)n;
+        for (int64_t i = 0; i < n; i++) var += (x[i] - mean) * (x[i] - mean);
+        float sd = sqrtf(var / (float)n + eps);
+        for (int64_t i = 0; i < n; i++) y[i] = (x[i] - mean) / sd * w[i] + b[i];
+    }
+}
+
+static inline __mmask16 tail_mask(int64_t left) {
+    return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+}
+
+__attribute__((target(VEC))) static void layer_norm_fast(const float* x, int64_t rows, int64_t n, const float* w,
+                                                         const float* b, float eps, float* y) {
+    for (int64_t r = 0; r < rows; r++, x += n, y += n) {
+        __m512 s = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; i += 16) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(tail_mask(n - i), x + i));
+        const float mean = _mm512_reduce_add_ps(s) / (float)n;
+        const __m512 m = _mm512_set1_ps(mean);
+        __m512 v = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; i += 16) {
+            __mmask16 k = tail_mask(n - i);
+            __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x + i), m);
+            v = _mm512_fmadd_ps(d, d, v);
+        }
+        const __m512 sd = _mm512_set1_ps(sqrtf(_mm512_reduce_add_ps(v) / (float)n + eps));
+        for (int64_t i = 0; i < n; i += 16) {
+            __mmask16 k = tail_mask(n - i);
+            __m512 d = _mm512_div_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m), sd);
+            __m512 o = _mm512_fmadd_ps(d, _mm512_maskz_loadu_ps(k, w + i), _mm512_maskz_loadu_ps(k, b + i));
+            _mm512_mask_storeu_ps(y + i, k, o);
+        }
+    }
+}
+
+static void layer_norm(const float* x, int64_t rows, int64_t n, const float* w, const float* b, float eps, float* y) {
+    if (cpu_has_avx512f())
+        layer_norm_fast(x, rows, n, w, b, eps, y);
+    else
+        layer_norm_portable(x, rows, n, w, b, eps, y);
+}
+
+/* ---- GELU in place: x / 2 * (1 + erf(x / sqrt 2)) ---- */
+
+__attribute__((target(VEC))) static void gelu_fast(float* x, int64_t count) {
+    const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f), r2 = _mm512_set1_ps(0.70710678118654752f);
+    for (int64_t i = 0; i < count; i += 16) {
+        __mmask16 k = tail_mask(count - i);
+        __m512 v = _mm512_maskz_loadu_ps(k, x + i);
+        __m512 e = cvl_erf(_mm512_mul_ps(v, r2));
+        _mm512_mask_storeu_ps(x + i, k, _mm512_mul_ps(_mm512_mul_ps(v, half), _mm512_add_ps(one, e)));
+    }
+}
+
+static void gelu(float* x, int64_t count) {
+    if (cpu_has_avx512f()) {
+        gelu_fast(x, count);
+        return;
+    }
+    for (int64_t i = 0; i < count; i++) x[i] = 0.5f * x[i] * (1.f + erff(x[i] * 0.70710678118654752f));
+}
+
+static void add_into(float* y, const float* x, int64_t count) {
+    for (int64_t i = 0; i < count; i++) y[i] += x[i];
+}
+
+/* y = x . w (rows x w->n), or with `parts` its column thirds into parts[0..2] (the q, k, v products). */
+static int product(const float* x, int64_t rows, int64_t k, const cvl_int8_weight* w, float* y, float* const* parts,
+                   cvl_parallel_fn parallel, void* runner) {
+    cvl_int8_problem p = {
+        .rows = rows, .k = k, .n = w->n, .x = x, .packed = w->packed, .colsum = w->colsum, .w_scale = w->scales[0],
+        .bias = w->bias, .y = y, .w_scales = w->scale_count > 1 ? w->scales : NULL, .y_parts = parts,
+        .part_n = parts ? w->n / 3 : 0,
+    };
+    return cvl_int8_matmul(&p, parallel, runner);
+}
+
+int cvl_estimator_block(const cvl_block_problem* p, cvl_parallel_fn parallel, void* runner) {
+    const int64_t rows = p->batch * p->frames, D = p->dim, HD = p->heads * p->head_dim, F = p->ff;
+    if (rows <= 0) return 0;
+    /* h1 (rows x D; LayerNorm outputs), qkv (rows x 3HD), q and att (rows x HD), h (rows x D), f (rows x F) */
+    float* h1 = cvl_work_floats(CVL_WORK_BLOCK, (size_t)rows * (size_t)(2 * D + 5 * HD + F) + 64);
+    if (h1 == NULL) return -1;
+    float* qkv = h1 + rows * D;
+    float* q = qkv + rows * 3 * HD;
+    float* att = q + rows * HD;
+    float* h = att + rows * HD;
+    float* f = h + rows * D;
+
+    layer_norm(p->x, rows, D, p->ln1_w, p->ln1_b, p->eps1, h1);
+    if (HD % 16 == 0) { /* q, k and v straight to where they are read */
+        float* const parts[3] = {q, p->k, p->v};
+        if (product(h1, rows, D, &p->qkv, NULL, parts, parallel, runner) != 0) return -1;
+    } else {
+        if (product(h1, rows, D, &p->qkv, qkv, NULL, parallel, runner) != 0) return -1;
+        const size_t row_bytes = (size_t)HD * sizeof(float);
+        for (int64_t r = 0; r < rows; r++) {
+            const float* src = qkv + r * 3 * HD;
+            memcpy(q + r * HD, src, row_bytes);
+            memcpy(p->k + r * HD, src + HD, row_bytes);
+            memcpy(p->v + r * HD, src + 2 * HD, row_bytes);
+        }
+    }
+    cvl_attention_shape shape = {(int)p->batch, (int)p->frames, (int)p->cached, (int)p->heads,
+                                 (int)p->head_dim,  p->chunk,       p->scale};
+    if (cvl_cached_attention(&shape, q, p->k, p->v, p->past_k, p->past_v, att) != 0) return -1;
+    if (product(att, rows, HD, &p->out, h, NULL, parallel, runner) != 0) return -1;
+    add_into(h, p->x, rows * D);
+    layer_norm(h, rows, D, p->ln3_w, p->ln3_b, p->eps3, h1);
+    if (product(h1, rows, D, &p->ff1, f, NULL, parallel, runner) != 0) return -1;
+    gelu(f, rows * F);
+    if (product(f, rows, F, &p->ff2, p->y, NULL, parallel, runner) != 0) return -1;
+    add_into(p->y, h, rows * D);
+    return 0;
+}

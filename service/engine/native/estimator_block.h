@@ -1,0 +1,41 @@
+/* One transformer block of the CosyVoice2 flow estimator as a single kernel call (its BasicTransformerBlock):
+ *   h = x + ln1(x) -> q, k, v -> cached chunk-masked attention -> out (+ bias)
+ *   y = h + ff2(gelu(ff1(ln3(h)) + bias)) + bias
+ * LayerNorms over the last axis with their own epsilon, GELU exact (erf), every product int8 (int8_matmul.h) with
+ * its activations quantized per row, the attention cached_attention.h's. */
+#ifndef COSYVOICE_LITE_ESTIMATOR_BLOCK_H
+#define COSYVOICE_LITE_ESTIMATOR_BLOCK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "int8_matmul.h"
+
+/* A packed int8 weight (int8_matmul.h) with n output columns: scales holds 1 scale, or n (one per column). */
+typedef struct {
+    int64_t n;
+    const int8_t* packed;
+    const int32_t* colsum;
+    const float* scales;
+    int64_t scale_count;
+    const float* bias; /* n, or NULL */
+} cvl_int8_weight;
+
+typedef struct {
+    int64_t batch, frames, cached, dim, heads, head_dim, ff, chunk;
+    float scale, eps1, eps3;           /* the attention's score scale, the two LayerNorms' epsilon */
+    const float* x;                    /* (B, M, dim) */
+    const uint16_t *past_k, *past_v;   /* (B, C, heads, head_dim) float16 bits, time-first */
+    const float *ln1_w, *ln1_b, *ln3_w, *ln3_b;
+    cvl_int8_weight qkv;               /* dim -> 3 x heads x head_dim: the columns of q, then k, then v (no bias) */
+    cvl_int8_weight out;               /* heads x head_dim -> dim */
+    cvl_int8_weight ff1;               /* dim -> ff */
+    cvl_int8_weight ff2;               /* ff -> dim */
+    float* y;                          /* (B, M, dim) */
+    float *k, *v;                      /* (B, M, heads x head_dim): the new frames' keys and values (for the caches) */
+} cvl_block_problem;
+
+/* 0 on success, -1 when a work buffer cannot be allocated. The products may share out their rows over `parallel`. */
+int cvl_estimator_block(const cvl_block_problem* p, cvl_parallel_fn parallel, void* runner);
+
+#endif

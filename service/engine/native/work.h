@@ -1,0 +1,13 @@
+/* Per-thread work buffers of the kernels: grown on demand, kept for the thread's next call, freed when it ends. */
+#ifndef COSYVOICE_LITE_WORK_H
+#define COSYVOICE_LITE_WORK_H
+
+#include <stddef.h>
+
+enum { CVL_WORK_ATTENTION = 0, CVL_WORK_BLOCK = 1, CVL_WORK_SLOTS = 2 };
+
+/* A 64-byte aligned buffer of at least `floats` floats for this thread and `slot` (its contents are not kept when it
+ * grows); NULL when it cannot be allocated. */
+float* cvl_work_floats(int slot, size_t floats);
+
+#endif
