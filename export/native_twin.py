@@ -283,14 +283,15 @@ def _int8_parts(g: _Graph, node: onnx.NodeProto, bias: bool) -> tuple[np.ndarray
 
 def fuse_blocks(model: onnx.ModelProto) -> int:
     """Replace each transformer block around a CachedAttention node (after fuse_attention and fuse_int8_matmuls) by
-    one EstimatorBlock node (in place); returns how many. Its outputs keep the block output's and the k and v
-    products' names (the graph hands the new keys and values to the caches). RewriteError when a block does not
-    match."""
+    one EstimatorBlock node (in place); returns how many. Its first output keeps the block output's name; its float16
+    new keys and values, side by side, become the graph's new_k and new_v (_cache_output). RewriteError when a block
+    or the stacks do not match."""
     graph = model.graph
     g = _Graph(graph)
     blocks: list[tuple[list[onnx.NodeProto], onnx.NodeProto]] = []
     inits: list[onnx.TensorProto] = []
     graph_outputs = {o.name for o in graph.output}
+    new_kv: dict[str, str] = {}  # a block's k (v) product -> its float16 slice of new_k (new_v) from the fused node
     for attention in [n for n in graph.node if n.op_type == OP_NAME]:
         q_mm, k_mm, v_mm = (g.made_by(t, INT8_OP_NAME) for t in attention.input[:3])
         h1 = q_mm.input[0]
@@ -314,7 +315,7 @@ def fuse_blocks(model: onnx.ModelProto) -> int:
             raise RewriteError(f"{ff1_mm.name}: the feed-forward does not read the attention's residual")
         nodes = [*ln1, q_mm, k_mm, v_mm, attention, out_mm, residual1, *ln3, ff1_mm, *gelu, ff2_mm, residual2]
         members = {id(n) for n in nodes}
-        shared = {k_mm.output[0], v_mm.output[0], residual2.output[0]}
+        shared = {k_mm.output[0], v_mm.output[0], residual2.output[0]}  # k, v: checked with the stacks below
         for node in nodes:
             for out in node.output:
                 outside = out in graph_outputs or any(id(c) not in members for c in g.consumers.get(out, []))
@@ -350,21 +351,29 @@ def fuse_blocks(model: onnx.ModelProto) -> int:
         scale_attr = next(a.f for a in attention.attribute if a.name == "scale")
         fused = helper.make_node(
             BLOCK_OP_NAME, [x, *attention.input[3:6], *(f"{base}_{name}" for name, _ in arrays)],
-            [residual2.output[0], k_mm.output[0], v_mm.output[0]], name=base, domain=NATIVE_DOMAIN,
+            [residual2.output[0], f"{base}_new_k", f"{base}_new_v"], name=base, domain=NATIVE_DOMAIN,
             heads=heads, scale=scale_attr, eps1=eps1, eps3=eps3,
         )  # fmt: skip
         blocks.append((nodes, fused))
+        new_kv[k_mm.output[0]], new_kv[v_mm.output[0]] = fused.output[1], fused.output[2]
+    caches = [_cache_output(g, name, new_kv) for name in ("new_k", "new_v")] if blocks else []
     graph.initializer.extend(inits)
     gone = {id(n) for nodes, _ in blocks for n in nodes}
     order = {id(n): i for i, n in enumerate(graph.node)}
     starts = {id(min(nodes, key=lambda n: order[id(n)])): fused for nodes, fused in blocks}
+    ends = {id(cast): concat for cast, concat in caches}
     kept: list[onnx.NodeProto] = []
     for node in graph.node:
         if id(node) in starts:
             kept.append(starts[id(node)])  # where the block began: its inputs are all made by then
-        if id(node) not in gone:
+        if id(node) in ends:
+            kept.append(ends[id(node)])  # the float16 slices side by side replace the cast of the float32 stack
+        elif id(node) not in gone:
             kept.append(node)
     live = _live(kept, [o.name for o in graph.output])
+    stray = sorted({name for node in live for name in node.input if name in new_kv})
+    if stray:
+        raise RewriteError(f"{stray[0]!r}: a block's keys/values are read elsewhere than in new_k/new_v")
     del graph.node[:]
     graph.node.extend(live)
     used = {name for node in live for name in node.input}
@@ -372,6 +381,35 @@ def fuse_blocks(model: onnx.ModelProto) -> int:
     del graph.initializer[:]
     graph.initializer.extend(keep_inits)
     return len(blocks)
+
+
+def _cache_output(g: _Graph, output: str, new_kv: dict[str, str]) -> tuple[onnx.NodeProto, onnx.NodeProto]:
+    """(the Cast making the estimator's `output`, the Concat of the fused blocks' float16 slices to put there).
+
+    Our exporter stacks each block's new keys as Cast(float16, Transpose(0,1,3,2,4, Concat(axis 0, Unsqueeze(0,
+    Transpose(0,2,1,3, Reshape(k, (B,M,H,DK))))))): that is (NB,B,M,H,DK), each block's (B,M,H*DK) product in place, so
+    the blocks' (1,B,M,H,DK) float16 outputs side by side are the same tensor."""
+    cast = g.made_by(output, "Cast")
+    outer = g.made_by(cast.input[0], "Transpose")
+    stack = g.made_by(outer.input[0], "Concat")
+    ok = _attr(cast, "to") == onnx.TensorProto.FLOAT16 and _attr(outer, "perm") == [0, 1, 3, 2, 4]
+    if not ok or _attr(stack, "axis") != 0:
+        raise RewriteError(f"{output!r}: not the float16 stack of the blocks' new keys/values the kernel writes")
+    slices = []
+    for name in stack.input:
+        unsqueeze = g.made_by(name, "Unsqueeze")
+        inner = g.made_by(unsqueeze.input[0], "Transpose")
+        reshape = g.made_by(inner.input[0], "Reshape")
+        if _attr(inner, "perm") != [0, 2, 1, 3] or [int(a) for a in g.constant(unsqueeze.input[1]).reshape(-1)] != [0]:
+            raise RewriteError(f"{output!r}: {name!r} is not a block's keys/values in (B,H,M,DK)")
+        if reshape.input[0] not in new_kv:
+            raise RewriteError(f"{output!r}: {reshape.input[0]!r} is not a fused block's k or v product")
+        slices.append(new_kv[reshape.input[0]])
+    return cast, helper.make_node("Concat", slices, [output], name=f"{output}_stack", axis=0)
+
+
+def _attr(node: onnx.NodeProto, name: str) -> object:
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
 
 
 def _replace_nodes(model: onnx.ModelProto, fused: dict[str, onnx.NodeProto]) -> None:

@@ -26,7 +26,7 @@ static int cpu_has_avx512f(void) {
         __builtin_cpu_init();
         const char* portable = getenv("COSYVOICE_LITE_PORTABLE_KERNELS");
         known = !(portable && strcmp(portable, "1") == 0) && __builtin_cpu_supports("avx512f") &&
-                __builtin_cpu_supports("fma");
+                __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     }
     return known;
 }
@@ -99,6 +99,44 @@ static void gelu(float* x, int64_t count) {
     for (int64_t i = 0; i < count; i++) x[i] = 0.5f * x[i] * (1.f + erff(x[i] * 0.70710678118654752f));
 }
 
+/* ---- float32 -> float16 bits, rounded to nearest even (what ONNX's Cast does) ---- */
+
+static uint16_t half_of(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint32_t sign = (x >> 16) & 0x8000u, mag = x & 0x7fffffffu;
+    if (mag >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (mag > 0x7f800000u ? 0x200u : 0u)); /* inf, nan */
+    if (mag >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds past 65504: inf */
+    if (mag < 0x38800000u) {                                   /* a half subnormal (or zero) */
+        if (mag < 0x33000000u) return (uint16_t)sign;          /* below half the smallest subnormal: 0 */
+        const uint32_t e = mag >> 23, m = (mag & 0x7fffffu) | 0x800000u;
+        const uint32_t shift = 126 - e; /* 14 .. 24: value = m * 2^(e - 150), in units of 2^-24 */
+        uint32_t h = m >> shift;
+        const uint32_t rest = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+        if (rest > halfway || (rest == halfway && (h & 1u))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((mag >> 13) - (112u << 10)); /* rebias the exponent by 127 - 15 */
+    const uint32_t rest = mag & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+__attribute__((target("avx512f,f16c"))) static void to_half_fast(const float* x, int64_t count, uint16_t* out) {
+    int64_t i = 0;
+    for (; i + 16 <= count; i += 16)
+        _mm256_storeu_si256((__m256i*)(out + i), _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < count; i++) out[i] = half_of(x[i]);
+}
+
+static void to_half(const float* x, int64_t count, uint16_t* out) {
+    if (cpu_has_avx512f()) {
+        to_half_fast(x, count, out);
+        return;
+    }
+    for (int64_t i = 0; i < count; i++) out[i] = half_of(x[i]);
+}
+
 static void add_into(float* y, const float* x, int64_t count) {
     for (int64_t i = 0; i < count; i++) y[i] += x[i];
 }
@@ -117,18 +155,20 @@ static int product(const float* x, int64_t rows, int64_t k, const cvl_int8_weigh
 int cvl_estimator_block(const cvl_block_problem* p, cvl_parallel_fn parallel, void* runner) {
     const int64_t rows = p->batch * p->frames, D = p->dim, HD = p->heads * p->head_dim, F = p->ff;
     if (rows <= 0) return 0;
-    /* h1 (rows x D; LayerNorm outputs), qkv (rows x 3HD), q and att (rows x HD), h (rows x D), f (rows x F) */
-    float* h1 = cvl_work_floats(CVL_WORK_BLOCK, (size_t)rows * (size_t)(2 * D + 5 * HD + F) + 64);
+    /* h1 (rows x D; LayerNorm outputs), qkv (rows x 3HD), q, k, v and att (rows x HD), h (rows x D), f (rows x F) */
+    float* h1 = cvl_work_floats(CVL_WORK_BLOCK, (size_t)rows * (size_t)(2 * D + 7 * HD + F) + 64);
     if (h1 == NULL) return -1;
     float* qkv = h1 + rows * D;
     float* q = qkv + rows * 3 * HD;
-    float* att = q + rows * HD;
+    float* k = q + rows * HD;
+    float* v = k + rows * HD;
+    float* att = v + rows * HD;
     float* h = att + rows * HD;
     float* f = h + rows * D;
 
     layer_norm(p->x, rows, D, p->ln1_w, p->ln1_b, p->eps1, h1);
     if (HD % 16 == 0) { /* q, k and v straight to where they are read */
-        float* const parts[3] = {q, p->k, p->v};
+        float* const parts[3] = {q, k, v};
         if (product(h1, rows, D, &p->qkv, NULL, parts, parallel, runner) != 0) return -1;
     } else {
         if (product(h1, rows, D, &p->qkv, qkv, NULL, parallel, runner) != 0) return -1;
@@ -136,13 +176,15 @@ int cvl_estimator_block(const cvl_block_problem* p, cvl_parallel_fn parallel, vo
         for (int64_t r = 0; r < rows; r++) {
             const float* src = qkv + r * 3 * HD;
             memcpy(q + r * HD, src, row_bytes);
-            memcpy(p->k + r * HD, src + HD, row_bytes);
-            memcpy(p->v + r * HD, src + 2 * HD, row_bytes);
+            memcpy(k + r * HD, src + HD, row_bytes);
+            memcpy(v + r * HD, src + 2 * HD, row_bytes);
         }
     }
     cvl_attention_shape shape = {(int)p->batch, (int)p->frames, (int)p->cached, (int)p->heads,
                                  (int)p->head_dim,  p->chunk,       p->scale};
-    if (cvl_cached_attention(&shape, q, p->k, p->v, p->past_k, p->past_v, att) != 0) return -1;
+    if (cvl_cached_attention(&shape, q, k, v, p->past_k, p->past_v, att) != 0) return -1;
+    to_half(k, rows * HD, p->k);
+    to_half(v, rows * HD, p->v);
     if (product(att, rows, HD, &p->out, h, NULL, parallel, runner) != 0) return -1;
     add_into(h, p->x, rows * D);
     layer_norm(h, rows, D, p->ln3_w, p->ln3_b, p->eps3, h1);

@@ -32,7 +32,8 @@ typedef struct {
     cvl_int8_weight ff1;               /* dim -> ff */
     cvl_int8_weight ff2;               /* ff -> dim */
     float* y;                          /* (B, M, dim) */
-    float *k, *v;                      /* (B, M, heads x head_dim): the new frames' keys and values (for the caches) */
+    uint16_t *k, *v;                   /* (B, M, heads, head_dim) float16 bits: the new frames' keys and values, as the
+                                        * caches keep them (rounded to nearest even, as a Cast rounds) */
 } cvl_block_problem;
 
 /* 0 on success, -1 when a work buffer cannot be allocated. The products may share out their rows over `parallel`. */

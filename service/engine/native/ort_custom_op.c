@@ -15,7 +15,8 @@
  * EstimatorBlock. Inputs: x (B, M, D) float32; past_k, past_v (B, C, H, DK) float16; chunk (1,) int64; ln1 weight and
  * bias (D,); the q|k|v weight as Int8MatMul takes it (n = 3*H*DK) with scales (1,) or (3*H*DK,); ln3 weight and bias;
  * then out (n = D), ff1 (n = F) and ff2 (n = D), each packed, colsum, scale (1,) and bias: 23 inputs. Outputs: y
- * (B, M, D), k and v (B, M, H*DK). Attributes: heads (int), scale, eps1, eps3 (float). */
+ * (B, M, D) float32, the new frames' k and v (1, B, M, H, DK) float16 (one block's slice of the estimator's new_k,
+ * new_v). Attributes: heads (int), scale, eps1, eps3 (float). */
 
 #include <stdint.h>
 #include <stdio.h>
@@ -390,9 +391,9 @@ static OrtStatus* block_compute(void* kp, OrtKernelContext* ctx) {
     if (chunk < 1) return status(ORT_INVALID_ARGUMENT, "EstimatorBlock: chunk must be >= 1");
     OrtValue* out[3];
     void* o[3];
-    const int64_t y_dims[3] = {xd[0], xd[1], D}, kv_dims[3] = {xd[0], xd[1], HD};
+    const int64_t y_dims[3] = {xd[0], xd[1], D}, kv_dims[5] = {1, xd[0], xd[1], heads, kd[3]};
     for (size_t i = 0; i < 3; i++) {
-        OrtStatus* s = API(KERNEL_CONTEXT_GET_OUTPUT, OrtStatus* (*)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**))(ctx, i, i ? kv_dims : y_dims, 3, &out[i]);
+        OrtStatus* s = API(KERNEL_CONTEXT_GET_OUTPUT, OrtStatus* (*)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**))(ctx, i, i ? kv_dims : y_dims, i ? 5 : 3, &out[i]);
         if (!s) s = data_of(out[i], &o[i]);
         if (s) return s;
     }
@@ -431,9 +432,10 @@ static const char* block_name(const OrtCustomOp* op) { (void)op; return "Estimat
 static int block_input_type(const OrtCustomOp* op, size_t i) { (void)op; return i < BLOCK_INPUTS ? block_types[i] : 0; }
 static size_t block_input_count(const OrtCustomOp* op) { (void)op; return BLOCK_INPUTS; }
 static size_t three(const OrtCustomOp* op) { (void)op; return 3; }
+static int block_output_type(const OrtCustomOp* op, size_t i) { (void)op; return i ? T_FLOAT16 : T_FLOAT; }
 
 static const OrtCustomOp estimator_block_op = {
-    API_VERSION, block_create_kernel, block_name, cpu_provider, block_input_type, block_input_count, output_type,
+    API_VERSION, block_create_kernel, block_name, cpu_provider, block_input_type, block_input_count, block_output_type,
     three, block_compute_v1, destroy_kernel, required, required, default_memory, one, one, one, one, NULL,
     block_compute,
 };
