@@ -96,6 +96,7 @@ def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
         acoustic_slots=args.acoustic_slots,
         acoustic_nice=args.acoustic_nice,
         first_audio_priority=not args.no_first_audio_priority,
+        decode_lead_tokens=args.decode_lead,
         acoustic_backend=args.acoustic_backend,
         native_kernels=args.native_kernels,
         stream_schedule=args.stream_schedule,
@@ -206,6 +207,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--acoustic-slots", type=int, default=defaults["acoustic_slots"].default)
     p.add_argument("--acoustic-nice", type=int, default=defaults["acoustic_nice"].default, help="TTS_ACOUSTIC_NICE")
     p.add_argument("--no-first-audio-priority", action="store_true")
+    p.add_argument("--decode-lead", type=int, default=None, help="as TTS_DECODE_LEAD_TOKENS (default: the schedule's)")
     p.add_argument("--n-timesteps", type=int, help="the flow's Euler steps (the bundle's 10 when omitted; TTS_N_TIMESTEPS)")
     p.add_argument("--no-cfg-lanes", action="store_true", help="never split the estimator's guidance rows")
     p.add_argument("--first-hop", type=int, help="first streamed hop in tokens (the schedule's own when omitted)")

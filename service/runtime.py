@@ -41,6 +41,7 @@ def runtime_options(s: Settings) -> RuntimeOptions:
         acoustic_slots=s.acoustic_slots,
         acoustic_nice=s.acoustic_nice,
         first_audio_priority=s.first_audio_priority,
+        decode_lead_tokens=s.decode_lead_tokens,
         stream_schedule=s.stream_schedule,
         first_hop_tokens=s.first_hop_tokens,
         prompt_window_s=s.prompt_window_s,

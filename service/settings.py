@@ -117,6 +117,14 @@ class Settings(BaseSettings):
         default=True,
         description="Pause LLM decoding while a request's first chunk is vocoded, unless a request waits for tokens.",
     )
+    decode_lead_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        description="CosyVoice2: while flow/HiFT calls run, pause LLM decoding once every stream has this many tokens "
+        "decoded ahead of its flow (its next chunk can start at once); empty = the schedule's largest hop (adaptive: 25, "
+        "official: 100), 0 = never.",
+    )
     acoustic_backend: Literal["auto", "ort", "openvino"] = Field(
         default="auto",
         description="Runtime of the flow estimator and HiFT: 'auto' = OpenVINO in bf16 where the CPU computes bf16 "

@@ -352,6 +352,45 @@ def test_gate_reports_first_audio_calls_while_they_run() -> None:
     with unlimited.slot(1.0, first=True):
         assert unlimited.first_audio_running()
     assert not unlimited.first_audio_running()
+    # a one-thread first-audio call (a first chunk's vocoder) is urgent at the gate but leaves the LLM running
+    assert not gate.busy()
+    with gate.slot(1.0, first=True, pauses_llm=False):
+        assert gate.busy() and not gate.first_audio_running()
+    assert not gate.busy()
+
+
+def _wait_until(condition: Any, timeout_s: float = TIMEOUT_S) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_scheduler_stays_a_lead_ahead_while_acoustic_calls_run(runner: LLMRunner) -> None:
+    """With `lead_tokens` and acoustic work running, decoding pauses once the consumer has that many tokens waiting;
+    each token it takes lets one more step run; with no acoustic work it decodes on. The tokens are the same."""
+    busy = threading.Event()
+    busy.set()
+    s = BatchScheduler(runner, max_batch=4, lead_tokens=6, acoustic_busy=busy.is_set)
+    try:
+        ids, emb = _inputs(runner, 5, 9)
+        alone = list(runner.generate(ids, emb, np.random.default_rng(5), min_tokens=60, max_tokens=60))
+        stream = s.generate(ids, emb, np.random.default_rng(5), min_tokens=60, max_tokens=60)
+        assert _wait_until(lambda: s.stats.pauses > 0)
+        time.sleep(0.3)  # nobody reads: no step past the lead
+        assert stream.ready() == 6 and s.stats.steps <= 6
+        got = [next(stream) for _ in range(4)]  # 2 left ahead: decoding resumes up to 6 ahead again
+        assert _wait_until(lambda: stream.ready() == 6)
+        time.sleep(0.3)
+        assert stream.ready() == 6
+        busy.clear()  # no acoustic work: nothing to give the cores to
+        assert _wait_until(lambda: stream.ready() == 56)
+        got += list(stream)
+        assert got == alone
+    finally:
+        s.close()
 
 
 def _pool_behind_a_holder(

@@ -80,8 +80,11 @@ class AcousticGate:
         self._tickets = itertools.count()
 
     @contextmanager
-    def slot(self, deadline: float, *, first: bool = False) -> Iterator[Callable[[], None]]:
+    def slot(self, deadline: float, *, first: bool = False, pauses_llm: bool = True) -> Iterator[Callable[[], None]]:
         """Hold one slot for the duration of the block (waits while all are busy or a more urgent call waits).
+
+        A `first` call counts as first audio running (first_audio_running: the LLM pauses) unless `pauses_llm` is
+        False: a one-thread call that leaves the other cores to the decode steps (a first chunk's vocoder call).
 
         The block receives a `step_aside()` callable for long calls that run in steps (the flow's Euler
         steps): between two steps it hands the slot to a waiting first-audio call, if there is one, and
@@ -91,17 +94,17 @@ class AcousticGate:
         lower_thread_priority(self.nice)
         if self.slots == 0:
             with self._cond:
-                self._first_busy += first
+                self._first_busy += first and pauses_llm
             try:
                 yield _never_step_aside
             finally:
                 with self._cond:
-                    self._first_busy -= first
+                    self._first_busy -= first and pauses_llm
             return
         ticket = (0 if first else 1, deadline, next(self._tickets))
         with self._cond:
             self._acquire(ticket)
-            self._first_busy += first
+            self._first_busy += first and pauses_llm
 
         def step_aside() -> None:
             if first or not self._waiting or self._waiting[0][0] != 0:  # unlocked peek: a stale answer costs one step
@@ -118,7 +121,7 @@ class AcousticGate:
         finally:
             with self._cond:
                 self._busy -= 1
-                self._first_busy -= first
+                self._first_busy -= first and pauses_llm
                 self._cond.notify_all()
 
     def _acquire(self, ticket: tuple[int, float, int]) -> None:
@@ -181,6 +184,10 @@ class AcousticGate:
         heapq.heapify(self._waiting)
         return group
 
+    def busy(self) -> bool:
+        """True while some call holds a slot (read without the lock)."""
+        return self._busy > 0
+
     def first_audio_running(self) -> bool:
         """True while a call for some request's first audio holds a slot (read without the lock)."""
         return self._first_busy > 0
@@ -204,16 +211,16 @@ class Pacer:
         return self.start + self.audio_s
 
     @contextmanager
-    def turn(self, *, first: bool) -> Iterator[Callable[[], None]]:
+    def turn(self, *, first: bool, pauses_llm: bool = True) -> Iterator[Callable[[], None]]:
         """Run one acoustic call when the gate gives this request its turn; `first` (the call carries the request's
-        first audio, as the chunk schedule decides) makes it urgent.
+        first audio, as the chunk schedule decides) makes it urgent (and pauses the LLM unless `pauses_llm` is False).
 
         The block gets the slot's `step_aside` (see AcousticGate.slot) to call between solver steps.
         """
         if self.gate is None:
             yield _never_step_aside
             return
-        with self.gate.slot(self.deadline, first=first) as step_aside:
+        with self.gate.slot(self.deadline, first=first, pauses_llm=pauses_llm) as step_aside:
             yield step_aside
 
     def pooled(self, key: Hashable, payload: P, execute: Callable[[list[P]], Iterable[R]], *, max_group: int) -> R:

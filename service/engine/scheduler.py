@@ -37,6 +37,7 @@ class _Job:
     out: queue.SimpleQueue[list[int] | BaseException | None] = field(default_factory=queue.SimpleQueue)
     abandoned: threading.Event = field(default_factory=threading.Event)
     sent: int = 0
+    taken: int = 0  # tokens its consumer has taken (sent - taken: decoded and not yet needed)
     waiting: bool = False  # its consumer is blocked until the next tokens arrive
 
     def deliver(self, request: LLMRequest) -> None:
@@ -89,6 +90,7 @@ class TokenStream(Iterator[int]):
             if self._done:
                 raise StopIteration
             self._take(self._wait())
+        self._job.taken += 1
         return self._buffer.popleft()
 
     def ready(self) -> int:
@@ -157,6 +159,11 @@ class BatchScheduler:
     yet is worse off. How many tokens are urgent is per request (`generate(urgent_tokens=...)`): the chunk
     schedule's first-audio tokens. With a `meter`, the interval between two decode steps (other requests' prefills
     included, first-audio pauses not) is recorded as each stream's token interval.
+
+    `lead_tokens` > 0 with `acoustic_busy` (e.g. AcousticGate.busy): while acoustic calls run, the thread also pauses
+    once every request has at least `lead_tokens` tokens decoded that its consumer has not taken yet (its next chunk
+    can start as soon as the current one is done), unless a prefill is queued or a consumer waits. The decode steps run
+    about twice as fast as speech; ahead of need they would only take a core from the chunk a listener waits for.
     """
 
     def __init__(
@@ -167,12 +174,18 @@ class BatchScheduler:
         name: str = "llm-scheduler",
         yield_to: Callable[[], bool] | None = None,
         meter: RateMeter | None = None,
+        lead_tokens: int = 0,
+        acoustic_busy: Callable[[], bool] | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
+        if lead_tokens < 0:
+            raise ValueError("lead_tokens must be >= 0")
         self.runner = runner
         self.max_batch = max_batch
         self.yield_to = yield_to
+        self.lead_tokens = lead_tokens
+        self.acoustic_busy = acoustic_busy
         self.meter = meter
         self._last_step: float | None = None
         self.stats = SchedulerStats()
@@ -244,7 +257,7 @@ class BatchScheduler:
             self._drop_abandoned(batch)
             if len(batch) and self._yielding():
                 self.stats.pauses += 1
-                self._last_step = None  # a first-audio pause is not the decode rate the schedule plans with
+                self._last_step = None  # a pause is not the decode rate the schedule plans with
                 with self._cond:
                     self._cond.wait(_YIELD_POLL_S)
             elif len(batch):
@@ -258,10 +271,17 @@ class BatchScheduler:
         self._shutdown(batch)
 
     def _yielding(self) -> bool:
-        """True while `yield_to` asks for the cores and no queued prefill or first-audio consumer needs the LLM now."""
-        if self.yield_to is None or self._pending or not self.yield_to():
+        """True while `yield_to` asks for the cores and no queued prefill or first-audio consumer needs the LLM now, or
+        while acoustic calls run and every request is `lead_tokens` ahead of its consumer (none waiting)."""
+        if self._pending:
             return False
-        return not any(job.waiting and job.sent < job.urgent_tokens for job in list(self._jobs.values()))
+        jobs = list(self._jobs.values())
+        acoustic = self.lead_tokens > 0 and self.acoustic_busy is not None and bool(jobs) and self.acoustic_busy()
+        if acoustic and all(not job.waiting and job.sent - job.taken >= self.lead_tokens for job in jobs):
+            return True
+        if self.yield_to is None or not self.yield_to():
+            return False
+        return not any(job.waiting and job.sent < job.urgent_tokens for job in jobs)
 
     def _next_admissions(self, in_batch: int) -> list[_Job] | None:
         """Wait for work; returns the jobs to prefill now ([] when only decoding), None when closed."""

@@ -89,6 +89,9 @@ class RuntimeOptions:
     # While a request's first chunk is vocoded, the scheduler pauses decoding unless a consumer waits for
     # tokens: the first audio then gets both cores instead of sharing them with tokens nobody needs yet.
     first_audio_priority: bool = True
+    # CosyVoice2: while acoustic calls run, the scheduler pauses decoding once every stream has this many tokens decoded
+    # ahead of its flow; None: the chunk schedule's largest hop (the next chunk's tokens), 0: never.
+    decode_lead_tokens: int | None = None
     # Return a flow/HiFT session's unused arena memory after each call: their activation peaks (HiFT ~120 MB
     # for 5 s of audio) then do not stay resident side by side; measured at no cost in speed.
     shrink_acoustic_arenas: bool = True
@@ -126,6 +129,8 @@ class RuntimeOptions:
             raise ValueError("log_severity must be in 0..4")
         if self.malloc_arenas < 0:
             raise ValueError("malloc_arenas must be >= 0")
+        if self.decode_lead_tokens is not None and self.decode_lead_tokens < 0:
+            raise ValueError("decode_lead_tokens must be >= 0")
         if self.max_batch < 0 or self.acoustic_slots < 0 or not 0 <= self.acoustic_nice <= 19:
             raise ValueError("max_batch and acoustic_slots must be >= 0, acoustic_nice in 0..19")
         if self.stream_schedule not in ("adaptive", "official"):

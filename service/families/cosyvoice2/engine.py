@@ -160,10 +160,12 @@ class CosyVoice2Engine:
         runner = Qwen2Runner(sessions, bundle.constants, _extra(bundle))
         gate = AcousticGate(runtime.acoustic_slots, nice=runtime.acoustic_nice) if runtime.acoustic_slots > 0 else None
         llm: TokenGenerator = runner
+        schedule = kwargs.setdefault("schedule", stream_schedule(bundle, runtime))
         if runtime.max_batch > 0:
             yield_to = gate.first_audio_running if gate is not None and runtime.first_audio_priority else None
-            llm = BatchScheduler(runner, max_batch=runtime.max_batch, yield_to=yield_to)
-        schedule = kwargs.setdefault("schedule", stream_schedule(bundle, runtime))
+            lead = schedule.largest_hop if runtime.decode_lead_tokens is None else runtime.decode_lead_tokens
+            busy = gate.busy if gate is not None else None
+            llm = BatchScheduler(runner, max_batch=runtime.max_batch, yield_to=yield_to, lead_tokens=lead, acoustic_busy=busy)
         window = window_tokens(runtime.prompt_window_s, schedule, bundle.constants.token_rate_hz)
         kwargs.setdefault("prompt_window_tokens", window)
         if "state_budget" not in kwargs:
@@ -361,7 +363,9 @@ class CosyVoice2Engine:
         )  # fmt: skip
         for chunk in chunks:
             clock = time.perf_counter()
-            with pace.turn(first=pace.audio_s == 0.0):
+            # a one-thread call: the first chunk's vocoder leaves the other core to the decode steps (the next chunk's
+            # tokens), where its flow had both cores
+            with pace.turn(first=pace.audio_s == 0.0, pauses_llm=False):
                 mel = stretch.push(chunk.mel, final=chunk.final) if stretch is not None else chunk.mel
                 audio = vocoder.push(mel, final=chunk.final, speed=1.0 if options.stream else options.speed)
             pace.delivered(audio.shape[0])

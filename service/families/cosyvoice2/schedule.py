@@ -74,6 +74,11 @@ class HopSchedule:
         grown = min(self.most, base * self.scale) if base else self.chunk
         return grown + self._pad(end + grown), grown
 
+    @property
+    def largest_hop(self) -> int:
+        """The hop chunks grow to (without padding): `most` when hops grow, else one attention chunk."""
+        return self.most if self.scale > 1 else self.chunk
+
     def first_audio_tokens(self, prompt_tokens: int, first: int | None = None) -> int:
         """Speech tokens the LLM must deliver before a sentence's first chunk can be solved."""
         return self.first_hop(prompt_tokens, first) + self.look_ahead
