@@ -281,6 +281,13 @@ def _int8_parts(g: _Graph, node: onnx.NodeProto, bias: bool) -> tuple[np.ndarray
     return w, scale, np.asarray(g.constant(node.input[4]), np.float32).reshape(-1) if bias else None
 
 
+def _packed_weight(part: str, w: np.ndarray, scale: np.ndarray, bias: np.ndarray | None) -> list[tuple[str, np.ndarray]]:
+    """An EstimatorBlock weight's inputs: packed, colsum, scale(s) and, with one, the bias."""
+    packed, colsum = pack_int8_weight(w)
+    arrays = [(f"{part}_packed", packed), (f"{part}_colsum", colsum), (f"{part}_scale", scale)]
+    return arrays if bias is None else [*arrays, (f"{part}_bias", bias)]
+
+
 def fuse_blocks(model: onnx.ModelProto) -> int:
     """Replace each transformer block around a CachedAttention node (after fuse_attention and fuse_int8_matmuls) by
     one EstimatorBlock node (in place); returns how many. Its first output keeps the block output's name; its float16
@@ -330,22 +337,16 @@ def fuse_blocks(model: onnx.ModelProto) -> int:
         if np.all(scales == scales[0]):
             scales = scales[:1]
         base = f"block_{attention.input[3]}"
-        arrays: list[tuple[str, np.ndarray]] = [("ln1_w", ln1_w), ("ln1_b", ln1_b)]
-        for part, (w, scale, bias) in {
-            "qkv": (np.concatenate([wq, wk, wv], axis=1), scales, None),
-            "out": (w_out, s_out, b_out),
-            "ln3": (None, None, None),
-            "ff1": (w_ff1, s_ff1, b_ff1),
-            "ff2": (w_ff2, s_ff2, b_ff2),
-        }.items():
-            if part == "ln3":
-                arrays += [("ln3_w", ln3_w), ("ln3_b", ln3_b)]
-                continue
-            assert w is not None and scale is not None
-            packed, colsum = pack_int8_weight(w)
-            arrays += [(f"{part}_packed", packed), (f"{part}_colsum", colsum), (f"{part}_scale", scale)]
-            if bias is not None:
-                arrays.append((f"{part}_bias", bias))
+        arrays: list[tuple[str, np.ndarray]] = [
+            ("ln1_w", ln1_w),
+            ("ln1_b", ln1_b),
+            *_packed_weight("qkv", np.concatenate([wq, wk, wv], axis=1), scales, None),
+            *_packed_weight("out", w_out, s_out, b_out),
+            ("ln3_w", ln3_w),
+            ("ln3_b", ln3_b),
+            *_packed_weight("ff1", w_ff1, s_ff1, b_ff1),
+            *_packed_weight("ff2", w_ff2, s_ff2, b_ff2),
+        ]  # the kernel's input order (ort_custom_op.c)
         inits += [numpy_helper.from_array(a, f"{base}_{name}") for name, a in arrays]
         heads = next(a.i for a in attention.attribute if a.name == "heads")
         scale_attr = next(a.f for a in attention.attribute if a.name == "scale")

@@ -1,11 +1,13 @@
 /* The CosyVoice2 flow estimator's transformer block in one call (estimator_block.h).
  *
  * Why: in ONNX Runtime a block is ~45 nodes (two LayerNorm patterns, three q/k/v products that each quantize the same
- * input, the attention, GELU, residual adds, the shape nodes between them); an estimator call runs 56 blocks per
- * guidance row, 10 Euler steps per chunk, on chunks of 6-50 frames, so the dispatch and the small element-wise
- * kernels cost as much as a third of the call. Here the block's intermediates stay in one per-thread buffer, q, k
- * and v come from one product over the quantized input (per-column scales keep each one's result unchanged), and the
- * LayerNorms, GELU and residuals are single passes. */
+ * input, the attention, GELU, residual adds, the reshapes that stack its keys/values for the caches); an estimator
+ * call runs 56 blocks per guidance row, 10 Euler steps per chunk, on chunks of 6-50 frames. The products and the
+ * attention run near their instruction rates, and what was around them cost 7-12 % of a full-size call on 24-50 new
+ * frames and a quarter on 6 (measured: docs/benchmarks.md). Here the block's intermediates stay in one per-thread
+ * buffer, q, k and v come from one product over the quantized input (per-column scales keep each one's result
+ * unchanged) written where the attention reads them, the LayerNorms, GELU and residuals are single passes, and the
+ * new keys/values leave in float16, as the caches keep them. */
 
 #include "estimator_block.h"
 
@@ -20,7 +22,9 @@
 
 #define VEC "avx512f,fma"
 
-static int cpu_has_avx512f(void) {
+/* AVX-512F with FMA and F16C (the element-wise passes), unless COSYVOICE_LITE_PORTABLE_KERNELS=1 asks for the portable
+ * code (tests). */
+static int cpu_has_vector(void) {
     static int known = -1;
     if (known < 0) {
         __builtin_cpu_init();
@@ -73,7 +77,7 @@ __attribute__((target(VEC))) static void layer_norm_fast(const float* x, int64_t
 }
 
 static void layer_norm(const float* x, int64_t rows, int64_t n, const float* w, const float* b, float eps, float* y) {
-    if (cpu_has_avx512f())
+    if (cpu_has_vector())
         layer_norm_fast(x, rows, n, w, b, eps, y);
     else
         layer_norm_portable(x, rows, n, w, b, eps, y);
@@ -92,7 +96,7 @@ __attribute__((target(VEC))) static void gelu_fast(float* x, int64_t count) {
 }
 
 static void gelu(float* x, int64_t count) {
-    if (cpu_has_avx512f()) {
+    if (cpu_has_vector()) {
         gelu_fast(x, count);
         return;
     }
@@ -130,7 +134,7 @@ __attribute__((target("avx512f,f16c"))) static void to_half_fast(const float* x,
 }
 
 static void to_half(const float* x, int64_t count, uint16_t* out) {
-    if (cpu_has_avx512f()) {
+    if (cpu_has_vector()) {
         to_half_fast(x, count, out);
         return;
     }
@@ -155,7 +159,8 @@ static int product(const float* x, int64_t rows, int64_t k, const cvl_int8_weigh
 int cvl_estimator_block(const cvl_block_problem* p, cvl_parallel_fn parallel, void* runner) {
     const int64_t rows = p->batch * p->frames, D = p->dim, HD = p->heads * p->head_dim, F = p->ff;
     if (rows <= 0) return 0;
-    /* h1 (rows x D; LayerNorm outputs), qkv (rows x 3HD), q, k, v and att (rows x HD), h (rows x D), f (rows x F) */
+    /* h1 (rows x D; LayerNorm outputs), qkv (rows x 3HD; used when HD is not a multiple of 16), q, k, v and att
+     * (rows x HD), h (rows x D), f (rows x F) */
     float* h1 = cvl_work_floats(CVL_WORK_BLOCK, (size_t)rows * (size_t)(2 * D + 7 * HD + F) + 64);
     if (h1 == NULL) return -1;
     float* qkv = h1 + rows * D;
@@ -190,7 +195,8 @@ int cvl_estimator_block(const cvl_block_problem* p, cvl_parallel_fn parallel, vo
     layer_norm(h, rows, D, p->ln3_w, p->ln3_b, p->eps3, h1);
     if (product(h1, rows, D, &p->ff1, f, NULL, parallel, runner) != 0) return -1;
     gelu(f, rows * F);
-    if (product(f, rows, F, &p->ff2, p->y, NULL, parallel, runner) != 0) return -1;
-    add_into(p->y, h, rows * D);
-    return 0;
+    int failed = product(f, rows, F, &p->ff2, p->y, NULL, parallel, runner);
+    if (!failed) add_into(p->y, h, rows * D);
+    cvl_work_trim(CVL_WORK_BLOCK);
+    return failed ? -1 : 0;
 }

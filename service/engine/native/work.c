@@ -41,3 +41,14 @@ float* cvl_work_floats(int slot, size_t floats) {
     }
     return w->data[slot];
 }
+
+void cvl_work_trim(int slot) {
+    if (slot < 0 || slot >= CVL_WORK_SLOTS) return;
+    pthread_once(&work_once, work_init);
+    work_buffers* w = pthread_getspecific(work_key);
+    if (w != NULL && w->floats[slot] * sizeof(float) > CVL_WORK_KEEP_BYTES) {
+        free(w->data[slot]);
+        w->data[slot] = NULL;
+        w->floats[slot] = 0;
+    }
+}

@@ -10,4 +10,9 @@ enum { CVL_WORK_ATTENTION = 0, CVL_WORK_BLOCK = 1, CVL_WORK_SLOTS = 2 };
  * grows); NULL when it cannot be allocated. */
 float* cvl_work_floats(int slot, size_t floats);
 
+/* Free this thread's buffer of `slot` if it holds more than CVL_WORK_KEEP_BYTES: a rare large call (a long sentence's
+ * one full-attention pass) does not stay resident in every thread that ran one. */
+#define CVL_WORK_KEEP_BYTES ((size_t)4 << 20)
+void cvl_work_trim(int slot);
+
 #endif
