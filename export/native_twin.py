@@ -375,12 +375,7 @@ def fuse_blocks(model: onnx.ModelProto) -> int:
     stray = sorted({name for node in live for name in node.input if name in new_kv})
     if stray:
         raise RewriteError(f"{stray[0]!r}: a block's keys/values are read elsewhere than in new_k/new_v")
-    del graph.node[:]
-    graph.node.extend(live)
-    used = {name for node in live for name in node.input}
-    keep_inits = [init for init in graph.initializer if init.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(keep_inits)
+    _install(graph, live)
     return len(blocks)
 
 
@@ -418,15 +413,19 @@ def _replace_nodes(model: onnx.ModelProto, fused: dict[str, onnx.NodeProto]) -> 
     drop what nothing reads any more, and declare our domain."""
     graph = model.graph
     kept = [fused.get(n.output[0], n) if len(n.output) == 1 else n for n in graph.node]
-    live = _live(kept, [o.name for o in graph.output])
+    _install(graph, _live(kept, [o.name for o in graph.output]))
+    if not any(op.domain == NATIVE_DOMAIN for op in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(NATIVE_DOMAIN, 1))
+
+
+def _install(graph: onnx.GraphProto, live: list[onnx.NodeProto]) -> None:
+    """Make `live` the graph's nodes and drop the initializers none of them reads."""
     del graph.node[:]
     graph.node.extend(live)
     used = {name for node in live for name in node.input}
     keep_inits = [init for init in graph.initializer if init.name in used]
     del graph.initializer[:]
     graph.initializer.extend(keep_inits)
-    if not any(op.domain == NATIVE_DOMAIN for op in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(NATIVE_DOMAIN, 1))
 
 
 def _live(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[onnx.NodeProto]:

@@ -6,10 +6,7 @@ chunk-masked cached attention, exact GELU, residuals); the rewrite that puts it 
 from __future__ import annotations
 
 import math
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,12 +14,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from portable import run_portable
 from test_native_int8 import reference as int8_product
 
 from export.native_twin import BLOCK_OP_NAME, RewriteError, fuse_attention, fuse_blocks, fuse_int8_matmuls, pack_int8_weight
 from service.bundle import NATIVE_DOMAIN, ModelBundle
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def block_params(dim: int, heads: int, head_dim: int, ff: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -197,21 +193,10 @@ def test_the_portable_kernels_compute_the_same(native_library: Path, tmp_path: P
     code: close to the reference in float32."""
     p = block_params(64, 4, 16, 128)
     feeds = block_inputs(1, 7, 13, 64, 4, 16)
-    (tmp_path / "block.onnx").write_bytes(block_graph(p, 4, 0.25))
-    np.savez(tmp_path / "feeds.npz", **feeds)
-    script = (
-        "import sys, numpy as np, onnxruntime as ort\n"
-        "so = ort.SessionOptions(); so.register_custom_ops_library(sys.argv[1])\n"
-        "s = ort.InferenceSession(sys.argv[2] + '/block.onnx', so, providers=['CPUExecutionProvider'])\n"
-        "f = dict(np.load(sys.argv[2] + '/feeds.npz'))\n"
-        "y, k, v = s.run(None, f)\n"
-        "np.save(sys.argv[2] + '/y.npy', y); np.save(sys.argv[2] + '/k.npy', k)\n"
-    )
-    env = {**os.environ, "COSYVOICE_LITE_PORTABLE_KERNELS": "1"}
-    subprocess.run([sys.executable, "-c", script, str(native_library), str(tmp_path)], cwd=REPO, env=env, check=True)
+    y, k, _ = run_portable(native_library, block_graph(p, 4, 0.25), feeds, tmp_path)
     want, want_k, _ = block_reference(p, feeds["x"], feeds["past_k"], feeds["past_v"], 4, 0.25, 4)
-    assert relative_rms(want, np.load(tmp_path / "y.npy")) < 5e-3
-    np.testing.assert_array_equal(np.load(tmp_path / "k.npy").reshape(want_k.shape), want_k.astype(np.float16))
+    assert relative_rms(want, y) < 5e-3
+    np.testing.assert_array_equal(k.reshape(want_k.shape), want_k.astype(np.float16))
 
 
 def unfused_twin(tiny_v2_bundle: Path) -> onnx.ModelProto:

@@ -5,21 +5,17 @@ clear error for inputs that disagree."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from portable import run_portable
 
 from export.native_twin import pack_int8_weight
 from service.bundle import NATIVE_DOMAIN
 from service.engine import native
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def weights(k: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -162,17 +158,6 @@ def test_the_portable_kernel_computes_the_same(native_library: Path, tmp_path: P
     own: the choice is made once per process)."""
     w, bias = weights(70, 90)
     x = np.random.default_rng(3).standard_normal((9, 70)).astype(np.float32)
-    (tmp_path / "model.onnx").write_bytes(product_graph(w, 0.01, bias))
-    np.save(tmp_path / "x.npy", x)
-    script = (
-        "import sys, numpy as np, onnxruntime as ort\n"
-        "from service.engine import native\n"
-        "assert not native.probe(kernel='int8_matmul').usable\n"
-        "so = ort.SessionOptions(); so.register_custom_ops_library(sys.argv[1])\n"
-        "s = ort.InferenceSession(sys.argv[2] + '/model.onnx', so, providers=['CPUExecutionProvider'])\n"
-        "np.save(sys.argv[2] + '/y.npy', s.run(['y'], {'x': np.load(sys.argv[2] + '/x.npy')})[0])\n"
-    )
-    env = {**os.environ, "COSYVOICE_LITE_PORTABLE_KERNELS": "1"}
-    subprocess.run([sys.executable, "-c", script, str(native_library), str(tmp_path)], cwd=REPO, env=env, check=True)
+    (y,) = run_portable(native_library, product_graph(w, 0.01, bias), {"x": x}, tmp_path)
     want = reference(x, w, 0.01, bias)
-    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
