@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 _SCRIPT = """
 import sys, numpy as np, onnxruntime as ort
 from service.engine import native
-assert not native.probe(kernel='int8_matmul').usable  # the portable code is what runs
+assert not native.probe(kernel='int8_matmul').usable and not native.probe(kernel='attention').usable  # portable code runs
 so = ort.SessionOptions(); so.register_custom_ops_library(sys.argv[1])
 s = ort.InferenceSession(sys.argv[2] + '/model.onnx', so, providers=['CPUExecutionProvider'])
 out = s.run(None, dict(np.load(sys.argv[2] + '/feeds.npz')))

@@ -92,19 +92,20 @@ class AcousticGate:
         estimator step, not for a whole middle chunk. It does nothing in a first-audio call itself.
         """
         lower_thread_priority(self.nice)
+        first_audio = first and pauses_llm  # counted by first_audio_running
         if self.slots == 0:
             with self._cond:
-                self._first_busy += first and pauses_llm
+                self._first_busy += first_audio
             try:
                 yield _never_step_aside
             finally:
                 with self._cond:
-                    self._first_busy -= first and pauses_llm
+                    self._first_busy -= first_audio
             return
         ticket = (0 if first else 1, deadline, next(self._tickets))
         with self._cond:
             self._acquire(ticket)
-            self._first_busy += first and pauses_llm
+            self._first_busy += first_audio
 
         def step_aside() -> None:
             if first or not self._waiting or self._waiting[0][0] != 0:  # unlocked peek: a stale answer costs one step
@@ -121,7 +122,7 @@ class AcousticGate:
         finally:
             with self._cond:
                 self._busy -= 1
-                self._first_busy -= first and pauses_llm
+                self._first_busy -= first_audio
                 self._cond.notify_all()
 
     def _acquire(self, ticket: tuple[int, float, int]) -> None:

@@ -9,6 +9,7 @@
 
 #include "cached_attention.h"
 
+#include "cpu.h"
 #include "simd_math.h"
 #include "work.h"
 
@@ -295,7 +296,7 @@ static int cpu_has_bf16(void) {
     static int known = -1;
     if (known < 0) {
         __builtin_cpu_init();
-        known = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        known = !cvl_portable_forced() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
                 __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     }

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "cached_attention.h"
+#include "cpu.h"
 #include "simd_math.h"
 #include "work.h"
 
@@ -28,8 +29,7 @@ static int cpu_has_vector(void) {
     static int known = -1;
     if (known < 0) {
         __builtin_cpu_init();
-        const char* portable = getenv("COSYVOICE_LITE_PORTABLE_KERNELS");
-        known = !(portable && strcmp(portable, "1") == 0) && __builtin_cpu_supports("avx512f") &&
+        known = !cvl_portable_forced() && __builtin_cpu_supports("avx512f") &&
                 __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     }
     return known;
@@ -159,20 +159,21 @@ static int product(const float* x, int64_t rows, int64_t k, const cvl_int8_weigh
 int cvl_estimator_block(const cvl_block_problem* p, cvl_parallel_fn parallel, void* runner) {
     const int64_t rows = p->batch * p->frames, D = p->dim, HD = p->heads * p->head_dim, F = p->ff;
     if (rows <= 0) return 0;
-    /* h1 (rows x D; LayerNorm outputs), qkv (rows x 3HD; used when HD is not a multiple of 16), q, k, v and att
-     * (rows x HD), h (rows x D), f (rows x F) */
-    float* h1 = cvl_work_floats(CVL_WORK_BLOCK, (size_t)rows * (size_t)(2 * D + 7 * HD + F) + 64);
+    /* h1 (rows x D; LayerNorm outputs), q, k, v and att (rows x HD), h (rows x D), f (rows x F), and qkv (rows x 3HD)
+     * where HD is not a multiple of 16 (the product cannot write its thirds in place) */
+    const int64_t split = HD % 16 == 0 ? 0 : 3 * HD;
+    float* h1 = cvl_work_floats(CVL_WORK_BLOCK, (size_t)rows * (size_t)(2 * D + 4 * HD + F + split) + 64);
     if (h1 == NULL) return -1;
-    float* qkv = h1 + rows * D;
-    float* q = qkv + rows * 3 * HD;
+    float* q = h1 + rows * D;
     float* k = q + rows * HD;
     float* v = k + rows * HD;
     float* att = v + rows * HD;
     float* h = att + rows * HD;
     float* f = h + rows * D;
+    float* qkv = f + rows * F;
 
     layer_norm(p->x, rows, D, p->ln1_w, p->ln1_b, p->eps1, h1);
-    if (HD % 16 == 0) { /* q, k and v straight to where they are read */
+    if (!split) { /* q, k and v straight to where they are read */
         float* const parts[3] = {q, k, v};
         if (product(h1, rows, D, &p->qkv, NULL, parts, parallel, runner) != 0) return -1;
     } else {

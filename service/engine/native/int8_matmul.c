@@ -8,6 +8,8 @@
 
 #include "int8_matmul.h"
 
+#include "cpu.h"
+
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
@@ -38,8 +40,7 @@ static int cpu_has_vnni(void) {
     static int known = -1;
     if (known < 0) {
         __builtin_cpu_init();
-        const char* portable = getenv("COSYVOICE_LITE_PORTABLE_KERNELS");
-        known = !(portable && strcmp(portable, "1") == 0) && __builtin_cpu_supports("avx512f") &&
+        known = !cvl_portable_forced() && __builtin_cpu_supports("avx512f") &&
                 __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
                 __builtin_cpu_supports("avx512vnni");
     }

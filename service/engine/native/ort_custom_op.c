@@ -143,6 +143,44 @@ static OrtStatus* data_of(const OrtValue* value, void** data) {
     return API(GET_TENSOR_MUTABLE_DATA, OrtStatus* (*)(OrtValue*, void**))((OrtValue*)value, data);
 }
 
+#define MAX_DIMS 8
+
+/* The node's inputs 0 .. count-1: dims, rank and data of each, its element type checked against `types`. Inputs from
+ * `required` on are optional: absent ones get rank 0 and data NULL. `missing`: the error for an absent required one. */
+static OrtStatus* read_inputs(OrtKernelContext* ctx, const int* types, size_t count, size_t required, const char* missing,
+                              int64_t (*dims)[MAX_DIMS], size_t* nd, void** data) {
+    for (size_t i = 0; i < count; i++) {
+        const OrtValue* value = NULL;
+        OrtStatus* s = API(KERNEL_CONTEXT_GET_INPUT, OrtStatus* (*)(const OrtKernelContext*, size_t, const OrtValue**))(ctx, i, &value);
+        if (s && i >= required) { /* an absent optional input */
+            API(RELEASE_STATUS, void (*)(OrtStatus*))(s);
+            s = NULL;
+        }
+        if (s) return s;
+        nd[i] = 0;
+        data[i] = NULL;
+        if (value == NULL) {
+            if (i < required) return status(ORT_INVALID_ARGUMENT, missing);
+            continue;
+        }
+        if ((s = shape_of(value, types[i], dims[i], MAX_DIMS, &nd[i])) || (s = data_of(value, &data[i]))) return s;
+    }
+    return NULL;
+}
+
+static int64_t count_of(const int64_t* dims, size_t nd) {
+    int64_t c = 1;
+    for (size_t i = 0; i < nd; i++) c *= dims[i];
+    return c;
+}
+
+/* The KernelCompute of API version 1 (not called: the runtime takes KernelComputeV2, `fn`). */
+#define COMPUTE_V1(name, fn)                                  \
+    static void name(void* kp, OrtKernelContext* ctx) {       \
+        OrtStatus* s = fn(kp, ctx);                           \
+        if (s) API(RELEASE_STATUS, void (*)(OrtStatus*))(s);  \
+    }
+
 #define ATTENTION_INPUTS 6
 static const int attention_types[ATTENTION_INPUTS] = {T_FLOAT, T_FLOAT, T_FLOAT, T_FLOAT16, T_FLOAT16, T_INT64};
 
@@ -150,15 +188,12 @@ static int same3(const int64_t* a, const int64_t* b) { return a[0] == b[0] && a[
 
 static OrtStatus* compute(void* kp, OrtKernelContext* ctx) {
     const kernel* kn = kp;
-    const OrtValue* in[ATTENTION_INPUTS];
-    int64_t dims[ATTENTION_INPUTS][4];
+    int64_t dims[ATTENTION_INPUTS][MAX_DIMS];
     size_t nd[ATTENTION_INPUTS];
-    for (size_t i = 0; i < ATTENTION_INPUTS; i++) {
-        OrtStatus* s = API(KERNEL_CONTEXT_GET_INPUT, OrtStatus* (*)(const OrtKernelContext*, size_t, const OrtValue**))(ctx, i, &in[i]);
-        if (!s && in[i] == NULL) s = status(ORT_INVALID_ARGUMENT, "CachedAttention: an input is missing");
-        if (!s) s = shape_of(in[i], attention_types[i], dims[i], 4, &nd[i]);
-        if (s) return s;
-    }
+    void* p[ATTENTION_INPUTS];
+    OrtStatus* s = read_inputs(ctx, attention_types, ATTENTION_INPUTS, ATTENTION_INPUTS, "CachedAttention: an input is missing",
+                               dims, nd, p);
+    if (s) return s;
     const int64_t* qd = dims[0];
     const int64_t* pd = dims[3];
     int64_t heads = kn->heads;
@@ -166,15 +201,10 @@ static OrtStatus* compute(void* kp, OrtKernelContext* ctx) {
         pd[0] != qd[0] || pd[2] != heads || heads < 1 || pd[2] * pd[3] != qd[2] || dims[4][0] != pd[0] ||
         dims[4][1] != pd[1] || dims[4][2] != pd[2] || dims[4][3] != pd[3] || nd[5] != 1 || dims[5][0] != 1)
         return status(ORT_INVALID_ARGUMENT, "CachedAttention: q, k, v (B,M,H*DK), past_k, past_v (B,C,H,DK), chunk (1,) disagree");
-    void* p[ATTENTION_INPUTS];
-    for (int i = 0; i < ATTENTION_INPUTS; i++) {
-        OrtStatus* s = data_of(in[i], &p[i]);
-        if (s) return s;
-    }
     int64_t chunk = *(const int64_t*)p[5];
     if (chunk < 1) return status(ORT_INVALID_ARGUMENT, "CachedAttention: chunk must be >= 1");
     OrtValue* out;
-    OrtStatus* s = API(KERNEL_CONTEXT_GET_OUTPUT, OrtStatus* (*)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**))(ctx, 0, qd, 3, &out);
+    s = API(KERNEL_CONTEXT_GET_OUTPUT, OrtStatus* (*)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**))(ctx, 0, qd, 3, &out);
     if (s) return s;
     void* o;
     if ((s = data_of(out, &o))) return s;
@@ -185,10 +215,7 @@ static OrtStatus* compute(void* kp, OrtKernelContext* ctx) {
     return NULL;
 }
 
-static void compute_v1(void* kp, OrtKernelContext* ctx) { /* not called: the runtime takes KernelComputeV2 */
-    OrtStatus* s = compute(kp, ctx);
-    if (s) API(RELEASE_STATUS, void (*)(OrtStatus*))(s);
-}
+COMPUTE_V1(compute_v1, compute)
 
 static const char* op_name(const OrtCustomOp* op) { (void)op; return "CachedAttention"; }
 static const char* cpu_provider(const OrtCustomOp* op) { (void)op; return NULL; }
@@ -245,44 +272,24 @@ static const int int8_types[INT8_INPUTS] = {T_FLOAT, T_INT8, T_INT32, T_FLOAT, T
 
 static OrtStatus* int8_compute(void* kp, OrtKernelContext* ctx) {
     const int8_kernel* kn = kp;
-    const OrtValue* in[INT8_INPUTS] = {NULL};
-    int64_t dims[INT8_INPUTS][8];
-    size_t nd[INT8_INPUTS] = {0};
-    for (size_t i = 0; i < INT8_INPUTS; i++) {
-        OrtStatus* s = API(KERNEL_CONTEXT_GET_INPUT, OrtStatus* (*)(const OrtKernelContext*, size_t, const OrtValue**))(ctx, i, &in[i]);
-        if (s) {
-            if (i < 4) return s;
-            API(RELEASE_STATUS, void (*)(OrtStatus*))(s);
-            in[i] = NULL;
-        }
-        if (in[i] == NULL) {
-            if (i < 4) return status(ORT_INVALID_ARGUMENT, "Int8MatMul: an input is missing");
-            continue;
-        }
-        if ((s = shape_of(in[i], int8_types[i], dims[i], 8, &nd[i]))) return s;
-    }
+    int64_t dims[INT8_INPUTS][MAX_DIMS];
+    size_t nd[INT8_INPUTS];
+    void* p[INT8_INPUTS];
+    OrtStatus* s = read_inputs(ctx, int8_types, INT8_INPUTS, 4, "Int8MatMul: an input is missing", dims, nd, p);
+    if (s) return s;
     int64_t n = kn->n, rank = (int64_t)nd[0];
-    int64_t k = rank > 0 ? dims[0][rank - 1] : 0, panels = (n + 63) / 64, rows = 1;
-    for (int64_t i = 0; i + 1 < rank; i++) rows *= dims[0][i];
-    int64_t scale_count = 1;
-    for (size_t i = 0; i < nd[3]; i++) scale_count *= dims[3][i];
+    int64_t k = rank > 0 ? dims[0][rank - 1] : 0, panels = (n + 63) / 64, rows = count_of(dims[0], rank > 0 ? nd[0] - 1 : 0);
     if (n < 1 || rank < 1 || nd[1] != 4 || dims[1][0] != panels || dims[1][1] != (k + 3) / 4 || dims[1][2] != 64 ||
-        dims[1][3] != 4 || nd[2] != 1 || dims[2][0] != panels * 64 || scale_count != 1 ||
-        (in[4] != NULL && (nd[4] != 1 || dims[4][0] != n)))
+        dims[1][3] != 4 || nd[2] != 1 || dims[2][0] != panels * 64 || count_of(dims[3], nd[3]) != 1 ||
+        (p[4] != NULL && (nd[4] != 1 || dims[4][0] != n)))
         return status(ORT_INVALID_ARGUMENT,
                       "Int8MatMul: x (..., K), packed (ceil(n/64), ceil(K/4), 64, 4), colsum (ceil(n/64)*64,), "
                       "w_scale (1,) and bias (n,) disagree");
-    void* p[INT8_INPUTS] = {NULL};
-    for (int i = 0; i < INT8_INPUTS; i++) {
-        if (in[i] == NULL) continue;
-        OrtStatus* s = data_of(in[i], &p[i]);
-        if (s) return s;
-    }
-    int64_t out_dims[8];
+    int64_t out_dims[MAX_DIMS];
     memcpy(out_dims, dims[0], sizeof(int64_t) * (size_t)rank);
     out_dims[rank - 1] = n;
     OrtValue* out;
-    OrtStatus* s = API(KERNEL_CONTEXT_GET_OUTPUT, OrtStatus* (*)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**))(ctx, 0, out_dims, (size_t)rank, &out);
+    s = API(KERNEL_CONTEXT_GET_OUTPUT, OrtStatus* (*)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**))(ctx, 0, out_dims, (size_t)rank, &out);
     if (s) return s;
     void* o;
     if ((s = data_of(out, &o))) return s;
@@ -294,10 +301,7 @@ static OrtStatus* int8_compute(void* kp, OrtKernelContext* ctx) {
     return NULL;
 }
 
-static void int8_compute_v1(void* kp, OrtKernelContext* ctx) {
-    OrtStatus* s = int8_compute(kp, ctx);
-    if (s) API(RELEASE_STATUS, void (*)(OrtStatus*))(s);
-}
+COMPUTE_V1(int8_compute_v1, int8_compute)
 
 static const char* int8_name(const OrtCustomOp* op) { (void)op; return "Int8MatMul"; }
 static int int8_input_type(const OrtCustomOp* op, size_t i) { (void)op; return i < INT8_INPUTS ? int8_types[i] : 0; }
@@ -339,14 +343,8 @@ static const int block_types[BLOCK_INPUTS] = {
     T_INT8, T_INT32, T_FLOAT, T_FLOAT,                                         /* ff2 */
 };
 
-static int64_t count_of(const int64_t* dims, size_t nd) {
-    int64_t c = 1;
-    for (size_t i = 0; i < nd; i++) c *= dims[i];
-    return c;
-}
-
 /* Whether inputs first.. (packed, colsum, scales[, bias]) hold a k -> n weight; fills `w`. */
-static int block_weight(int64_t (*dims)[4], const size_t* nd, void* const* p, int first, int64_t k, int64_t n,
+static int block_weight(int64_t (*dims)[MAX_DIMS], const size_t* nd, void* const* p, int first, int64_t k, int64_t n,
                         int with_bias, cvl_int8_weight* w) {
     const int64_t panels = (n + 63) / 64;
     const int64_t* pd = dims[first];
@@ -361,17 +359,11 @@ static int block_weight(int64_t (*dims)[4], const size_t* nd, void* const* p, in
 
 static OrtStatus* block_compute(void* kp, OrtKernelContext* ctx) {
     const block_kernel* kn = kp;
-    const OrtValue* in[BLOCK_INPUTS];
-    int64_t dims[BLOCK_INPUTS][4];
+    int64_t dims[BLOCK_INPUTS][MAX_DIMS];
     size_t nd[BLOCK_INPUTS];
     void* p[BLOCK_INPUTS];
-    for (size_t i = 0; i < BLOCK_INPUTS; i++) {
-        OrtStatus* s = API(KERNEL_CONTEXT_GET_INPUT, OrtStatus* (*)(const OrtKernelContext*, size_t, const OrtValue**))(ctx, i, &in[i]);
-        if (!s && in[i] == NULL) s = status(ORT_INVALID_ARGUMENT, "EstimatorBlock: an input is missing");
-        if (!s) s = shape_of(in[i], block_types[i], dims[i], 4, &nd[i]);
-        if (!s) s = data_of(in[i], &p[i]);
-        if (s) return s;
-    }
+    OrtStatus* s = read_inputs(ctx, block_types, BLOCK_INPUTS, BLOCK_INPUTS, "EstimatorBlock: an input is missing", dims, nd, p);
+    if (s) return s;
     const int64_t* xd = dims[B_X];
     const int64_t* kd = dims[B_PK];
     const int64_t heads = kn->heads, D = nd[B_X] == 3 ? xd[2] : 0;
@@ -393,7 +385,7 @@ static OrtStatus* block_compute(void* kp, OrtKernelContext* ctx) {
     void* o[3];
     const int64_t y_dims[3] = {xd[0], xd[1], D}, kv_dims[5] = {1, xd[0], xd[1], heads, kd[3]};
     for (size_t i = 0; i < 3; i++) {
-        OrtStatus* s = API(KERNEL_CONTEXT_GET_OUTPUT, OrtStatus* (*)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**))(ctx, i, i ? kv_dims : y_dims, i ? 5 : 3, &out[i]);
+        s = API(KERNEL_CONTEXT_GET_OUTPUT, OrtStatus* (*)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**))(ctx, i, i ? kv_dims : y_dims, i ? 5 : 3, &out[i]);
         if (!s) s = data_of(out[i], &o[i]);
         if (s) return s;
     }
@@ -423,10 +415,7 @@ static OrtStatus* block_compute(void* kp, OrtKernelContext* ctx) {
     return NULL;
 }
 
-static void block_compute_v1(void* kp, OrtKernelContext* ctx) {
-    OrtStatus* s = block_compute(kp, ctx);
-    if (s) API(RELEASE_STATUS, void (*)(OrtStatus*))(s);
-}
+COMPUTE_V1(block_compute_v1, block_compute)
 
 static const char* block_name(const OrtCustomOp* op) { (void)op; return "EstimatorBlock"; }
 static int block_input_type(const OrtCustomOp* op, size_t i) { (void)op; return i < BLOCK_INPUTS ? block_types[i] : 0; }
