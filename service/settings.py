@@ -121,9 +121,9 @@ class Settings(BaseSettings):
         default=None,
         ge=0,
         le=1000,
-        description="CosyVoice2: while flow/HiFT calls run, pause LLM decoding once every stream has this many tokens "
-        "decoded ahead of its flow (its next chunk can start at once); empty = the schedule's largest hop (adaptive: 25, "
-        "official: 100), 0 = never.",
+        description="CosyVoice2: while a flow call that takes both cores runs, pause LLM decoding once every stream has "
+        "this many tokens decoded ahead of its flow (one-core vocoder and small-chunk calls never pause it); empty = the "
+        "schedule's (adaptive: 1, official: its largest hop, 100), 0 = never.",
     )
     acoustic_backend: Literal["auto", "ort", "openvino"] = Field(
         default="auto",

@@ -6,6 +6,7 @@ import math
 import threading
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -227,6 +228,52 @@ def test_cfg_lanes_compute_the_batched_rows(cv2_bundle: Path) -> None:
         mels.append([c.mel for c in engine.mel_chunks(iter(speech), voice.flow, SynthesisOptions(stream=True))])
         engine.close()
     for a, b in zip(*mels, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_a_small_middle_chunk_leaves_a_core_to_the_decode_steps(cv2_bundle: Path) -> None:
+    """Early schedule: the first chunk, every whole attention chunk and the last take both cores (guidance rows side
+    by side, the gate busy: decode steps pause); the rest of the first attention chunk and every vocoder call run on
+    one core with the gate not busy (decode steps go on). The audio is the same either way (fp32 lanes)."""
+    runtime = RuntimeOptions(intra_op_threads=1, max_batch=0, acoustic_slots=1, stream_schedule="adaptive")
+    engine = CosyVoice2Engine.load(cv2_bundle, runtime, cfg_lanes=True)
+    assert engine.gate is not None
+    gate, flow, vocoder = engine.gate, engine.flow, engine.vocoder
+    calls: list[tuple[str, bool, bool]] = []  # (what, wide, gate busy)
+    estimate, inference = flow.estimate, vocoder.inference
+
+    def spy_estimate(*args: Any, wide: bool = True, **kwargs: Any) -> np.ndarray:
+        calls.append(("flow", wide, gate.busy()))
+        return estimate(*args, wide=wide, **kwargs)
+
+    def spy_inference(*args: Any, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
+        calls.append(("vocoder", False, gate.busy()))
+        return inference(*args, **kwargs)
+
+    flow.estimate = spy_estimate  # type: ignore[method-assign]
+    vocoder.inference = spy_inference  # type: ignore[method-assign]
+    voice = random_voice(37, seed=3)
+    speech = np.random.default_rng(3).integers(0, 6561, 80).tolist()
+    try:
+        pieces = list(engine.synthesize_tokens(speech, voice, SynthesisOptions(stream=True, seed=5)))
+        chunks = []  # per flow chunk: (wide, busy) of its Euler steps
+        for what, wide, busy in calls:
+            if what == "flow":
+                chunks.append((wide, busy))
+        steps = engine.constants.n_timesteps
+        per_chunk = [set(chunks[i : i + steps]) for i in range(0, len(chunks), steps)]
+        # first the prompt-only state (the window's whole chunk, outside the gate), then the sentence's chunks
+        assert per_chunk == [{(True, False)}, {(True, True)}, {(False, False)}, {(True, True)}, {(True, True)}, {(True, True)}]
+        assert [busy for what, _, busy in calls if what == "vocoder"] == [False] * 5
+    finally:
+        flow.estimate, vocoder.inference = estimate, inference  # type: ignore[method-assign]
+        engine.close()
+    alone = CosyVoice2Engine.load(cv2_bundle, replace(runtime, acoustic_slots=0), cfg_lanes=False)
+    try:
+        want = list(alone.synthesize_tokens(speech, voice, SynthesisOptions(stream=True, seed=5)))
+    finally:
+        alone.close()
+    for a, b in zip(pieces, want, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 

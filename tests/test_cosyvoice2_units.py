@@ -82,6 +82,16 @@ def test_early_schedule_splits_only_the_first_attention_chunk() -> None:
     assert early.first_audio_tokens(28) == 13 and HopSchedule().first_audio_tokens(28) == 25 + 22 + 3
 
 
+def test_only_the_rest_of_an_early_first_attention_chunk_shares_the_cores() -> None:
+    early = HopSchedule(first=10, scale=1, aligned_first=False)
+    cut = hops(early, 28, 125)
+    wide = [early.takes_cores(hop, first=i == 0, final=False) for i, hop in enumerate(cut)]
+    assert wide == [True, False, True, True, True, True]
+    assert early.takes_cores(3, first=False, final=True)  # the last chunk: nothing is left to decode beside it
+    official = HopSchedule()
+    assert all(official.takes_cores(hop, first=i == 0, final=False) for i, hop in enumerate(hops(official, 37, 300)))
+
+
 def test_official_schedule_pads_the_first_hop_then_doubles() -> None:
     assert hops(HopSchedule(), 37, 300) == [38, 50, 100, 100]
     assert hops(HopSchedule(), 0, 300) == [25, 50, 100, 100]

@@ -355,8 +355,51 @@ def test_gate_reports_first_audio_calls_while_they_run() -> None:
     # a one-thread first-audio call (a first chunk's vocoder) is urgent at the gate but leaves the LLM running
     assert not gate.busy()
     with gate.slot(1.0, first=True, pauses_llm=False):
-        assert gate.busy() and not gate.first_audio_running()
+        assert not gate.busy() and not gate.first_audio_running()
     assert not gate.busy()
+
+
+def test_gate_is_busy_only_with_calls_that_pause_the_decode_steps() -> None:
+    """busy() (what the scheduler's lead policy steps aside for) counts the calls that take the cores, whichever path
+    holds the slot: plain slots with and without a limit, a slot handed over by step_aside, and pooled first chunks."""
+    for slots in (0, 2):
+        gate = AcousticGate(slots)
+        with gate.slot(1.0, pauses_llm=False):
+            assert not gate.busy()
+            with gate.slot(2.0):
+                assert gate.busy()
+            assert not gate.busy()
+        assert not gate.busy()
+    gate = AcousticGate(1)
+    seen: list[bool] = []
+    holding, go = threading.Event(), threading.Event()
+
+    def first_audio() -> None:
+        holding.wait(TIMEOUT_S)
+        with gate.slot(0.0, first=True):
+            seen.append(gate.busy())
+
+    waiter = threading.Thread(target=first_audio)
+    waiter.start()
+    with gate.slot(5.0) as step_aside:
+        assert gate.busy()
+        holding.set()
+        assert _wait_until(lambda: len(gate._waiting) == 1)
+        step_aside()  # the first-audio call runs in between, then this call has its slot back
+        assert seen == [True] and gate.busy()
+    waiter.join(TIMEOUT_S)
+    assert not gate.busy()
+    results = []
+
+    def execute(payloads: list[int]) -> Iterator[bool]:
+        go.wait(TIMEOUT_S)
+        return iter([gate.busy() for _ in payloads])
+
+    pooled = threading.Thread(target=lambda: results.append(gate.pooled(0.0, "k", 1, execute)))
+    pooled.start()
+    go.set()
+    pooled.join(TIMEOUT_S)
+    assert results == [True] and not gate.busy()
 
 
 def _wait_until(condition: Any, timeout_s: float = TIMEOUT_S) -> bool:

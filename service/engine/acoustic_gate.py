@@ -75,6 +75,7 @@ class AcousticGate:
         self._cond = threading.Condition()
         self._busy = 0
         self._first_busy = 0
+        self._pausing = 0  # slots held by calls that pause the decode steps (busy)
         self._waiting: list[tuple[int, float, int]] = []
         self._pooled: dict[tuple[int, float, int], _Pooled] = {}
         self._tickets = itertools.count()
@@ -83,8 +84,9 @@ class AcousticGate:
     def slot(self, deadline: float, *, first: bool = False, pauses_llm: bool = True) -> Iterator[Callable[[], None]]:
         """Hold one slot for the duration of the block (waits while all are busy or a more urgent call waits).
 
-        A `first` call counts as first audio running (first_audio_running: the LLM pauses) unless `pauses_llm` is
-        False: a one-thread call that leaves the other cores to the decode steps (a first chunk's vocoder call).
+        `pauses_llm` False marks a call that leaves a core to the decode steps (a one-thread call: a vocoder call, a
+        flow call on one guidance lane): it counts neither as first audio running (first_audio_running) nor as
+        acoustic work the decode steps step aside for (busy). A `first` call that pauses the LLM counts as both.
 
         The block receives a `step_aside()` callable for long calls that run in steps (the flow's Euler
         steps): between two steps it hands the slot to a waiting first-audio call, if there is one, and
@@ -93,19 +95,23 @@ class AcousticGate:
         """
         lower_thread_priority(self.nice)
         first_audio = first and pauses_llm  # counted by first_audio_running
+        pausing = int(pauses_llm)  # counted by busy
         if self.slots == 0:
             with self._cond:
                 self._first_busy += first_audio
+                self._pausing += pausing
             try:
                 yield _never_step_aside
             finally:
                 with self._cond:
                     self._first_busy -= first_audio
+                    self._pausing -= pausing
             return
         ticket = (0 if first else 1, deadline, next(self._tickets))
         with self._cond:
             self._acquire(ticket)
             self._first_busy += first_audio
+            self._pausing += pausing
 
         def step_aside() -> None:
             if first or not self._waiting or self._waiting[0][0] != 0:  # unlocked peek: a stale answer costs one step
@@ -114,8 +120,10 @@ class AcousticGate:
                 if not self._waiting or self._waiting[0][0] != 0:
                     return
                 self._busy -= 1
+                self._pausing -= pausing
                 self._cond.notify_all()
                 self._acquire(ticket)
+                self._pausing += pausing
 
         try:
             yield step_aside
@@ -123,6 +131,7 @@ class AcousticGate:
             with self._cond:
                 self._busy -= 1
                 self._first_busy -= first_audio
+                self._pausing -= pausing
                 self._cond.notify_all()
 
     def _acquire(self, ticket: tuple[int, float, int]) -> None:
@@ -156,6 +165,7 @@ class AcousticGate:
             if group:
                 self._busy += 1
                 self._first_busy += 1
+                self._pausing += 1
                 self._cond.notify_all()  # the callers just taken stop waiting for a slot
         if group:
             try:
@@ -164,6 +174,7 @@ class AcousticGate:
                 with self._cond:
                     self._busy -= 1
                     self._first_busy -= 1
+                    self._pausing -= 1
                     self._cond.notify_all()
         me.done.wait()
         if me.error is not None:
@@ -186,8 +197,8 @@ class AcousticGate:
         return group
 
     def busy(self) -> bool:
-        """True while some call holds a slot (read without the lock)."""
-        return self._busy > 0
+        """True while a call that pauses the decode steps (`pauses_llm`) holds a slot (read without the lock)."""
+        return self._pausing > 0
 
     def first_audio_running(self) -> bool:
         """True while a call for some request's first audio holds a slot (read without the lock)."""

@@ -163,7 +163,7 @@ class CosyVoice2Engine:
         schedule = kwargs.setdefault("schedule", stream_schedule(bundle, runtime))
         if runtime.max_batch > 0:
             yield_to = gate.first_audio_running if gate is not None and runtime.first_audio_priority else None
-            lead = schedule.largest_hop if runtime.decode_lead_tokens is None else runtime.decode_lead_tokens
+            lead = schedule.decode_lead if runtime.decode_lead_tokens is None else runtime.decode_lead_tokens
             busy = gate.busy if gate is not None else None
             llm = BatchScheduler(runner, max_batch=runtime.max_batch, yield_to=yield_to, lead_tokens=lead, acoustic_busy=busy)
         window = window_tokens(runtime.prompt_window_s, schedule, bundle.constants.token_rate_hz)
@@ -219,7 +219,7 @@ class CosyVoice2Engine:
             raise InvalidInputError(f"speech tokens must be in 0..{self.constants.speech_token_size - 1}", param="speech_tokens")
         self._check(voice, options)
         rng = np.random.default_rng(options.seed).spawn(2)[1]
-        pace = Pacer(None, self.sample_rate)
+        pace = Pacer(self.gate, self.sample_rate)
         return (piece for piece, _ in self._sentence(iter(tokens), voice.flow, options, rng, pace, None, exact_final))
 
     def flow_prompt(self, prompt: FlowPrompt2, options: SynthesisOptions) -> FlowPrompt2:
@@ -363,8 +363,7 @@ class CosyVoice2Engine:
         )  # fmt: skip
         for chunk in chunks:
             clock = time.perf_counter()
-            # a one-thread call: the first chunk's vocoder leaves the other core to the decode steps (the next chunk's
-            # tokens), where its flow had both cores
+            # a one-thread call: it leaves the other core to the decode steps (the next chunk's tokens)
             with pace.turn(first=pace.audio_s == 0.0, pauses_llm=False):
                 mel = stretch.push(chunk.mel, final=chunk.final) if stretch is not None else chunk.mel
                 audio = vocoder.push(mel, final=chunk.final, speed=1.0 if options.stream else options.speed)
@@ -382,9 +381,10 @@ class CosyVoice2Engine:
             mel, _ = self._whole(job.prompt, job.speech, len(job.state.steps), pace)
             mel = mel[:, 2 * job.offset :]
         else:
-            with pace.turn(first=pace.audio_s == 0.0) as step_aside:
+            wide = self.schedule.takes_cores(end - prompt_tokens - job.offset, first=job.offset == 0, final=final)
+            with pace.turn(first=pace.audio_s == 0.0, pauses_llm=wide) as step_aside:
                 context = seq[end : end + self.schedule.look_ahead]
-                mel = self.flow.advance(seq[start:end], context, job.prompt, job.state, between_steps=step_aside)
+                mel = self.flow.advance(seq[start:end], context, job.prompt, job.state, between_steps=step_aside, wide=wide)
             mel = mel[:, max(0, 2 * (prompt_tokens - start)) :]
         tokens = end - prompt_tokens - job.offset
         job.offset = end - prompt_tokens

@@ -272,17 +272,20 @@ class FlowRunner2:
         state.tokens += int(np.asarray(tokens).shape[0])
         return np.ascontiguousarray(np.asarray(h[0], dtype=np.float32).T)
 
-    def estimate(self, feeds: dict[str, np.ndarray], state: EstimatorState, keep: bool = True) -> np.ndarray:
+    def estimate(
+        self, feeds: dict[str, np.ndarray], state: EstimatorState, keep: bool = True, *, wide: bool = True
+    ) -> np.ndarray:
         """Velocity (2, 80, M) of the CFG rows for the new frames in `feeds`; extends `state` in place (its keys and
         values only with `keep`: a call no later call continues from needs none of them).
 
         Each guidance row is its own batch-1 call on its own caches: alone (no other estimator call of this runner
-        in flight) the two run side by side on the lane thread and this one, else one after the other here (one
-        batch-2 call was 6 % faster than two batch-1 calls, full size, but needs both rows' caches in one array).
+        in flight) and `wide`, the two run side by side on the lane thread and this one, else one after the other
+        here (one batch-2 call was 6 % faster than two batch-1 calls, full size, but needs both rows' caches in one
+        array). `wide` False keeps the call on one core (the other left to the decode steps).
         """
         with self._count_lock:
             self._in_flight += 1
-            lanes = self._lanes if self._in_flight == 1 else None
+            lanes = self._lanes if self._in_flight == 1 and wide else None
         try:
             if lanes is None:
                 rows = [self._row(feeds, state, 0, keep), self._row(feeds, state, 1, keep)]
@@ -324,13 +327,15 @@ class FlowRunner2:
         chunk: int,
         between_steps: Callable[[], None] | None = None,
         keep: bool = True,
+        *,
+        wide: bool = True,
     ) -> np.ndarray:
         """Euler CFM with classifier-free guidance for new frames start..start+M-1 -> mel (80, M).
 
         mu, cond (80, M), spks (80,); the initial x is the fixed noise buffer's frames at the same positions.
         Row 0 of each estimator call is conditioned, row 1 sees zeros for mu, spks and cond; the velocity is
         (1 + cfg_rate) * v0 - cfg_rate * v1. Step s reads and extends `state.steps[s]` (its keys and values only with
-        `keep`).
+        `keep`). `wide`: the guidance rows may run side by side (`estimate`).
         """
         frames = mu.shape[1]
         if start + frames > self.noise.shape[1]:
@@ -350,7 +355,7 @@ class FlowRunner2:
         for step in range(1, n_timesteps + 1):
             feeds["x"] = np.stack([x, x])
             feeds["t"] = np.full(2, t, dtype=np.float32)
-            v = self.estimate(feeds, state.steps[step - 1], keep)
+            v = self.estimate(feeds, state.steps[step - 1], keep, wide=wide)
             x = x + dt * ((np.float32(1.0) + cfg) * v[0] - cfg * v[1])
             t = t + dt
             if step < n_timesteps:
@@ -369,11 +374,13 @@ class FlowRunner2:
         *,
         full_attention: bool = False,
         between_steps: Callable[[], None] | None = None,
+        wide: bool = True,
     ) -> np.ndarray:
         """Encode and solve the next tokens (T,) of a sequence (prompt tokens first) -> their mel (80, 2T).
 
-        `context`: the up to pre_lookahead tokens that follow (empty at the end). `full_attention` with a fresh
-        state and the whole sequence is the official non-streaming flow; otherwise attention is chunk-causal. Nothing
+        `context`: the up to pre_lookahead tokens that follow (empty at the end). `wide` False keeps the solve on one
+        core (`estimate`). `full_attention` with a fresh state and the whole sequence is the official non-streaming
+        flow; otherwise attention is chunk-causal. Nothing
         continues from a full-attention call, so it keeps no estimator keys/values (they would take 2.3 MB per frame
         at full size, float16: 1.7 GB for a 10 s recording and a 5 s sentence, written and never read).
         """
@@ -387,7 +394,7 @@ class FlowRunner2:
         if overlap:
             cond[:, :overlap] = prompt.mel[start : start + overlap].T
         spks = self.speaker(prompt.embedding)
-        return self.solve(mu, spks, cond, start, state, chunk_frames, between_steps, keep=not full_attention)
+        return self.solve(mu, spks, cond, start, state, chunk_frames, between_steps, keep=not full_attention, wide=wide)
 
     def prompt_state(self, prompt: FlowPrompt2, n_timesteps: int, capacity: int | None = None) -> FlowState:
         """The state after the prompt's complete chunks whose look-ahead is still prompt: all of it depends on the

@@ -75,9 +75,22 @@ class HopSchedule:
         return grown + self._pad(end + grown), grown
 
     @property
-    def largest_hop(self) -> int:
-        """The hop chunks grow to (without padding): `most` when hops grow, else one attention chunk."""
-        return self.most if self.scale > 1 else self.chunk
+    def decode_lead(self) -> int:
+        """Tokens the decode steps keep ahead of a stream's flow before they pause for a chunk that takes the cores
+        (BatchScheduler.lead_tokens). Hops that stay one attention chunk: 1, the chunk a listener waits for gets both
+        cores as soon as its tokens exist, and the decode steps catch up beside the one-core calls (vocoder, the rest
+        of an early first attention chunk): TTCA 1.70 s against 1.80-1.95 s with a lead of 25, the same 4-client
+        throughput (docs/benchmarks.md, session 10). Growing hops (official): the largest hop, since the next chunk
+        needs up to twice this one's tokens and pausing would leave it waiting for all of them."""
+        return self.most if self.scale > 1 else 1
+
+    def takes_cores(self, tokens: int, *, first: bool, final: bool) -> bool:
+        """Whether a streamed chunk of `tokens` speech tokens has the cores to itself (its flow's two guidance rows
+        side by side while the decode steps pause): a sentence's first chunk (first audio), its last (nothing left
+        to decode) and every chunk of at least one attention chunk. A smaller one (the rest of an early first
+        attention chunk) runs on one core beside the decode steps: what the listener waits for next is the following
+        whole chunk, and its tokens are not decoded yet."""
+        return first or final or tokens >= self.chunk
 
     def first_audio_tokens(self, prompt_tokens: int, first: int | None = None) -> int:
         """Speech tokens the LLM must deliver before a sentence's first chunk can be solved."""
