@@ -404,6 +404,114 @@ def _cache_output(g: _Graph, output: str, new_kv: dict[str, str]) -> tuple[onnx.
     return cast, helper.make_node("Concat", slices, [output], name=f"{output}_stack", axis=0)
 
 
+QWEN2_OP_NAME = "Qwen2Layer"
+
+
+def fuse_qwen2_layers(model: onnx.ModelProto) -> int:
+    """Replace each decoder layer of a CosyVoice2 LLM step (after fuse_int8_matmuls) by one Qwen2Layer node (in place);
+    returns how many. The layer is found by the names our exporter gives its nodes (export/cosyvoice2/modules/llm.py:
+    `/layers.{i}/...`): its input, RMSNorm weights and epsilon, the seven Int8MatMul products, the float16 caches (the
+    inputs of their Casts), the shared mask and rotary tables, and its three outputs (y, the rotated new keys, the new
+    values), whose names the node keeps. RewriteError when a piece is missing."""
+    graph = model.graph
+    g = _Graph(graph)
+    by_name = {n.name: n for n in graph.node}
+    products = {n.output[0]: n for n in graph.node if n.op_type == INT8_OP_NAME}
+    rope: dict[str, str] = {}  # the rotary tables every layer reads: the step's one Cos and one Sin
+    for op in ("Cos", "Sin"):
+        makers = [n for n in graph.node if n.op_type == op]
+        if len(makers) != 1:
+            raise RewriteError(f"llm_step: expected one {op} node (the rotary table), found {len(makers)}")
+        rope[op] = makers[0].output[0]
+    fused: dict[str, onnx.NodeProto] = {}
+    layer = 0
+    while f"/layers.{layer}/Add_1" in by_name:
+        prefix = f"/layers.{layer}/"
+
+        def node(name: str, prefix: str = prefix) -> onnx.NodeProto:
+            found = by_name.get(prefix + name)
+            if found is None:
+                raise RewriteError(f"llm_step: no node {prefix + name}")
+            return found
+
+        def product(output: str, bias: bool, prefix: str = prefix) -> list[str]:
+            found = products.get(prefix + output)
+            if found is None or len(found.input) != (5 if bias else 4):
+                raise RewriteError(f"llm_step: {prefix + output} is not an {INT8_OP_NAME} {'with' if bias else 'without'} a bias")
+            return list(found.input[1:])
+
+        q = products.get(prefix + "self_attn/q_proj/Add_output_0")
+        gate = products.get(prefix + "mlp/gate_proj/MatMul_output_0")
+        if q is None or gate is None:
+            raise RewriteError(f"llm_step: layer {layer} has no int8 q or gate product")
+        past_k, past_v = f"past_k_{layer}", f"past_v_{layer}"
+        head_dim = next((i.type.tensor_type.shape.dim[3].dim_value for i in graph.input if i.name == past_k), 0)
+        if head_dim < 2:
+            raise RewriteError(f"llm_step: no input {past_k} with a static head size")
+        scores, mask = g.made_by_either(g.made_by(node("self_attn/Softmax").input[0], "Add"), "Unsqueeze")[::-1]
+        scaled = g.made_by(scores, "Mul")
+        constants = [
+            name for name in scaled.input if name in g.initializers or g.producer[name].op_type in ("Constant", "Identity")
+        ]
+        if len(constants) != 1:
+            raise RewriteError(f"llm_step: layer {layer}'s scores are not scaled by one constant")
+        scale = g.constant(constants[0])
+        inputs = [
+            node("input_layernorm/Pow").input[0],
+            past_k,
+            past_v,
+            mask.input[0],
+            rope["Cos"],
+            rope["Sin"],
+            node("input_layernorm/Mul_1").input[0],
+            *product("self_attn/q_proj/Add_output_0", True),
+            *product("self_attn/k_proj/Add_output_0", True),
+            *product("self_attn/v_proj/Add_output_0", True),
+            *product("self_attn/o_proj/MatMul_output_0", False),
+            node("post_attention_layernorm/Mul_1").input[0],
+            *product("mlp/gate_proj/MatMul_output_0", False),
+            *product("mlp/up_proj/MatMul_output_0", False),
+            *product("mlp/down_proj/MatMul_output_0", False),
+        ]
+        # the new keys leave rotated: k_proj -> Reshape -> Transpose -> Mul(cos) -> Add(+ Mul(rotated halves, sin))
+        k_heads = g.only_consumer(g.only_consumer(prefix + "self_attn/k_proj/Add_output_0", "Reshape").output[0], "Transpose")
+        k_cos = [n for n in g.consumers.get(k_heads.output[0], []) if n.op_type == "Mul"]
+        if len(k_cos) != 1:
+            raise RewriteError(f"llm_step: layer {layer}'s keys are not rotated as the exporter writes it")
+        k_new = g.only_consumer(k_cos[0].output[0], "Add").output[0]
+        v_new = g.only_consumer(g.only_consumer(prefix + "self_attn/v_proj/Add_output_0", "Reshape").output[0], "Transpose")
+        outputs = [node("Add_1").output[0], k_new, v_new.output[0]]
+        fused[outputs[0]] = helper.make_node(
+            QWEN2_OP_NAME, inputs, outputs, name=f"qwen2_layer_{layer}", domain=NATIVE_DOMAIN,
+            heads=int(_attr(q, "n")) // head_dim, ff=int(_attr(gate, "n")),
+            scale=float(scale),
+            eps=float(g.constant(node("input_layernorm/Add").input[1])),
+        )  # fmt: skip
+        layer += 1
+    if fused:
+        _replace_nodes(model, fused)
+        _toposort(graph)
+    return len(fused)
+
+
+def _toposort(graph: onnx.GraphProto) -> None:
+    """Order the graph's nodes so that each comes after the makers of its inputs (a fused node with several outputs
+    may stand after a node that reads one of them)."""
+    known = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    pending, ordered = list(graph.node), []
+    while pending:
+        ready = [n for n in pending if all(name in known for name in n.input)]
+        if not ready:
+            raise RewriteError("the rewritten graph has a cycle")
+        ready_ids = {id(n) for n in ready}
+        pending = [n for n in pending if id(n) not in ready_ids]
+        for n in ready:
+            ordered.append(n)
+            known.update(n.output)
+    del graph.node[:]
+    graph.node.extend(ordered)
+
+
 def _attr(node: onnx.NodeProto, name: str) -> object:
     return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
 
@@ -440,9 +548,16 @@ def _live(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[onnx.NodeProt
     return [n for n in nodes if id(n) in seen]
 
 
-def _rewrite(name: str, model: onnx.ModelProto) -> tuple[int, str]:
+def _rewrite(name: str, model: onnx.ModelProto, family: str | None = None) -> tuple[int, str]:
     """Rewrite graph `name` of NATIVE_GRAPHS in place: (attention cores or int8 products replaced, what was done)."""
     products = f"int8 weight products as {NATIVE_DOMAIN}.{INT8_OP_NAME}"
+    if name == "llm_step" and family == FAMILY_V2:
+        count = fuse_int8_matmuls(model)
+        if count == 0:  # a 4-bit step: nothing of ours to run
+            return 0, products
+        layers = fuse_qwen2_layers(model)
+        left = count - 7 * layers
+        return count, f"{products}; decoder layers as {NATIVE_DOMAIN}.{QWEN2_OP_NAME} ({layers}), {left} product(s) beside"
     if name == "flow_estimator":
         cores = fuse_attention(model)
         count = fuse_int8_matmuls(model)
@@ -471,7 +586,7 @@ def write_native_twin(bundle_dir: Path, log: Callable[[str], None] = print) -> t
             continue  # only CosyVoice2's estimator attends over cached frames
         entry = graphs[name]
         model = onnx.load(str(bundle_dir / entry.file))
-        count, what = _rewrite(name, model)
+        count, what = _rewrite(name, model, manifest.family)
         if name == "flow_estimator":
             want = manifest.cosyvoice2.estimator_blocks if manifest.cosyvoice2 else count
             if count != want:

@@ -67,7 +67,9 @@ def test_the_quantized_tiny_bundle_carries_the_twin(tiny_v2_bundle: Path) -> Non
     assert (step_twin.group, step_twin.precision, step_twin.inputs) == (GROUP_NATIVE, step.precision, step.inputs)
     step_ops = [n.op_type for n in onnx.load(str(tiny_v2_bundle / step_twin.file)).graph.node]
     core_step = [n.op_type for n in onnx.load(str(tiny_v2_bundle / step.file)).graph.node]
-    assert step_ops.count("Int8MatMul") == core_step.count("MatMulInteger") > 0 and "MatMulInteger" not in step_ops
+    layers = step_ops.count("Qwen2Layer")  # each decoder layer with its 7 products; the speech decoder's product beside
+    assert layers == bundle.constants.llm_num_layers and "MatMulInteger" not in step_ops
+    assert step_ops.count("Int8MatMul") + 7 * layers == core_step.count("MatMulInteger") > 0
 
 
 def relative_rms(want: np.ndarray, got: np.ndarray) -> float:
@@ -125,13 +127,14 @@ def step_feeds(session: ort.InferenceSession, rows: int, positions: int, cached:
 
 
 def test_the_committed_step_twin_decodes_what_the_int8_step_decodes(tiny_v2_bundle: Path, kernels: native.NativeKernels) -> None:
-    """One row is ONNX Runtime's computation exactly (same quantization, same integer sums); several rows differ only
-    by each row's own activation range (ONNX Runtime's operator takes one range for the whole batch)."""
+    """One row: the same quantization and integer sums as ONNX Runtime's, around them RMSNorm, SiLU and the softmax
+    summed in another order (Qwen2Layer), which can flip a rounding of the next activation quantization; several rows
+    differ also by each row's own activation range (ONNX Runtime's operator takes one range for the whole batch)."""
     core = ort.InferenceSession(str(tiny_v2_bundle / "llm_step.onnx"), providers=["CPUExecutionProvider"])
     twin = native_session(tiny_v2_bundle / f"{STEP_TWIN}.onnx")
     feeds = step_feeds(core, 1, 1, 7)
     for output, want, got in zip(core.get_outputs(), core.run(None, feeds), twin.run(None, feeds), strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=output.name)
+        assert relative_rms(want, got) < 0.02, output.name
     feeds = step_feeds(core, 3, 5, 4)
     for output, want, got in zip(core.get_outputs(), core.run(None, feeds), twin.run(None, feeds), strict=True):
         assert relative_rms(want, got) < 0.05, output.name

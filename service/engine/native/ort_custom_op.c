@@ -16,7 +16,11 @@
  * bias (D,); the q|k|v weight as Int8MatMul takes it (n = 3*H*DK) with scales (1,) or (3*H*DK,); ln3 weight and bias;
  * then out (n = D), ff1 (n = F) and ff2 (n = D), each packed, colsum, scale (1,) and bias: 23 inputs. Outputs: y
  * (B, M, D) float32, the new frames' k and v (1, B, M, H, DK) float16 (one block's slice of the estimator's new_k,
- * new_v). Attributes: heads (int), scale, eps1, eps3 (float). */
+ * new_v). Attributes: heads (int), scale, eps1, eps3 (float).
+ * Qwen2Layer. Inputs: x (B, T, D) float32; past_k, past_v (B, KVH, C, DK) float16; mask (B, 1, T, C+T), cos, sin
+ * (B, 1, T, DK) float32; rms1 weight (D,); q, k, v weights as Int8MatMul takes them, each with its bias (4 inputs
+ * each); o (packed, colsum, scale); rms2 weight; gate, up, down (3 inputs each): 32 inputs. Outputs: y (B, T, D),
+ * the new tokens' k (rotated) and v (B, KVH, T, DK), float32. Attributes: heads, ff (int), scale, eps (float). */
 
 #include <stdint.h>
 #include <stdio.h>
@@ -26,6 +30,7 @@
 #include "cached_attention.h"
 #include "estimator_block.h"
 #include "int8_matmul.h"
+#include "qwen2_layer.h"
 
 typedef struct OrtStatus OrtStatus;
 typedef struct OrtApi OrtApi;
@@ -429,6 +434,111 @@ static const OrtCustomOp estimator_block_op = {
     block_compute,
 };
 
+/* ---- Qwen2Layer ---- */
+
+typedef struct {
+    int64_t heads, ff;
+    float scale, eps;
+} qwen2_kernel;
+
+static void* qwen2_create_kernel(const OrtCustomOp* op, const OrtApi* ort, const OrtKernelInfo* info) {
+    (void)op;
+    qwen2_kernel* kn = malloc(sizeof *kn);
+    if (kn == NULL) return NULL;
+    kn->heads = attr_int64(ort, info, "heads", 0);
+    kn->ff = attr_int64(ort, info, "ff", 0);
+    kn->scale = attr_float(ort, info, "scale", 0.f);
+    kn->eps = attr_float(ort, info, "eps", 1e-6f);
+    return kn;
+}
+
+#define QWEN2_INPUTS 32
+enum { Q_X, Q_PK, Q_PV, Q_MASK, Q_COS, Q_SIN, Q_RMS1, Q_Q, Q_K = 11, Q_V = 15, Q_O = 19, Q_RMS2 = 22, Q_GATE, Q_UP = 26,
+       Q_DOWN = 29 };
+static const int qwen2_types[QWEN2_INPUTS] = {
+    T_FLOAT, T_FLOAT16, T_FLOAT16, T_FLOAT, T_FLOAT, T_FLOAT, T_FLOAT, /* x, past_k, past_v, mask, cos, sin, rms1 */
+    T_INT8, T_INT32, T_FLOAT, T_FLOAT,                                 /* q */
+    T_INT8, T_INT32, T_FLOAT, T_FLOAT,                                 /* k */
+    T_INT8, T_INT32, T_FLOAT, T_FLOAT,                                 /* v */
+    T_INT8, T_INT32, T_FLOAT,                                          /* o */
+    T_FLOAT,                                                           /* rms2 */
+    T_INT8, T_INT32, T_FLOAT, T_INT8, T_INT32, T_FLOAT, T_INT8, T_INT32, T_FLOAT, /* gate, up, down */
+};
+
+static int same_dims(const int64_t* a, const int64_t* b, size_t n) { return memcmp(a, b, n * sizeof(int64_t)) == 0; }
+
+static OrtStatus* qwen2_compute(void* kp, OrtKernelContext* ctx) {
+    const qwen2_kernel* kn = kp;
+    int64_t dims[QWEN2_INPUTS][MAX_DIMS];
+    size_t nd[QWEN2_INPUTS];
+    void* p[QWEN2_INPUTS];
+    OrtStatus* s = read_inputs(ctx, qwen2_types, QWEN2_INPUTS, QWEN2_INPUTS, "Qwen2Layer: an input is missing", dims, nd, p);
+    if (s) return s;
+    const int64_t* xd = dims[Q_X];
+    const int64_t* kd = dims[Q_PK];
+    const int64_t D = nd[Q_X] == 3 ? xd[2] : 0, heads = kn->heads, kvh = nd[Q_PK] == 4 ? kd[1] : 0;
+    const int64_t dk = nd[Q_PK] == 4 ? kd[3] : 0, F = kn->ff;
+    cvl_qwen2_problem q = {0};
+    int ok = nd[Q_X] == 3 && nd[Q_PK] == 4 && nd[Q_PV] == 4 && same_dims(dims[Q_PV], kd, 4) && kd[0] == xd[0] && D >= 1 &&
+             heads >= 1 && kvh >= 1 && heads % kvh == 0 && dk >= 2 && dk % 2 == 0 && dk <= 1024 && nd[Q_MASK] == 4 &&
+             dims[Q_MASK][0] == xd[0] && dims[Q_MASK][1] == 1 && dims[Q_MASK][2] == xd[1] && dims[Q_MASK][3] == kd[2] + xd[1] &&
+             nd[Q_COS] == 4 && dims[Q_COS][0] == xd[0] && dims[Q_COS][1] == 1 && dims[Q_COS][2] == xd[1] &&
+             dims[Q_COS][3] == dk && nd[Q_SIN] == 4 && same_dims(dims[Q_SIN], dims[Q_COS], 4) &&
+             count_of(dims[Q_RMS1], nd[Q_RMS1]) == D && count_of(dims[Q_RMS2], nd[Q_RMS2]) == D;
+    ok = ok && block_weight(dims, nd, p, Q_Q, D, heads * dk, 1, &q.q) && block_weight(dims, nd, p, Q_K, D, kvh * dk, 1, &q.k) &&
+         block_weight(dims, nd, p, Q_V, D, kvh * dk, 1, &q.v) && block_weight(dims, nd, p, Q_O, heads * dk, D, 0, &q.o) &&
+         block_weight(dims, nd, p, Q_GATE, D, F, 0, &q.gate) && block_weight(dims, nd, p, Q_UP, D, F, 0, &q.up) &&
+         block_weight(dims, nd, p, Q_DOWN, F, D, 0, &q.down);
+    if (!ok)
+        return status(ORT_INVALID_ARGUMENT,
+                      "Qwen2Layer: x (B,T,D), past_k, past_v (B,KVH,C,DK), mask (B,1,T,C+T), cos, sin (B,1,T,DK), the "
+                      "RMSNorm weights (D,) and the q, k, v, o, gate, up and down weights disagree");
+    OrtValue* out[3];
+    void* o[3];
+    const int64_t y_dims[3] = {xd[0], xd[1], D}, kv_dims[4] = {xd[0], kvh, xd[1], dk};
+    for (size_t i = 0; i < 3; i++) {
+        s = API(KERNEL_CONTEXT_GET_OUTPUT, OrtStatus* (*)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**))(ctx, i, i ? kv_dims : y_dims, i ? 4 : 3, &out[i]);
+        if (!s) s = data_of(out[i], &o[i]);
+        if (s) return s;
+    }
+    q.batch = xd[0];
+    q.steps = xd[1];
+    q.cached = kd[2];
+    q.dim = D;
+    q.heads = heads;
+    q.kv_heads = kvh;
+    q.head_dim = dk;
+    q.ff = F;
+    q.scale = kn->scale;
+    q.eps = kn->eps;
+    q.x = p[Q_X];
+    q.past_k = p[Q_PK];
+    q.past_v = p[Q_PV];
+    q.mask = p[Q_MASK];
+    q.cos = p[Q_COS];
+    q.sin = p[Q_SIN];
+    q.rms1_w = p[Q_RMS1];
+    q.rms2_w = p[Q_RMS2];
+    q.y = o[0];
+    q.k_out = o[1];
+    q.v_out = o[2];
+    if (cvl_qwen2_layer(&q, api17 ? parallel_for : NULL, ctx) != 0)
+        return status(ORT_FAIL, "Qwen2Layer: out of memory for the work buffers");
+    return NULL;
+}
+
+COMPUTE_V1(qwen2_compute_v1, qwen2_compute)
+
+static const char* qwen2_name(const OrtCustomOp* op) { (void)op; return "Qwen2Layer"; }
+static int qwen2_input_type(const OrtCustomOp* op, size_t i) { (void)op; return i < QWEN2_INPUTS ? qwen2_types[i] : 0; }
+static size_t qwen2_input_count(const OrtCustomOp* op) { (void)op; return QWEN2_INPUTS; }
+
+static const OrtCustomOp qwen2_layer_op = {
+    API_VERSION, qwen2_create_kernel, qwen2_name, cpu_provider, qwen2_input_type, qwen2_input_count, output_type,
+    three, qwen2_compute_v1, destroy_kernel, required, required, default_memory, one, one, one, one, NULL,
+    qwen2_compute,
+};
+
 OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
     api = base->GetApi(API_VERSION);
     if (api == NULL) return NULL; /* cannot even report it: the runtime is older than API 16 (ONNX Runtime 1.16) */
@@ -438,6 +548,7 @@ OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base)
     if (!s) s = API(CUSTOM_OP_DOMAIN_ADD, OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*))(domain, &cached_attention_op);
     if (!s) s = API(CUSTOM_OP_DOMAIN_ADD, OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*))(domain, &int8_matmul_op);
     if (!s) s = API(CUSTOM_OP_DOMAIN_ADD, OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*))(domain, &estimator_block_op);
+    if (!s) s = API(CUSTOM_OP_DOMAIN_ADD, OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*))(domain, &qwen2_layer_op);
     if (!s) s = API(ADD_CUSTOM_OP_DOMAIN, OrtStatus* (*)(OrtSessionOptions*, OrtCustomOpDomain*))(options, domain);
     return s;
 }

@@ -1,0 +1,413 @@
+/* A CosyVoice2 LLM decoder layer (Qwen2) in one call (qwen2_layer.h).
+ *
+ * Why: a decode step reads every weight once and its int8 products stream them at about one core's memory bandwidth
+ * (full size: 13.7 ms of a 17.7 ms step, one thread), but in ONNX Runtime each layer is ~75 nodes around its 7
+ * products (the RMSNorm pattern twice, rotary halves, reshapes and transposes of q, k and v and the shape arithmetic
+ * behind them, the casts of the float16 cache, the attention's matmuls, softmax and slices, SiLU): ~1,800 small
+ * kernels a step, the other 4 ms. Here a layer is its products, with the rest as single passes over one per-thread
+ * buffer; the attention reads the float16 cache in place. */
+
+#include "qwen2_layer.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "simd_math.h"
+#include "work.h"
+
+#define VEC "avx512f,avx512bw,avx512vl,fma,f16c"
+#define MASKED (-1e29f) /* mask entries below this are masked columns (the step graph writes -1e30) */
+#define MAX_TASKS 16
+
+static int cpu_has_vector(void) {
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = !cvl_portable_forced() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    }
+    return known;
+}
+
+static float float_of_half(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: man x 2^-24 */
+            float f = (float)man * 5.9604644775390625e-8f;
+            memcpy(&bits, &f, sizeof bits);
+            bits |= sign;
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 112u) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* ---- RMSNorm over rows of n: w * (x * (1 / sqrt(mean(x^2) + eps))), as the step graph computes it ---- */
+
+static void rms_norm_portable(const float* x, int64_t rows, int64_t n, const float* w, float eps, float* y) {
+    for (int64_t r = 0; r < rows; r++, x += n, y += n) {
+        float s = 0.f;
+        for (int64_t i = 0; i < n; i++) s += x[i] * x[i];
+        const float inv = 1.f / sqrtf(s / (float)n + eps);
+        for (int64_t i = 0; i < n; i++) y[i] = w[i] * (x[i] * inv);
+    }
+}
+
+static inline __mmask16 tail_mask(int64_t left) {
+    return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+}
+
+__attribute__((target(VEC))) static void rms_norm_fast(const float* x, int64_t rows, int64_t n, const float* w, float eps,
+                                                       float* y) {
+    for (int64_t r = 0; r < rows; r++, x += n, y += n) {
+        __m512 s = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; i += 16) {
+            __m512 v = _mm512_maskz_loadu_ps(tail_mask(n - i), x + i);
+            s = _mm512_fmadd_ps(v, v, s);
+        }
+        const __m512 inv = _mm512_set1_ps(1.f / sqrtf(_mm512_reduce_add_ps(s) / (float)n + eps));
+        for (int64_t i = 0; i < n; i += 16) {
+            __mmask16 k = tail_mask(n - i);
+            __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), inv);
+            _mm512_mask_storeu_ps(y + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, w + i), v));
+        }
+    }
+}
+
+static void rms_norm(const float* x, int64_t rows, int64_t n, const float* w, float eps, float* y) {
+    if (cpu_has_vector())
+        rms_norm_fast(x, rows, n, w, eps, y);
+    else
+        rms_norm_portable(x, rows, n, w, eps, y);
+}
+
+/* ---- g = silu(g) * u in place (silu(g) = g * sigmoid(g)) ---- */
+
+__attribute__((target(VEC))) static void silu_mul_fast(float* g, const float* u, int64_t count) {
+    const __m512 one = _mm512_set1_ps(1.f);
+    for (int64_t i = 0; i < count; i += 16) {
+        __mmask16 k = tail_mask(count - i);
+        __m512 v = _mm512_maskz_loadu_ps(k, g + i);
+        __m512 e = cvl_exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(v))); /* e^-|g| */
+        __m512 d = _mm512_add_ps(one, e);
+        __mmask16 neg = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);
+        __m512 sig = _mm512_div_ps(_mm512_mask_blend_ps(neg, one, e), d); /* 1/(1+e^-g) or e^g/(1+e^g) */
+        _mm512_mask_storeu_ps(g + i, k, _mm512_mul_ps(_mm512_mul_ps(v, sig), _mm512_maskz_loadu_ps(k, u + i)));
+    }
+}
+
+static void silu_mul(float* g, const float* u, int64_t count) {
+    if (cpu_has_vector()) {
+        silu_mul_fast(g, u, count);
+        return;
+    }
+    for (int64_t i = 0; i < count; i++) g[i] = g[i] * (1.f / (1.f + expf(-g[i]))) * u[i];
+}
+
+static void add_into(float* y, const float* x, int64_t count) {
+    for (int64_t i = 0; i < count; i++) y[i] += x[i];
+}
+
+static int product(const float* x, int64_t rows, int64_t k, const cvl_int8_weight* w, float* y, cvl_parallel_fn parallel,
+                   void* runner) {
+    cvl_int8_problem p = {
+        .rows = rows, .k = k, .n = w->n, .x = x, .packed = w->packed, .colsum = w->colsum, .w_scale = w->scales[0],
+        .bias = w->bias, .y = y, .w_scales = w->scale_count > 1 ? w->scales : NULL,
+    };
+    return cvl_int8_matmul(&p, parallel, runner);
+}
+
+/* ---- rotary positions: v = v * cos + cat(-v[half:], v[:half]) * sin, per head, in place ---- */
+
+static void rotate(float* v, int64_t heads, int64_t dk, const float* cos, const float* sin) {
+    const int64_t half = dk / 2;
+    float r[1024];
+    for (int64_t h = 0; h < heads; h++, v += dk) {
+        for (int64_t d = 0; d < half; d++) {
+            r[d] = -v[half + d];
+            r[half + d] = v[d];
+        }
+        for (int64_t d = 0; d < dk; d++) v[d] = v[d] * cos[d] + r[d] * sin[d];
+    }
+}
+
+/* ---- attention of one (row b, kv head g, new token t) for the group's query heads ---- */
+
+typedef struct {
+    const cvl_qwen2_problem* p;
+    const float* q;   /* (R, heads, dk) rotated */
+    float* att;       /* (R, heads, dk) */
+    int64_t rows;     /* B x kv_heads x T */
+    int64_t tasks;
+    int fast;
+    volatile int failed; /* a task could not allocate its score buffer */
+} attention_job;
+
+__attribute__((target(VEC))) static float dot_half_fast(const float* q, const uint16_t* k, int64_t dk) {
+    __m512 s = _mm512_setzero_ps();
+    for (int64_t d = 0; d < dk; d += 16) {
+        __mmask16 m = tail_mask(dk - d);
+        s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, k + d)), s);
+    }
+    return _mm512_reduce_add_ps(s);
+}
+
+__attribute__((target(VEC))) static float dot_fast(const float* q, const float* k, int64_t dk) {
+    __m512 s = _mm512_setzero_ps();
+    for (int64_t d = 0; d < dk; d += 16) {
+        __mmask16 m = tail_mask(dk - d);
+        s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), _mm512_maskz_loadu_ps(m, k + d), s);
+    }
+    return _mm512_reduce_add_ps(s);
+}
+
+__attribute__((target(VEC))) static void axpy_half_fast(float a, const uint16_t* v, int64_t dk, float* o) {
+    const __m512 s = _mm512_set1_ps(a);
+    for (int64_t d = 0; d < dk; d += 16) {
+        __mmask16 m = tail_mask(dk - d);
+        __m512 x = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, v + d));
+        _mm512_mask_storeu_ps(o + d, m, _mm512_fmadd_ps(s, x, _mm512_maskz_loadu_ps(m, o + d)));
+    }
+}
+
+__attribute__((target(VEC))) static void axpy_fast(float a, const float* v, int64_t dk, float* o) {
+    const __m512 s = _mm512_set1_ps(a);
+    for (int64_t d = 0; d < dk; d += 16) {
+        __mmask16 m = tail_mask(dk - d);
+        _mm512_mask_storeu_ps(o + d, m, _mm512_fmadd_ps(s, _mm512_maskz_loadu_ps(m, v + d), _mm512_maskz_loadu_ps(m, o + d)));
+    }
+}
+
+static float dot_half(int fast, const float* q, const uint16_t* k, int64_t dk) {
+    if (fast) return dot_half_fast(q, k, dk);
+    float s = 0.f;
+    for (int64_t d = 0; d < dk; d++) s += q[d] * float_of_half(k[d]);
+    return s;
+}
+
+static float dot(int fast, const float* q, const float* k, int64_t dk) {
+    if (fast) return dot_fast(q, k, dk);
+    float s = 0.f;
+    for (int64_t d = 0; d < dk; d++) s += q[d] * k[d];
+    return s;
+}
+
+static void axpy_half(int fast, float a, const uint16_t* v, int64_t dk, float* o) {
+    if (fast) {
+        axpy_half_fast(a, v, dk, o);
+        return;
+    }
+    for (int64_t d = 0; d < dk; d++) o[d] += a * float_of_half(v[d]);
+}
+
+static void axpy(int fast, float a, const float* v, int64_t dk, float* o) {
+    if (fast) {
+        axpy_fast(a, v, dk, o);
+        return;
+    }
+    for (int64_t d = 0; d < dk; d++) o[d] += a * v[d];
+}
+
+/* s[j] = e^(s[j] - top) where the mask keeps column j (else 0); returns their sum */
+static float exp_sum(float* s, const float* mask, int64_t width, float top) {
+    float sum = 0.f;
+    for (int64_t j = 0; j < width; j++) {
+        s[j] = mask[j] < MASKED ? 0.f : expf(s[j] - top);
+        sum += s[j];
+    }
+    return sum;
+}
+
+__attribute__((target(VEC))) static float exp_sum_fast(float* s, const float* mask, int64_t width, float top) {
+    const __m512 t = _mm512_set1_ps(top), masked = _mm512_set1_ps(MASKED);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < width; j += 16) {
+        __mmask16 m = tail_mask(width - j);
+        __mmask16 keep = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, mask + j), masked, _CMP_GE_OQ);
+        __m512 e = _mm512_maskz_mov_ps(keep, cvl_exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(keep, s + j), t)));
+        _mm512_mask_storeu_ps(s + j, m, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+static void attention_row(const attention_job* jb, int64_t i, float* s) {
+    const cvl_qwen2_problem* p = jb->p;
+    const int64_t T = p->steps, C = p->cached, dk = p->head_dim, G = p->heads / p->kv_heads;
+    const int64_t t = i % T, g = (i / T) % p->kv_heads, b = i / (T * p->kv_heads), r = b * T + t, width = C + T;
+    const float* mask = p->mask + r * width;
+    const uint16_t* pk = p->past_k + (b * p->kv_heads + g) * C * dk;
+    const uint16_t* pv = p->past_v + (b * p->kv_heads + g) * C * dk;
+    const float* nk = p->k_out + (b * p->kv_heads + g) * T * dk;
+    const float* nv = p->v_out + (b * p->kv_heads + g) * T * dk;
+    for (int64_t h = g * G; h < (g + 1) * G; h++) {
+        const float* q = jb->q + (r * p->heads + h) * dk;
+        float* o = jb->att + (r * p->heads + h) * dk;
+        float top = -INFINITY;
+        for (int64_t j = 0; j < width; j++) {
+            if (mask[j] < MASKED) continue;
+            const float score = (j < C ? dot_half(jb->fast, q, pk + j * dk, dk) : dot(jb->fast, q, nk + (j - C) * dk, dk));
+            s[j] = score * p->scale + mask[j];
+            top = s[j] > top ? s[j] : top;
+        }
+        const float sum = jb->fast ? exp_sum_fast(s, mask, width, top) : exp_sum(s, mask, width, top);
+        memset(o, 0, (size_t)dk * sizeof(float));
+        const float inv = 1.f / sum;
+        for (int64_t j = 0; j < width; j++) {
+            if (mask[j] < MASKED) continue;
+            if (j < C)
+                axpy_half(jb->fast, s[j] * inv, pv + j * dk, dk, o);
+            else
+                axpy(jb->fast, s[j] * inv, nv + (j - C) * dk, dk, o);
+        }
+    }
+}
+
+/* The same row with every loop vectorized and inline: past keys by dot products (float16 read in place); new keys by
+ * 16-column blocks of their transpose `kt` (dk x T), which needs no horizontal sums; values accumulated per 16 lanes
+ * of dk in registers. */
+__attribute__((target(VEC))) static void attention_row_fast(const attention_job* jb, int64_t i, float* s, const float* kt) {
+    const cvl_qwen2_problem* p = jb->p;
+    const int64_t T = p->steps, C = p->cached, dk = p->head_dim, G = p->heads / p->kv_heads;
+    const int64_t t = i % T, g = (i / T) % p->kv_heads, b = i / (T * p->kv_heads), r = b * T + t, width = C + T;
+    const float* mask = p->mask + r * width;
+    const uint16_t* pk = p->past_k + (b * p->kv_heads + g) * C * dk;
+    const uint16_t* pv = p->past_v + (b * p->kv_heads + g) * C * dk;
+    const float* nv = p->v_out + (b * p->kv_heads + g) * T * dk;
+    const __m512 scale = _mm512_set1_ps(p->scale), masked = _mm512_set1_ps(MASKED);
+    for (int64_t h = g * G; h < (g + 1) * G; h++) {
+        const float* q = jb->q + (r * p->heads + h) * dk;
+        float* o = jb->att + (r * p->heads + h) * dk;
+        for (int64_t j = 0; j < C; j++) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t d = 0; d < dk; d += 16) {
+                __mmask16 m = tail_mask(dk - d);
+                acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d),
+                                      _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, pk + j * dk + d)), acc);
+            }
+            s[j] = _mm512_reduce_add_ps(acc);
+        }
+        for (int64_t j = 0; j < T; j += 16) { /* new keys: s[C + j ..] = q . kt[:, j ..] */
+            __mmask16 m = tail_mask(T - j);
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t d = 0; d < dk; d++) acc = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), _mm512_maskz_loadu_ps(m, kt + d * T + j), acc);
+            _mm512_mask_storeu_ps(s + C + j, m, acc);
+        }
+        __m512 top = _mm512_set1_ps(-INFINITY);
+        for (int64_t j = 0; j < width; j += 16) {
+            __mmask16 m = tail_mask(width - j);
+            __m512 bias = _mm512_maskz_loadu_ps(m, mask + j);
+            __mmask16 keep = _mm512_mask_cmp_ps_mask(m, bias, masked, _CMP_GE_OQ);
+            __m512 v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, s + j), scale, bias);
+            _mm512_mask_storeu_ps(s + j, m, v);
+            top = _mm512_mask_max_ps(top, keep, top, v);
+        }
+        const float sum = exp_sum_fast(s, mask, width, _mm512_reduce_max_ps(top));
+        const __m512 inv = _mm512_set1_ps(1.f / sum);
+        for (int64_t d = 0; d < dk; d += 16) {
+            __mmask16 m = tail_mask(dk - d);
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t j = 0; j < C; j++)
+                if (s[j] != 0.f)
+                    acc = _mm512_fmadd_ps(_mm512_set1_ps(s[j]), _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, pv + j * dk + d)), acc);
+            for (int64_t j = 0; j < T; j++)
+                if (s[C + j] != 0.f) acc = _mm512_fmadd_ps(_mm512_set1_ps(s[C + j]), _mm512_maskz_loadu_ps(m, nv + j * dk + d), acc);
+            _mm512_mask_storeu_ps(o + d, m, _mm512_mul_ps(acc, inv));
+        }
+    }
+}
+
+/* kt (dk x T): the new keys of (b, g) transposed */
+static void transpose_keys(const cvl_qwen2_problem* p, int64_t b, int64_t g, float* kt) {
+    const int64_t T = p->steps, dk = p->head_dim;
+    const float* k = p->k_out + (b * p->kv_heads + g) * T * dk;
+    for (int64_t j = 0; j < T; j++)
+        for (int64_t d = 0; d < dk; d++) kt[d * T + j] = k[j * dk + d];
+}
+
+static void attention_task(void* ctx, size_t task) {
+    const attention_job* jb = ctx;
+    const int64_t from = jb->rows * (int64_t)task / jb->tasks, to = jb->rows * (int64_t)(task + 1) / jb->tasks;
+    const int64_t T = jb->p->steps, width = jb->p->cached + T;
+    float* s = cvl_work_floats(CVL_WORK_QWEN_SCORES, (size_t)(width + 16 + (jb->fast ? jb->p->head_dim * T : 0)));
+    if (s == NULL) {
+        ((attention_job*)ctx)->failed = 1;
+        return;
+    }
+    float* kt = s + width + 16;
+    int64_t kt_of = -1; /* the (b, g) whose keys kt holds */
+    for (int64_t i = from; i < to; i++) {
+        if (!jb->fast) {
+            attention_row(jb, i, s);
+            continue;
+        }
+        if (i / T != kt_of) {
+            kt_of = i / T;
+            transpose_keys(jb->p, kt_of / jb->p->kv_heads, kt_of % jb->p->kv_heads, kt);
+        }
+        attention_row_fast(jb, i, s, kt);
+    }
+}
+
+int cvl_qwen2_layer(const cvl_qwen2_problem* p, cvl_parallel_fn parallel, void* runner) {
+    const int64_t R = p->batch * p->steps, D = p->dim, dk = p->head_dim, HD = p->heads * dk, KD = p->kv_heads * dk;
+    const int64_t F = p->ff, T = p->steps;
+    if (R <= 0) return 0;
+    if (dk > 1024 || dk % 2 || p->kv_heads < 1 || p->heads % p->kv_heads) return -1;
+    /* h (R x D; the RMSNorm outputs), q and att (R x HD), k and v (R x KD), x1 (R x D), g and u (R x F) */
+    float* h = cvl_work_floats(CVL_WORK_QWEN, (size_t)R * (size_t)(2 * D + 2 * HD + 2 * KD + 2 * F) + 64);
+    if (h == NULL || cvl_work_floats(CVL_WORK_QWEN_SCORES, (size_t)(p->cached + T + 16 + dk * T)) == NULL) return -1;
+    float* q = h + R * D;
+    float* att = q + R * HD;
+    float* k = att + R * HD;
+    float* v = k + R * KD;
+    float* x1 = v + R * KD;
+    float* g = x1 + R * D;
+    float* u = g + R * F;
+
+    rms_norm(p->x, R, D, p->rms1_w, p->eps, h);
+    if (product(h, R, D, &p->q, q, parallel, runner) || product(h, R, D, &p->k, k, parallel, runner) ||
+        product(h, R, D, &p->v, v, parallel, runner))
+        return -1;
+    for (int64_t r = 0; r < R; r++) {
+        const float* cos = p->cos + r * dk; /* (B, 1, T, dk): row r = b * T + t */
+        const float* sin = p->sin + r * dk;
+        rotate(q + r * HD, p->heads, dk, cos, sin);
+        rotate(k + r * KD, p->kv_heads, dk, cos, sin);
+    }
+    const size_t row_bytes = (size_t)dk * sizeof(float);
+    for (int64_t r = 0; r < R; r++) /* (B, T, kv_heads, dk) -> (B, kv_heads, T, dk) */
+        for (int64_t c = 0; c < p->kv_heads; c++) {
+            const int64_t b = r / T, t = r % T, to = ((b * p->kv_heads + c) * T + t) * dk;
+            memcpy(p->k_out + to, k + r * KD + c * dk, row_bytes);
+            memcpy(p->v_out + to, v + r * KD + c * dk, row_bytes);
+        }
+    attention_job jb = {p, q, att, p->batch * p->kv_heads * T, 1, cpu_has_vector(), 0};
+    const int64_t work = jb.rows * (p->cached + T) * (p->heads / p->kv_heads) * dk;
+    jb.tasks = parallel && work >= (1 << 20) ? (jb.rows < MAX_TASKS ? jb.rows : MAX_TASKS) : 1;
+    if (jb.tasks > 1)
+        parallel(runner, attention_task, &jb, (size_t)jb.tasks);
+    else
+        attention_task(&jb, 0);
+    if (jb.failed || product(att, R, HD, &p->o, x1, parallel, runner)) return -1;
+    add_into(x1, p->x, R * D);
+    rms_norm(x1, R, D, p->rms2_w, p->eps, h);
+    if (product(h, R, D, &p->gate, g, parallel, runner) || product(h, R, D, &p->up, u, parallel, runner)) return -1;
+    silu_mul(g, u, R * F);
+    int failed = product(g, R, F, &p->down, p->y, parallel, runner);
+    if (!failed) add_into(p->y, x1, R * D);
+    cvl_work_trim(CVL_WORK_QWEN);
+    cvl_work_trim(CVL_WORK_QWEN_SCORES);
+    return failed ? -1 : 0;
+}
