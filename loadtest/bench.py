@@ -94,15 +94,20 @@ def ensure_bundles(models: Path) -> dict[str, Path]:
 
 def _refresh_native_twins(bundle_dir: Path) -> None:
     """Give a quantized bench bundle the native twins the exporter writes now: the missing ones, or all of them again
-    when its estimator twin predates the block kernel (sessions 7-8: attention and int8 products as separate nodes)."""
+    when a CosyVoice2 twin predates its fused kernel (estimator: the block kernel, sessions 7-8 had the attention and
+    int8 products as separate nodes; step: the decoder-layer kernel, before session 10 only int8 products)."""
     import onnx
 
     from export.native_twin import drop_native_twins, write_native_twin
-    from service.bundle import ModelBundle
+    from service.bundle import FAMILY_V2, ModelBundle
 
-    estimator = ModelBundle.load(bundle_dir).native_graph_path("flow_estimator")
-    if estimator is not None and not any(n.op_type == "EstimatorBlock" for n in onnx.load(str(estimator)).graph.node):
-        drop_native_twins(bundle_dir)
+    bundle = ModelBundle.load(bundle_dir)
+    fused = {"flow_estimator": "EstimatorBlock", "llm_step": "Qwen2Layer"}
+    for graph, op in fused.items():
+        twin = bundle.native_graph_path(graph)
+        if bundle.family == FAMILY_V2 and twin is not None and not any(n.op_type == op for n in onnx.load(str(twin)).graph.node):
+            drop_native_twins(bundle_dir)
+            break
     write_native_twin(bundle_dir, log=log)
 
 
