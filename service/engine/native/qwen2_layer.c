@@ -130,7 +130,25 @@ static int product(const float* x, int64_t rows, int64_t k, const cvl_int8_weigh
 
 /* ---- rotary positions: v = v * cos + cat(-v[half:], v[:half]) * sin, per head, in place ---- */
 
+__attribute__((target(VEC))) static void rotate_fast(float* v, int64_t heads, int64_t dk, const float* cos, const float* sin) {
+    const int64_t half = dk / 2;
+    for (int64_t h = 0; h < heads; h++, v += dk)
+        for (int64_t d = 0; d < half; d += 16) {
+            __mmask16 m = tail_mask(half - d);
+            __m512 lo = _mm512_maskz_loadu_ps(m, v + d), hi = _mm512_maskz_loadu_ps(m, v + half + d);
+            __m512 new_lo = _mm512_fnmadd_ps(hi, _mm512_maskz_loadu_ps(m, sin + d), _mm512_mul_ps(lo, _mm512_maskz_loadu_ps(m, cos + d)));
+            __m512 new_hi = _mm512_fmadd_ps(lo, _mm512_maskz_loadu_ps(m, sin + half + d),
+                                            _mm512_mul_ps(hi, _mm512_maskz_loadu_ps(m, cos + half + d)));
+            _mm512_mask_storeu_ps(v + d, m, new_lo);
+            _mm512_mask_storeu_ps(v + half + d, m, new_hi);
+        }
+}
+
 static void rotate(float* v, int64_t heads, int64_t dk, const float* cos, const float* sin) {
+    if (cpu_has_vector()) {
+        rotate_fast(v, heads, dk, cos, sin);
+        return;
+    }
     const int64_t half = dk / 2;
     float r[1024];
     for (int64_t h = 0; h < heads; h++, v += dk) {
@@ -298,30 +316,34 @@ __attribute__((target(VEC))) static void attention_row_fast(const attention_job*
             }
             s[j] = _mm512_reduce_add_ps(acc);
         }
-        for (int64_t j = 0; j < T; j += 16) { /* new keys: s[C + j ..] = q . kt[:, j ..] */
+        for (int64_t j = 0; j < T; j += 16) { /* new keys: s[C + j ..] = q . kt[:, j ..] (wholly masked blocks left) */
             __mmask16 m = tail_mask(T - j);
+            if (!_mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, mask + C + j), masked, _CMP_GE_OQ)) continue;
             __m512 acc = _mm512_setzero_ps();
             for (int64_t d = 0; d < dk; d++) acc = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), _mm512_maskz_loadu_ps(m, kt + d * T + j), acc);
             _mm512_mask_storeu_ps(s + C + j, m, acc);
         }
         __m512 top = _mm512_set1_ps(-INFINITY);
+        int64_t end = 0; /* one past the last column the mask keeps */
         for (int64_t j = 0; j < width; j += 16) {
             __mmask16 m = tail_mask(width - j);
             __m512 bias = _mm512_maskz_loadu_ps(m, mask + j);
             __mmask16 keep = _mm512_mask_cmp_ps_mask(m, bias, masked, _CMP_GE_OQ);
-            __m512 v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, s + j), scale, bias);
+            if (!keep) continue;
+            __m512 v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(keep, s + j), scale, bias);
             _mm512_mask_storeu_ps(s + j, m, v);
             top = _mm512_mask_max_ps(top, keep, top, v);
+            end = j + 32 - __builtin_clz((unsigned)keep);
         }
         const float sum = exp_sum_fast(s, mask, width, _mm512_reduce_max_ps(top));
         const __m512 inv = _mm512_set1_ps(1.f / sum);
         for (int64_t d = 0; d < dk; d += 16) {
             __mmask16 m = tail_mask(dk - d);
             __m512 acc = _mm512_setzero_ps();
-            for (int64_t j = 0; j < C; j++)
+            for (int64_t j = 0; j < C && j < end; j++)
                 if (s[j] != 0.f)
                     acc = _mm512_fmadd_ps(_mm512_set1_ps(s[j]), _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, pv + j * dk + d)), acc);
-            for (int64_t j = 0; j < T; j++)
+            for (int64_t j = 0; j < end - C; j++)
                 if (s[C + j] != 0.f) acc = _mm512_fmadd_ps(_mm512_set1_ps(s[C + j]), _mm512_maskz_loadu_ps(m, nv + j * dk + d), acc);
             _mm512_mask_storeu_ps(o + d, m, _mm512_mul_ps(acc, inv));
         }
