@@ -172,68 +172,23 @@ typedef struct {
     volatile int failed; /* a task could not allocate its score buffer */
 } attention_job;
 
-__attribute__((target(VEC))) static float dot_half_fast(const float* q, const uint16_t* k, int64_t dk) {
-    __m512 s = _mm512_setzero_ps();
-    for (int64_t d = 0; d < dk; d += 16) {
-        __mmask16 m = tail_mask(dk - d);
-        s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, k + d)), s);
-    }
-    return _mm512_reduce_add_ps(s);
-}
-
-__attribute__((target(VEC))) static float dot_fast(const float* q, const float* k, int64_t dk) {
-    __m512 s = _mm512_setzero_ps();
-    for (int64_t d = 0; d < dk; d += 16) {
-        __mmask16 m = tail_mask(dk - d);
-        s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), _mm512_maskz_loadu_ps(m, k + d), s);
-    }
-    return _mm512_reduce_add_ps(s);
-}
-
-__attribute__((target(VEC))) static void axpy_half_fast(float a, const uint16_t* v, int64_t dk, float* o) {
-    const __m512 s = _mm512_set1_ps(a);
-    for (int64_t d = 0; d < dk; d += 16) {
-        __mmask16 m = tail_mask(dk - d);
-        __m512 x = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, v + d));
-        _mm512_mask_storeu_ps(o + d, m, _mm512_fmadd_ps(s, x, _mm512_maskz_loadu_ps(m, o + d)));
-    }
-}
-
-__attribute__((target(VEC))) static void axpy_fast(float a, const float* v, int64_t dk, float* o) {
-    const __m512 s = _mm512_set1_ps(a);
-    for (int64_t d = 0; d < dk; d += 16) {
-        __mmask16 m = tail_mask(dk - d);
-        _mm512_mask_storeu_ps(o + d, m, _mm512_fmadd_ps(s, _mm512_maskz_loadu_ps(m, v + d), _mm512_maskz_loadu_ps(m, o + d)));
-    }
-}
-
-static float dot_half(int fast, const float* q, const uint16_t* k, int64_t dk) {
-    if (fast) return dot_half_fast(q, k, dk);
+static float dot_half(const float* q, const uint16_t* k, int64_t dk) {
     float s = 0.f;
     for (int64_t d = 0; d < dk; d++) s += q[d] * float_of_half(k[d]);
     return s;
 }
 
-static float dot(int fast, const float* q, const float* k, int64_t dk) {
-    if (fast) return dot_fast(q, k, dk);
+static float dot(const float* q, const float* k, int64_t dk) {
     float s = 0.f;
     for (int64_t d = 0; d < dk; d++) s += q[d] * k[d];
     return s;
 }
 
-static void axpy_half(int fast, float a, const uint16_t* v, int64_t dk, float* o) {
-    if (fast) {
-        axpy_half_fast(a, v, dk, o);
-        return;
-    }
+static void axpy_half(float a, const uint16_t* v, int64_t dk, float* o) {
     for (int64_t d = 0; d < dk; d++) o[d] += a * float_of_half(v[d]);
 }
 
-static void axpy(int fast, float a, const float* v, int64_t dk, float* o) {
-    if (fast) {
-        axpy_fast(a, v, dk, o);
-        return;
-    }
+static void axpy(float a, const float* v, int64_t dk, float* o) {
     for (int64_t d = 0; d < dk; d++) o[d] += a * v[d];
 }
 
@@ -260,6 +215,7 @@ __attribute__((target(VEC))) static float exp_sum_fast(float* s, const float* ma
     return _mm512_reduce_add_ps(sum);
 }
 
+/* The portable code of one attention row (the vector code: attention_row_fast). */
 static void attention_row(const attention_job* jb, int64_t i, float* s) {
     const cvl_qwen2_problem* p = jb->p;
     const int64_t T = p->steps, C = p->cached, dk = p->head_dim, G = p->heads / p->kv_heads;
@@ -275,19 +231,19 @@ static void attention_row(const attention_job* jb, int64_t i, float* s) {
         float top = -INFINITY;
         for (int64_t j = 0; j < width; j++) {
             if (mask[j] < MASKED) continue;
-            const float score = (j < C ? dot_half(jb->fast, q, pk + j * dk, dk) : dot(jb->fast, q, nk + (j - C) * dk, dk));
+            const float score = j < C ? dot_half(q, pk + j * dk, dk) : dot(q, nk + (j - C) * dk, dk);
             s[j] = score * p->scale + mask[j];
             top = s[j] > top ? s[j] : top;
         }
-        const float sum = jb->fast ? exp_sum_fast(s, mask, width, top) : exp_sum(s, mask, width, top);
+        const float sum = exp_sum(s, mask, width, top);
         memset(o, 0, (size_t)dk * sizeof(float));
         const float inv = 1.f / sum;
         for (int64_t j = 0; j < width; j++) {
             if (mask[j] < MASKED) continue;
             if (j < C)
-                axpy_half(jb->fast, s[j] * inv, pv + j * dk, dk, o);
+                axpy_half(s[j] * inv, pv + j * dk, dk, o);
             else
-                axpy(jb->fast, s[j] * inv, nv + (j - C) * dk, dk, o);
+                axpy(s[j] * inv, nv + (j - C) * dk, dk, o);
         }
     }
 }
