@@ -136,7 +136,8 @@ __attribute__((target(VEC))) static void rotate_fast(float* v, int64_t heads, in
         for (int64_t d = 0; d < half; d += 16) {
             __mmask16 m = tail_mask(half - d);
             __m512 lo = _mm512_maskz_loadu_ps(m, v + d), hi = _mm512_maskz_loadu_ps(m, v + half + d);
-            __m512 new_lo = _mm512_fnmadd_ps(hi, _mm512_maskz_loadu_ps(m, sin + d), _mm512_mul_ps(lo, _mm512_maskz_loadu_ps(m, cos + d)));
+            __m512 new_lo = _mm512_fnmadd_ps(hi, _mm512_maskz_loadu_ps(m, sin + d),
+                                             _mm512_mul_ps(lo, _mm512_maskz_loadu_ps(m, cos + d)));
             __m512 new_hi = _mm512_fmadd_ps(lo, _mm512_maskz_loadu_ps(m, sin + half + d),
                                             _mm512_mul_ps(hi, _mm512_maskz_loadu_ps(m, cos + half + d)));
             _mm512_mask_storeu_ps(v + d, m, new_lo);
@@ -215,23 +216,35 @@ __attribute__((target(VEC))) static float exp_sum_fast(float* s, const float* ma
     return _mm512_reduce_add_ps(sum);
 }
 
+/* What one attention row (b, kv head g, new token t; i = (b * kv_heads + g) * T + t) reads and writes. */
+typedef struct {
+    int64_t r, width, first_head, last_head; /* r = b * T + t: its row of q, att and the mask; heads [first, last) */
+    const float* mask;                       /* (C + T) */
+    const uint16_t *pk, *pv;                 /* (C, dk) float16 */
+    const float *nk, *nv;                    /* (T, dk) */
+} attention_rows;
+
+static attention_rows rows_of(const cvl_qwen2_problem* p, int64_t i) {
+    const int64_t T = p->steps, C = p->cached, dk = p->head_dim, G = p->heads / p->kv_heads;
+    const int64_t t = i % T, bg = i / T, g = bg % p->kv_heads, r = (bg / p->kv_heads) * T + t;
+    return (attention_rows){r, C + T, g * G, (g + 1) * G, p->mask + r * (C + T), p->past_k + bg * C * dk, p->past_v + bg * C * dk,
+                            p->k_out + bg * T * dk, p->v_out + bg * T * dk};
+}
+
 /* The portable code of one attention row (the vector code: attention_row_fast). */
 static void attention_row(const attention_job* jb, int64_t i, float* s) {
     const cvl_qwen2_problem* p = jb->p;
-    const int64_t T = p->steps, C = p->cached, dk = p->head_dim, G = p->heads / p->kv_heads;
-    const int64_t t = i % T, g = (i / T) % p->kv_heads, b = i / (T * p->kv_heads), r = b * T + t, width = C + T;
-    const float* mask = p->mask + r * width;
-    const uint16_t* pk = p->past_k + (b * p->kv_heads + g) * C * dk;
-    const uint16_t* pv = p->past_v + (b * p->kv_heads + g) * C * dk;
-    const float* nk = p->k_out + (b * p->kv_heads + g) * T * dk;
-    const float* nv = p->v_out + (b * p->kv_heads + g) * T * dk;
-    for (int64_t h = g * G; h < (g + 1) * G; h++) {
+    const int64_t C = p->cached, dk = p->head_dim;
+    const attention_rows a = rows_of(p, i);
+    const int64_t r = a.r, width = a.width;
+    const float* mask = a.mask;
+    for (int64_t h = a.first_head; h < a.last_head; h++) {
         const float* q = jb->q + (r * p->heads + h) * dk;
         float* o = jb->att + (r * p->heads + h) * dk;
         float top = -INFINITY;
         for (int64_t j = 0; j < width; j++) {
             if (mask[j] < MASKED) continue;
-            const float score = j < C ? dot_half(q, pk + j * dk, dk) : dot(q, nk + (j - C) * dk, dk);
+            const float score = j < C ? dot_half(q, a.pk + j * dk, dk) : dot(q, a.nk + (j - C) * dk, dk);
             s[j] = score * p->scale + mask[j];
             top = s[j] > top ? s[j] : top;
         }
@@ -241,9 +254,9 @@ static void attention_row(const attention_job* jb, int64_t i, float* s) {
         for (int64_t j = 0; j < width; j++) {
             if (mask[j] < MASKED) continue;
             if (j < C)
-                axpy_half(s[j] * inv, pv + j * dk, dk, o);
+                axpy_half(s[j] * inv, a.pv + j * dk, dk, o);
             else
-                axpy(s[j] * inv, nv + (j - C) * dk, dk, o);
+                axpy(s[j] * inv, a.nv + (j - C) * dk, dk, o);
         }
     }
 }
@@ -253,14 +266,14 @@ static void attention_row(const attention_job* jb, int64_t i, float* s) {
  * of dk in registers. */
 __attribute__((target(VEC))) static void attention_row_fast(const attention_job* jb, int64_t i, float* s, const float* kt) {
     const cvl_qwen2_problem* p = jb->p;
-    const int64_t T = p->steps, C = p->cached, dk = p->head_dim, G = p->heads / p->kv_heads;
-    const int64_t t = i % T, g = (i / T) % p->kv_heads, b = i / (T * p->kv_heads), r = b * T + t, width = C + T;
-    const float* mask = p->mask + r * width;
-    const uint16_t* pk = p->past_k + (b * p->kv_heads + g) * C * dk;
-    const uint16_t* pv = p->past_v + (b * p->kv_heads + g) * C * dk;
-    const float* nv = p->v_out + (b * p->kv_heads + g) * T * dk;
+    const int64_t T = p->steps, C = p->cached, dk = p->head_dim;
+    const attention_rows a = rows_of(p, i);
+    const int64_t r = a.r, width = a.width;
+    const float* mask = a.mask;
+    const uint16_t *pk = a.pk, *pv = a.pv;
+    const float* nv = a.nv;
     const __m512 scale = _mm512_set1_ps(p->scale), masked = _mm512_set1_ps(MASKED);
-    for (int64_t h = g * G; h < (g + 1) * G; h++) {
+    for (int64_t h = a.first_head; h < a.last_head; h++) {
         const float* q = jb->q + (r * p->heads + h) * dk;
         float* o = jb->att + (r * p->heads + h) * dk;
         for (int64_t j = 0; j < C; j++) {
@@ -276,7 +289,8 @@ __attribute__((target(VEC))) static void attention_row_fast(const attention_job*
             __mmask16 m = tail_mask(T - j);
             if (!_mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, mask + C + j), masked, _CMP_GE_OQ)) continue;
             __m512 acc = _mm512_setzero_ps();
-            for (int64_t d = 0; d < dk; d++) acc = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), _mm512_maskz_loadu_ps(m, kt + d * T + j), acc);
+            for (int64_t d = 0; d < dk; d++)
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), _mm512_maskz_loadu_ps(m, kt + d * T + j), acc);
             _mm512_mask_storeu_ps(s + C + j, m, acc);
         }
         __m512 top = _mm512_set1_ps(-INFINITY);
@@ -298,9 +312,11 @@ __attribute__((target(VEC))) static void attention_row_fast(const attention_job*
             __m512 acc = _mm512_setzero_ps();
             for (int64_t j = 0; j < C && j < end; j++)
                 if (s[j] != 0.f)
-                    acc = _mm512_fmadd_ps(_mm512_set1_ps(s[j]), _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, pv + j * dk + d)), acc);
+                    acc = _mm512_fmadd_ps(_mm512_set1_ps(s[j]),
+                                          _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, pv + j * dk + d)), acc);
             for (int64_t j = 0; j < end - C; j++)
-                if (s[C + j] != 0.f) acc = _mm512_fmadd_ps(_mm512_set1_ps(s[C + j]), _mm512_maskz_loadu_ps(m, nv + j * dk + d), acc);
+                if (s[C + j] != 0.f)
+                    acc = _mm512_fmadd_ps(_mm512_set1_ps(s[C + j]), _mm512_maskz_loadu_ps(m, nv + j * dk + d), acc);
             _mm512_mask_storeu_ps(o + d, m, _mm512_mul_ps(acc, inv));
         }
     }
