@@ -490,26 +490,7 @@ def fuse_qwen2_layers(model: onnx.ModelProto) -> int:
         layer += 1
     if fused:
         _replace_nodes(model, fused)
-        _toposort(graph)
     return len(fused)
-
-
-def _toposort(graph: onnx.GraphProto) -> None:
-    """Order the graph's nodes so that each comes after the makers of its inputs (a fused node with several outputs
-    may stand after a node that reads one of them)."""
-    known = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
-    pending, ordered = list(graph.node), []
-    while pending:
-        ready = [n for n in pending if all(name in known for name in n.input)]
-        if not ready:
-            raise RewriteError("the rewritten graph has a cycle")
-        ready_ids = {id(n) for n in ready}
-        pending = [n for n in pending if id(n) not in ready_ids]
-        for n in ready:
-            ordered.append(n)
-            known.update(n.output)
-    del graph.node[:]
-    graph.node.extend(ordered)
 
 
 def _attr(node: onnx.NodeProto, name: str) -> object:
@@ -517,8 +498,8 @@ def _attr(node: onnx.NodeProto, name: str) -> object:
 
 
 def _replace_nodes(model: onnx.ModelProto, fused: dict[str, onnx.NodeProto]) -> None:
-    """Put each new node where the node making its output was (after every producer of its inputs: still in order),
-    drop what nothing reads any more, and declare our domain."""
+    """Put each new node where the node making its output was, drop what nothing reads any more, keep the order
+    topological (`_install`) and declare our domain."""
     graph = model.graph
     kept = [fused.get(n.output[0], n) if len(n.output) == 1 else n for n in graph.node]
     _install(graph, _live(kept, [o.name for o in graph.output]))
@@ -527,10 +508,29 @@ def _replace_nodes(model: onnx.ModelProto, fused: dict[str, onnx.NodeProto]) -> 
 
 
 def _install(graph: onnx.GraphProto, live: list[onnx.NodeProto]) -> None:
-    """Make `live` the graph's nodes and drop the initializers none of them reads."""
+    """Make `live` the graph's nodes, in its order except where a node reads what a later one makes (a fused node with
+    several outputs stands where its last output was made, after nodes that read its first ones): such a node moves to
+    just after its inputs exist. Drop the initializers none of them reads."""
+    known = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    ordered: list[onnx.NodeProto] = []
+    waiting: list[onnx.NodeProto] = []
+    for node in live:
+        if not all(name in known for name in node.input):
+            waiting.append(node)
+            continue
+        ordered.append(node)
+        known.update(node.output)
+        while waiting and (ready := [n for n in waiting if all(name in known for name in n.input)]):
+            for n in ready:
+                ordered.append(n)
+                known.update(n.output)
+            moved = {id(n) for n in ready}
+            waiting = [n for n in waiting if id(n) not in moved]
+    if waiting:
+        raise RewriteError(f"{waiting[0].name}: its inputs are never made (a cycle in the rewritten graph)")
     del graph.node[:]
-    graph.node.extend(live)
-    used = {name for node in live for name in node.input}
+    graph.node.extend(ordered)
+    used = {name for node in ordered for name in node.input}
     keep_inits = [init for init in graph.initializer if init.name in used]
     del graph.initializer[:]
     graph.initializer.extend(keep_inits)

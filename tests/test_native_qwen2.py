@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from portable import run_portable
+from test_native_twin import relative_rms, step_feeds
 
 from export.native_twin import QWEN2_OP_NAME, RewriteError, fuse_int8_matmuls, fuse_qwen2_layers
 from service.bundle import ModelBundle
@@ -27,26 +27,6 @@ def session(native_library: Path, model: onnx.ModelProto) -> ort.InferenceSessio
     so = ort.SessionOptions()
     so.register_custom_ops_library(str(native_library))
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
-def step_feeds(model: onnx.ModelProto, past_len: list[int], cached: int, steps: int, seed: int) -> dict[str, np.ndarray]:
-    """Random step inputs: rows with their own cache lengths (columns past a row's length are garbage the mask hides)."""
-    rng = np.random.default_rng(seed)
-    rows = len(past_len)
-    feeds: dict[str, np.ndarray] = {"past_len": np.asarray(past_len, np.int64)}
-    for i in model.graph.input:
-        if i.name == "past_len":
-            continue
-        dims = [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
-        shape = [{"B": rows, "T": steps, "C": cached}.get(d, 1) if isinstance(d, str) else d for d in dims]
-        dtype = np.float16 if i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16 else np.float32
-        feeds[i.name] = (rng.standard_normal(shape) * 0.5).astype(dtype)
-    return feeds
-
-
-def relative_rms(want: np.ndarray, got: np.ndarray) -> float:
-    want, got = want.astype(np.float64), got.astype(np.float64)
-    return float(np.sqrt(np.mean((want - got) ** 2)) / max(np.sqrt(np.mean(want**2)), 1e-12))
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +49,9 @@ def fused_step(tiny_v2_bundle: Path) -> onnx.ModelProto:
 def test_the_layer_rewrite_computes_what_the_unfused_twin_computes(
     tiny_v2_bundle: Path, native_library: Path, fused_step: onnx.ModelProto, past_len: list[int], cached: int, steps: int
 ) -> None:
-    unfused = unfused_step(tiny_v2_bundle)
-    feeds = step_feeds(unfused, past_len, cached, steps, seed=cached + steps)
-    want = session(native_library, unfused).run(None, feeds)
+    unfused = session(native_library, unfused_step(tiny_v2_bundle))
+    feeds = step_feeds(unfused, len(past_len), steps, cached, past_len)
+    want = unfused.run(None, feeds)
     got = session(native_library, fused_step).run(None, feeds)
     for name, a, b in zip(("logp", "new_k", "new_v"), want, got, strict=True):
         assert a.shape == b.shape, name
@@ -81,8 +61,9 @@ def test_the_layer_rewrite_computes_what_the_unfused_twin_computes(
 
 
 def test_the_portable_kernel_computes_the_same(native_library: Path, fused_step: onnx.ModelProto, tmp_path: Path) -> None:
-    feeds = step_feeds(fused_step, [12, 5], 12, 2, seed=3)
-    fast = session(native_library, fused_step).run(None, feeds)
+    fused = session(native_library, fused_step)
+    feeds = step_feeds(fused, 2, 2, 12, [12, 5])
+    fast = fused.run(None, feeds)
     portable = run_portable(native_library, fused_step.SerializeToString(), feeds, tmp_path)
     for name, a, b in zip(("logp", "new_k", "new_v"), fast, portable, strict=True):
         assert relative_rms(a, b) < 0.02, name

@@ -115,9 +115,13 @@ def test_the_committed_twin_runs_and_stays_near_the_int8_graph(tiny_v2_bundle: P
         assert relative_rms(want, got) < 0.15, output.name
 
 
-def step_feeds(session: ort.InferenceSession, rows: int, positions: int, cached: int) -> dict[str, np.ndarray]:
+def step_feeds(
+    session: ort.InferenceSession, rows: int, positions: int, cached: int, past_len: list[int] | None = None
+) -> dict[str, np.ndarray]:
+    """Random step inputs: `rows` rows of `positions` new tokens after caches of `cached` columns, of which each row
+    uses `past_len` (default: all; the columns past a row's length are garbage the mask hides)."""
     rng = np.random.default_rng(rows * 100 + positions)
-    feeds: dict[str, np.ndarray] = {"past_len": np.full(rows, cached, np.int64)}
+    feeds: dict[str, np.ndarray] = {"past_len": np.asarray(past_len or [cached] * rows, np.int64)}
     for i in session.get_inputs():
         if i.name != "past_len":
             shape = [{"B": rows, "T": positions, "C": cached}.get(d, 1) if isinstance(d, str) else d for d in i.shape]

@@ -10,6 +10,7 @@
 #include "cached_attention.h"
 
 #include "cpu.h"
+#include "half.h"
 #include "simd_math.h"
 #include "work.h"
 
@@ -31,24 +32,6 @@ static inline int64_t key_limit(const cvl_attention_shape* s, int i) {
 
 /* ---- portable float32 kernel (any head size; the reference for the fast one) ---- */
 
-static float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    } else if (man == 0) {
-        bits = sign;
-    } else { /* subnormal half: normalise */
-        int e = -1;
-        do { man <<= 1; e++; } while ((man & 0x400) == 0);
-        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
 static int attention_portable(const cvl_attention_shape* s, const float* q, const float* k, const float* v,
                               const uint16_t* pk, const uint16_t* pv, float* out) {
     const int M = s->new_frames, C = s->cached, H = s->heads, DK = s->head_dim, D = H * DK, T = C + M;
@@ -66,7 +49,7 @@ static int attention_portable(const cvl_attention_shape* s, const float* q, cons
                     float dot = 0.f;
                     if (j < C) {
                         const uint16_t* kj = pk + ((size_t)b * C + j) * D + h * DK;
-                        for (int d = 0; d < DK; d++) dot += qi[d] * half_to_float(kj[d]);
+                        for (int d = 0; d < DK; d++) dot += qi[d] * cvl_half_to_float(kj[d]);
                     } else {
                         const float* kj = k + ((size_t)b * M + (j - C)) * D + h * DK;
                         for (int d = 0; d < DK; d++) dot += qi[d] * kj[d];
@@ -83,7 +66,7 @@ static int attention_portable(const cvl_attention_shape* s, const float* q, cons
                 for (int j = 0; j < lim; j++) {
                     if (j < C) {
                         const uint16_t* vj = pv + ((size_t)b * C + j) * D + h * DK;
-                        for (int d = 0; d < DK; d++) acc[d] += p[j] * half_to_float(vj[d]);
+                        for (int d = 0; d < DK; d++) acc[d] += p[j] * cvl_half_to_float(vj[d]);
                     } else {
                         const float* vj = v + ((size_t)b * M + (j - C)) * D + h * DK;
                         for (int d = 0; d < DK; d++) acc[d] += p[j] * vj[d];

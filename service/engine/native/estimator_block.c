@@ -49,26 +49,22 @@ static void layer_norm_portable(const float* x, int64_t rows, int64_t n, const f
     }
 }
 
-static inline __mmask16 tail_mask(int64_t left) {
-    return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-}
-
 __attribute__((target(VEC))) static void layer_norm_fast(const float* x, int64_t rows, int64_t n, const float* w,
                                                          const float* b, float eps, float* y) {
     for (int64_t r = 0; r < rows; r++, x += n, y += n) {
         __m512 s = _mm512_setzero_ps();
-        for (int64_t i = 0; i < n; i += 16) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(tail_mask(n - i), x + i));
+        for (int64_t i = 0; i < n; i += 16) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(cvl_tail_mask(n - i), x + i));
         const float mean = _mm512_reduce_add_ps(s) / (float)n;
         const __m512 m = _mm512_set1_ps(mean);
         __m512 v = _mm512_setzero_ps();
         for (int64_t i = 0; i < n; i += 16) {
-            __mmask16 k = tail_mask(n - i);
+            __mmask16 k = cvl_tail_mask(n - i);
             __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x + i), m);
             v = _mm512_fmadd_ps(d, d, v);
         }
         const __m512 sd = _mm512_set1_ps(sqrtf(_mm512_reduce_add_ps(v) / (float)n + eps));
         for (int64_t i = 0; i < n; i += 16) {
-            __mmask16 k = tail_mask(n - i);
+            __mmask16 k = cvl_tail_mask(n - i);
             __m512 d = _mm512_div_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m), sd);
             __m512 o = _mm512_fmadd_ps(d, _mm512_maskz_loadu_ps(k, w + i), _mm512_maskz_loadu_ps(k, b + i));
             _mm512_mask_storeu_ps(y + i, k, o);
@@ -88,7 +84,7 @@ static void layer_norm(const float* x, int64_t rows, int64_t n, const float* w, 
 __attribute__((target(VEC))) static void gelu_fast(float* x, int64_t count) {
     const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f), r2 = _mm512_set1_ps(0.70710678118654752f);
     for (int64_t i = 0; i < count; i += 16) {
-        __mmask16 k = tail_mask(count - i);
+        __mmask16 k = cvl_tail_mask(count - i);
         __m512 v = _mm512_maskz_loadu_ps(k, x + i);
         __m512 e = cvl_erf(_mm512_mul_ps(v, r2));
         _mm512_mask_storeu_ps(x + i, k, _mm512_mul_ps(_mm512_mul_ps(v, half), _mm512_add_ps(one, e)));
@@ -145,17 +141,6 @@ static void add_into(float* y, const float* x, int64_t count) {
     for (int64_t i = 0; i < count; i++) y[i] += x[i];
 }
 
-/* y = x . w (rows x w->n), or with `parts` its column thirds into parts[0..2] (the q, k, v products). */
-static int product(const float* x, int64_t rows, int64_t k, const cvl_int8_weight* w, float* y, float* const* parts,
-                   cvl_parallel_fn parallel, void* runner) {
-    cvl_int8_problem p = {
-        .rows = rows, .k = k, .n = w->n, .x = x, .packed = w->packed, .colsum = w->colsum, .w_scale = w->scales[0],
-        .bias = w->bias, .y = y, .w_scales = w->scale_count > 1 ? w->scales : NULL, .y_parts = parts,
-        .part_n = parts ? w->n / 3 : 0,
-    };
-    return cvl_int8_matmul(&p, parallel, runner);
-}
-
 int cvl_estimator_block(const cvl_block_problem* p, cvl_parallel_fn parallel, void* runner) {
     const int64_t rows = p->batch * p->frames, D = p->dim, HD = p->heads * p->head_dim, F = p->ff;
     if (rows <= 0) return 0;
@@ -175,9 +160,9 @@ int cvl_estimator_block(const cvl_block_problem* p, cvl_parallel_fn parallel, vo
     layer_norm(p->x, rows, D, p->ln1_w, p->ln1_b, p->eps1, h1);
     if (!split) { /* q, k and v straight to where they are read */
         float* const parts[3] = {q, k, v};
-        if (product(h1, rows, D, &p->qkv, NULL, parts, parallel, runner) != 0) return -1;
+        if (cvl_int8_weight_matmul(h1, rows, D, &p->qkv, NULL, parts, parallel, runner) != 0) return -1;
     } else {
-        if (product(h1, rows, D, &p->qkv, qkv, NULL, parallel, runner) != 0) return -1;
+        if (cvl_int8_weight_matmul(h1, rows, D, &p->qkv, qkv, NULL, parallel, runner) != 0) return -1;
         const size_t row_bytes = (size_t)HD * sizeof(float);
         for (int64_t r = 0; r < rows; r++) {
             const float* src = qkv + r * 3 * HD;
@@ -191,12 +176,12 @@ int cvl_estimator_block(const cvl_block_problem* p, cvl_parallel_fn parallel, vo
     if (cvl_cached_attention(&shape, q, k, v, p->past_k, p->past_v, att) != 0) return -1;
     to_half(k, rows * HD, p->k);
     to_half(v, rows * HD, p->v);
-    if (product(att, rows, HD, &p->out, h, NULL, parallel, runner) != 0) return -1;
+    if (cvl_int8_weight_matmul(att, rows, HD, &p->out, h, NULL, parallel, runner) != 0) return -1;
     add_into(h, p->x, rows * D);
     layer_norm(h, rows, D, p->ln3_w, p->ln3_b, p->eps3, h1);
-    if (product(h1, rows, D, &p->ff1, f, NULL, parallel, runner) != 0) return -1;
+    if (cvl_int8_weight_matmul(h1, rows, D, &p->ff1, f, NULL, parallel, runner) != 0) return -1;
     gelu(f, rows * F);
-    int failed = product(f, rows, F, &p->ff2, p->y, NULL, parallel, runner);
+    int failed = cvl_int8_weight_matmul(f, rows, F, &p->ff2, p->y, NULL, parallel, runner);
     if (!failed) add_into(p->y, h, rows * D);
     cvl_work_trim(CVL_WORK_BLOCK);
     return failed ? -1 : 0;

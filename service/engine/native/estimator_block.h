@@ -11,16 +11,6 @@
 
 #include "int8_matmul.h"
 
-/* A packed int8 weight (int8_matmul.h) with n output columns: scales holds 1 scale, or n (one per column). */
-typedef struct {
-    int64_t n;
-    const int8_t* packed;
-    const int32_t* colsum;
-    const float* scales;
-    int64_t scale_count;
-    const float* bias; /* n, or NULL */
-} cvl_int8_weight;
-
 typedef struct {
     int64_t batch, frames, cached, dim, heads, head_dim, ff, chunk;
     float scale, eps1, eps3;           /* the attention's score scale, the two LayerNorms' epsilon */

@@ -277,3 +277,13 @@ int cvl_int8_matmul(const cvl_int8_problem* p, cvl_parallel_fn parallel, void* r
     free(work);
     return 0;
 }
+
+int cvl_int8_weight_matmul(const float* x, int64_t rows, int64_t k, const cvl_int8_weight* w, float* y, float* const* parts,
+                           cvl_parallel_fn parallel, void* runner) {
+    cvl_int8_problem p = {
+        .rows = rows, .k = k, .n = w->n, .x = x, .packed = w->packed, .colsum = w->colsum, .w_scale = w->scales[0],
+        .bias = w->bias, .y = y, .w_scales = w->scale_count > 1 ? w->scales : NULL, .y_parts = parts,
+        .part_n = parts ? w->n / 3 : 0,
+    };
+    return cvl_int8_matmul(&p, parallel, runner);
+}

@@ -41,6 +41,21 @@ size_t cvl_int8_packed_bytes(int64_t k, int64_t n);
 /* 0 on success, -1 when the work buffer cannot be allocated. `parallel` may be NULL (one thread). */
 int cvl_int8_matmul(const cvl_int8_problem* p, cvl_parallel_fn parallel, void* runner);
 
+/* A packed int8 weight as the fused kernels hold it, with n output columns: scales holds 1 scale, or n (one per column). */
+typedef struct {
+    int64_t n;
+    const int8_t* packed;
+    const int32_t* colsum;
+    const float* scales;
+    int64_t scale_count;
+    const float* bias; /* n, or NULL */
+} cvl_int8_weight;
+
+/* y = x . w (rows x k -> rows x w->n), or with `parts` (3 buffers) its column thirds into parts[0..2] (q, k, v side by
+ * side): cvl_int8_matmul over the weight's scale(s) and bias. */
+int cvl_int8_weight_matmul(const float* x, int64_t rows, int64_t k, const cvl_int8_weight* w, float* y, float* const* parts,
+                           cvl_parallel_fn parallel, void* runner);
+
 /* 1 when cvl_int8_matmul takes its AVX-512 VNNI kernel on this CPU, 0 when the portable one. */
 int cvl_int8_fast_kernel(void);
 

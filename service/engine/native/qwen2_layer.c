@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "half.h"
 #include "simd_math.h"
 #include "work.h"
 
@@ -32,27 +33,6 @@ static int cpu_has_vector(void) {
     return known;
 }
 
-static float float_of_half(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    uint32_t bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else { /* subnormal: man x 2^-24 */
-            float f = (float)man * 5.9604644775390625e-8f;
-            memcpy(&bits, &f, sizeof bits);
-            bits |= sign;
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else {
-        bits = sign | ((exp + 112u) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
 /* ---- RMSNorm over rows of n: w * (x * (1 / sqrt(mean(x^2) + eps))), as the step graph computes it ---- */
 
 static void rms_norm_portable(const float* x, int64_t rows, int64_t n, const float* w, float eps, float* y) {
@@ -64,21 +44,17 @@ static void rms_norm_portable(const float* x, int64_t rows, int64_t n, const flo
     }
 }
 
-static inline __mmask16 tail_mask(int64_t left) {
-    return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-}
-
 __attribute__((target(VEC))) static void rms_norm_fast(const float* x, int64_t rows, int64_t n, const float* w, float eps,
                                                        float* y) {
     for (int64_t r = 0; r < rows; r++, x += n, y += n) {
         __m512 s = _mm512_setzero_ps();
         for (int64_t i = 0; i < n; i += 16) {
-            __m512 v = _mm512_maskz_loadu_ps(tail_mask(n - i), x + i);
+            __m512 v = _mm512_maskz_loadu_ps(cvl_tail_mask(n - i), x + i);
             s = _mm512_fmadd_ps(v, v, s);
         }
         const __m512 inv = _mm512_set1_ps(1.f / sqrtf(_mm512_reduce_add_ps(s) / (float)n + eps));
         for (int64_t i = 0; i < n; i += 16) {
-            __mmask16 k = tail_mask(n - i);
+            __mmask16 k = cvl_tail_mask(n - i);
             __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), inv);
             _mm512_mask_storeu_ps(y + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, w + i), v));
         }
@@ -97,7 +73,7 @@ static void rms_norm(const float* x, int64_t rows, int64_t n, const float* w, fl
 __attribute__((target(VEC))) static void silu_mul_fast(float* g, const float* u, int64_t count) {
     const __m512 one = _mm512_set1_ps(1.f);
     for (int64_t i = 0; i < count; i += 16) {
-        __mmask16 k = tail_mask(count - i);
+        __mmask16 k = cvl_tail_mask(count - i);
         __m512 v = _mm512_maskz_loadu_ps(k, g + i);
         __m512 e = cvl_exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(v))); /* e^-|g| */
         __m512 d = _mm512_add_ps(one, e);
@@ -119,22 +95,13 @@ static void add_into(float* y, const float* x, int64_t count) {
     for (int64_t i = 0; i < count; i++) y[i] += x[i];
 }
 
-static int product(const float* x, int64_t rows, int64_t k, const cvl_int8_weight* w, float* y, cvl_parallel_fn parallel,
-                   void* runner) {
-    cvl_int8_problem p = {
-        .rows = rows, .k = k, .n = w->n, .x = x, .packed = w->packed, .colsum = w->colsum, .w_scale = w->scales[0],
-        .bias = w->bias, .y = y, .w_scales = w->scale_count > 1 ? w->scales : NULL,
-    };
-    return cvl_int8_matmul(&p, parallel, runner);
-}
-
 /* ---- rotary positions: v = v * cos + cat(-v[half:], v[:half]) * sin, per head, in place ---- */
 
 __attribute__((target(VEC))) static void rotate_fast(float* v, int64_t heads, int64_t dk, const float* cos, const float* sin) {
     const int64_t half = dk / 2;
     for (int64_t h = 0; h < heads; h++, v += dk)
         for (int64_t d = 0; d < half; d += 16) {
-            __mmask16 m = tail_mask(half - d);
+            __mmask16 m = cvl_tail_mask(half - d);
             __m512 lo = _mm512_maskz_loadu_ps(m, v + d), hi = _mm512_maskz_loadu_ps(m, v + half + d);
             __m512 new_lo = _mm512_fnmadd_ps(hi, _mm512_maskz_loadu_ps(m, sin + d),
                                              _mm512_mul_ps(lo, _mm512_maskz_loadu_ps(m, cos + d)));
@@ -175,7 +142,7 @@ typedef struct {
 
 static float dot_half(const float* q, const uint16_t* k, int64_t dk) {
     float s = 0.f;
-    for (int64_t d = 0; d < dk; d++) s += q[d] * float_of_half(k[d]);
+    for (int64_t d = 0; d < dk; d++) s += q[d] * cvl_half_to_float(k[d]);
     return s;
 }
 
@@ -186,7 +153,7 @@ static float dot(const float* q, const float* k, int64_t dk) {
 }
 
 static void axpy_half(float a, const uint16_t* v, int64_t dk, float* o) {
-    for (int64_t d = 0; d < dk; d++) o[d] += a * float_of_half(v[d]);
+    for (int64_t d = 0; d < dk; d++) o[d] += a * cvl_half_to_float(v[d]);
 }
 
 static void axpy(float a, const float* v, int64_t dk, float* o) {
@@ -207,7 +174,7 @@ __attribute__((target(VEC))) static float exp_sum_fast(float* s, const float* ma
     const __m512 t = _mm512_set1_ps(top), masked = _mm512_set1_ps(MASKED);
     __m512 sum = _mm512_setzero_ps();
     for (int64_t j = 0; j < width; j += 16) {
-        __mmask16 m = tail_mask(width - j);
+        __mmask16 m = cvl_tail_mask(width - j);
         __mmask16 keep = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, mask + j), masked, _CMP_GE_OQ);
         __m512 e = _mm512_maskz_mov_ps(keep, cvl_exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(keep, s + j), t)));
         _mm512_mask_storeu_ps(s + j, m, e);
@@ -279,14 +246,14 @@ __attribute__((target(VEC))) static void attention_row_fast(const attention_job*
         for (int64_t j = 0; j < C; j++) {
             __m512 acc = _mm512_setzero_ps();
             for (int64_t d = 0; d < dk; d += 16) {
-                __mmask16 m = tail_mask(dk - d);
+                __mmask16 m = cvl_tail_mask(dk - d);
                 acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d),
                                       _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, pk + j * dk + d)), acc);
             }
             s[j] = _mm512_reduce_add_ps(acc);
         }
         for (int64_t j = 0; j < T; j += 16) { /* new keys: s[C + j ..] = q . kt[:, j ..] (wholly masked blocks left) */
-            __mmask16 m = tail_mask(T - j);
+            __mmask16 m = cvl_tail_mask(T - j);
             if (!_mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, mask + C + j), masked, _CMP_GE_OQ)) continue;
             __m512 acc = _mm512_setzero_ps();
             for (int64_t d = 0; d < dk; d++)
@@ -296,7 +263,7 @@ __attribute__((target(VEC))) static void attention_row_fast(const attention_job*
         __m512 top = _mm512_set1_ps(-INFINITY);
         int64_t end = 0; /* one past the last column the mask keeps */
         for (int64_t j = 0; j < width; j += 16) {
-            __mmask16 m = tail_mask(width - j);
+            __mmask16 m = cvl_tail_mask(width - j);
             __m512 bias = _mm512_maskz_loadu_ps(m, mask + j);
             __mmask16 keep = _mm512_mask_cmp_ps_mask(m, bias, masked, _CMP_GE_OQ);
             if (!keep) continue;
@@ -308,7 +275,7 @@ __attribute__((target(VEC))) static void attention_row_fast(const attention_job*
         const float sum = exp_sum_fast(s, mask, width, _mm512_reduce_max_ps(top));
         const __m512 inv = _mm512_set1_ps(1.f / sum);
         for (int64_t d = 0; d < dk; d += 16) {
-            __mmask16 m = tail_mask(dk - d);
+            __mmask16 m = cvl_tail_mask(dk - d);
             __m512 acc = _mm512_setzero_ps();
             for (int64_t j = 0; j < C && j < end; j++)
                 if (s[j] != 0.f)
@@ -371,8 +338,9 @@ int cvl_qwen2_layer(const cvl_qwen2_problem* p, cvl_parallel_fn parallel, void* 
     float* u = g + R * F;
 
     rms_norm(p->x, R, D, p->rms1_w, p->eps, h);
-    if (product(h, R, D, &p->q, q, parallel, runner) || product(h, R, D, &p->k, k, parallel, runner) ||
-        product(h, R, D, &p->v, v, parallel, runner))
+    if (cvl_int8_weight_matmul(h, R, D, &p->q, q, NULL, parallel, runner) ||
+        cvl_int8_weight_matmul(h, R, D, &p->k, k, NULL, parallel, runner) ||
+        cvl_int8_weight_matmul(h, R, D, &p->v, v, NULL, parallel, runner))
         return -1;
     for (int64_t r = 0; r < R; r++) {
         const float* cos = p->cos + r * dk; /* (B, 1, T, dk): row r = b * T + t */
@@ -394,12 +362,14 @@ int cvl_qwen2_layer(const cvl_qwen2_problem* p, cvl_parallel_fn parallel, void* 
         parallel(runner, attention_task, &jb, (size_t)jb.tasks);
     else
         attention_task(&jb, 0);
-    if (jb.failed || product(att, R, HD, &p->o, x1, parallel, runner)) return -1;
+    if (jb.failed || cvl_int8_weight_matmul(att, R, HD, &p->o, x1, NULL, parallel, runner)) return -1;
     add_into(x1, p->x, R * D);
     rms_norm(x1, R, D, p->rms2_w, p->eps, h);
-    if (product(h, R, D, &p->gate, g, parallel, runner) || product(h, R, D, &p->up, u, parallel, runner)) return -1;
+    if (cvl_int8_weight_matmul(h, R, D, &p->gate, g, NULL, parallel, runner) ||
+        cvl_int8_weight_matmul(h, R, D, &p->up, u, NULL, parallel, runner))
+        return -1;
     silu_mul(g, u, R * F);
-    int failed = product(g, R, F, &p->down, p->y, parallel, runner);
+    int failed = cvl_int8_weight_matmul(g, R, F, &p->down, p->y, NULL, parallel, runner);
     if (!failed) add_into(p->y, x1, R * D);
     cvl_work_trim(CVL_WORK_QWEN);
     cvl_work_trim(CVL_WORK_QWEN_SCORES);

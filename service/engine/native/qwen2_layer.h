@@ -10,7 +10,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "estimator_block.h"
 #include "int8_matmul.h"
 
 typedef struct {

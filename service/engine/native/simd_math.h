@@ -3,6 +3,12 @@
 #define COSYVOICE_LITE_SIMD_MATH_H
 
 #include <immintrin.h>
+#include <stdint.h>
+
+/* The lanes of a 16-float vector that hold the last `left` values (all 16 when 16 or more are left). */
+static inline __mmask16 cvl_tail_mask(int64_t left) {
+    return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+}
 
 /* e^x for x <= 0 (softmax scores minus their maximum, -x^2): range reduction by ln 2, degree-6 polynomial, 2^n by
  * scalef; float32 accuracy. */

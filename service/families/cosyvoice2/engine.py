@@ -376,17 +376,17 @@ class CosyVoice2Engine:
         seq = np.asarray([*job.prompt.tokens, *job.speech], dtype=np.int64)
         end = len(seq) if final else prompt_tokens + job.offset + job.hop
         start = job.encoded
+        tokens = end - prompt_tokens - job.offset  # this chunk's speech tokens
         clock = time.perf_counter()
         if final and exact:
             mel, _ = self._whole(job.prompt, job.speech, len(job.state.steps), pace)
             mel = mel[:, 2 * job.offset :]
         else:
-            wide = self.schedule.takes_cores(end - prompt_tokens - job.offset, first=job.offset == 0, final=final)
+            wide = self.schedule.takes_cores(tokens, first=job.offset == 0, final=final)
             with pace.turn(first=pace.audio_s == 0.0, pauses_llm=wide) as step_aside:
                 context = seq[end : end + self.schedule.look_ahead]
                 mel = self.flow.advance(seq[start:end], context, job.prompt, job.state, between_steps=step_aside, wide=wide)
             mel = mel[:, max(0, 2 * (prompt_tokens - start)) :]
-        tokens = end - prompt_tokens - job.offset
         job.offset = end - prompt_tokens
         return MelChunk(mel, final, time.perf_counter() - clock, tokens)
 
