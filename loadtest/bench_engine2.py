@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loadtest.bench_engine import SHORT_TEXT, ForcedLength, closed_loop, peak_rss_mb
 from loadtest.listener import Listening, listen
-from service.bundle import V2_GRAPH_IO, ModelBundle
-from service.engine.sessions import RuntimeOptions, open_sessions
+from service.bundle import ModelBundle
+from service.engine.sessions import RuntimeOptions
 from service.engine.synthesizer import SynthesisOptions
-from service.families.cosyvoice2.engine import CosyVoice2Engine, one_thread_calls, stream_schedule
+from service.families.cosyvoice2.engine import CosyVoice2Engine, one_thread_calls, open_engine_sessions, stream_schedule
 from service.families.cosyvoice2.tokenizer import Qwen2Tokenizer
 from service.families.cosyvoice2.voice import Voice2
 from service.settings import Settings
@@ -75,13 +75,13 @@ class TimedSession:
 def load(args: argparse.Namespace, log: dict[str, list[tuple[float, tuple[int, ...]]]] | None = None) -> CosyVoice2Engine:
     bundle = ModelBundle.load(args.bundle)
     runtime = one_thread_calls(runtime_options(args))  # as CosyVoice2Engine.load
-    sessions: dict[str, Any] = open_sessions(bundle, runtime, names=tuple(V2_GRAPH_IO))
+    lanes = runtime.threads_for("acoustic") == 1 and not args.no_cfg_lanes  # as CosyVoice2Engine.load
+    sessions: dict[str, Any] = open_engine_sessions(bundle, runtime, wide=lanes and not args.no_wide_vocoder)
     if log is not None:
         sessions = {name: TimedSession(name, s, log) for name, s in sessions.items()}
     schedule = stream_schedule(bundle, runtime)
     if args.hop_scale:
         schedule = replace(schedule, scale=args.hop_scale)
-    lanes = runtime.threads_for("acoustic") == 1 and not args.no_cfg_lanes  # as CosyVoice2Engine.load
     engine = CosyVoice2Engine.from_sessions(bundle, sessions, runtime, cfg_lanes=lanes, schedule=schedule)
     engine.llm = ForcedLength(engine.llm, args.tokens)  # type: ignore[arg-type]  # same generate() signature
     return engine
@@ -210,6 +210,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decode-lead", type=int, default=None, help="as TTS_DECODE_LEAD_TOKENS (default: the schedule's)")
     p.add_argument("--n-timesteps", type=int, help="the flow's Euler steps (the bundle's 10 when omitted; TTS_N_TIMESTEPS)")
     p.add_argument("--no-cfg-lanes", action="store_true", help="never split the estimator's guidance rows")
+    p.add_argument("--no-wide-vocoder", action="store_true", help="every vocoder call on one thread (no wide HiFT session)")
     p.add_argument("--first-hop", type=int, help="first streamed hop in tokens (the schedule's own when omitted)")
     p.add_argument("--hop-scale", type=int, help="growth of the later hops (the schedule's own when omitted)")
     p.add_argument("--acoustic-backend", choices=["auto", "ort", "openvino"], default=defaults["acoustic_backend"].default)

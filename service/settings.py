@@ -99,7 +99,8 @@ class Settings(BaseSettings):
         ge=1,
         le=64,
         description="Intra-op threads of the flow/HiFT sessions; empty = TTS_INTRA_OP_THREADS (CosyVoice2: "
-        "one-thread calls, and a lone estimator call splits its two guidance rows over two threads; 2 = off).",
+        "one-thread calls, a lone estimator call splits its two guidance rows over two threads and the vocoder calls "
+        "the chunk schedule picks run on a two-thread HiFT session; 2 = off).",
     )
     max_batch: int = Field(
         default=16,

@@ -233,8 +233,9 @@ def test_cfg_lanes_compute_the_batched_rows(cv2_bundle: Path) -> None:
 
 def test_a_small_middle_chunk_leaves_a_core_to_the_decode_steps(cv2_bundle: Path) -> None:
     """Early schedule: the first chunk, every whole attention chunk and the last take both cores (guidance rows side
-    by side, the gate busy: decode steps pause); the rest of the first attention chunk and every vocoder call run on
-    one core with the gate not busy (decode steps go on). The audio is the same either way (fp32 lanes)."""
+    by side, the gate busy: decode steps pause); the rest of the first attention chunk runs on one core with the gate
+    not busy (decode steps go on). The vocoder calls of the first whole chunk and of the last take both cores (the
+    wide HiFT session, gate busy), the others one. The audio is the same either way (fp32 lanes, fp32 HiFT)."""
     runtime = RuntimeOptions(intra_op_threads=1, max_batch=0, acoustic_slots=1, stream_schedule="adaptive")
     engine = CosyVoice2Engine.load(cv2_bundle, runtime, cfg_lanes=True)
     assert engine.gate is not None
@@ -246,9 +247,9 @@ def test_a_small_middle_chunk_leaves_a_core_to_the_decode_steps(cv2_bundle: Path
         calls.append(("flow", wide, gate.busy()))
         return estimate(*args, wide=wide, **kwargs)
 
-    def spy_inference(*args: Any, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
-        calls.append(("vocoder", False, gate.busy()))
-        return inference(*args, **kwargs)
+    def spy_inference(*args: Any, wide: bool = False, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
+        calls.append(("vocoder", wide, gate.busy()))
+        return inference(*args, wide=wide, **kwargs)
 
     flow.estimate = spy_estimate  # type: ignore[method-assign]
     vocoder.inference = spy_inference  # type: ignore[method-assign]
@@ -264,7 +265,9 @@ def test_a_small_middle_chunk_leaves_a_core_to_the_decode_steps(cv2_bundle: Path
         per_chunk = [set(chunks[i : i + steps]) for i in range(0, len(chunks), steps)]
         # first the prompt-only state (the window's whole chunk, outside the gate), then the sentence's chunks
         assert per_chunk == [{(True, False)}, {(True, True)}, {(False, False)}, {(True, True)}, {(True, True)}, {(True, True)}]
-        assert [busy for what, _, busy in calls if what == "vocoder"] == [False] * 5
+        assert engine.vocoder.wide is not None
+        wide = (True, True)
+        assert [(w, busy) for what, w, busy in calls if what == "vocoder"] == [(False, False)] * 2 + [wide, (False, False), wide]
     finally:
         flow.estimate, vocoder.inference = estimate, inference  # type: ignore[method-assign]
         engine.close()

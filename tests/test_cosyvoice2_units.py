@@ -92,6 +92,21 @@ def test_only_the_rest_of_an_early_first_attention_chunk_shares_the_cores() -> N
     assert all(official.takes_cores(hop, first=i == 0, final=False) for i, hop in enumerate(hops(official, 37, 300)))
 
 
+def test_the_first_whole_chunk_and_the_last_vocode_on_both_cores() -> None:
+    def wide(schedule: HopSchedule, cut: list[int], last: int) -> list[bool]:
+        before = [sum(cut[:i]) for i in range(len(cut) + 1)]
+        middle = [schedule.vocoder_takes_cores(hop, before=b, final=False) for hop, b in zip(cut, before, strict=False)]
+        return [*middle, schedule.vocoder_takes_cores(last, before=before[-1], final=True)]
+
+    early = HopSchedule(first=10, scale=1, aligned_first=False)
+    assert wide(early, hops(early, 28, 125), 3) == [False, False, True, False, False, False, True]
+    assert wide(early, hops(early, 28, 24), 14) == [False, True]  # a short sentence: 10 tokens, then the last 14
+    assert early.vocoder_takes_cores(25, before=0, final=False)  # a first hop of a whole chunk (TTS_FIRST_HOP_TOKENS=25)
+    official = HopSchedule()  # growing hops: the next chunk waits for the decode steps, only the last takes the cores
+    assert wide(official, hops(official, 37, 300), 12) == [False, False, False, False, True]
+    assert official.vocoder_takes_cores(125, before=0, final=True)  # a whole non-streamed sentence
+
+
 def test_official_schedule_pads_the_first_hop_then_doubles() -> None:
     assert hops(HopSchedule(), 37, 300) == [38, 50, 100, 100]
     assert hops(HopSchedule(), 0, 300) == [25, 50, 100, 100]

@@ -402,6 +402,30 @@ def test_gate_is_busy_only_with_calls_that_pause_the_decode_steps() -> None:
     assert results == [True] and not gate.busy()
 
 
+def test_gate_is_idle_only_with_no_call_running_or_waiting() -> None:
+    """idle() (whether a vocoder call may take both cores) is False while any call holds a slot, pausing the decode
+    steps or not, and while one waits for a slot; a gate without slots counts nobody, so it is never idle."""
+    assert not AcousticGate(0).idle()
+    gate = AcousticGate(1)
+    assert gate.idle()
+    with gate.slot(1.0, pauses_llm=False):
+        assert not gate.idle()
+    assert gate.idle()
+    entered = threading.Event()
+
+    def second() -> None:
+        with gate.slot(2.0):
+            entered.set()
+
+    with gate.slot(1.0):
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        assert _wait_until(lambda: len(gate._waiting) == 1)
+        assert not gate.idle()
+    waiter.join(TIMEOUT_S)
+    assert entered.is_set() and gate.idle()
+
+
 def _wait_until(condition: Any, timeout_s: float = TIMEOUT_S) -> bool:
     deadline = time.monotonic() + timeout_s
     while not condition():

@@ -200,6 +200,11 @@ class AcousticGate:
         """True while a call that pauses the decode steps (`pauses_llm`) holds a slot (read without the lock)."""
         return self._pausing > 0
 
+    def idle(self) -> bool:
+        """True while no call holds a slot or waits for one (read without the lock); a gate without slots (`slots=0`)
+        counts nobody, so it is never idle."""
+        return self.slots > 0 and self._busy == 0 and not self._waiting
+
     def first_audio_running(self) -> bool:
         """True while a call for some request's first audio holds a slot (read without the lock)."""
         return self._first_busy > 0

@@ -41,6 +41,10 @@ log = logging.getLogger(__name__)
 DEFAULT_OPTIONS = SynthesisOptions()
 DEFAULT_PROMPT_CACHE_BYTES = 2 << 30  # prompt flow states kept for reuse (a 10 s prompt: ~1 GB fp16 full-size)
 PromptKey = tuple[str, int, int]  # voice fingerprint, Euler steps, prompt tokens the flow sees
+# The sessions key of the HiFT decode graph on WIDE_THREADS threads: what a vocoder call that takes the cores runs
+# (HopSchedule.vocoder_takes_cores); the wide width is the estimator's, its two guidance rows side by side.
+WIDE_HIFT_DECODE = "hift_decode/wide"
+WIDE_THREADS = 2
 
 
 class PromptStates:
@@ -123,7 +127,9 @@ class CosyVoice2Engine:
         `schedule`: how streamed sentences are cut (None: the official HopSchedule). `prompt_window_tokens`: the last
         prompt tokens (with their mel) a streamed flow sees (None: the whole prompt, as the official). `cfg_lanes`: the
         estimator's two guidance rows run as two concurrent calls (FlowRunner2). `state_budget`: what the streamed
-        sentences' estimator caches may hold at once (None: no bound; `load` sizes it from `flow_cache_mb`)."""
+        sentences' estimator caches may hold at once (None: no bound; `load` sizes it from `flow_cache_mb`).
+        `sessions` may hold a WIDE_HIFT_DECODE session (`open_engine_sessions`): with a gate, a vocoder call the
+        schedule gives the cores to runs on it, decoding paused, when no other acoustic call runs or waits."""
         extra = bundle.manifest.cosyvoice2
         if bundle.family != FAMILY_V2 or extra is None:
             raise BundleError(f"{bundle.root}: not a CosyVoice2 bundle (family {bundle.family!r})")
@@ -135,7 +141,8 @@ class CosyVoice2Engine:
         self.scheduler = llm if isinstance(llm, BatchScheduler) else None
         noise = np.load(bundle.root / V2_NOISE_NAME, allow_pickle=False)
         self.flow = FlowRunner2(sessions, c, extra, noise, cfg_lanes=cfg_lanes)
-        self.vocoder = Vocoder(HiFTRunner(sessions, c))
+        wide = sessions.get(WIDE_HIFT_DECODE)
+        self.vocoder = Vocoder(HiFTRunner(sessions, c), HiFTRunner({**sessions, "hift_decode": wide}, c) if wide else None)
         self.schedule = schedule or HopSchedule.official(extra, c)
         self.prompt_window_tokens = prompt_window_tokens
         self.gate = gate
@@ -149,8 +156,8 @@ class CosyVoice2Engine:
         loaded = bundle if isinstance(bundle, ModelBundle) else ModelBundle.load(bundle)
         runtime = one_thread_calls(runtime or RuntimeOptions())
         limit_malloc_arenas(runtime.malloc_arenas)
-        kwargs.setdefault("cfg_lanes", runtime.threads_for("acoustic") == 1)  # lanes are the one-thread calls' parallelism
-        return cls.from_sessions(loaded, open_sessions(loaded, runtime, names=tuple(V2_GRAPH_IO)), runtime, **kwargs)
+        lanes = kwargs.setdefault("cfg_lanes", runtime.threads_for("acoustic") == 1)  # the one-thread calls' parallelism
+        return cls.from_sessions(loaded, open_engine_sessions(loaded, runtime, wide=lanes), runtime, **kwargs)
 
     @classmethod
     def from_sessions(
@@ -361,14 +368,26 @@ class CosyVoice2Engine:
             tokens, prompt, options, fingerprint=fingerprint, exact_final=exact_final, pace=pace, max_tokens=max_tokens,
             cancel=cancel,
         )  # fmt: skip
+        before = 0  # the sentence's speech tokens in earlier chunks
         for chunk in chunks:
             clock = time.perf_counter()
-            # a one-thread call: it leaves the other core to the decode steps (the next chunk's tokens)
-            with pace.turn(first=pace.audio_s == 0.0, pauses_llm=False):
+            # one thread beside the decode steps (the next chunk's tokens), unless the schedule gives it the cores
+            wide = self._wide_vocoder(chunk.tokens, before, chunk.final)
+            with pace.turn(first=pace.audio_s == 0.0, pauses_llm=wide):
                 mel = stretch.push(chunk.mel, final=chunk.final) if stretch is not None else chunk.mel
-                audio = vocoder.push(mel, final=chunk.final, speed=1.0 if options.stream else options.speed)
+                audio = vocoder.push(mel, final=chunk.final, speed=1.0 if options.stream else options.speed, wide=wide)
             pace.delivered(audio.shape[0])
+            before += chunk.tokens
             yield audio, (chunk.final, chunk.flow_s, time.perf_counter() - clock, chunk.tokens)
+
+    def _wide_vocoder(self, tokens: int, before: int, final: bool) -> bool:
+        """Whether the vocoder call of a chunk of `tokens` after `before` of its sentence runs on both cores: the
+        schedule says so, there is a wide session, and no other acoustic call runs or waits at the gate (under
+        concurrency the calls already fill the cores)."""
+        takes = self.schedule.vocoder_takes_cores(tokens, before=before, final=final)
+        if self.vocoder.wide is None or self.gate is None or not takes:
+            return False
+        return self.gate.idle()
 
     def _flow_chunk(self, job: _Sentence, pace: Pacer, *, final: bool, exact: bool = False) -> MelChunk:
         """Flow for the next hop (or the rest): the new tokens after what is encoded, with their look-ahead."""
@@ -398,6 +417,16 @@ class CosyVoice2Engine:
         with pace.turn(first=pace.audio_s == 0.0) as step_aside:
             mel = self.flow.advance(seq, seq[:0], prompt, state, full_attention=True, between_steps=step_aside)
         return mel[:, 2 * len(prompt.tokens) :], time.perf_counter() - clock
+
+
+def open_engine_sessions(bundle: ModelBundle, runtime: RuntimeOptions, *, wide: bool) -> dict[str, Any]:
+    """The bundle's CosyVoice2 graphs as `runtime` asks; `wide` adds the HiFT decode graph on WIDE_THREADS intra-op
+    threads (WIDE_HIFT_DECODE) for the vocoder calls that take both cores."""
+    sessions = open_sessions(bundle, runtime, names=tuple(V2_GRAPH_IO))
+    if wide:
+        two = replace(runtime, acoustic_threads=WIDE_THREADS)
+        sessions[WIDE_HIFT_DECODE] = open_sessions(bundle, two, names=("hift_decode",))["hift_decode"]
+    return sessions
 
 
 def one_thread_calls(runtime: RuntimeOptions) -> RuntimeOptions:

@@ -56,10 +56,15 @@ def sine_excitation2(f0: np.ndarray, constants: ModelConstants, noise: np.ndarra
 
 
 class Vocoder:
-    """`HiFTGenerator.inference` of CosyVoice2: f0 graph, SineGen2 in numpy, source graph, decode graph."""
+    """`HiFTGenerator.inference` of CosyVoice2: f0 graph, SineGen2 in numpy, source graph, decode graph.
 
-    def __init__(self, runner: HiFTRunner) -> None:
+    `wide`: the same graphs with a decode session on both cores (two intra-op threads), for the calls the chunk
+    schedule gives the cores to (`inference(wide=True)`); the decode graph is most of a call's time.
+    """
+
+    def __init__(self, runner: HiFTRunner, wide: HiFTRunner | None = None) -> None:
         self.runner = runner
+        self.wide = wide
         self.constants = runner.constants
         self.samples_per_frame = runner.samples_per_frame
 
@@ -72,21 +77,29 @@ class Vocoder:
         return self.runner.source(sine_excitation2(self.runner.predict_f0(mel), self.constants, noise))
 
     def inference(
-        self, mel: np.ndarray, cache_source: np.ndarray, noise: np.ndarray | None, source: np.ndarray | None = None
+        self,
+        mel: np.ndarray,
+        cache_source: np.ndarray,
+        noise: np.ndarray | None,
+        source: np.ndarray | None = None,
+        *,
+        wide: bool = False,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Mel (80, T) -> (wav (L,), source (L,)); the source's first len(cache_source) samples are the cache's.
 
         A given `source` (L,) is used as it is (parity checks replay a recorded excitation); else `noise` drives it.
+        `wide` decodes on the wide session where there is one.
         """
+        decoder = self.wide if wide and self.wide is not None else self.runner
         if source is not None:
-            return self.runner.decode(mel, np.ascontiguousarray(source, dtype=np.float32)), source
+            return decoder.decode(mel, np.ascontiguousarray(source, dtype=np.float32)), source
         if noise is None:
             raise ValueError("the vocoder needs noise or a source")
         source = self.excitation(mel, noise)
         n = cache_source.shape[-1]
         if n:
             source[:n] = cache_source
-        return self.runner.decode(mel, source), source
+        return decoder.decode(mel, source), source
 
 
 @dataclass
@@ -115,8 +128,11 @@ class VocoderStream:
         self.rng = rng
         self.cache: VocoderCache | None = None
 
-    def push(self, mel: np.ndarray, *, final: bool, speed: float = 1.0, source: np.ndarray | None = None) -> np.ndarray:
-        """Audio (N,) float32 for the next chunk's mel (80, T); `source` replays a recorded excitation (parity checks)."""
+    def push(
+        self, mel: np.ndarray, *, final: bool, speed: float = 1.0, source: np.ndarray | None = None, wide: bool = False
+    ) -> np.ndarray:
+        """Audio (N,) float32 for the next chunk's mel (80, T); `source` replays a recorded excitation (parity checks);
+        `wide` decodes it on both cores (Vocoder.inference)."""
         cache = self.cache
         if cache is not None:
             mel = np.concatenate([cache.mel, mel], axis=1)
@@ -126,7 +142,7 @@ class VocoderStream:
         if source is None:
             noise = self.rng.standard_normal(self.vocoder.noise_shape(mel.shape[1]), dtype=np.float32)
         cached_source = cache.source if cache is not None else np.zeros(0, dtype=np.float32)
-        wav, source = self.vocoder.inference(mel, cached_source, noise, source)
+        wav, source = self.vocoder.inference(mel, cached_source, noise, source, wide=wide)
         if cache is not None:
             wav = fade_in_out(wav, cache.speech, self.window)
         if final:

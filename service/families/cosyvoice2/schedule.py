@@ -92,6 +92,17 @@ class HopSchedule:
         whole chunk, and its tokens are not decoded yet."""
         return first or final or tokens >= self.chunk
 
+    def vocoder_takes_cores(self, tokens: int, *, before: int, final: bool) -> bool:
+        """Whether the vocoder call of a chunk of `tokens` speech tokens, after `before` tokens of its sentence, runs on
+        both cores while the decode steps pause: a sentence's last chunk (nothing left to decode) and, with hops that
+        stay one attention chunk, its first chunk of a whole attention chunk. With the early schedule that is the chunk
+        after the first attention chunk, the one a listener waits for longest (0.72 s heard before it, 1.0 s in it):
+        on two threads its vocoder call takes about half the time (full size, 58 frames: 128-148 against 245-279 ms),
+        and the next chunk's tokens, which the paused decode steps make, are needed a second later (docs/benchmarks.md,
+        session 11). The calls between stay on one thread beside the decode steps. Growing hops (official) need twice
+        the tokens for the next chunk: pausing for the vocoder delayed it (TTCA 3.01 s against 2.73 s, 10 s recording)."""
+        return final or (self.scale == 1 and tokens >= self.chunk and before < self.chunk)
+
     def first_audio_tokens(self, prompt_tokens: int, first: int | None = None) -> int:
         """Speech tokens the LLM must deliver before a sentence's first chunk can be solved."""
         return self.first_hop(prompt_tokens, first) + self.look_ahead
