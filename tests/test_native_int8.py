@@ -137,6 +137,26 @@ def test_a_rows_result_does_not_depend_on_its_batch_or_the_threads(native_librar
     assert np.array_equal(alone[0, 0], one_thread[0, 0])
 
 
+def test_a_spread_decode_product_gives_the_same_numbers(native_library: Path) -> None:
+    """A product of a decode step's few rows split over two threads (native.spread_decode_products, while the other
+    core is idle) gives the numbers the calling thread alone gives: each weight panel's sums are the same."""
+    w, bias = weights(896, 1000)
+    two_threads = session(native_library, product_graph(w, 0.02, bias, rank=3), threads=2)
+    x = np.random.default_rng(3).standard_normal((1, 3, 896)).astype(np.float32)
+    try:
+        native.spread_decode_products(1, native_library)
+        alone = two_threads.run(["y"], {"x": x})[0]
+        native.spread_decode_products(4, native_library)
+        spread = two_threads.run(["y"], {"x": x})[0]
+        native.spread_decode_products(1000, native_library)  # clamped to the kernel's most tasks
+        most = two_threads.run(["y"], {"x": x})[0]
+    finally:
+        native.spread_decode_products(1, native_library)
+    assert np.array_equal(spread, alone) and np.array_equal(most, alone)
+    want = reference(x, w, 0.02, bias)
+    np.testing.assert_allclose(alone, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
 def test_inputs_that_disagree_are_an_error_not_a_crash(native_library: Path) -> None:
     w, bias = weights(64, 32)
     sess = session(native_library, product_graph(w, 0.01, bias))

@@ -460,6 +460,22 @@ def test_scheduler_stays_a_lead_ahead_while_acoustic_calls_run(runner: LLMRunner
         s.close()
 
 
+def test_scheduler_calls_before_step_before_every_decode_step(runner: LLMRunner) -> None:
+    """`before_step` runs on the scheduler thread once before each decode step (not before a prefill), so what it sets
+    (the spread of the step's products) holds for that step."""
+    seen: list[tuple[str, int]] = []
+    s = BatchScheduler(runner, max_batch=4)
+    s.before_step = lambda: seen.append((threading.current_thread().name, s.stats.steps))
+    try:
+        ids, emb = _inputs(runner, 5, 9)
+        tokens = list(s.generate(ids, emb, np.random.default_rng(5), min_tokens=20, max_tokens=20))
+        assert len(tokens) == 20
+        assert _wait_until(lambda: s.active == 0)
+        assert seen == [("llm-scheduler", i) for i in range(s.stats.steps)] and s.stats.steps >= 19
+    finally:
+        s.close()
+
+
 def _pool_behind_a_holder(
     gate: AcousticGate, calls: list[tuple[str, int]], fail_key: str | None = None, max_group: int = 16
 ) -> Any:

@@ -15,7 +15,7 @@ import ctypes
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 LIBRARY_PATH = Path(__file__).resolve().parent / "native" / "libcosyvoice_lite_native.so"
 BUILD_HINT = "make native (needs a C compiler, e.g. apt-get install gcc)"
@@ -67,3 +67,24 @@ def probe(path: Path = LIBRARY_PATH, head_dim: int = 64, kernel: Kernel = "atten
     if not ok:
         return NativeKernels(None, f"this CPU lacks {NEEDS[kernel]}")
     return NativeKernels(path, "")
+
+
+@functools.lru_cache(maxsize=8)
+def _spread_function(path: Path) -> Any:
+    """The library's cvl_int8_set_spread (int8_matmul.h), or None where the library does not load."""
+    try:
+        function = ctypes.CDLL(str(path)).cvl_int8_set_spread
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int]
+    function.restype = None
+    return function
+
+
+def spread_decode_products(tasks: int, path: Path = LIBRARY_PATH) -> None:
+    """How many tasks our int8 kernel splits a decode step's products into from now on, in this process: 1 keeps them
+    on the calling thread (the other core runs the flow), more share them over the step session's threads when the
+    caller knows those cores are idle. The results do not change. Nothing happens where the library is not built."""
+    function = _spread_function(path) if path.is_file() else None
+    if function is not None:
+        function(tasks)

@@ -164,6 +164,9 @@ class BatchScheduler:
     once every request has at least `lead_tokens` tokens decoded that its consumer has not taken yet (its next chunk
     can start as soon as the current one is done), unless a prefill is queued or a consumer waits. The decode steps run
     about twice as fast as speech; ahead of need they would only take a core from the chunk a listener waits for.
+
+    `before_step` is called on the scheduler thread before every decode step (e.g. to let the step's kernels spread
+    over the cores that acoustic work leaves idle at that moment).
     """
 
     def __init__(
@@ -176,6 +179,7 @@ class BatchScheduler:
         meter: RateMeter | None = None,
         lead_tokens: int = 0,
         acoustic_busy: Callable[[], bool] | None = None,
+        before_step: Callable[[], None] | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
@@ -186,6 +190,7 @@ class BatchScheduler:
         self.yield_to = yield_to
         self.lead_tokens = lead_tokens
         self.acoustic_busy = acoustic_busy
+        self.before_step = before_step
         self.meter = meter
         self._last_step: float | None = None
         self.stats = SchedulerStats()
@@ -326,6 +331,8 @@ class BatchScheduler:
             self.meter.token_interval(now - self._last_step)
         self._last_step = now
         try:
+            if self.before_step is not None:
+                self.before_step()
             done = self.runner.step(batch)
         except Exception as e:  # the batch is in an unknown state: fail its requests, keep serving others
             log.exception("batched LLM decode step failed (%d rows)", len(rows))

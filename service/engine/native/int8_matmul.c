@@ -12,6 +12,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -243,6 +244,12 @@ static void product_task(void* ctx, size_t i) {
     }
 }
 
+static atomic_int spread = 1; /* cvl_int8_set_spread */
+
+void cvl_int8_set_spread(int tasks) {
+    atomic_store_explicit(&spread, tasks < 1 ? 1 : (tasks > MAX_TASKS ? MAX_TASKS : tasks), memory_order_relaxed);
+}
+
 static void run(cvl_parallel_fn parallel, void* runner, cvl_task_fn task, void* ctx, size_t tasks) {
     if (tasks <= 1 || parallel == NULL) {
         for (size_t i = 0; i < tasks; i++) task(ctx, i);
@@ -265,11 +272,13 @@ int cvl_int8_matmul(const cvl_int8_problem* p, cvl_parallel_fn parallel, void* r
     run(parallel, runner, quantize_task, &jb, (size_t)jb.row_tasks);
     /* One row tile (a decode step's few rows) is bound by memory bandwidth, and one core already streams most of
      * it (full size, one thread: 14.9 ms of products a step, two: 12.9 ms): it runs on the calling thread and
-     * leaves the other cores to the flow. More rows are compute-bound: enough tasks to share the work when it is
-     * worth a wake-up, by weight bytes times the row tiles that read them. */
+     * leaves the other cores to the flow, unless the caller spreads it (cvl_int8_set_spread: the other cores are
+     * idle). More rows are compute-bound: enough tasks to share the work when it is worth a wake-up, by weight bytes
+     * times the row tiles that read them. */
     int64_t weight_bytes = jb.panels * jb.kq * PANEL * 4;
     int64_t passes = (p->rows + ROW_TILE - 1) / ROW_TILE;
-    int64_t tasks = passes == 1 ? 1 : (weight_bytes * passes + TASK_BYTES - 1) / TASK_BYTES;
+    int64_t tasks = passes == 1 ? atomic_load_explicit(&spread, memory_order_relaxed)
+                                : (weight_bytes * passes + TASK_BYTES - 1) / TASK_BYTES;
     tasks = tasks < 1 ? 1 : tasks;
     tasks = tasks > MAX_TASKS ? MAX_TASKS : tasks;
     jb.tasks = tasks > jb.panels ? jb.panels : tasks;

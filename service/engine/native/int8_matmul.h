@@ -59,4 +59,10 @@ int cvl_int8_weight_matmul(const float* x, int64_t rows, int64_t k, const cvl_in
 /* 1 when cvl_int8_matmul takes its AVX-512 VNNI kernel on this CPU, 0 when the portable one. */
 int cvl_int8_fast_kernel(void);
 
+/* How many tasks a product of one row tile (a decode step's few rows) is split into from now on, in this process:
+ * 1 (the default) runs it on the calling thread, which streams most of the weights one core can read and leaves the
+ * other cores to the flow; more share its weight panels over the caller's threads (`parallel`), for a caller that
+ * knows they are idle. Clamped to 1..16; a result never depends on it (each panel's sums are the same). */
+void cvl_int8_set_spread(int tasks);
+
 #endif
