@@ -146,7 +146,8 @@ class CosyVoice2Engine:
         noise = np.load(bundle.root / V2_NOISE_NAME, allow_pickle=False)
         self.flow = FlowRunner2(sessions, c, extra, noise, cfg_lanes=cfg_lanes)
         wide = sessions.get(WIDE_HIFT_DECODE)
-        self.vocoder = Vocoder(HiFTRunner(sessions, c), HiFTRunner({**sessions, "hift_decode": wide}, c) if wide else None)
+        wide_runner = HiFTRunner({**sessions, "hift_decode": wide}, c) if wide is not None else None
+        self.vocoder = Vocoder(HiFTRunner(sessions, c), wide_runner)
         self.schedule = schedule or HopSchedule.official(extra, c)
         self.prompt_window_tokens = prompt_window_tokens
         self.gate = gate
