@@ -18,8 +18,10 @@ from export.native_twin import fuse_attention, fuse_int8_matmuls, main, write_na
 from export.quantize import half_kv_cache, write_quantized_bundle
 from service.bundle import GROUP_NATIVE, MANIFEST_NAME, NATIVE_DOMAIN, ModelBundle
 from service.engine import native
+from service.engine.acoustic_gate import AcousticGate
 from service.engine.sessions import RuntimeOptions, graph_runtime, native_kernels_note, open_sessions
 from service.errors import BundleError
+from service.families.cosyvoice2.engine import DECODE_SPREAD, decode_spread
 
 TWIN = "flow_estimator_native"
 STEP_TWIN = "llm_step_native"
@@ -172,6 +174,30 @@ def test_the_engine_opens_the_twin_only_where_it_can_run(
     assert graph_runtime(bundle, "llm_step", RuntimeOptions()).custom_ops is None
     with pytest.raises(ValueError, match="native_kernels"):
         RuntimeOptions(native_kernels="on")  # type: ignore[arg-type]
+
+
+def test_decode_steps_spread_only_over_a_step_kernel_with_threads_while_the_gate_is_idle(
+    tiny_v2_bundle: Path, kernels: native.NativeKernels, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CosyVoice2 scheduler spreads a decode step's products (native.spread_decode_products) only where the step
+    runs our int8 kernel on more than one thread and there is a gate to ask; then 4 tasks while the gate is idle, 1
+    while an acoustic call runs."""
+    bundle = ModelBundle.load(tiny_v2_bundle)
+    gate, two = AcousticGate(2), RuntimeOptions(intra_op_threads=2)
+    assert decode_spread(bundle, replace(two, llm_threads=1), gate) is None
+    assert decode_spread(bundle, two, None) is None
+    assert decode_spread(bundle, replace(two, native_kernels="off"), gate) is None
+    spread = decode_spread(bundle, two, gate)
+    assert (spread is not None) == kernels.usable
+    if spread is None:
+        return
+    seen: list[int] = []
+    monkeypatch.setattr(native, "spread_decode_products", seen.append)
+    spread()
+    with gate.slot(0.0, pauses_llm=False):
+        spread()
+    spread()
+    assert seen == [DECODE_SPREAD, 1, DECODE_SPREAD]
 
 
 def test_the_start_up_log_says_whether_the_kernels_run_and_why_not(

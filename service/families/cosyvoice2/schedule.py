@@ -97,11 +97,11 @@ class HopSchedule:
         both cores while the decode steps pause: a sentence's last chunk (nothing left to decode) and, with hops that
         stay one attention chunk, its first chunk of a whole attention chunk. With the early schedule that is the chunk
         after the first attention chunk, the one a listener waits for longest (0.72 s heard before it, 1.0 s in it):
-        on two threads its vocoder call takes about half the time (full size, 58 frames: 128-148 against 245-279 ms),
+        on two threads its vocoder call takes about half the time (full size, 58 frames: 124-148 against 236-279 ms),
         and the next chunk's tokens, which the paused decode steps make, are needed a second later (docs/benchmarks.md,
         session 11). The calls between stay on one thread beside the decode steps. Growing hops (official) need twice
         the tokens for the next chunk: pausing the decode steps for the first chunk's vocoder call brought first audio
-        0.15 s earlier and the next chunk 0.25 s later (10 s recording, TTCA 2.67 / 2.76 s against 2.39 / 2.53 s)."""
+        0.13-0.19 s earlier and TTCA 0.23-0.28 s later (10 s recording: 2.67 / 2.76 s against 2.39 / 2.53 s)."""
         return final or (self.scale == 1 and tokens >= self.chunk and before < self.chunk)
 
     def first_audio_tokens(self, prompt_tokens: int, first: int | None = None) -> int:
