@@ -71,7 +71,8 @@ def probe(path: Path = LIBRARY_PATH, head_dim: int = 64, kernel: Kernel = "atten
 
 @functools.lru_cache(maxsize=8)
 def _spread_function(path: Path) -> Any:
-    """The library's cvl_int8_set_spread (int8_matmul.h), or None where the library does not load."""
+    """The library's cvl_int8_set_spread (int8_matmul.h), or None where the library is not built or does not load
+    (looked up once: the scheduler calls it before every decode step)."""
     try:
         function = ctypes.CDLL(str(path)).cvl_int8_set_spread
     except (OSError, AttributeError):
@@ -85,6 +86,6 @@ def spread_decode_products(tasks: int, path: Path = LIBRARY_PATH) -> None:
     """How many tasks our int8 kernel splits a decode step's products into from now on, in this process: 1 keeps them
     on the calling thread (the other core runs the flow), more share them over the step session's threads when the
     caller knows those cores are idle. The results do not change. Nothing happens where the library is not built."""
-    function = _spread_function(path) if path.is_file() else None
+    function = _spread_function(path)
     if function is not None:
         function(tasks)
