@@ -208,8 +208,11 @@ def test_the_start_up_log_says_whether_the_kernels_run_and_why_not(
     assert "TTS_NATIVE_KERNELS=off" in str(native_kernels_note(bundle, RuntimeOptions(native_kernels="off")))
     if kernels.usable:
         note = str(native_kernels_note(bundle, RuntimeOptions()))
-        assert "flow_estimator runs its attention as our bf16 kernel and its int8 products" in note
-        assert "llm_step runs its int8 products as our VNNI kernel" in note
+        tiles = native.amx_tiles()  # which of the calls take AMX tiles is said where they do
+        attention = "its attention as our bf16 kernel" + (" on AMX tiles" if tiles else "")
+        products = "its int8 products as our VNNI kernel" + (" (AMX tiles from 16 rows)" if tiles else "")
+        assert f"flow_estimator runs {attention} and {products}" in note
+        assert f"llm_step runs {products}" in note
     monkeypatch.setattr(native, "probe", lambda **_: native.NativeKernels(None, "this CPU lacks AVX-512 BF16"))
     assert "flow_estimator on ONNX Runtime's graph (this CPU lacks AVX-512 BF16)" in str(
         native_kernels_note(bundle, RuntimeOptions())

@@ -6,7 +6,8 @@ estimator, with its attention) and cosyvoice_lite.Int8MatMul in the estimator an
 cosyvoice_lite.CachedAttention, which older estimator twins hold. Each is used only where it pays: the attention's
 kernel needs AVX-512 BF16 (avx512f/bw/vl/bf16: Zen 4, Cooper Lake, Sapphire Rapids and later), the int8 products' AVX-512 VNNI
 (avx512f/bw/vl/vnni: also Ice Lake and Cascade Lake); elsewhere the core graph runs instead, as it does when the
-library was not built (no C compiler) or TTS_NATIVE_KERNELS=off.
+library was not built (no C compiler) or TTS_NATIVE_KERNELS=off. Where the CPU has AMX (Sapphire Rapids and later) the
+same kernels take AMX tiles for their larger products and the estimator's attention (`amx_tiles`).
 """
 
 from __future__ import annotations
@@ -67,6 +68,23 @@ def probe(path: Path = LIBRARY_PATH, head_dim: int = 64, kernel: Kernel = "atten
     if not ok:
         return NativeKernels(None, f"this CPU lacks {NEEDS[kernel]}")
     return NativeKernels(path, "")
+
+
+@functools.lru_cache(maxsize=8)
+def amx_tiles(path: Path = LIBRARY_PATH) -> bool:
+    """True when the library's kernels take AMX tiles in this process (AMX-INT8 and AMX-BF16: Sapphire Rapids and
+    later, tile data granted by Linux, COSYVOICE_LITE_AMX not 0): the int8 products of 16 rows or more (the flow
+    estimator's, the LLM's prefill; the same integer sums as the VNNI code) and the estimator's attention for head
+    sizes 32 and 64 (bf16 products, float32 sums, as the AVX-512 BF16 code)."""
+    try:
+        lib = ctypes.CDLL(str(path))
+        checks = (lib.cvl_amx_int8, lib.cvl_amx_bf16)  # amx.h
+        for check in checks:
+            check.argtypes = []
+            check.restype = ctypes.c_int
+        return all(bool(check()) for check in checks)
+    except (OSError, AttributeError):
+        return False
 
 
 @functools.lru_cache(maxsize=8)

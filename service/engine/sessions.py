@@ -351,12 +351,22 @@ def native_kernels_note(bundle: ModelBundle, opts: RuntimeOptions) -> str | None
     parts = []
     for name in twins:
         kernels = _native_kernels(bundle, name)
-        what = " and ".join(_KERNEL_NOTE[k] for k in native.KERNELS_OF_GRAPH[name])
+        what = " and ".join(_kernel_note(k) for k in native.KERNELS_OF_GRAPH[name])
         parts.append(f"{name} runs {what}" if kernels.usable else f"{name} on ONNX Runtime's graph ({kernels.reason})")
     return f"native kernels ({native.LIBRARY_PATH.name}): {'; '.join(parts)}"
 
 
 _KERNEL_NOTE = {"attention": "its attention as our bf16 kernel", "int8_matmul": "its int8 products as our VNNI kernel"}
+
+
+def _kernel_note(kernel: native.Kernel) -> str:
+    """What the start-up note says of one kernel: with AMX tiles in use, which of its calls take them."""
+    if not native.amx_tiles():
+        return _KERNEL_NOTE[kernel]
+    return {
+        "attention": "its attention as our bf16 kernel on AMX tiles",
+        "int8_matmul": "its int8 products as our VNNI kernel (AMX tiles from 16 rows)",
+    }[kernel]
 
 
 def _native_kernels(bundle: ModelBundle, name: str) -> native.NativeKernels:

@@ -9,6 +9,8 @@
 
 #include "cached_attention.h"
 
+#include "amx.h"
+#include "attention_parts.h"
 #include "cpu.h"
 #include "half.h"
 #include "simd_math.h"
@@ -20,15 +22,7 @@
 #include <string.h>
 
 #define QL 64 /* query lanes of one score tile: 4 vectors of 16 frames */
-#define FAST "avx512f,avx512bw,avx512vl,avx512bf16,fma,f16c"
-
-/* Last key position (exclusive) new frame `i` may see. */
-static inline int64_t key_limit(const cvl_attention_shape* s, int i) {
-    int64_t pos = (int64_t)s->cached + i;
-    int64_t lim = (pos / s->chunk + 1) * s->chunk;
-    int64_t total = (int64_t)s->cached + s->new_frames;
-    return lim < total ? lim : total;
-}
+#define FAST CVL_ATTENTION_VEC
 
 /* ---- portable float32 kernel (any head size; the reference for the fast one) ---- */
 
@@ -43,7 +37,7 @@ static int attention_portable(const cvl_attention_shape* s, const float* q, cons
         for (int h = 0; h < H; h++)
             for (int i = 0; i < M; i++) {
                 const float* qi = q + ((size_t)b * M + i) * D + h * DK;
-                int lim = (int)key_limit(s, i);
+                int lim = (int)cvl_key_limit(s, i);
                 float mx = -INFINITY;
                 for (int j = 0; j < lim; j++) {
                     float dot = 0.f;
@@ -79,19 +73,6 @@ static int attention_portable(const cvl_attention_shape* s, const float* q, cons
 }
 
 /* ---- AVX-512 BF16 kernel (head_dim 16, 32 or 64) ---- */
-
-/* 32-bit words (bf16(lo[l]), bf16(hi[l])): the pair layout vdpbf16ps multiplies and adds. */
-__attribute__((target(FAST))) static inline __m512i bf16_pairs(__m512 lo, __m512 hi, __m512i interleave) {
-    return _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-}
-
-__attribute__((target(FAST))) static inline void load_half(const uint16_t* row, int nc, __m512* r) {
-    for (int c = 0; c < nc; c++) r[c] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(row + 16 * c)));
-}
-
-__attribute__((target(FAST))) static inline void load_float(const float* row, int nc, __m512* r) {
-    for (int c = 0; c < nc; c++) r[c] = _mm512_loadu_ps(row + 16 * c);
-}
 
 typedef struct {
     uint32_t* qp; /* [DK/2][QL] query pairs, scaled */
@@ -134,12 +115,12 @@ __attribute__((always_inline, target(FAST))) static inline void tile_bf16(
     }
     for (int p = 0; p < DK / 2; p++)
         for (int c = 0; c < QV; c++)
-            _mm512_storeu_si512(t.qp + p * QL + 16 * c, bf16_pairs(_mm512_loadu_ps(t.tq + 2 * p * QL + 16 * c),
+            _mm512_storeu_si512(t.qp + p * QL + 16 * c, cvl_bf16_pairs(_mm512_loadu_ps(t.tq + 2 * p * QL + 16 * c),
                                                                     _mm512_loadu_ps(t.tq + (2 * p + 1) * QL + 16 * c), il));
     int32_t limits[QL];
     int maxlim = 0;
     for (int i = 0; i < QV * 16; i++) {
-        limits[i] = (int32_t)key_limit(s, i0 + (i < QG ? i : QG - 1));
+        limits[i] = (int32_t)cvl_key_limit(s, i0 + (i < QG ? i : QG - 1));
         if (limits[i] > maxlim) maxlim = limits[i];
     }
     const int maxe = (maxlim + 1) & ~1;
@@ -156,9 +137,9 @@ __attribute__((always_inline, target(FAST))) static inline void tile_bf16(
             int j = j0 + (r < nk ? r : 0);
             __m512 f[4];
             if (j < C)
-                load_half(kc + (size_t)j * D + h * DK, NC, f);
+                cvl_load_half(kc + (size_t)j * D + h * DK, NC, f);
             else
-                load_float(kn + (size_t)(j - C) * D + h * DK, NC, f);
+                cvl_load_float(kn + (size_t)(j - C) * D + h * DK, NC, f);
             if (NC == 1) {
                 _mm256_storeu_si256((__m256i*)(t.kb + r * DK / 2),
                                     _mm512_castsi512_si256((__m512i)_mm512_cvtne2ps_pbh(f[0], f[0])));
@@ -199,7 +180,7 @@ __attribute__((always_inline, target(FAST))) static inline void tile_bf16(
             __m512 e0 = cvl_exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(t.st + (size_t)(2 * jp) * QL + 16 * c), mx[c]));
             __m512 e1 = cvl_exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(t.st + (size_t)(2 * jp + 1) * QL + 16 * c), mx[c]));
             sum[c] = _mm512_add_ps(sum[c], _mm512_add_ps(e0, e1));
-            _mm512_storeu_si512(t.pp + (size_t)jp * QL + 16 * c, bf16_pairs(e0, e1, il));
+            _mm512_storeu_si512(t.pp + (size_t)jp * QL + 16 * c, cvl_bf16_pairs(e0, e1, il));
         }
     float inv[QL];
     for (int c = 0; c < QV; c++) _mm512_storeu_ps(inv + 16 * c, _mm512_div_ps(_mm512_set1_ps(1.f), sum[c]));
@@ -239,13 +220,13 @@ __attribute__((always_inline, target(FAST))) static inline void head_bf16(
             int j = 2 * jp + e;
             __m512* r = e ? r1 : r0;
             if (j < C)
-                load_half(vc + (size_t)j * D + h * DK, NC, r);
+                cvl_load_half(vc + (size_t)j * D + h * DK, NC, r);
             else if (j < T)
-                load_float(vn + (size_t)(j - C) * D + h * DK, NC, r);
+                cvl_load_float(vn + (size_t)(j - C) * D + h * DK, NC, r);
             else
                 for (int c = 0; c < NC; c++) r[c] = _mm512_setzero_ps();
         }
-        for (int c = 0; c < NC; c++) _mm512_storeu_si512(t.vp + (size_t)jp * DK + 16 * c, bf16_pairs(r0[c], r1[c], il));
+        for (int c = 0; c < NC; c++) _mm512_storeu_si512(t.vp + (size_t)jp * DK + 16 * c, cvl_bf16_pairs(r0[c], r1[c], il));
     }
     for (int i0 = 0; i0 < M; i0 += QL) {
         const int QG = M - i0 < QL ? M - i0 : QL;
@@ -262,12 +243,7 @@ __attribute__((always_inline, target(FAST))) static inline void head_bf16(
     __attribute__((target(FAST))) static void heads_bf16_##NC(const cvl_attention_shape* s, const float* q,            \
                                                                const float* k, const float* v, const uint16_t* pk,      \
                                                                const uint16_t* pv, float* out, tiles t) {               \
-        short order[32];                                                                                               \
-        for (int l = 0; l < 16; l++) {                                                                                 \
-            order[2 * l] = (short)l;                                                                                   \
-            order[2 * l + 1] = (short)(l + 16);                                                                        \
-        }                                                                                                              \
-        __m512i il = _mm512_loadu_si512(order);                                                                        \
+        __m512i il = cvl_pair_order();                                                                                 \
         for (int b = 0; b < s->batch; b++)                                                                             \
             for (int h = 0; h < s->heads; h++) head_bf16(NC, s, b, h, q, k, v, pk, pv, out, t, il);                    \
     }
@@ -293,6 +269,7 @@ int cvl_fast_kernel(int head_dim) {
 int cvl_cached_attention(const cvl_attention_shape* s, const float* q, const float* k, const float* v,
                          const uint16_t* past_k, const uint16_t* past_v, float* out) {
     if (!cvl_fast_kernel(s->head_dim)) return attention_portable(s, q, k, v, past_k, past_v, out);
+    if (s->head_dim % 32 == 0 && cvl_amx_bf16()) return cvl_amx_attention(s, q, k, v, past_k, past_v, out);
     const int T = s->cached + s->new_frames;
     float* w = cvl_work_floats(CVL_WORK_ATTENTION, tile_floats(T, s->head_dim));
     if (w == NULL) return -1;

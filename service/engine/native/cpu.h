@@ -12,4 +12,11 @@ static inline int cvl_portable_forced(void) {
     return portable != NULL && strcmp(portable, "1") == 0;
 }
 
+/* COSYVOICE_LITE_AMX=0 keeps the kernels off AMX tiles where the CPU has them (their AVX-512 code runs instead:
+ * comparisons and tests; amx.h). */
+static inline int cvl_amx_refused(void) {
+    const char* amx = getenv("COSYVOICE_LITE_AMX");
+    return amx != NULL && strcmp(amx, "0") == 0;
+}
+
 #endif

@@ -1,0 +1,248 @@
+/* Cached chunk-masked attention on AMX bf16 tiles (cached_attention.h's contract, head sizes 32 and 64).
+ *
+ * Why: with AVX-512 BF16 the attention was the largest part of a flow estimator call on a Sapphire/Emerald Rapids core
+ * (a third of it, measured: 50 new frames over 200 cached); a tile product does 16 x 16 x 32 bf16 multiply-adds at
+ * once. Per head: the keys go to bf16 dim pairs transposed (kt[pair][key], 16 x 16 blocks transposed in registers),
+ * the values to key pairs (vp[key pair][dim]), the scaled queries to bf16 rows. Then for each block of 16 new
+ * frames: scores = Q . K^T (frames x keys, float32), a softmax along each frame's row up to its last visible key, the
+ * probabilities in bf16, and out = P . V, each row divided by its sum. As the AVX-512 kernel: bf16 products, float32
+ * sums, float32 softmax. */
+
+#include "amx.h"
+#include "attention_parts.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "simd_math.h"
+#include "work.h"
+
+#define VEC "avx512f,avx512bw,avx512vl,avx512bf16,fma,f16c"
+#define TILES "amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,fma,f16c"
+
+typedef struct {
+    int M, C, T, DK, D, Tp, Mp; /* Tp: keys rounded up to 32, Mp: new frames rounded up to 16 */
+    uint32_t* kt;               /* [DK/2][Tp] key dim pairs, transposed */
+    uint32_t* vp;               /* [Tp/2][DK] value key pairs */
+    uint16_t* qb;               /* [Mp][DK] scaled queries, bf16 */
+    float* sc;                  /* [16][Tp] scores of one frame block */
+    uint16_t* pb;               /* [16][Tp] probabilities of one frame block, bf16 */
+    float* ob;                  /* [16][DK] its output before the division */
+} head_work;
+
+/* 16 x 16 32-bit elements transposed in registers: r[i] lane j <- r[j] lane i. */
+__attribute__((target(VEC))) static void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* each 128-bit lane now holds a 4 x 4 block transposed; move the blocks */
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_permutex2var_epi64(r[i], lo, r[i + 4]);
+        t[i + 4] = _mm512_permutex2var_epi64(r[i], hi, r[i + 4]);
+        t[i + 8] = _mm512_permutex2var_epi64(r[i + 8], lo, r[i + 12]);
+        t[i + 12] = _mm512_permutex2var_epi64(r[i + 8], hi, r[i + 12]);
+    }
+    const __m512i lo2 = _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11), hi2 = _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15);
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_permutex2var_epi64(t[i], lo2, t[i + 8]);
+        r[i + 8] = _mm512_permutex2var_epi64(t[i], hi2, t[i + 8]);
+        r[i + 4] = _mm512_permutex2var_epi64(t[i + 4], lo2, t[i + 12]);
+        r[i + 12] = _mm512_permutex2var_epi64(t[i + 4], hi2, t[i + 12]);
+    }
+}
+
+/* Key `j` of head h as DK floats (a cached float16 row or a new float32 one; zeros past the last key). */
+__attribute__((target(VEC), always_inline)) static inline void key_row(const head_work* w, const float* kn, const uint16_t* kc, int h, int j,
+                                                 __m512* f) {
+    const int NC = w->DK / 16;
+    if (j < w->C)
+        cvl_load_half(kc + (size_t)j * w->D + h * w->DK, NC, f);
+    else if (j < w->T)
+        cvl_load_float(kn + (size_t)(j - w->C) * w->D + h * w->DK, NC, f);
+    else
+        for (int c = 0; c < NC; c++) f[c] = _mm512_setzero_ps();
+}
+
+/* kt, vp and qb of head h of batch row b. */
+__attribute__((target(VEC))) static void prepare_head(const cvl_attention_shape* s, int b, int h, const float* q,
+                                                      const float* k, const float* v, const uint16_t* pk,
+                                                      const uint16_t* pv, head_work* w) {
+    const int DK = w->DK, NC = DK / 16, D = w->D;
+    const float* kn = k + (size_t)b * w->M * D;
+    const float* vn = v + (size_t)b * w->M * D;
+    const uint16_t* kc = pk + (size_t)b * w->C * D;
+    const uint16_t* vc = pv + (size_t)b * w->C * D;
+    for (int j0 = 0; j0 < w->Tp; j0 += 16) { /* 16 keys: their dim pairs, transposed */
+        __m512i blocks[2][16];
+        for (int r = 0; r < 16; r++) {
+            __m512 f[4];
+            key_row(w, kn, kc, h, j0 + r, f);
+            for (int c = 0; c < NC; c += 2) blocks[c / 2][r] = (__m512i)_mm512_cvtne2ps_pbh(f[c + 1], f[c]);
+        }
+        for (int c = 0; c < NC / 2; c++) {
+            transpose16(blocks[c]);
+            for (int p = 0; p < 16; p++) _mm512_storeu_si512(w->kt + (size_t)(16 * c + p) * w->Tp + j0, blocks[c][p]);
+        }
+    }
+    const __m512i il = cvl_pair_order();
+    for (int jp = 0; jp < w->Tp / 2; jp++) { /* value pairs */
+        __m512 r0[4], r1[4];
+        key_row(w, vn, vc, h, 2 * jp, r0);
+        key_row(w, vn, vc, h, 2 * jp + 1, r1);
+        for (int c = 0; c < NC; c++) _mm512_storeu_si512(w->vp + (size_t)jp * DK + 16 * c, cvl_bf16_pairs(r0[c], r1[c], il));
+    }
+    const float* qh = q + (size_t)b * w->M * D + h * DK;
+    const __m512 scale = _mm512_set1_ps(s->scale);
+    for (int i = 0; i < w->Mp; i++)
+        for (int c = 0; c < NC; c += 2) {
+            __m512 a = _mm512_setzero_ps(), z = _mm512_setzero_ps();
+            if (i < w->M) {
+                a = _mm512_mul_ps(_mm512_loadu_ps(qh + (size_t)i * D + 16 * c), scale);
+                z = _mm512_mul_ps(_mm512_loadu_ps(qh + (size_t)i * D + 16 * c + 16), scale);
+            }
+            _mm512_storeu_si512(w->qb + (size_t)i * DK + 16 * c, (__m512i)_mm512_cvtne2ps_pbh(z, a));
+        }
+}
+
+/* Scores of frames i0 .. i0+15 over keys [0, 16 * blocks): sc[r][key]. Tiles 0-3 sums, 4-5 the queries' two halves of
+ * 32 dims, 6-7 keys. */
+#define SCORE(c)                                                                                                       \
+    if (n > c) {                                                                                                       \
+        _tile_loadd(6, w->kt + (size_t)(kb + c) * 16, stride);                                                         \
+        _tile_dpbf16ps(c, 4, 6);                                                                                       \
+        if (halves == 2) {                                                                                             \
+            _tile_loadd(7, w->kt + (size_t)16 * w->Tp + (size_t)(kb + c) * 16, stride);                                \
+            _tile_dpbf16ps(c, 5, 7);                                                                                   \
+        }                                                                                                              \
+        _tile_stored(c, w->sc + (size_t)(kb + c) * 16, stride);                                                        \
+    }
+__attribute__((target(TILES))) static void scores(const head_work* w, int i0, int blocks) {
+    const int halves = w->DK / 32;
+    const long stride = (long)w->Tp * 4;
+    _tile_loadd(4, w->qb + (size_t)i0 * w->DK, w->DK * 2);
+    if (halves == 2) _tile_loadd(5, w->qb + (size_t)i0 * w->DK + 32, w->DK * 2);
+    for (int kb = 0; kb < blocks; kb += 4) {
+        const int n = blocks - kb;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        SCORE(0)
+        SCORE(1)
+        SCORE(2)
+        SCORE(3)
+    }
+}
+#undef SCORE
+
+/* Softmax of each frame's row up to its last visible key, into bf16 probabilities (zero up to `width` keys); returns
+ * nothing, writes 1 / sum per row into inv. Rows past the new frames are zero. */
+__attribute__((target(VEC))) static void softmax_rows(const cvl_attention_shape* s, const head_work* w, int i0, int width,
+                                                      float* inv) {
+    for (int r = 0; r < 16; r++) {
+        uint16_t* pr = w->pb + (size_t)r * w->Tp;
+        const int i = i0 + r;
+        if (i >= w->M) {
+            memset(pr, 0, (size_t)width * sizeof(uint16_t));
+            inv[r] = 0.f;
+            continue;
+        }
+        const float* sr = w->sc + (size_t)r * w->Tp;
+        const int lim = (int)cvl_key_limit(s, i);
+        __m512 mx = _mm512_set1_ps(-INFINITY);
+        for (int j = 0; j < lim; j += 16)
+            mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), cvl_tail_mask(lim - j), sr + j));
+        const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+        __m512 sum = _mm512_setzero_ps();
+        for (int j = 0; j < width; j += 32) {
+            __m512 e[2];
+            for (int half = 0; half < 2; half++) {
+                const int at = j + 16 * half;
+                const __mmask16 seen = at < lim ? cvl_tail_mask(lim - at) : 0;
+                e[half] = _mm512_maskz_mov_ps(seen, cvl_exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(seen, sr + at), m)));
+                sum = _mm512_add_ps(sum, e[half]);
+            }
+            _mm512_storeu_si512(pr + j, (__m512i)_mm512_cvtne2ps_pbh(e[1], e[0]));
+        }
+        inv[r] = 1.f / _mm512_reduce_add_ps(sum);
+    }
+}
+
+/* out rows i0 .. i0+15 of head h = P . V over keys [0, 32 * blocks), divided by the row sums. Tiles 0-3 sums (16 dims
+ * each), 4 probabilities, 5-7 values. */
+#define VALUE(c, t)                                                                                                    \
+    if (NC > c) {                                                                                                      \
+        _tile_loadd(t, w->vp + (size_t)kv * 16 * w->DK + 16 * c, w->DK * 4);                                           \
+        _tile_dpbf16ps(c, 4, t);                                                                                       \
+    }
+__attribute__((target(TILES))) static void values(const head_work* w, int blocks, int b, int h, int i0, const float* inv,
+                                                  float* out) {
+    const int NC = w->DK / 16;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int kv = 0; kv < blocks; kv++) {
+        _tile_loadd(4, w->pb + (size_t)kv * 32, w->Tp * 2);
+        VALUE(0, 5)
+        VALUE(1, 6)
+        VALUE(2, 7)
+        VALUE(3, 5)
+    }
+    _tile_stored(0, w->ob, w->DK * 4);
+    _tile_stored(1, w->ob + 16, w->DK * 4);
+    if (NC > 2) {
+        _tile_stored(2, w->ob + 32, w->DK * 4);
+        _tile_stored(3, w->ob + 48, w->DK * 4);
+    }
+    const int rows = w->M - i0 < 16 ? w->M - i0 : 16;
+    for (int r = 0; r < rows; r++) {
+        float* dst = out + ((size_t)b * w->M + i0 + r) * w->D + h * w->DK;
+        const __m512 scale = _mm512_set1_ps(inv[r]);
+        for (int c = 0; c < NC; c++) _mm512_storeu_ps(dst + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(w->ob + (size_t)r * w->DK + 16 * c), scale));
+    }
+}
+#undef VALUE
+
+int cvl_amx_attention(const cvl_attention_shape* s, const float* q, const float* k, const float* v, const uint16_t* pk,
+                      const uint16_t* pv, float* out) {
+    head_work w = {.M = s->new_frames, .C = s->cached, .T = s->cached + s->new_frames, .DK = s->head_dim};
+    w.D = s->heads * w.DK;
+    w.Tp = (w.T + 31) / 32 * 32;
+    w.Mp = (w.M + 15) / 16 * 16;
+    const size_t kt = (size_t)w.DK / 2 * w.Tp, vp = (size_t)w.Tp / 2 * w.DK, qb = (size_t)w.Mp * w.DK / 2;
+    const size_t sc = (size_t)16 * w.Tp, pb = (size_t)8 * w.Tp, ob = (size_t)16 * w.DK;
+    float* base = cvl_work_floats(CVL_WORK_ATTENTION, kt + vp + qb + sc + pb + ob + 16);
+    if (base == NULL) return -1;
+    w.kt = (uint32_t*)base;
+    w.vp = w.kt + kt;
+    w.qb = (uint16_t*)(w.vp + vp);
+    w.sc = (float*)w.qb + qb;
+    w.pb = (uint16_t*)(w.sc + sc);
+    w.ob = (float*)w.pb + pb;
+    float inv[16];
+    cvl_amx_begin();
+    for (int b = 0; b < s->batch; b++)
+        for (int h = 0; h < s->heads; h++) {
+            prepare_head(s, b, h, q, k, v, pk, pv, &w);
+            for (int i0 = 0; i0 < w.M; i0 += 16) {
+                const int last = w.M - i0 < 16 ? w.M - 1 : i0 + 15;
+                const int lim = (int)cvl_key_limit(s, last); /* the block's widest row */
+                scores(&w, i0, (lim + 15) / 16);
+                softmax_rows(s, &w, i0, (lim + 31) / 32 * 32, inv);
+                values(&w, (lim + 31) / 32, b, h, i0, inv, out);
+            }
+        }
+    cvl_amx_end();
+    return 0;
+}
