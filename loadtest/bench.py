@@ -266,6 +266,7 @@ LISTEN2_COMPARE = (  # (label, server settings): each CosyVoice2 lever switched 
     ("two-thread acoustic calls, no CFG lanes (TTS_ACOUSTIC_THREADS=2)", ("TTS_ACOUSTIC_THREADS=2",)),
     ("ONNX Runtime for HiFT (TTS_ACOUSTIC_BACKEND=ort)", ("TTS_ACOUSTIC_BACKEND=ort",)),
     ("ONNX Runtime's graphs, not our kernels (TTS_NATIVE_KERNELS=off)", ("TTS_NATIVE_KERNELS=off",)),
+    ("our kernels without AMX tiles (COSYVOICE_LITE_AMX=0; the default where the CPU has no AMX)", ("COSYVOICE_LITE_AMX=0",)),
     ("decode steps never pause for the flow (TTS_DECODE_LEAD_TOKENS=0)", ("TTS_DECODE_LEAD_TOKENS=0",)),
     ("the engine before this work: all three engine levers off", (
         "TTS_STREAM_SCHEDULE=official", "TTS_PROMPT_WINDOW_S=all", "TTS_ACOUSTIC_THREADS=2",
