@@ -20,10 +20,14 @@ StepGeometry = tuple[Tensor, Tensor]
 def espnet_sinusoids(rel: Tensor, dim: int) -> Tensor:
     """espnet rel-pos rows (R, dim) float32 for relative distances `rel` (R,): [sin(r*w_j), cos(r*w_j)] interleaved.
 
-    `w_j = exp(2j * -(ln(10000)/dim))` in float32, as EspnetRelPositionalEncoding builds its table; a negative
-    distance gives PE(-r) exactly as the table's second half does.
+    `w_j = exp(2j * -(ln(10000)/dim))` as EspnetRelPositionalEncoding builds its table, with the exp taken in float64
+    and rounded to float32 (service.bundle.relative_pe, the engine's rows, does the same): torch's float32 exp
+    differs by a unit in the last place between CPUs (an AVX-512 Intel host and a Zen 4 one, measured), and the
+    exporter folds these values into the graphs as constants, so a float32 exp made the export depend on the host
+    it ran on. A negative distance gives PE(-r) exactly as the table's second half does.
     """
-    div_term = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * -(math.log(10000.0) / dim))
+    exponent = torch.arange(0, dim, 2, dtype=torch.float32) * -(math.log(10000.0) / dim)
+    div_term = torch.exp(exponent.to(torch.float64)).to(torch.float32)
     angle = rel.to(torch.float32).unsqueeze(1) * div_term.unsqueeze(0)
     return torch.stack((torch.sin(angle), torch.cos(angle)), dim=-1).flatten(1)
 
