@@ -1,4 +1,6 @@
-/* Cached chunk-masked attention on AMX bf16 tiles (cached_attention.h's contract, head sizes 32 and 64).
+/* Attention on AMX bf16 tiles, one query head at a time (attention_parts.h): the CosyVoice2 flow estimator's cached
+ * chunk-masked attention (cached_attention.h's contract) and the LLM's prefill under its additive mask (qwen2_layer.c),
+ * head sizes 32 and 64.
  *
  * Why: with AVX-512 BF16 the attention was the largest part of a flow estimator call on a Sapphire/Emerald Rapids core
  * (a third of it, measured: 50 new frames over 200 cached); a tile product does 16 x 16 x 32 bf16 multiply-adds at
@@ -22,13 +24,14 @@
 #define TILES "amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,fma,f16c"
 
 typedef struct {
-    int M, C, T, DK, D, Tp, Mp; /* Tp: keys rounded up to 32, Mp: new frames rounded up to 16 */
-    uint32_t* kt;               /* [DK/2][Tp] key dim pairs, transposed */
-    uint32_t* vp;               /* [Tp/2][DK] value key pairs */
-    uint16_t* qb;               /* [Mp][DK] scaled queries, bf16 */
-    float* sc;                  /* [16][Tp] scores of one frame block */
-    uint16_t* pb;               /* [16][Tp] probabilities of one frame block, bf16 */
-    float* ob;                  /* [16][DK] its output before the division */
+    const cvl_head_attention* a;
+    int M, C, T, DK, Tp, Mp; /* Tp: keys rounded up to 32, Mp: query rows rounded up to 16 */
+    uint32_t* kt;            /* [DK/2][Tp] key dim pairs, transposed */
+    uint32_t* vp;            /* [Tp/2][DK] value key pairs */
+    uint16_t* qb;            /* [Mp][DK] scaled queries, bf16 */
+    float* sc;               /* [16][Tp] scores of one block of query rows */
+    uint16_t* pb;            /* [16][Tp] its probabilities, bf16 */
+    float* ob;               /* [16][DK] its output before the division */
 } head_work;
 
 /* 16 x 16 32-bit elements transposed in registers: r[i] lane j <- r[j] lane i. */
@@ -61,32 +64,28 @@ __attribute__((target(VEC))) static void transpose16(__m512i r[16]) {
     }
 }
 
-/* Key `j` of head h as DK floats (a cached float16 row or a new float32 one; zeros past the last key). */
-__attribute__((target(VEC), always_inline)) static inline void key_row(const head_work* w, const float* kn, const uint16_t* kc, int h, int j,
-                                                 __m512* f) {
+/* Key (or value) `j` as DK floats: a cached float16 row or a new float32 one; zeros past the last key. */
+__attribute__((target(VEC), always_inline)) static inline void key_row(const head_work* w, const float* kn,
+                                                                       const uint16_t* kc, int j, __m512* f) {
+    const cvl_head_attention* a = w->a;
     const int NC = w->DK / 16;
     if (j < w->C)
-        cvl_load_half(kc + (size_t)j * w->D + h * w->DK, NC, f);
+        cvl_load_half(kc + (size_t)j * a->cached_stride, NC, f);
     else if (j < w->T)
-        cvl_load_float(kn + (size_t)(j - w->C) * w->D + h * w->DK, NC, f);
+        cvl_load_float(kn + (size_t)(j - w->C) * a->new_stride, NC, f);
     else
         for (int c = 0; c < NC; c++) f[c] = _mm512_setzero_ps();
 }
 
-/* kt, vp and qb of head h of batch row b. */
-__attribute__((target(VEC))) static void prepare_head(const cvl_attention_shape* s, int b, int h, const float* q,
-                                                      const float* k, const float* v, const uint16_t* pk,
-                                                      const uint16_t* pv, head_work* w) {
-    const int DK = w->DK, NC = DK / 16, D = w->D;
-    const float* kn = k + (size_t)b * w->M * D;
-    const float* vn = v + (size_t)b * w->M * D;
-    const uint16_t* kc = pk + (size_t)b * w->C * D;
-    const uint16_t* vc = pv + (size_t)b * w->C * D;
+/* kt, vp and qb of the head. */
+__attribute__((target(VEC))) static void prepare_head(head_work* w) {
+    const cvl_head_attention* a = w->a;
+    const int DK = w->DK, NC = DK / 16;
     for (int j0 = 0; j0 < w->Tp; j0 += 16) { /* 16 keys: their dim pairs, transposed */
         __m512i blocks[2][16];
         for (int r = 0; r < 16; r++) {
             __m512 f[4];
-            key_row(w, kn, kc, h, j0 + r, f);
+            key_row(w, a->new_k, a->past_k, j0 + r, f);
             for (int c = 0; c < NC; c += 2) blocks[c / 2][r] = (__m512i)_mm512_cvtne2ps_pbh(f[c + 1], f[c]);
         }
         for (int c = 0; c < NC / 2; c++) {
@@ -97,21 +96,30 @@ __attribute__((target(VEC))) static void prepare_head(const cvl_attention_shape*
     const __m512i il = cvl_pair_order();
     for (int jp = 0; jp < w->Tp / 2; jp++) { /* value pairs */
         __m512 r0[4], r1[4];
-        key_row(w, vn, vc, h, 2 * jp, r0);
-        key_row(w, vn, vc, h, 2 * jp + 1, r1);
+        key_row(w, a->new_v, a->past_v, 2 * jp, r0);
+        key_row(w, a->new_v, a->past_v, 2 * jp + 1, r1);
         for (int c = 0; c < NC; c++) _mm512_storeu_si512(w->vp + (size_t)jp * DK + 16 * c, cvl_bf16_pairs(r0[c], r1[c], il));
     }
-    const float* qh = q + (size_t)b * w->M * D + h * DK;
-    const __m512 scale = _mm512_set1_ps(s->scale);
+    const __m512 scale = _mm512_set1_ps(a->scale);
     for (int i = 0; i < w->Mp; i++)
         for (int c = 0; c < NC; c += 2) {
-            __m512 a = _mm512_setzero_ps(), z = _mm512_setzero_ps();
+            __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
             if (i < w->M) {
-                a = _mm512_mul_ps(_mm512_loadu_ps(qh + (size_t)i * D + 16 * c), scale);
-                z = _mm512_mul_ps(_mm512_loadu_ps(qh + (size_t)i * D + 16 * c + 16), scale);
+                lo = _mm512_mul_ps(_mm512_loadu_ps(a->q + (size_t)i * a->q_stride + 16 * c), scale);
+                hi = _mm512_mul_ps(_mm512_loadu_ps(a->q + (size_t)i * a->q_stride + 16 * c + 16), scale);
             }
-            _mm512_storeu_si512(w->qb + (size_t)i * DK + 16 * c, (__m512i)_mm512_cvtne2ps_pbh(z, a));
+            _mm512_storeu_si512(w->qb + (size_t)i * DK + 16 * c, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
         }
+}
+
+/* One past the last key query row i sees: its chunk's end, or its mask row's last kept column. */
+static int row_limit(const head_work* w, int i) {
+    const cvl_head_attention* a = w->a;
+    if (a->mask == NULL) return (int)cvl_key_limit(a->chunks, i);
+    const float* row = a->mask + (size_t)i * a->mask_stride;
+    int lim = w->T;
+    while (lim > 0 && row[lim - 1] < a->masked_below) lim--;
+    return lim;
 }
 
 /* Scores of frames i0 .. i0+15 over keys [0, 16 * blocks): sc[r][key]. Tiles 0-3 sums, 4-5 the queries' two halves of
@@ -145,10 +153,12 @@ __attribute__((target(TILES))) static void scores(const head_work* w, int i0, in
 }
 #undef SCORE
 
-/* Softmax of each frame's row up to its last visible key, into bf16 probabilities (zero up to `width` keys); returns
- * nothing, writes 1 / sum per row into inv. Rows past the new frames are zero. */
-__attribute__((target(VEC))) static void softmax_rows(const cvl_attention_shape* s, const head_work* w, int i0, int width,
-                                                      float* inv) {
+/* Softmax of each query row up to its last visible key, into bf16 probabilities (zero up to `width` keys, and at the
+ * columns an additive mask drops; the mask's kept values are added to the scores); writes 1 / sum per row into inv.
+ * Rows past the queries are zero. */
+__attribute__((target(VEC))) static void softmax_rows(const head_work* w, int i0, int width, float* inv) {
+    const cvl_head_attention* a = w->a;
+    const __m512 floor = _mm512_set1_ps(a->masked_below);
     for (int r = 0; r < 16; r++) {
         uint16_t* pr = w->pb + (size_t)r * w->Tp;
         const int i = i0 + r;
@@ -157,11 +167,21 @@ __attribute__((target(VEC))) static void softmax_rows(const cvl_attention_shape*
             inv[r] = 0.f;
             continue;
         }
-        const float* sr = w->sc + (size_t)r * w->Tp;
-        const int lim = (int)cvl_key_limit(s, i);
+        float* sr = w->sc + (size_t)r * w->Tp;
+        const float* mask = a->mask != NULL ? a->mask + (size_t)i * a->mask_stride : NULL;
+        const int lim = row_limit(w, i);
         __m512 mx = _mm512_set1_ps(-INFINITY);
-        for (int j = 0; j < lim; j += 16)
-            mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), cvl_tail_mask(lim - j), sr + j));
+        for (int j = 0; j < lim; j += 16) {
+            __mmask16 seen = cvl_tail_mask(lim - j);
+            __m512 v = _mm512_maskz_loadu_ps(seen, sr + j);
+            if (mask != NULL) {
+                const __m512 bias = _mm512_maskz_loadu_ps(seen, mask + j);
+                seen = _mm512_mask_cmp_ps_mask(seen, bias, floor, _CMP_GE_OQ);
+                v = _mm512_add_ps(v, bias);
+                _mm512_mask_storeu_ps(sr + j, cvl_tail_mask(lim - j), _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), seen, v));
+            }
+            mx = _mm512_mask_max_ps(mx, seen, mx, v);
+        }
         const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
         __m512 sum = _mm512_setzero_ps();
         for (int j = 0; j < width; j += 32) {
@@ -169,24 +189,26 @@ __attribute__((target(VEC))) static void softmax_rows(const cvl_attention_shape*
             for (int half = 0; half < 2; half++) {
                 const int at = j + 16 * half;
                 const __mmask16 seen = at < lim ? cvl_tail_mask(lim - at) : 0;
-                e[half] = _mm512_maskz_mov_ps(seen, cvl_exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(seen, sr + at), m)));
+                const __m512 x = _mm512_maskz_loadu_ps(seen, sr + at); /* dropped columns: -inf, e^-inf = 0 */
+                e[half] = _mm512_maskz_mov_ps(seen & _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ),
+                                              cvl_exp_nonpositive(_mm512_sub_ps(x, m)));
                 sum = _mm512_add_ps(sum, e[half]);
             }
             _mm512_storeu_si512(pr + j, (__m512i)_mm512_cvtne2ps_pbh(e[1], e[0]));
         }
-        inv[r] = 1.f / _mm512_reduce_add_ps(sum);
+        const float total = _mm512_reduce_add_ps(sum);
+        inv[r] = total > 0.f ? 1.f / total : 0.f; /* a row that sees nothing gives zeros, as the vector kernels do */
     }
 }
 
-/* out rows i0 .. i0+15 of head h = P . V over keys [0, 32 * blocks), divided by the row sums. Tiles 0-3 sums (16 dims
+/* out rows i0 .. i0+15 = P . V over keys [0, 32 * blocks), divided by the row sums. Tiles 0-3 sums (16 dims
  * each), 4 probabilities, 5-7 values. */
 #define VALUE(c, t)                                                                                                    \
     if (NC > c) {                                                                                                      \
         _tile_loadd(t, w->vp + (size_t)kv * 16 * w->DK + 16 * c, w->DK * 4);                                           \
         _tile_dpbf16ps(c, 4, t);                                                                                       \
     }
-__attribute__((target(TILES))) static void values(const head_work* w, int blocks, int b, int h, int i0, const float* inv,
-                                                  float* out) {
+__attribute__((target(TILES))) static void values(const head_work* w, int blocks, int i0, const float* inv) {
     const int NC = w->DK / 16;
     _tile_zero(0);
     _tile_zero(1);
@@ -207,17 +229,15 @@ __attribute__((target(TILES))) static void values(const head_work* w, int blocks
     }
     const int rows = w->M - i0 < 16 ? w->M - i0 : 16;
     for (int r = 0; r < rows; r++) {
-        float* dst = out + ((size_t)b * w->M + i0 + r) * w->D + h * w->DK;
+        float* dst = w->a->out + (size_t)(i0 + r) * w->a->out_stride;
         const __m512 scale = _mm512_set1_ps(inv[r]);
         for (int c = 0; c < NC; c++) _mm512_storeu_ps(dst + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(w->ob + (size_t)r * w->DK + 16 * c), scale));
     }
 }
 #undef VALUE
 
-int cvl_amx_attention(const cvl_attention_shape* s, const float* q, const float* k, const float* v, const uint16_t* pk,
-                      const uint16_t* pv, float* out) {
-    head_work w = {.M = s->new_frames, .C = s->cached, .T = s->cached + s->new_frames, .DK = s->head_dim};
-    w.D = s->heads * w.DK;
+int cvl_amx_head_attention(const cvl_head_attention* a) {
+    head_work w = {.a = a, .M = a->rows, .C = a->cached, .T = a->cached + a->new_keys, .DK = a->head_dim};
     w.Tp = (w.T + 31) / 32 * 32;
     w.Mp = (w.M + 15) / 16 * 16;
     const size_t kt = (size_t)w.DK / 2 * w.Tp, vp = (size_t)w.Tp / 2 * w.DK, qb = (size_t)w.Mp * w.DK / 2;
@@ -232,17 +252,35 @@ int cvl_amx_attention(const cvl_attention_shape* s, const float* q, const float*
     w.ob = (float*)w.pb + pb;
     float inv[16];
     cvl_amx_begin();
+    prepare_head(&w);
+    for (int i0 = 0; i0 < w.M; i0 += 16) {
+        int lim = 0; /* the block's widest row */
+        for (int i = i0; i < i0 + 16 && i < w.M; i++) {
+            const int row = row_limit(&w, i);
+            lim = row > lim ? row : lim;
+        }
+        scores(&w, i0, (lim + 15) / 16);
+        softmax_rows(&w, i0, (lim + 31) / 32 * 32, inv);
+        values(&w, (lim + 31) / 32, i0, inv);
+    }
+    cvl_amx_end();
+    return 0;
+}
+
+int cvl_amx_attention(const cvl_attention_shape* s, const float* q, const float* k, const float* v, const uint16_t* pk,
+                      const uint16_t* pv, float* out) {
+    const int64_t M = s->new_frames, C = s->cached, D = (int64_t)s->heads * s->head_dim;
     for (int b = 0; b < s->batch; b++)
         for (int h = 0; h < s->heads; h++) {
-            prepare_head(s, b, h, q, k, v, pk, pv, &w);
-            for (int i0 = 0; i0 < w.M; i0 += 16) {
-                const int last = w.M - i0 < 16 ? w.M - 1 : i0 + 15;
-                const int lim = (int)cvl_key_limit(s, last); /* the block's widest row */
-                scores(&w, i0, (lim + 15) / 16);
-                softmax_rows(s, &w, i0, (lim + 31) / 32 * 32, inv);
-                values(&w, (lim + 31) / 32, b, h, i0, inv, out);
-            }
+            const int64_t at = (int64_t)h * s->head_dim;
+            const cvl_head_attention a = {
+                .rows = s->new_frames, .cached = s->cached, .new_keys = s->new_frames, .head_dim = s->head_dim,
+                .q = q + b * M * D + at, .q_stride = D, .scale = s->scale,
+                .past_k = pk + b * C * D + at, .past_v = pv + b * C * D + at, .cached_stride = D,
+                .new_k = k + b * M * D + at, .new_v = v + b * M * D + at, .new_stride = D,
+                .out = out + b * M * D + at, .out_stride = D, .chunks = s,
+            };
+            if (cvl_amx_head_attention(&a) != 0) return -1;
         }
-    cvl_amx_end();
     return 0;
 }

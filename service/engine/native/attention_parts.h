@@ -41,7 +41,31 @@ __attribute__((target(CVL_ATTENTION_VEC), unused)) static inline void cvl_load_f
     for (int c = 0; c < nc; c++) r[c] = _mm512_loadu_ps(row + 16 * c);
 }
 
-/* The AMX kernel (attention_amx.c): cvl_cached_attention's contract for head sizes 32 and 64, where cvl_amx_bf16(). */
+/* One query head's attention for the AMX kernel (attention_amx.c): `rows` query rows over `cached` float16 keys then
+ * `new_keys` float32 ones (row strides in elements), scores scaled by `scale`, masked either by attention chunks
+ * (`chunks`: row i sees cvl_key_limit(chunks, i) keys, the estimator's) or, with `mask`, by an additive mask (row i's
+ * column j is added to the score where it is >= `masked_below`, else dropped: the LLM's). Head sizes 32 and 64. */
+typedef struct {
+    int rows, cached, new_keys, head_dim;
+    const float* q;
+    int64_t q_stride;
+    float scale;
+    const uint16_t *past_k, *past_v;
+    int64_t cached_stride;
+    const float *new_k, *new_v;
+    int64_t new_stride;
+    float* out;
+    int64_t out_stride;
+    const cvl_attention_shape* chunks;
+    const float* mask;
+    int64_t mask_stride;
+    float masked_below;
+} cvl_head_attention;
+
+/* 0, or -1 when the work buffer cannot be allocated. Where cvl_amx_bf16(). */
+int cvl_amx_head_attention(const cvl_head_attention* a);
+
+/* cvl_cached_attention's contract on AMX tiles, head by head (cvl_amx_head_attention). */
 int cvl_amx_attention(const cvl_attention_shape* s, const float* q, const float* k, const float* v, const uint16_t* pk,
                       const uint16_t* pv, float* out);
 

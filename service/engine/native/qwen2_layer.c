@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "amx.h"
+#include "attention_parts.h"
 #include "cpu.h"
 #include "half.h"
 #include "simd_math.h"
@@ -321,6 +323,40 @@ static void attention_task(void* ctx, size_t task) {
     }
 }
 
+/* ---- the attention of many new tokens (a prefill) on AMX tiles: one task per (row, query head) ---- */
+
+#define TILE_ROWS 16 /* new tokens from which the attention takes tiles: a prefill (decode steps have one) */
+
+typedef struct {
+    const cvl_qwen2_problem* p;
+    const float* q;
+    float* att;
+    int64_t units, tasks; /* units: batch x heads */
+    volatile int failed;
+} tile_job;
+
+static void tile_task(void* ctx, size_t task) {
+    tile_job* jb = ctx;
+    const cvl_qwen2_problem* p = jb->p;
+    const int64_t T = p->steps, C = p->cached, dk = p->head_dim, G = p->heads / p->kv_heads;
+    for (int64_t u = jb->units * (int64_t)task / jb->tasks; u < jb->units * (int64_t)(task + 1) / jb->tasks; u++) {
+        const int64_t b = u / p->heads, h = u % p->heads, bg = b * p->kv_heads + h / G;
+        const cvl_head_attention a = {
+            .rows = (int)T, .cached = (int)C, .new_keys = (int)T, .head_dim = (int)dk,
+            .q = jb->q + (b * T * p->heads + h) * dk, .q_stride = p->heads * dk, .scale = p->scale,
+            .past_k = p->past_k + bg * C * dk, .past_v = p->past_v + bg * C * dk, .cached_stride = dk,
+            .new_k = p->k_out + bg * T * dk, .new_v = p->v_out + bg * T * dk, .new_stride = dk,
+            .out = jb->att + (b * T * p->heads + h) * dk, .out_stride = p->heads * dk,
+            .mask = p->mask + b * T * (C + T), .mask_stride = C + T, .masked_below = MASKED,
+        };
+        if (cvl_amx_head_attention(&a) != 0) jb->failed = 1;
+    }
+}
+
+static int use_tiles(const cvl_qwen2_problem* p) {
+    return p->steps >= TILE_ROWS && (p->head_dim == 32 || p->head_dim == 64) && cpu_has_vector() && cvl_amx_bf16();
+}
+
 int cvl_qwen2_layer(const cvl_qwen2_problem* p, cvl_parallel_fn parallel, void* runner) {
     const int64_t R = p->batch * p->steps, D = p->dim, dk = p->head_dim, HD = p->heads * dk, KD = p->kv_heads * dk;
     const int64_t F = p->ff, T = p->steps;
@@ -355,14 +391,26 @@ int cvl_qwen2_layer(const cvl_qwen2_problem* p, cvl_parallel_fn parallel, void* 
             memcpy(p->k_out + to, k + r * KD + c * dk, row_bytes);
             memcpy(p->v_out + to, v + r * KD + c * dk, row_bytes);
         }
-    attention_job jb = {p, q, att, p->batch * p->kv_heads * T, 1, cpu_has_vector(), 0};
-    const int64_t work = jb.rows * (p->cached + T) * (p->heads / p->kv_heads) * dk;
-    jb.tasks = parallel && work >= (1 << 20) ? (jb.rows < MAX_TASKS ? jb.rows : MAX_TASKS) : 1;
-    if (jb.tasks > 1)
-        parallel(runner, attention_task, &jb, (size_t)jb.tasks);
-    else
-        attention_task(&jb, 0);
-    if (jb.failed || cvl_int8_weight_matmul(att, R, HD, &p->o, x1, NULL, parallel, runner)) return -1;
+    int failed_attention;
+    if (use_tiles(p)) {
+        tile_job tj = {p, q, att, p->batch * p->heads, 1, 0};
+        tj.tasks = parallel ? (tj.units < MAX_TASKS ? tj.units : MAX_TASKS) : 1;
+        if (tj.tasks > 1)
+            parallel(runner, tile_task, &tj, (size_t)tj.tasks);
+        else
+            tile_task(&tj, 0);
+        failed_attention = tj.failed;
+    } else {
+        attention_job jb = {p, q, att, p->batch * p->kv_heads * T, 1, cpu_has_vector(), 0};
+        const int64_t work = jb.rows * (p->cached + T) * (p->heads / p->kv_heads) * dk;
+        jb.tasks = parallel && work >= (1 << 20) ? (jb.rows < MAX_TASKS ? jb.rows : MAX_TASKS) : 1;
+        if (jb.tasks > 1)
+            parallel(runner, attention_task, &jb, (size_t)jb.tasks);
+        else
+            attention_task(&jb, 0);
+        failed_attention = jb.failed;
+    }
+    if (failed_attention || cvl_int8_weight_matmul(att, R, HD, &p->o, x1, NULL, parallel, runner)) return -1;
     add_into(x1, p->x, R * D);
     rms_norm(x1, R, D, p->rms2_w, p->eps, h);
     if (cvl_int8_weight_matmul(h, R, D, &p->gate, g, NULL, parallel, runner) ||
