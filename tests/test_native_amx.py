@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from portable import run_isolated
-from test_native_attention import attention_graph, reference
+from test_native_attention import attention_feeds, attention_graph, feeds_reference
 from test_native_attention import session as attention_session
 from test_native_int8 import product_graph, session, weights
 
@@ -75,13 +75,10 @@ ATTENTION = [  # batch, new frames, cached frames, heads, head dim, frames per a
 def test_tile_attention_agrees_with_the_vector_kernel(
     native_library: Path, amx: None, tmp_path: Path, batch: int, new: int, cached: int, heads: int, head_dim: int, chunk: int
 ) -> None:
-    rng = np.random.default_rng(new * 1000 + cached)
-    q, k, v = (rng.standard_normal((batch, new, heads * head_dim)).astype(np.float32) for _ in range(3))
-    pk, pv = (rng.standard_normal((batch, cached, heads, head_dim)).astype(np.float16) for _ in range(2))
-    feeds = {"q": q, "k": k, "v": v, "past_k": pk, "past_v": pv, "chunk": np.array([chunk], np.int64)}
+    feeds = attention_feeds(batch, new, cached, heads, head_dim, chunk)
     tiles = attention_session(native_library, heads, head_dim).run(["out"], feeds)[0]
     (vector,) = run_isolated(native_library, attention_graph(heads, head_dim), feeds, tmp_path, "no-amx")
-    want = reference(q, k, v, pk, pv, chunk)
+    want = feeds_reference(feeds)
     rms = lambda a: float(np.sqrt((a**2).mean()))  # noqa: E731
     # the same bf16 roundings of q, k, v and the probabilities; only the order of the float32 sums differs
     assert rms(tiles - vector) < 1e-3 * rms(want)

@@ -65,16 +65,25 @@ CASES = [  # batch, new frames, cached frames, heads, head dim, frames per atten
 ]
 
 
+def attention_feeds(batch: int, new: int, cached: int, heads: int, head_dim: int, chunk: int) -> dict[str, np.ndarray]:
+    """Random q, k, v of `new` frames and float16 caches of `cached`, seeded by the shape."""
+    rng = np.random.default_rng(new * 1000 + cached)
+    q, k, v = (rng.standard_normal((batch, new, heads * head_dim)).astype(np.float32) for _ in range(3))
+    pk, pv = (rng.standard_normal((batch, cached, heads, head_dim)).astype(np.float16) for _ in range(2))
+    return {"q": q, "k": k, "v": v, "past_k": pk, "past_v": pv, "chunk": np.array([chunk], np.int64)}
+
+
+def feeds_reference(feeds: dict[str, np.ndarray]) -> np.ndarray:
+    return reference(feeds["q"], feeds["k"], feeds["v"], feeds["past_k"], feeds["past_v"], int(feeds["chunk"][0]))
+
+
 @pytest.mark.parametrize(("batch", "new", "cached", "heads", "head_dim", "chunk"), CASES)
 def test_cached_attention_matches_the_estimators_attention(
     native_library: Path, batch: int, new: int, cached: int, heads: int, head_dim: int, chunk: int
 ) -> None:
-    rng = np.random.default_rng(new * 1000 + cached)
-    q, k, v = (rng.standard_normal((batch, new, heads * head_dim)).astype(np.float32) for _ in range(3))
-    pk, pv = (rng.standard_normal((batch, cached, heads, head_dim)).astype(np.float16) for _ in range(2))
-    feeds = {"q": q, "k": k, "v": v, "past_k": pk, "past_v": pv, "chunk": np.array([chunk], np.int64)}
+    feeds = attention_feeds(batch, new, cached, heads, head_dim, chunk)
     got = session(native_library, heads, head_dim).run(["out"], feeds)[0]
-    want = reference(q, k, v, pk, pv, chunk)
+    want = feeds_reference(feeds)
     rel = float(np.sqrt(((got - want) ** 2).mean() / (want**2).mean()))
     # bf16 products (8-bit mantissa) with float32 sums: ~0.3 % relative; the portable kernel is float32 throughout
     bound = 1e-2 if native.probe(native_library, head_dim).usable else 1e-5

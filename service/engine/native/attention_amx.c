@@ -34,6 +34,16 @@ typedef struct {
     float* ob;               /* [16][DK] its output before the division */
 } head_work;
 
+/* out[a], out[a + d] = the `lo` and `hi` 64-bit lanes of in[a] and in[a + d] (permutex2var), for every a without bit d. */
+__attribute__((target(VEC), always_inline)) static inline void exchange64(const __m512i* in, __m512i* out, int d, __m512i lo,
+                                                                          __m512i hi) {
+    for (int a = 0; a < 16; a++)
+        if (!(a & d)) {
+            out[a] = _mm512_permutex2var_epi64(in[a], lo, in[a + d]);
+            out[a + d] = _mm512_permutex2var_epi64(in[a], hi, in[a + d]);
+        }
+}
+
 /* 16 x 16 32-bit elements transposed in registers: r[i] lane j <- r[j] lane i. */
 __attribute__((target(VEC))) static void transpose16(__m512i r[16]) {
     __m512i t[16];
@@ -47,21 +57,9 @@ __attribute__((target(VEC))) static void transpose16(__m512i r[16]) {
         r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
         r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
     }
-    /* each 128-bit lane now holds a 4 x 4 block transposed; move the blocks */
-    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-    for (int i = 0; i < 4; i++) {
-        t[i] = _mm512_permutex2var_epi64(r[i], lo, r[i + 4]);
-        t[i + 4] = _mm512_permutex2var_epi64(r[i], hi, r[i + 4]);
-        t[i + 8] = _mm512_permutex2var_epi64(r[i + 8], lo, r[i + 12]);
-        t[i + 12] = _mm512_permutex2var_epi64(r[i + 8], hi, r[i + 12]);
-    }
-    const __m512i lo2 = _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11), hi2 = _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15);
-    for (int i = 0; i < 4; i++) {
-        r[i] = _mm512_permutex2var_epi64(t[i], lo2, t[i + 8]);
-        r[i + 8] = _mm512_permutex2var_epi64(t[i], hi2, t[i + 8]);
-        r[i + 4] = _mm512_permutex2var_epi64(t[i + 4], lo2, t[i + 12]);
-        r[i + 12] = _mm512_permutex2var_epi64(t[i + 4], hi2, t[i + 12]);
-    }
+    /* each 128-bit lane now holds a 4 x 4 block transposed; move the blocks: pairs of lanes, then halves */
+    exchange64(r, t, 4, _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15));
+    exchange64(t, r, 8, _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11), _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15));
 }
 
 /* Key (or value) `j` as DK floats: a cached float16 row or a new float32 one; zeros past the last key. */

@@ -5,7 +5,8 @@
  * products (the RMSNorm pattern twice, rotary halves, reshapes and transposes of q, k and v and the shape arithmetic
  * behind them, the casts of the float16 cache, the attention's matmuls, softmax and slices, SiLU): ~1,800 small
  * kernels a step, the other 4 ms. Here a layer is its products, with the rest as single passes over one per-thread
- * buffer; the attention reads the float16 cache in place. */
+ * buffer; the attention reads the float16 cache in place. A prefill's attention (16 new tokens or more) takes AMX
+ * tiles where the CPU has them (attention_amx.c: a quarter of a 285-position prefill on one Emerald Rapids thread). */
 
 #include "qwen2_layer.h"
 
