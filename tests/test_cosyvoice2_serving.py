@@ -130,12 +130,16 @@ def local(tiny_v2_bundle: Path, voices_dir: Path) -> Iterator[LocalApp]:
 
 @pytest.fixture(scope="module")
 def token_bounds(local: LocalApp) -> Callable[[str], tuple[int, int]]:
-    """Fewest and most speech tokens the engine makes for a text: the official 2x and 20x its text tokens per sentence."""
+    """Fewest and most speech tokens the engine makes for a text: one per sentence, and the official 20x its text
+    tokens per sentence. Not the official 2x either: before it the official v2 sampler masks EOS only
+    (Qwen2LM.sampling_ids at ace7c47), while the two stop tokens after EOS end a sentence too, and the engine samples as
+    the official does; the tiny random model draws one of them now and then (a sentence of 8 tokens against the 2x
+    bound of 18 failed this test once in a CI run, requests carry no seed)."""
     frontend = local.client.app.state.tts.runtime.frontend  # type: ignore[attr-defined]
 
     def bounds(text: str) -> tuple[int, int]:
         counts = [len(s.ids) for s in frontend.sentences(text) if s.ids]
-        return sum(2 * n for n in counts), sum(20 * n for n in counts)
+        return len(counts), sum(20 * n for n in counts)
 
     return bounds
 
