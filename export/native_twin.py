@@ -6,7 +6,9 @@
   frames' q, k, v projections and the float16 caches to the tensor fed to `to_out`; the scores, mask, softmax and
   value products in between become the node. Its int8 weight products become Int8MatMul nodes as below. Then each
   transformer block around an attention (LayerNorm, q/k/v, attention, out, residual, LayerNorm, feed-forward with
-  GELU, residual) becomes one `cosyvoice_lite.EstimatorBlock` node whose q, k and v are one product.
+  GELU, residual) becomes one `cosyvoice_lite.EstimatorBlock` node whose q, k and v are one product. Each causal
+  convolution's product reads its frames in place (Int8MatMul window=3) instead of the im2col copy our exporter
+  builds from slices (fuse_conv_windows).
 * The LLM step (either family): each int8 weight product as ONNX Runtime's dynamic quantization writes it
   (DynamicQuantizeLinear, MatMulInteger, Cast, Mul by the scales, and the bias Add) is one `cosyvoice_lite.Int8MatMul`
   node over the same int8 weight, packed in the order the kernel reads it.
@@ -220,6 +222,54 @@ def fuse_int8_matmuls(model: onnx.ModelProto) -> int:
             INT8_OP_NAME, inputs, [output], name=f"int8mm_{weight}", domain=NATIVE_DOMAIN, n=int(w.shape[1])
         )
     graph.initializer.extend(new_inits)
+    _replace_nodes(model, fused)
+    return len(fused)
+
+
+def _window_slice(g: _Graph, tensor: str) -> tuple[str, int, int] | None:
+    """(source, start, end) of `tensor` when it is a step-1 Slice along axis 1 (time) with constant bounds, else None."""
+    node = g.producer.get(tensor)
+    if node is None or node.op_type != "Slice" or len(node.input) < 4:
+        return None
+    try:
+        starts, ends, axes = (g.constant(node.input[i]).reshape(-1) for i in (1, 2, 3))
+        steps = g.constant(node.input[4]).reshape(-1) if len(node.input) > 4 and node.input[4] else np.ones(1)
+    except RewriteError:
+        return None
+    if starts.size != 1 or ends.size != 1 or axes.size != 1 or int(axes[0]) != 1 or int(steps.reshape(-1)[0]) != 1:
+        return None
+    return node.input[0], int(starts[0]), int(ends[0])
+
+
+def fuse_conv_windows(model: onnx.ModelProto) -> int:
+    """Let each Int8MatMul that multiplies an im2col built from slices read the frames instead (in place); returns
+    how many. Our exporter writes a width-W causal convolution over a (B, T, C) time-major signal `a` as Concat(axis 2,
+    Slice(a, i : i - W + 1 along time) for i < W), the last slice to the end: row m is frames m .. m + W - 1 side by
+    side, which is where those frames already lie in `a`. The Int8MatMul takes `a` with window=W (int8_matmul.h's
+    x_stride) and the copies go; its rows and their quantization are the same, so is the result, bit for bit."""
+    graph = model.graph
+    g = _Graph(graph)
+    fused: dict[str, onnx.NodeProto] = {}
+    for node in [n for n in graph.node if n.op_type == INT8_OP_NAME and n.domain == NATIVE_DOMAIN]:
+        concat = g.producer.get(node.input[0])
+        if concat is None or concat.op_type != "Concat" or _attr(concat, "axis") not in (2, -1) or len(concat.input) < 2:
+            continue
+        windows = [_window_slice(g, name) for name in concat.input]
+        if any(w is None for w in windows):
+            continue
+        width = len(windows)
+        big = np.iinfo(np.int64).max
+        sources = {w[0] for w in windows if w is not None}
+        bounds = [(w[1], w[2]) for w in windows if w is not None]
+        last_end = bounds[-1][1]
+        expected = [(i, i - width + 1) for i in range(width - 1)]
+        if len(sources) != 1 or bounds[:-1] != expected or bounds[-1][0] != width - 1 or last_end < big // 2:
+            continue
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        fused[node.output[0]] = helper.make_node(
+            INT8_OP_NAME, [sources.pop(), *node.input[1:]], list(node.output), name=node.name, domain=NATIVE_DOMAIN,
+            **attributes, window=width,
+        )  # fmt: skip
     _replace_nodes(model, fused)
     return len(fused)
 
@@ -565,7 +615,9 @@ def _rewrite(name: str, model: onnx.ModelProto, family: str | None = None) -> tu
         if blocks != cores:
             raise RewriteError(f"fused {blocks} transformer blocks around {cores} attention cores")
         left = count - 6 * blocks
-        return cores, f"transformer blocks as {NATIVE_DOMAIN}.{BLOCK_OP_NAME}, {left} more {products}"
+        windows = fuse_conv_windows(model)
+        what = f"transformer blocks as {NATIVE_DOMAIN}.{BLOCK_OP_NAME}, {left} more {products}"
+        return cores, f"{what} ({windows} reading convolution windows in place)"
     return fuse_int8_matmuls(model), products
 
 

@@ -23,7 +23,7 @@ def weights(k: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return rng.integers(-64, 64, (k, n), dtype=np.int8), rng.standard_normal(n).astype(np.float32)
 
 
-def product_graph(w: np.ndarray, w_scale: float, bias: np.ndarray | None, rank: int = 2) -> bytes:
+def product_graph(w: np.ndarray, w_scale: float, bias: np.ndarray | None, rank: int = 2, window: int = 1) -> bytes:
     packed, colsum = pack_int8_weight(w)
     inits = [
         numpy_helper.from_array(packed, "packed"),
@@ -34,7 +34,8 @@ def product_graph(w: np.ndarray, w_scale: float, bias: np.ndarray | None, rank: 
     if bias is not None:
         inits.append(numpy_helper.from_array(bias, "bias"))
         inputs.append("bias")
-    node = helper.make_node("Int8MatMul", inputs, ["y"], domain=NATIVE_DOMAIN, n=w.shape[1])
+    extra = {"window": window} if window > 1 else {}
+    node = helper.make_node("Int8MatMul", inputs, ["y"], domain=NATIVE_DOMAIN, n=w.shape[1], **extra)
     dims = [f"d{i}" for i in range(rank - 1)]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [*dims, "K"])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [*dims, "N"])
@@ -165,6 +166,39 @@ def test_inputs_that_disagree_are_an_error_not_a_crash(native_library: Path) -> 
     assert sess.run(["y"], {"x": np.zeros((0, 64), np.float32)})[0].shape == (0, 32)
 
 
+def im2col(x: np.ndarray, width: int) -> np.ndarray:
+    """(B, T, C) -> (B, T - width + 1, width * C): each row `width` frames side by side."""
+    frames = x.shape[1] - width + 1
+    return np.concatenate([x[:, i : i + frames] for i in range(width)], axis=2)
+
+
+@pytest.mark.parametrize("frames", [23, 60, 5, 2])
+def test_a_window_product_is_the_im2col_product_bit_for_bit(native_library: Path, frames: int) -> None:
+    """window=3 reads each run of 3 frames where it lies (a causal convolution of our estimator twin): the same rows
+    quantized the same way as the im2col copy's, so the same numbers, on one thread and two; too few frames: none."""
+    w, bias = weights(3 * 40, 70)
+    x = np.random.default_rng(frames).standard_normal((2, frames, 40)).astype(np.float32)
+    x[1] *= 30.0
+    copies = session(native_library, product_graph(w, 0.01, bias, rank=3)).run(["y"], {"x": im2col(x, 3)})[0]
+    for threads in (1, 2):
+        got = session(native_library, product_graph(w, 0.01, bias, rank=3, window=3), threads).run(["y"], {"x": x})[0]
+        assert got.shape == (2, max(frames - 2, 0), 70)
+        assert np.array_equal(got, copies)
+    if frames > 2:
+        want = reference(im2col(x, 3), w, 0.01, bias)
+        np.testing.assert_allclose(copies, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+def test_a_window_needs_frames_and_a_matching_weight(native_library: Path) -> None:
+    w, bias = weights(3 * 16, 32)
+    sess = session(native_library, product_graph(w, 0.01, bias, rank=1, window=3))
+    with pytest.raises(Exception, match="Int8MatMul: window"):
+        sess.run(["y"], {"x": np.zeros(16, np.float32)})  # no frame axis
+    sess = session(native_library, product_graph(w, 0.01, bias, rank=3, window=3))
+    with pytest.raises(Exception, match="Int8MatMul: x"):
+        sess.run(["y"], {"x": np.zeros((1, 8, 20), np.float32)})  # 3 x 20 where the weight has 48
+
+
 def test_the_probe_reports_the_int8_kernel(native_library: Path) -> None:
     probe = native.probe(native_library, kernel="int8_matmul")
     flags = Path("/proc/cpuinfo").read_text(encoding="utf-8") if Path("/proc/cpuinfo").is_file() else ""
@@ -180,4 +214,8 @@ def test_the_portable_kernel_computes_the_same(native_library: Path, tmp_path: P
     x = np.random.default_rng(3).standard_normal((9, 70)).astype(np.float32)
     (y,) = run_portable(native_library, product_graph(w, 0.01, bias), {"x": x}, tmp_path)
     want = reference(x, w, 0.01, bias)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+    frames = np.random.default_rng(4).standard_normal((1, 12, 35)).astype(np.float32)  # 2 x 35 = 70: a window of 2
+    (y,) = run_portable(native_library, product_graph(w, 0.01, bias, rank=3, window=2), {"x": frames}, tmp_path)
+    want = reference(im2col(frames, 2), w, 0.01, bias)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))

@@ -14,7 +14,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from export.native_twin import fuse_attention, fuse_int8_matmuls, main, write_native_twin
+from export.native_twin import fuse_attention, fuse_blocks, fuse_conv_windows, fuse_int8_matmuls, main, write_native_twin
 from export.quantize import half_kv_cache, write_quantized_bundle
 from service.bundle import GROUP_NATIVE, MANIFEST_NAME, NATIVE_DOMAIN, ModelBundle
 from service.engine import native
@@ -65,6 +65,12 @@ def test_the_quantized_tiny_bundle_carries_the_twin(tiny_v2_bundle: Path) -> Non
     assert not any(n.op_type in ("Softmax", "MatMulInteger", "Erf") for n in model.graph.node)
     core_products = sum(n.op_type == "MatMulInteger" for n in onnx.load(str(tiny_v2_bundle / "flow_estimator.onnx")).graph.node)
     assert ops.count("Int8MatMul") == core_products - 6 * blocks > 0  # q, k, v, out, ff1, ff2 are in the blocks
+    made = {out: n for n in model.graph.node for out in n.output}
+    products = [n for n in model.graph.node if n.op_type == "Int8MatMul"]
+    windowed = [n for n in products if any(a.name == "window" and a.i == 3 for a in n.attribute)]
+    assert windowed  # the convolutions' products read their frames in place
+    im2col = [made[n.input[0]] for n in products if n.input[0] in made and made[n.input[0]].op_type == "Concat"]
+    assert not [c for c in im2col if all(made[i].op_type == "Slice" for i in c.input)]  # no im2col copy left
     step, step_twin = bundle.manifest.graphs["llm_step"], bundle.manifest.graphs[STEP_TWIN]
     assert (step_twin.group, step_twin.precision, step_twin.inputs) == (GROUP_NATIVE, step.precision, step.inputs)
     step_ops = [n.op_type for n in onnx.load(str(tiny_v2_bundle / step_twin.file)).graph.node]
@@ -74,15 +80,41 @@ def test_the_quantized_tiny_bundle_carries_the_twin(tiny_v2_bundle: Path) -> Non
     assert step_ops.count("Int8MatMul") + 7 * layers == core_step.count("MatMulInteger") > 0
 
 
+def test_convolution_windows_read_in_place_compute_the_same_numbers(tiny_v2_bundle: Path, kernels: native.NativeKernels) -> None:
+    """fuse_conv_windows: each convolution's product reads its frames where they lie instead of an im2col copy; the rows
+    it quantizes are the same, so the estimator's outputs are bit for bit those of the twin with the copies."""
+    if not kernels.usable:
+        pytest.skip(kernels.reason)
+    copies = onnx.load(str(tiny_v2_bundle / "flow_estimator.onnx"))
+    fuse_attention(copies)
+    fuse_int8_matmuls(copies)
+    fuse_blocks(copies)
+    windows = onnx.ModelProto()
+    windows.CopyFrom(copies)
+    assert fuse_conv_windows(windows) > 0
+    again = onnx.ModelProto()
+    again.CopyFrom(windows)
+    assert fuse_conv_windows(again) == 0  # nothing left to rewrite
+    a, b = (native_session_bytes(m.SerializeToString()) for m in (copies, windows))
+    for cached, new, rows in [(0, 9, 2), (13, 8, 1), (40, 3, 2), (5, 1, 1)]:
+        feeds = estimator_feeds(a, cached, new, rows)
+        for want, got in zip(a.run(None, feeds), b.run(None, feeds), strict=True):
+            assert np.array_equal(want, got)
+
+
 def relative_rms(want: np.ndarray, got: np.ndarray) -> float:
     want, got = np.asarray(want, np.float64), np.asarray(got, np.float64)
     return float(np.sqrt(((got - want) ** 2).mean() / max((want**2).mean(), 1e-30)))
 
 
 def native_session(path: Path) -> ort.InferenceSession:
+    return native_session_bytes(str(path))
+
+
+def native_session_bytes(model: str | bytes) -> ort.InferenceSession:
     so = ort.SessionOptions()
     so.register_custom_ops_library(str(native.LIBRARY_PATH))
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
 @pytest.mark.parametrize(("cached", "new"), [(0, 9), (13, 8), (40, 3)])

@@ -245,12 +245,13 @@ static void quantize_task(void* ctx, size_t i) {
     const job* jb = ctx;
     const cvl_int8_problem* p = jb->p;
     int64_t from = p->rows * (int64_t)i / jb->row_tasks, to = p->rows * (int64_t)(i + 1) / jb->row_tasks;
+    const int64_t stride = p->x_stride > 0 ? p->x_stride : p->k;
     for (int64_t r = from; r < to; r++) {
         float s;
         if (jb->fast)
-            quantize_row_fast(p->x + r * p->k, p->k, jb->kp, jb->xq + r * jb->kp, &s, &jb->xzp[r]);
+            quantize_row_fast(p->x + r * stride, p->k, jb->kp, jb->xq + r * jb->kp, &s, &jb->xzp[r]);
         else
-            quantize_row_portable(p->x + r * p->k, p->k, jb->kp, jb->xq + r * jb->kp, &s, &jb->xzp[r]);
+            quantize_row_portable(p->x + r * stride, p->k, jb->kp, jb->xq + r * jb->kp, &s, &jb->xzp[r]);
         jb->xs[r] = p->w_scales ? s : s * p->w_scale;
     }
 }

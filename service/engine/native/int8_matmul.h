@@ -30,6 +30,10 @@ typedef struct {
      * part_n a multiple of 16. */
     float* const* y_parts;
     int64_t part_n;
+    /* Floats from one row of x to the next; 0: k (rows side by side). Less than k reads overlapping windows: with
+     * x a (T, C) time-major signal, k = W * C and x_stride = C, row m is frames m .. m + W - 1 side by side, the
+     * im2col row of a width-W convolution, without building it. */
+    int64_t x_stride;
 } cvl_int8_problem;
 
 /* Runs task(ctx, i) for i in [0, tasks), possibly on several threads, and returns when all are done. */

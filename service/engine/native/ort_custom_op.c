@@ -10,8 +10,10 @@
  * CachedAttention. Inputs: q, k, v (B, M, H*DK) float32; past_k, past_v (B, C, H, DK) float16; chunk (1,) int64.
  * Output: (B, M, H*DK) float32. Attributes: heads (int), scale (float).
  * Int8MatMul. Inputs: x (..., K) float32; packed (P, ceil(K/4), 64, 4) int8 (int8_matmul.h); colsum (P*64,) int32;
- * w_scale (1,) float32; bias (N,) float32, optional. Output (..., N) float32. Attribute: n (int). Its work is shared
- * out over the session's intra-op threads (KernelContext_ParallelFor, API version 17).
+ * w_scale (1,) float32; bias (N,) float32, optional. Output (..., N) float32. Attributes: n (int); window (int,
+ * default 1): W > 1 takes x (..., T, C) and multiplies each run of W frames side by side (K = W * C) into
+ * (..., T - W + 1, N), a width-W convolution without its im2col copy. Its work is shared out over the session's
+ * intra-op threads (KernelContext_ParallelFor, API version 17).
  * EstimatorBlock. Inputs: x (B, M, D) float32; past_k, past_v (B, C, H, DK) float16; chunk (1,) int64; ln1 weight and
  * bias (D,); the q|k|v weight as Int8MatMul takes it (n = 3*H*DK) with scales (1,) or (3*H*DK,); ln3 weight and bias;
  * then out (n = D), ff1 (n = F) and ff2 (n = D), each packed, colsum, scale (1,) and bias: 23 inputs. Outputs: y
@@ -241,7 +243,7 @@ static const OrtCustomOp cached_attention_op = {
 /* ---- Int8MatMul ---- */
 
 typedef struct {
-    int64_t n;
+    int64_t n, window;
 } int8_kernel;
 
 static void* int8_create_kernel(const OrtCustomOp* op, const OrtApi* ort, const OrtKernelInfo* info) {
@@ -249,6 +251,7 @@ static void* int8_create_kernel(const OrtCustomOp* op, const OrtApi* ort, const 
     int8_kernel* kn = malloc(sizeof *kn);
     if (kn == NULL) return NULL;
     kn->n = attr_int64(ort, info, "n", 0);
+    kn->window = attr_int64(ort, info, "window", 1);
     return kn;
 }
 
@@ -282,8 +285,13 @@ static OrtStatus* int8_compute(void* kp, OrtKernelContext* ctx) {
     void* p[INT8_INPUTS];
     OrtStatus* s = read_inputs(ctx, int8_types, INT8_INPUTS, 4, "Int8MatMul: an input is missing", dims, nd, p);
     if (s) return s;
-    int64_t n = kn->n, rank = (int64_t)nd[0];
-    int64_t k = rank > 0 ? dims[0][rank - 1] : 0, panels = (n + 63) / 64, rows = count_of(dims[0], rank > 0 ? nd[0] - 1 : 0);
+    int64_t n = kn->n, rank = (int64_t)nd[0], w = kn->window;
+    /* window W > 1: x (..., T, C) frames, each output row a window of W frames (k = W * C), T - W + 1 rows */
+    int64_t c = rank > 0 ? dims[0][rank - 1] : 0, k = w * c, panels = (n + 63) / 64;
+    if (w < 1 || (w > 1 && rank < 2))
+        return status(ORT_INVALID_ARGUMENT, "Int8MatMul: window must be >= 1, and x (..., T, C) with a window");
+    int64_t frames = w > 1 ? dims[0][rank - 2] : 1, rows = frames - w + 1 > 0 ? frames - w + 1 : 0;
+    int64_t batches = rank > 0 ? count_of(dims[0], (size_t)(rank - (w > 1 ? 2 : 1))) : 0;
     if (n < 1 || rank < 1 || nd[1] != 4 || dims[1][0] != panels || dims[1][1] != (k + 3) / 4 || dims[1][2] != 64 ||
         dims[1][3] != 4 || nd[2] != 1 || dims[2][0] != panels * 64 || count_of(dims[3], nd[3]) != 1 ||
         (p[4] != NULL && (nd[4] != 1 || dims[4][0] != n)))
@@ -293,16 +301,24 @@ static OrtStatus* int8_compute(void* kp, OrtKernelContext* ctx) {
     int64_t out_dims[MAX_DIMS];
     memcpy(out_dims, dims[0], sizeof(int64_t) * (size_t)rank);
     out_dims[rank - 1] = n;
+    if (w > 1) out_dims[rank - 2] = rows;
     OrtValue* out;
     s = API(KERNEL_CONTEXT_GET_OUTPUT, OrtStatus* (*)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**))(ctx, 0, out_dims, (size_t)rank, &out);
     if (s) return s;
     void* o;
     if ((s = data_of(out, &o))) return s;
-    if (rows == 0) return NULL;
-    cvl_int8_problem prob = {.rows = rows, .k = k, .n = n, .x = p[0], .packed = p[1], .colsum = p[2],
-                             .w_scale = *(const float*)p[3], .bias = p[4], .y = o};
-    if (cvl_int8_matmul(&prob, api17 ? parallel_for : NULL, ctx) != 0)
-        return status(ORT_FAIL, "Int8MatMul: out of memory for the work buffer");
+    if (rows == 0 || batches == 0) return NULL;
+    if (w == 1) {
+        rows *= batches; /* every row side by side: one product */
+        batches = 1;
+    }
+    for (int64_t b = 0; b < batches; b++) {
+        cvl_int8_problem prob = {.rows = rows, .k = k, .n = n, .x = (const float*)p[0] + b * frames * c,
+                                 .packed = p[1], .colsum = p[2], .w_scale = *(const float*)p[3], .bias = p[4],
+                                 .y = (float*)o + b * rows * n, .x_stride = w > 1 ? c : 0};
+        if (cvl_int8_matmul(&prob, api17 ? parallel_for : NULL, ctx) != 0)
+            return status(ORT_FAIL, "Int8MatMul: out of memory for the work buffer");
+    }
     return NULL;
 }
 
