@@ -254,16 +254,15 @@ def fuse_conv_windows(model: onnx.ModelProto) -> int:
         concat = g.producer.get(node.input[0])
         if concat is None or concat.op_type != "Concat" or _attr(concat, "axis") not in (2, -1) or len(concat.input) < 2:
             continue
-        windows = [_window_slice(g, name) for name in concat.input]
-        if any(w is None for w in windows):
+        found = [w for w in (_window_slice(g, name) for name in concat.input) if w is not None]
+        if len(found) != len(concat.input):
             continue
-        width = len(windows)
-        big = np.iinfo(np.int64).max
-        sources = {w[0] for w in windows if w is not None}
-        bounds = [(w[1], w[2]) for w in windows if w is not None]
-        last_end = bounds[-1][1]
+        width = len(found)
+        sources = {source for source, _, _ in found}
+        bounds = [(start, end) for _, start, end in found]
+        to_the_end = bounds[-1][1] >= np.iinfo(np.int64).max // 2  # the last slice runs to the signal's end
         expected = [(i, i - width + 1) for i in range(width - 1)]
-        if len(sources) != 1 or bounds[:-1] != expected or bounds[-1][0] != width - 1 or last_end < big // 2:
+        if len(sources) != 1 or bounds[:-1] != expected or bounds[-1][0] != width - 1 or not to_the_end:
             continue
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         fused[node.output[0]] = helper.make_node(

@@ -151,10 +151,10 @@ __attribute__((target(TILES))) static void scores(const head_work* w, int i0, in
 }
 #undef SCORE
 
-/* Softmax of each query row up to its last visible key, into bf16 probabilities (zero up to `width` keys, and at the
- * columns an additive mask drops; the mask's kept values are added to the scores); writes 1 / sum per row into inv.
- * Rows past the queries are zero. */
-__attribute__((target(VEC))) static void softmax_rows(const head_work* w, int i0, int width, float* inv) {
+/* Softmax of each query row up to its last visible key (lims[r], row_limit), into bf16 probabilities (zero up to
+ * `width` keys, and at the columns an additive mask drops; the mask's kept values are added to the scores); writes
+ * 1 / sum per row into inv. Rows past the queries are zero. */
+__attribute__((target(VEC))) static void softmax_rows(const head_work* w, int i0, int width, const int* lims, float* inv) {
     const cvl_head_attention* a = w->a;
     const __m512 floor = _mm512_set1_ps(a->masked_below);
     for (int r = 0; r < 16; r++) {
@@ -167,7 +167,7 @@ __attribute__((target(VEC))) static void softmax_rows(const head_work* w, int i0
         }
         float* sr = w->sc + (size_t)r * w->Tp;
         const float* mask = a->mask != NULL ? a->mask + (size_t)i * a->mask_stride : NULL;
-        const int lim = row_limit(w, i);
+        const int lim = lims[r];
         __m512 mx = _mm512_set1_ps(-INFINITY);
         for (int j = 0; j < lim; j += 16) {
             __mmask16 seen = cvl_tail_mask(lim - j);
@@ -252,13 +252,13 @@ int cvl_amx_head_attention(const cvl_head_attention* a) {
     cvl_amx_begin();
     prepare_head(&w);
     for (int i0 = 0; i0 < w.M; i0 += 16) {
-        int lim = 0; /* the block's widest row */
-        for (int i = i0; i < i0 + 16 && i < w.M; i++) {
-            const int row = row_limit(&w, i);
-            lim = row > lim ? row : lim;
+        int lims[16], lim = 0; /* each row's visible keys, once (a mask row is scanned for them); the block's widest */
+        for (int r = 0; r < 16 && i0 + r < w.M; r++) {
+            lims[r] = row_limit(&w, i0 + r);
+            lim = lims[r] > lim ? lims[r] : lim;
         }
         scores(&w, i0, (lim + 15) / 16);
-        softmax_rows(&w, i0, (lim + 31) / 32 * 32, inv);
+        softmax_rows(&w, i0, (lim + 31) / 32 * 32, lims, inv);
         values(&w, (lim + 31) / 32, i0, inv);
     }
     cvl_amx_end();
