@@ -218,6 +218,47 @@ def test_an_early_first_chunk_is_the_official_chunk_masked_flow_over_what_exists
     assert sum(c.mel.shape[1] for c in chunks) == 2 * len(speech)
 
 
+class _EndingTokens:
+    """A token iterator that, like the scheduler's TokenStream, can say that the sentence has ended."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens, self.at = tokens, 0
+        self.waits: list[float] = []
+
+    def __iter__(self) -> _EndingTokens:
+        return self
+
+    def __next__(self) -> int:
+        if self.at == len(self.tokens):
+            raise StopIteration
+        self.at += 1
+        return self.tokens[self.at - 1]
+
+    def ended(self, wait_s: float = 0.0) -> bool:
+        self.waits.append(wait_s)
+        return self.at == len(self.tokens)
+
+
+def test_a_sentence_ending_a_look_ahead_past_a_cut_solves_it_with_that_chunk(cv2_bundle: Path) -> None:
+    """Early schedule: a sentence whose last tokens are exactly the look-ahead of a chunk's cut gives them to that
+    chunk once the stream says it has ended (no last chunk of 3 tokens); the frames are the two calls' frames."""
+    early = CosyVoice2Engine.load(cv2_bundle, replace(ONE_THREAD, stream_schedule="adaptive", prompt_window_s=1.0))
+    voice = random_voice(80, seed=8)
+    speech = np.random.default_rng(8).integers(0, 6561, 100).tolist()  # 28 + 100 = 4 chunks + a look-ahead
+    options = SynthesisOptions(stream=True)
+    apart = list(early.mel_chunks(iter(speech), voice.flow, options))
+    ending = _EndingTokens(speech)
+    merged = list(early.mel_chunks(ending, voice.flow, options))
+    assert [c.tokens for c in apart] == [10, 12, 25, 25, 25, 3] and [c.final for c in apart][-2:] == [False, True]
+    assert [c.tokens for c in merged] == [10, 12, 25, 25, 28] and merged[-1].final
+    assert ending.waits[0] == 0.0 and all(w > 0 for w in ending.waits[1:])  # the first cut never waits
+    np.testing.assert_allclose(
+        np.concatenate([c.mel for c in merged], 1), np.concatenate([c.mel for c in apart], 1), atol=1e-5, rtol=0
+    )
+    official = CosyVoice2Engine.load(cv2_bundle, replace(ONE_THREAD, prompt_window_s=1.0))
+    assert [c.tokens for c in official.mel_chunks(_EndingTokens(speech), voice.flow, options)][-1] == 3
+
+
 def test_cfg_lanes_compute_the_batched_rows(cv2_bundle: Path) -> None:
     """Two concurrent batch-1 estimator calls give a batch-2 call's numbers (fp32)."""
     voice = random_voice(37, seed=7)

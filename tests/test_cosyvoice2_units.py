@@ -82,6 +82,12 @@ def test_early_schedule_splits_only_the_first_attention_chunk() -> None:
     assert early.first_audio_tokens(28) == 13 and HopSchedule().first_audio_tokens(28) == 25 + 22 + 3
 
 
+def test_only_the_early_schedule_takes_a_look_ahead_tail_into_the_last_chunk() -> None:
+    early = HopSchedule(first=10, scale=1, aligned_first=False)
+    assert [early.takes_tail(left) for left in (0, 1, 3, 4)] == [True, True, True, False]
+    assert not HopSchedule().takes_tail(3)  # official: the look-ahead tokens are a last call of their own
+
+
 def test_only_the_rest_of_an_early_first_attention_chunk_shares_the_cores() -> None:
     early = HopSchedule(first=10, scale=1, aligned_first=False)
     cut = hops(early, 28, 125)

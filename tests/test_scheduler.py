@@ -460,6 +460,30 @@ def test_scheduler_stays_a_lead_ahead_while_acoustic_calls_run(runner: LLMRunner
         s.close()
 
 
+def test_a_stream_tells_its_end_without_taking_a_token(runner: LLMRunner) -> None:
+    """`TokenStream.ended`: False while a token is buffered or none has come within the wait (a paused scheduler),
+    True once the request finished and every token was taken; it never takes a token."""
+    paused = threading.Event()
+    paused.set()
+    s = BatchScheduler(runner, max_batch=4, yield_to=paused.is_set)
+    try:
+        ids, emb = _inputs(runner, 5, 4)
+        alone = list(runner.generate(ids, emb, np.random.default_rng(3), min_tokens=6, max_tokens=6))
+        stream = s.generate(ids, emb, np.random.default_rng(3), min_tokens=6, max_tokens=6)
+        assert _wait_until(lambda: stream.ready() > 0 and s.stats.pauses > 0)  # the prefill's token, then paused
+        assert not stream.ended(0.0)  # a token is there
+        got = [next(stream) for _ in range(stream.ready())]
+        assert not stream.ended(0.05)  # paused: nothing comes within the wait
+        paused.clear()
+        while len(got) < 6:
+            assert not stream.ended(TIMEOUT_S)  # each wait ends with the next delivery, which has a token
+            got.append(next(stream))
+        assert stream.ended(TIMEOUT_S) and stream.ended(0.0)
+        assert got == alone and list(stream) == []
+    finally:
+        s.close()
+
+
 def test_scheduler_calls_before_step_before_every_decode_step(runner: LLMRunner) -> None:
     """`before_step` runs on the scheduler thread once before each decode step (not before a prefill), so what it sets
     (the spread of the step's products) holds for that step."""

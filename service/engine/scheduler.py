@@ -9,6 +9,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -67,6 +68,13 @@ class SchedulerStats:
         return self.rows / self.steps if self.steps else 0.0
 
 
+@runtime_checkable
+class EndAware(Protocol):
+    """A token iterator that can tell, without taking a token, that none will come any more."""
+
+    def ended(self, wait_s: float = 0.0) -> bool: ...
+
+
 class TokenStream(Iterator[int]):
     """The consumer side of one scheduled request: iterate for tokens; `close()` (or dropping it) leaves the batch."""
 
@@ -101,6 +109,19 @@ class TokenStream(Iterator[int]):
             except queue.Empty:
                 break
         return len(self._buffer)
+
+    def ended(self, wait_s: float = 0.0) -> bool:
+        """True when no token will come any more (the request finished, or was cancelled, with nothing left to take).
+        With nothing buffered and the end not seen yet, waits up to `wait_s` for the next delivery (a decode step in
+        flight); False when a token or an error is there, or nothing came in time. Takes no token."""
+        self.ready()
+        if not self._done and not self._buffer and self._tail is None and wait_s > 0:
+            try:
+                self._take(self._job.out.get(timeout=wait_s))
+            except queue.Empty:
+                return False
+            self.ready()
+        return self._done and not self._buffer and self._tail is None
 
     def _take(self, item: list[int] | BaseException | None) -> None:
         if item is _END:

@@ -27,7 +27,7 @@ from service.engine.dsp import StreamingStretch
 from service.engine.hift import HiFTRunner
 from service.engine.llm import max_speech_tokens
 from service.engine.memory import StateBudget, auto_budget
-from service.engine.scheduler import BatchScheduler
+from service.engine.scheduler import BatchScheduler, EndAware
 from service.engine.sessions import RuntimeOptions, graph_runtime, limit_malloc_arenas, open_sessions
 from service.engine.synthesizer import AudioChunk, StageTimings, SynthesisOptions, TokenGenerator
 from service.errors import BundleError, EmptyTextError, InvalidInputError
@@ -49,6 +49,10 @@ WIDE_THREADS = 2
 # Tasks a decode step's int8 products are split into while the acoustic gate is idle (native.spread_decode_products):
 # full size, batch 1, two threads, 14.4-15.2 against 16.9-17.0 ms a step in a stream (2 tasks: 16.9-17.3 ms alone).
 DECODE_SPREAD = 4
+# How long a chunk's cut waits for its token stream's next delivery to learn whether the sentence has ended (one decode
+# step is in flight then: 14-27 ms at batch 1 on the 2-core hosts measured; a step that does not come in time only
+# leaves the look-ahead tokens to a last chunk of their own). A sentence's first chunk never waits (first audio).
+TAIL_WAIT_S = 0.05
 
 
 class PromptStates:
@@ -343,6 +347,9 @@ class CosyVoice2Engine:
             for token in tokens:
                 job.speech.append(int(token))
                 while len(job.speech) - job.offset >= job.hop + schedule.look_ahead:
+                    left = len(job.speech) - job.offset - job.hop
+                    if schedule.takes_tail(left) and _ended(tokens, TAIL_WAIT_S if job.offset else 0.0):
+                        break  # the stream has ended: this chunk is the last and takes its look-ahead along
                     if not budget.reserve(owner, per_frame * self._new_frames(job, final=False), stop):
                         return
                     yield self._flow_chunk(job, pace, final=False)
@@ -484,6 +491,12 @@ def stream_schedule(bundle: ModelBundle, runtime: RuntimeOptions) -> HopSchedule
         official = HopSchedule.official(extra, c)
         return official if runtime.first_hop_tokens is None else replace(official, first=runtime.first_hop_tokens)
     return HopSchedule.early(extra, c, runtime.first_hop_tokens)
+
+
+def _ended(tokens: Iterator[int], wait_s: float) -> bool:
+    """Whether `tokens` will give no more, waiting up to `wait_s` to learn it (a scheduler's TokenStream can tell; a
+    plain iterator cannot, and its look-ahead tokens get a last chunk of their own)."""
+    return isinstance(tokens, EndAware) and tokens.ended(wait_s)
 
 
 def _extra(bundle: ModelBundle) -> CosyVoice2Constants:

@@ -104,6 +104,15 @@ class HopSchedule:
         0.13-0.19 s earlier and TTCA 0.23-0.28 s later (10 s recording: 2.67 / 2.76 s against 2.39 / 2.53 s)."""
         return final or (self.scale == 1 and tokens >= self.chunk and before < self.chunk)
 
+    def takes_tail(self, left: int) -> bool:
+        """Whether a chunk about to be cut with only `left` tokens after it (its look-ahead, or fewer) takes them along
+        as the sentence's last chunk when the token stream has already ended. Early schedule: yes, since a last chunk
+        of a look-ahead's tokens runs every Euler step and a vocoder call for 0.12 s of audio at the stream's end
+        (full size ~0.4 s, where a listener's wait is longest); the frames come out the same, since the hop's frames
+        never see later ones (chunk masks, left-padded convolutions) and their look-ahead tokens are the same. Official
+        schedule: no, CosyVoice2Model.tts solves them in a call of their own (`service verify` replays it)."""
+        return not self.aligned_first and left <= self.look_ahead
+
     def first_audio_tokens(self, prompt_tokens: int, first: int | None = None) -> int:
         """Speech tokens the LLM must deliver before a sentence's first chunk can be solved."""
         return self.first_hop(prompt_tokens, first) + self.look_ahead
