@@ -5,6 +5,7 @@ clear error for inputs that disagree."""
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import numpy as np
@@ -219,3 +220,49 @@ def test_the_portable_kernel_computes_the_same(native_library: Path, tmp_path: P
     (y,) = run_portable(native_library, product_graph(w, 0.01, bias, rank=3, window=2), {"x": frames}, tmp_path)
     want = reference(im2col(frames, 2), w, 0.01, bias)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+class _Weight(ctypes.Structure):
+    """int8_matmul.h's cvl_int8_weight."""
+
+    _fields_ = [
+        ("n", ctypes.c_int64),
+        ("packed", ctypes.c_void_p),
+        ("colsum", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("scale_count", ctypes.c_int64),
+        ("bias", ctypes.c_void_p),
+    ]
+
+
+@pytest.mark.parametrize("rows", [1, 7, 20])
+def test_products_of_one_quantization_equal_separate_products(native_library: Path, rows: int) -> None:
+    """cvl_int8_weight_matmuls (q, k and v, or gate and up, of one input) quantizes the rows once: each result is
+    cvl_int8_weight_matmul's bit for bit, per-tensor or per-column scales, with or without a bias."""
+    lib = ctypes.CDLL(str(native_library))
+    x = np.random.default_rng(rows).standard_normal((rows, 96)).astype(np.float32)
+    keep: list[np.ndarray] = []  # the arrays the structs point into
+
+    def weight(n: int, seed: int, scales: int, bias: bool) -> _Weight:
+        w, b = weights(96, n, seed)
+        packed, colsum = pack_int8_weight(w)
+        s = np.random.default_rng(seed).uniform(0.001, 0.01, scales).astype(np.float32)
+        keep.extend([packed, colsum, s, b])
+        ptr = ctypes.c_void_p
+        return _Weight(n, packed.ctypes.data, colsum.ctypes.data, s.ctypes.data, scales, ptr(b.ctypes.data if bias else None))
+
+    ws = [weight(80, 1, 1, True), weight(64, 2, 64, False), weight(17, 3, 17, True)]
+    alone = []
+    for w in ws:
+        y = np.zeros((rows, w.n), np.float32)
+        assert lib.cvl_int8_weight_matmul(x.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(rows), ctypes.c_int64(96),
+                                          ctypes.byref(w), y.ctypes.data_as(ctypes.c_void_p), None, None, None) == 0  # fmt: skip
+        alone.append(y)
+    together = [np.zeros((rows, w.n), np.float32) for w in ws]
+    weight_ptrs = (ctypes.POINTER(_Weight) * 3)(*(ctypes.pointer(w) for w in ws))
+    outs = (ctypes.c_void_p * 3)(*(y.ctypes.data for y in together))
+    assert lib.cvl_int8_weight_matmuls(x.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(rows), ctypes.c_int64(96),
+                                       weight_ptrs, outs, 3, None, None) == 0  # fmt: skip
+    for a, b in zip(alone, together, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert np.abs(together[0]).max() > 0

@@ -28,6 +28,7 @@ typedef struct {
     const cvl_int8_problem* p;
     int64_t kq, kp, panels; /* groups of 4 weight rows, padded row length of xq, panels of 64 columns */
     uint8_t* xq;            /* rows x kp */
+    float* xr;              /* per-row scale of the quantized rows */
     float* xs;              /* per-row scale x w_scale (per-row scale alone with w_scales) */
     int32_t* xzp;           /* per-row zero point */
     int64_t tasks, row_tasks;
@@ -247,12 +248,10 @@ static void quantize_task(void* ctx, size_t i) {
     int64_t from = p->rows * (int64_t)i / jb->row_tasks, to = p->rows * (int64_t)(i + 1) / jb->row_tasks;
     const int64_t stride = p->x_stride > 0 ? p->x_stride : p->k;
     for (int64_t r = from; r < to; r++) {
-        float s;
         if (jb->fast)
-            quantize_row_fast(p->x + r * stride, p->k, jb->kp, jb->xq + r * jb->kp, &s, &jb->xzp[r]);
+            quantize_row_fast(p->x + r * stride, p->k, jb->kp, jb->xq + r * jb->kp, &jb->xr[r], &jb->xzp[r]);
         else
-            quantize_row_portable(p->x + r * stride, p->k, jb->kp, jb->xq + r * jb->kp, &s, &jb->xzp[r]);
-        jb->xs[r] = p->w_scales ? s : s * p->w_scale;
+            quantize_row_portable(p->x + r * stride, p->k, jb->kp, jb->xq + r * jb->kp, &jb->xr[r], &jb->xzp[r]);
     }
 }
 
@@ -287,48 +286,83 @@ static void run(cvl_parallel_fn parallel, void* runner, cvl_task_fn task, void* 
     }
 }
 
-int cvl_int8_matmul(const cvl_int8_problem* p, cvl_parallel_fn parallel, void* runner) {
-    if (p->rows <= 0 || p->n <= 0) return 0;
-    job jb = {.p = p, .kq = (p->k + 3) / 4, .panels = (p->n + PANEL - 1) / PANEL, .fast = cpu_has_vnni()};
+/* The job of `p`'s rows: its work buffer allocated and every row quantized (once for all products of the same rows). */
+static int quantize_rows(job* jb, const cvl_int8_problem* p, cvl_parallel_fn parallel, void* runner) {
+    *jb = (job){.p = p, .kq = (p->k + 3) / 4, .panels = (p->n + PANEL - 1) / PANEL, .fast = cpu_has_vnni()};
     /* A tile product of 16 rows costs what one of a few rows costs, and a decode step's few rows are bound by reading
      * the weights, which VNNI streams faster than tile loads do: AMX from 8 rows on (measured, weights not in cache,
      * one thread, AMX against VNNI: 896 x 4864 at 1 / 4 / 6 / 8 rows 1.46 / 1.15 / 1.08 / 0.78 of the time; 256 x 768
      * at 4 / 8 / 16 rows 0.76 / 0.67 / 0.92). */
-    jb.amx = jb.fast && p->rows >= AMX_MIN_ROWS && cvl_amx_int8();
-    jb.kp = jb.amx ? (jb.kq * 4 + 63) / 64 * 64 : jb.kq * 4;
-    const int64_t padded_rows = jb.amx ? (p->rows + 15) / 16 * 16 : p->rows;
-    size_t bytes = (size_t)p->rows * (sizeof(float) + sizeof(int32_t)) + (size_t)padded_rows * (size_t)jb.kp + 64;
+    jb->amx = jb->fast && p->rows >= AMX_MIN_ROWS && cvl_amx_int8();
+    jb->kp = jb->amx ? (jb->kq * 4 + 63) / 64 * 64 : jb->kq * 4;
+    const int64_t padded_rows = jb->amx ? (p->rows + 15) / 16 * 16 : p->rows;
+    size_t bytes = (size_t)p->rows * (2 * sizeof(float) + sizeof(int32_t)) + (size_t)padded_rows * (size_t)jb->kp + 64;
     void* work = malloc(bytes);
     if (work == NULL) return -1;
-    jb.xs = work;
-    jb.xzp = (int32_t*)(jb.xs + p->rows);
-    jb.xq = (uint8_t*)(((uintptr_t)(jb.xzp + p->rows) + 63) & ~(uintptr_t)63);
-    memset(jb.xq + p->rows * jb.kp, 0, (size_t)((padded_rows - p->rows) * jb.kp));
-    jb.row_tasks = p->rows * p->k >= 65536 ? (p->rows < MAX_TASKS ? p->rows : MAX_TASKS) : 1;
-    run(parallel, runner, quantize_task, &jb, (size_t)jb.row_tasks);
+    jb->xr = work;
+    jb->xs = jb->xr + p->rows;
+    jb->xzp = (int32_t*)(jb->xs + p->rows);
+    jb->xq = (uint8_t*)(((uintptr_t)(jb->xzp + p->rows) + 63) & ~(uintptr_t)63);
+    memset(jb->xq + p->rows * jb->kp, 0, (size_t)((padded_rows - p->rows) * jb->kp));
+    jb->row_tasks = p->rows * p->k >= 65536 ? (p->rows < MAX_TASKS ? p->rows : MAX_TASKS) : 1;
+    run(parallel, runner, quantize_task, jb, (size_t)jb->row_tasks);
+    return 0;
+}
+
+/* y of `p` (same rows, k and x as the job's quantized rows, its own weight). */
+static void products(job* jb, const cvl_int8_problem* p, cvl_parallel_fn parallel, void* runner) {
+    jb->p = p;
+    jb->panels = (p->n + PANEL - 1) / PANEL;
+    for (int64_t r = 0; r < p->rows; r++) jb->xs[r] = p->w_scales ? jb->xr[r] : jb->xr[r] * p->w_scale;
     /* One row tile (a decode step's few rows) is bound by memory bandwidth, and one core already streams most of
      * it (full size, one thread: 14.9 ms of products a step, two: 12.9 ms): it runs on the calling thread and
      * leaves the other cores to the flow, unless the caller spreads it (cvl_int8_set_spread: the other cores are
      * idle). More rows are compute-bound: enough tasks to share the work when it is worth a wake-up, by weight bytes
      * times the row tiles that read them. */
-    int64_t weight_bytes = jb.panels * jb.kq * PANEL * 4;
+    int64_t weight_bytes = jb->panels * jb->kq * PANEL * 4;
     int64_t passes = (p->rows + ROW_TILE - 1) / ROW_TILE;
     int64_t tasks = passes == 1 ? atomic_load_explicit(&spread, memory_order_relaxed)
                                 : (weight_bytes * passes + TASK_BYTES - 1) / TASK_BYTES;
     tasks = tasks < 1 ? 1 : tasks;
     tasks = tasks > MAX_TASKS ? MAX_TASKS : tasks;
-    jb.tasks = tasks > jb.panels ? jb.panels : tasks;
-    run(parallel, runner, product_task, &jb, (size_t)jb.tasks);
-    free(work);
+    jb->tasks = tasks > jb->panels ? jb->panels : tasks;
+    run(parallel, runner, product_task, jb, (size_t)jb->tasks);
+}
+
+int cvl_int8_matmul(const cvl_int8_problem* p, cvl_parallel_fn parallel, void* runner) {
+    if (p->rows <= 0 || p->n <= 0) return 0;
+    job jb;
+    if (quantize_rows(&jb, p, parallel, runner) != 0) return -1;
+    products(&jb, p, parallel, runner);
+    free(jb.xr);
     return 0;
 }
 
-int cvl_int8_weight_matmul(const float* x, int64_t rows, int64_t k, const cvl_int8_weight* w, float* y, float* const* parts,
-                           cvl_parallel_fn parallel, void* runner) {
-    cvl_int8_problem p = {
+static cvl_int8_problem weight_problem(const float* x, int64_t rows, int64_t k, const cvl_int8_weight* w, float* y,
+                                       float* const* parts) {
+    return (cvl_int8_problem){
         .rows = rows, .k = k, .n = w->n, .x = x, .packed = w->packed, .colsum = w->colsum, .w_scale = w->scales[0],
         .bias = w->bias, .y = y, .w_scales = w->scale_count > 1 ? w->scales : NULL, .y_parts = parts,
         .part_n = parts ? w->n / 3 : 0,
     };
+}
+
+int cvl_int8_weight_matmul(const float* x, int64_t rows, int64_t k, const cvl_int8_weight* w, float* y, float* const* parts,
+                           cvl_parallel_fn parallel, void* runner) {
+    cvl_int8_problem p = weight_problem(x, rows, k, w, y, parts);
     return cvl_int8_matmul(&p, parallel, runner);
+}
+
+int cvl_int8_weight_matmuls(const float* x, int64_t rows, int64_t k, const cvl_int8_weight* const* ws, float* const* ys,
+                            int count, cvl_parallel_fn parallel, void* runner) {
+    if (rows <= 0 || count <= 0) return 0;
+    cvl_int8_problem first = weight_problem(x, rows, k, ws[0], ys[0], NULL);
+    job jb;
+    if (quantize_rows(&jb, &first, parallel, runner) != 0) return -1;
+    for (int i = 0; i < count; i++) {
+        cvl_int8_problem p = weight_problem(x, rows, k, ws[i], ys[i], NULL);
+        if (p.n > 0) products(&jb, &p, parallel, runner);
+    }
+    free(jb.xr);
+    return 0;
 }

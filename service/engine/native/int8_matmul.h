@@ -60,6 +60,10 @@ typedef struct {
 int cvl_int8_weight_matmul(const float* x, int64_t rows, int64_t k, const cvl_int8_weight* w, float* y, float* const* parts,
                            cvl_parallel_fn parallel, void* runner);
 
+/* y[i] = x . ws[i] for `count` weights of the same k, x quantized once (the rows' quantization depends on x alone, so
+ * each result is cvl_int8_weight_matmul's bit for bit): q, k and v, or gate and up, of one RMSNorm output. */
+int cvl_int8_weight_matmuls(const float* x, int64_t rows, int64_t k, const cvl_int8_weight* const* ws, float* const* ys,
+                            int count, cvl_parallel_fn parallel, void* runner);
 /* 1 when cvl_int8_matmul takes its AVX-512 VNNI kernel on this CPU, 0 when the portable one. */
 int cvl_int8_fast_kernel(void);
 

@@ -375,10 +375,9 @@ int cvl_qwen2_layer(const cvl_qwen2_problem* p, cvl_parallel_fn parallel, void* 
     float* u = g + R * F;
 
     rms_norm(p->x, R, D, p->rms1_w, p->eps, h);
-    if (cvl_int8_weight_matmul(h, R, D, &p->q, q, NULL, parallel, runner) ||
-        cvl_int8_weight_matmul(h, R, D, &p->k, k, NULL, parallel, runner) ||
-        cvl_int8_weight_matmul(h, R, D, &p->v, v, NULL, parallel, runner))
-        return -1;
+    const cvl_int8_weight* qkv_w[3] = {&p->q, &p->k, &p->v};
+    float* const qkv_y[3] = {q, k, v};
+    if (cvl_int8_weight_matmuls(h, R, D, qkv_w, qkv_y, 3, parallel, runner)) return -1;
     for (int64_t r = 0; r < R; r++) {
         const float* cos = p->cos + r * dk; /* (B, 1, T, dk): row r = b * T + t */
         const float* sin = p->sin + r * dk;
@@ -414,9 +413,9 @@ int cvl_qwen2_layer(const cvl_qwen2_problem* p, cvl_parallel_fn parallel, void* 
     if (failed_attention || cvl_int8_weight_matmul(att, R, HD, &p->o, x1, NULL, parallel, runner)) return -1;
     add_into(x1, p->x, R * D);
     rms_norm(x1, R, D, p->rms2_w, p->eps, h);
-    if (cvl_int8_weight_matmul(h, R, D, &p->gate, g, NULL, parallel, runner) ||
-        cvl_int8_weight_matmul(h, R, D, &p->up, u, NULL, parallel, runner))
-        return -1;
+    const cvl_int8_weight* ff_w[2] = {&p->gate, &p->up};
+    float* const ff_y[2] = {g, u};
+    if (cvl_int8_weight_matmuls(h, R, D, ff_w, ff_y, 2, parallel, runner)) return -1;
     silu_mul(g, u, R * F);
     int failed = cvl_int8_weight_matmul(g, R, F, &p->down, p->y, NULL, parallel, runner);
     if (!failed) add_into(p->y, x1, R * D);
