@@ -66,8 +66,15 @@ def row(label: str, clients: int, heard: list[Listening | None], wall_s: float) 
 
 
 def measure(
-    client: httpx.Client, voices: dict[str, str | None], levels: list[int], per_client: int, bytes_per_s: float
+    client: httpx.Client,
+    voices: dict[str, str | None],
+    levels: list[int],
+    per_client: int,
+    bytes_per_s: float,
+    one_client: int | None = None,
 ) -> list[dict[str, Any]]:
+    """Every (voice, clients) row; `one_client` requests (default `per_client`) at one client, where the issue's
+    targets are read (their p50 rests on these)."""
     rows = []
     for v, (label, speaker) in enumerate(voices.items()):
         stream_listen(client, 10**6 + v, speaker, bytes_per_s)  # warm-up of this voice's shapes (not counted)
@@ -77,7 +84,7 @@ def measure(
             def request(i: int, base: int = base, speaker: str | None = speaker) -> Listening | None:
                 return stream_listen(client, base + i, speaker, bytes_per_s)
 
-            heard, wall = closed_loop(n, per_client, request)
+            heard, wall = closed_loop(n, (one_client or per_client) if n == 1 else per_client, request)
             rows.append(row(label, n, heard, wall))
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "runs"}), file=sys.stderr, flush=True)
     return rows
@@ -89,8 +96,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for seconds in args.prompt_seconds:
             voices[f"saved voice, {seconds:g} s recording"] = write_saved_voice(args.bundle, Path(voices_dir), seconds)
         rate = pcm_bytes_per_s(args.bundle)
+        levels, per_client, one = args.levels, args.per_client, args.one_client_requests
         return serve_and(
-            args, {"TTS_VOICES_DIR": voices_dir}, lambda client: measure(client, voices, args.levels, args.per_client, rate)
+            args, {"TTS_VOICES_DIR": voices_dir}, lambda client: measure(client, voices, levels, per_client, rate, one)
         )
 
 
@@ -109,6 +117,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, help="speech tokens per request (default: 5 s of audio at the model's token rate)")
     p.add_argument("--levels", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--per-client", type=int, default=3)
+    p.add_argument("--one-client-requests", type=int, help="requests of the one-client rows (default: --per-client)")
     p.add_argument("--prompt-seconds", type=float, nargs="*", default=[3.0, 10.0], help="saved voices' recording lengths")
     p.add_argument("--n-timesteps", type=int)
     p.add_argument("--env", nargs="*", default=[], help="extra TTS_*=value settings for the server")
