@@ -288,7 +288,7 @@ static void run(cvl_parallel_fn parallel, void* runner, cvl_task_fn task, void* 
 
 /* The job of `p`'s rows: its work buffer allocated and every row quantized (once for all products of the same rows). */
 static int quantize_rows(job* jb, const cvl_int8_problem* p, cvl_parallel_fn parallel, void* runner) {
-    *jb = (job){.p = p, .kq = (p->k + 3) / 4, .panels = (p->n + PANEL - 1) / PANEL, .fast = cpu_has_vnni()};
+    *jb = (job){.p = p, .kq = (p->k + 3) / 4, .fast = cpu_has_vnni()}; /* panels: per product (products) */
     /* A tile product of 16 rows costs what one of a few rows costs, and a decode step's few rows are bound by reading
      * the weights, which VNNI streams faster than tile loads do: AMX from 8 rows on (measured, weights not in cache,
      * one thread, AMX against VNNI: 896 x 4864 at 1 / 4 / 6 / 8 rows 1.46 / 1.15 / 1.08 / 0.78 of the time; 256 x 768
@@ -356,11 +356,10 @@ int cvl_int8_weight_matmul(const float* x, int64_t rows, int64_t k, const cvl_in
 int cvl_int8_weight_matmuls(const float* x, int64_t rows, int64_t k, const cvl_int8_weight* const* ws, float* const* ys,
                             int count, cvl_parallel_fn parallel, void* runner) {
     if (rows <= 0 || count <= 0) return 0;
-    cvl_int8_problem first = weight_problem(x, rows, k, ws[0], ys[0], NULL);
     job jb;
-    if (quantize_rows(&jb, &first, parallel, runner) != 0) return -1;
     for (int i = 0; i < count; i++) {
         cvl_int8_problem p = weight_problem(x, rows, k, ws[i], ys[i], NULL);
+        if (i == 0 && quantize_rows(&jb, &p, parallel, runner) != 0) return -1; /* the rows depend on x alone */
         if (p.n > 0) products(&jb, &p, parallel, runner);
     }
     free(jb.xr);
