@@ -45,7 +45,7 @@ __attribute__((target(VEC), always_inline)) static inline void exchange64(const 
 }
 
 /* 16 x 16 32-bit elements transposed in registers: r[i] lane j <- r[j] lane i. */
-__attribute__((target(VEC))) static void transpose16(__m512i r[16]) {
+__attribute__((target(VEC), always_inline)) static inline void transpose16(__m512i r[16]) {
     __m512i t[16];
     for (int i = 0; i < 16; i += 2) {
         t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
@@ -75,29 +75,70 @@ __attribute__((target(VEC), always_inline)) static inline void key_row(const hea
         for (int c = 0; c < NC; c++) f[c] = _mm512_setzero_ps();
 }
 
-/* kt, vp and qb of the head. */
-__attribute__((target(VEC))) static void prepare_head(head_work* w) {
+/* prepare_keys for 16 cached keys: straight-line code over the float16 rows, every block of 32 dims transposed in
+ * registers (the general loop below kept its rows in memory: 92 cycles a key and head, hot, for a head of 64). */
+__attribute__((target(VEC))) static void prepare_cached_keys(const head_work* w, int j0, __m512i il) {
     const cvl_head_attention* a = w->a;
-    const int DK = w->DK, NC = DK / 16;
-    for (int j0 = 0; j0 < w->Tp; j0 += 16) { /* 16 keys: their dim pairs, transposed */
-        __m512i blocks[2][16];
-        for (int r = 0; r < 16; r++) {
-            __m512 f[4];
-            key_row(w, a->new_k, a->past_k, j0 + r, f);
-            for (int c = 0; c < NC; c += 2) blocks[c / 2][r] = (__m512i)_mm512_cvtne2ps_pbh(f[c + 1], f[c]);
+    const int64_t stride = a->cached_stride;
+    const uint16_t* k = a->past_k + (size_t)j0 * stride;
+    const uint16_t* v = a->past_v + (size_t)j0 * stride;
+    for (int i = 0; i < 16; i++) /* the values' rows load while the keys are transposed */
+        for (int at = 0; at < w->DK; at += 32) _mm_prefetch((const char*)(v + (size_t)i * stride + at), _MM_HINT_T0);
+    for (int c = 0; c < w->DK; c += 32) { /* 16 dim pairs at a time */
+        __m512i r[16];
+        for (int i = 0; i < 16; i++) {
+            const uint16_t* row = k + (size_t)i * stride + c;
+            const __m512 lo = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)row));
+            const __m512 hi = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(row + 16)));
+            r[i] = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
         }
-        for (int c = 0; c < NC / 2; c++) {
-            transpose16(blocks[c]);
-            for (int p = 0; p < 16; p++) _mm512_storeu_si512(w->kt + (size_t)(16 * c + p) * w->Tp + j0, blocks[c][p]);
+        transpose16(r);
+        for (int i = 0; i < 16; i++) _mm512_storeu_si512(w->kt + (size_t)(c / 2 + i) * w->Tp + j0, r[i]);
+    }
+    if (j0 + 32 <= w->C) /* the next 16 keys' rows load while these values are paired */
+        for (int i = 16; i < 32; i++)
+            for (int at = 0; at < w->DK; at += 32) _mm_prefetch((const char*)(k + (size_t)i * stride + at), _MM_HINT_T0);
+    for (int jp = 0; jp < 8; jp++) {
+        const uint16_t* r0 = v + (size_t)(2 * jp) * stride;
+        const uint16_t* r1 = r0 + stride;
+        for (int c = 0; c < w->DK; c += 16) {
+            const __m512 lo = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(r0 + c)));
+            const __m512 hi = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(r1 + c)));
+            _mm512_storeu_si512(w->vp + (size_t)(j0 / 2 + jp) * w->DK + c, cvl_bf16_pairs(lo, hi, il));
         }
     }
-    const __m512i il = cvl_pair_order();
-    for (int jp = 0; jp < w->Tp / 2; jp++) { /* value pairs */
+}
+
+/* kt and vp of keys j0 .. j0+15 of the head (j0 a multiple of 16): their dim pairs transposed, their value pairs. */
+__attribute__((target(VEC))) static void prepare_keys(const head_work* w, int j0, __m512i il) {
+    if (j0 + 16 <= w->C) {
+        prepare_cached_keys(w, j0, il);
+        return;
+    }
+    const cvl_head_attention* a = w->a;
+    const int DK = w->DK, NC = DK / 16;
+    __m512i blocks[2][16];
+    for (int r = 0; r < 16; r++) {
+        __m512 f[4];
+        key_row(w, a->new_k, a->past_k, j0 + r, f);
+        for (int c = 0; c < NC; c += 2) blocks[c / 2][r] = (__m512i)_mm512_cvtne2ps_pbh(f[c + 1], f[c]);
+    }
+    for (int c = 0; c < NC / 2; c++) {
+        transpose16(blocks[c]);
+        for (int p = 0; p < 16; p++) _mm512_storeu_si512(w->kt + (size_t)(16 * c + p) * w->Tp + j0, blocks[c][p]);
+    }
+    for (int jp = j0 / 2; jp < j0 / 2 + 8; jp++) { /* value pairs */
         __m512 r0[4], r1[4];
         key_row(w, a->new_v, a->past_v, 2 * jp, r0);
         key_row(w, a->new_v, a->past_v, 2 * jp + 1, r1);
         for (int c = 0; c < NC; c++) _mm512_storeu_si512(w->vp + (size_t)jp * DK + 16 * c, cvl_bf16_pairs(r0[c], r1[c], il));
     }
+}
+
+/* qb of the head: its queries scaled, in bf16. */
+__attribute__((target(VEC))) static void prepare_queries(const head_work* w) {
+    const cvl_head_attention* a = w->a;
+    const int DK = w->DK, NC = DK / 16;
     const __m512 scale = _mm512_set1_ps(a->scale);
     for (int i = 0; i < w->Mp; i++)
         for (int c = 0; c < NC; c += 2) {
@@ -110,14 +151,28 @@ __attribute__((target(VEC))) static void prepare_head(head_work* w) {
         }
 }
 
+/* kt, vp and qb of the head. */
+__attribute__((target(VEC))) static void prepare_head(const head_work* w) {
+    const __m512i il = cvl_pair_order();
+    for (int j0 = 0; j0 < w->Tp; j0 += 16) prepare_keys(w, j0, il);
+    prepare_queries(w);
+}
+
 /* One past the last key query row i sees: its chunk's end, or its mask row's last kept column. */
-static int row_limit(const head_work* w, int i) {
+__attribute__((target(VEC))) static int row_limit(const head_work* w, int i) {
     const cvl_head_attention* a = w->a;
     if (a->mask == NULL) return (int)cvl_key_limit(a->chunks, i);
+    /* the mask row scanned from its end, 16 columns at a time (a causal prefill's rows end in masked columns: one
+     * at a time, the scan was 4 % of a 285-position prefill) */
     const float* row = a->mask + (size_t)i * a->mask_stride;
-    int lim = w->T;
-    while (lim > 0 && row[lim - 1] < a->masked_below) lim--;
-    return lim;
+    const __m512 floor = _mm512_set1_ps(a->masked_below);
+    for (int end = w->T; end > 0; end -= 16) {
+        const int from = end >= 16 ? end - 16 : 0;
+        const __mmask16 in = cvl_tail_mask(end - from); /* kept: not below the floor, as the scalar test read */
+        const __mmask16 kept = _mm512_mask_cmp_ps_mask(in, _mm512_maskz_loadu_ps(in, row + from), floor, _CMP_NLT_UQ);
+        if (kept) return from + 32 - __builtin_clz((unsigned)kept);
+    }
+    return 0;
 }
 
 /* Scores of frames i0 .. i0+15 over keys [0, 16 * blocks): sc[r][key]. Tiles 0-3 sums, 4-5 the queries' two halves of
