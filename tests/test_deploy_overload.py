@@ -19,7 +19,10 @@ pytestmark = pytest.mark.integration
 USERS = 64
 REQUESTS_PER_USER = 4
 RATE_LIMIT_PER_MINUTE = 2  # per client IP: each user's 3rd and 4th request are over it
-REJECTION_BUDGET_S = 0.100
+# A rejection is decided before any synthesis work: it must take well under what one admitted synthesis takes on the
+# same host in the same storm (the fastest 200, which waited for nothing). Relative, so a slow or busy host scales
+# both: an absolute 100 ms failed on a 2-core host whose quiet runs already reached 90 ms (admitted: 0.53-0.71 s).
+REJECTION_SHARE_OF_SYNTHESIS = 1 / 3
 APP_ENV = {
     "TTS_CONCURRENT_REQUESTS": "1",
     "TTS_QUEUE_MAX": "2",
@@ -108,16 +111,21 @@ def test_64_users_get_only_200_429_503_and_fast_rejections(app: AppServer) -> No
     by_status = {s: [a for a in answers if a.status == s] for s in sorted({a.status for a in answers})}
     rejected = by_status.get(429, []) + by_status.get(503, [])
     times = sorted(a.seconds for a in rejected)
+    admitted = sorted(a.seconds for a in by_status.get(200, []))
     print(
         {s: len(v) for s, v in by_status.items()},
         f"rejections: {describe(times)}; GET /healthz: {describe([a.seconds for a in floor])}",
+        f"200: {describe(admitted) if admitted else 'none'}",
     )
     assert set(by_status) <= {200, 429, 503}
     assert by_status.get(200) and by_status.get(429) and by_status.get(503), "the storm should hit every outcome"
     assert all(a.body_start == b"RIFF" for a in by_status[200])
     assert all(a.retry_after is not None and int(a.retry_after) >= 1 for a in rejected)
-    p95 = percentile(times, 0.95)
-    assert p95 < REJECTION_BUDGET_S, f"95% of rejections should take < 100 ms; the 95th percentile took {p95 * 1000:.0f} ms"
+    p95, budget = percentile(times, 0.95), admitted[0] * REJECTION_SHARE_OF_SYNTHESIS
+    assert p95 < budget, (
+        f"95% of rejections should take < a third of the fastest admitted synthesis ({budget * 1000:.0f} ms); "
+        f"the 95th percentile took {p95 * 1000:.0f} ms"
+    )
 
 
 def test_server_is_up_and_serving_after_the_storm(app: AppServer) -> None:
