@@ -62,77 +62,43 @@ __attribute__((target(VEC), always_inline)) static inline void transpose16(__m51
     exchange64(t, r, 8, _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11), _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15));
 }
 
-/* Key (or value) `j` as DK floats: a cached float16 row or a new float32 one; zeros past the last key. */
-__attribute__((target(VEC), always_inline)) static inline void key_row(const head_work* w, const float* kn,
-                                                                       const uint16_t* kc, int j, __m512* f) {
+/* 16 values of key (or value) `j` from dim `c`: a cached float16 row, a new float32 one, zeros past the last key. */
+__attribute__((target(VEC), always_inline)) static inline __m512 key_vec(const head_work* w, const float* kn,
+                                                                         const uint16_t* kc, int j, int c) {
     const cvl_head_attention* a = w->a;
-    const int NC = w->DK / 16;
-    if (j < w->C)
-        cvl_load_half(kc + (size_t)j * a->cached_stride, NC, f);
-    else if (j < w->T)
-        cvl_load_float(kn + (size_t)(j - w->C) * a->new_stride, NC, f);
-    else
-        for (int c = 0; c < NC; c++) f[c] = _mm512_setzero_ps();
+    if (j < w->C) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(kc + (size_t)j * a->cached_stride + c)));
+    if (j < w->T) return _mm512_loadu_ps(kn + (size_t)(j - w->C) * a->new_stride + c);
+    return _mm512_setzero_ps();
 }
 
-/* prepare_keys for 16 cached keys: straight-line code over the float16 rows, every block of 32 dims transposed in
- * registers (the general loop below kept its rows in memory: 92 cycles a key and head, hot, for a head of 64). */
-__attribute__((target(VEC))) static void prepare_cached_keys(const head_work* w, int j0, __m512i il) {
+/* Cached rows j0+from .. j0+to-1 of `kc` (keys or values) fetched into the cache ahead of their use. */
+__attribute__((target(VEC))) static void prefetch_rows(const head_work* w, const uint16_t* kc, int j0, int from, int to) {
+    for (int i = from; i < to && j0 + i < w->C; i++)
+        for (int at = 0; at < w->DK; at += 32)
+            _mm_prefetch((const char*)(kc + (size_t)(j0 + i) * w->a->cached_stride + at), _MM_HINT_T0);
+}
+
+/* kt and vp of keys j0 .. j0+15 of the head (j0 a multiple of 16): their dim pairs transposed, their value pairs.
+ * Straight-line code with every block of 32 dims transposed in registers (rows gathered into small arrays in memory
+ * first took 92 cycles a key and head, hot, for a head of 64), the values' rows fetched while the keys are transposed
+ * and the next keys' rows while the values are paired. */
+__attribute__((target(VEC))) static void prepare_keys(const head_work* w, int j0, __m512i il) {
     const cvl_head_attention* a = w->a;
-    const int64_t stride = a->cached_stride;
-    const uint16_t* k = a->past_k + (size_t)j0 * stride;
-    const uint16_t* v = a->past_v + (size_t)j0 * stride;
-    for (int i = 0; i < 16; i++) /* the values' rows load while the keys are transposed */
-        for (int at = 0; at < w->DK; at += 32) _mm_prefetch((const char*)(v + (size_t)i * stride + at), _MM_HINT_T0);
+    prefetch_rows(w, a->past_v, j0, 0, 16);
     for (int c = 0; c < w->DK; c += 32) { /* 16 dim pairs at a time */
         __m512i r[16];
-        for (int i = 0; i < 16; i++) {
-            const uint16_t* row = k + (size_t)i * stride + c;
-            const __m512 lo = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)row));
-            const __m512 hi = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(row + 16)));
-            r[i] = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-        }
+        for (int i = 0; i < 16; i++)
+            r[i] = (__m512i)_mm512_cvtne2ps_pbh(key_vec(w, a->new_k, a->past_k, j0 + i, c + 16),
+                                                key_vec(w, a->new_k, a->past_k, j0 + i, c));
         transpose16(r);
         for (int i = 0; i < 16; i++) _mm512_storeu_si512(w->kt + (size_t)(c / 2 + i) * w->Tp + j0, r[i]);
     }
-    if (j0 + 32 <= w->C) /* the next 16 keys' rows load while these values are paired */
-        for (int i = 16; i < 32; i++)
-            for (int at = 0; at < w->DK; at += 32) _mm_prefetch((const char*)(k + (size_t)i * stride + at), _MM_HINT_T0);
-    for (int jp = 0; jp < 8; jp++) {
-        const uint16_t* r0 = v + (size_t)(2 * jp) * stride;
-        const uint16_t* r1 = r0 + stride;
+    prefetch_rows(w, a->past_k, j0, 16, 32);
+    for (int jp = j0 / 2; jp < j0 / 2 + 8; jp++) /* value pairs */
         for (int c = 0; c < w->DK; c += 16) {
-            const __m512 lo = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(r0 + c)));
-            const __m512 hi = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(r1 + c)));
-            _mm512_storeu_si512(w->vp + (size_t)(j0 / 2 + jp) * w->DK + c, cvl_bf16_pairs(lo, hi, il));
+            const __m512 lo = key_vec(w, a->new_v, a->past_v, 2 * jp, c), hi = key_vec(w, a->new_v, a->past_v, 2 * jp + 1, c);
+            _mm512_storeu_si512(w->vp + (size_t)jp * w->DK + c, cvl_bf16_pairs(lo, hi, il));
         }
-    }
-}
-
-/* kt and vp of keys j0 .. j0+15 of the head (j0 a multiple of 16): their dim pairs transposed, their value pairs. */
-__attribute__((target(VEC))) static void prepare_keys(const head_work* w, int j0, __m512i il) {
-    if (j0 + 16 <= w->C) {
-        prepare_cached_keys(w, j0, il);
-        return;
-    }
-    const cvl_head_attention* a = w->a;
-    const int DK = w->DK, NC = DK / 16;
-    __m512i blocks[2][16];
-    for (int r = 0; r < 16; r++) {
-        __m512 f[4];
-        key_row(w, a->new_k, a->past_k, j0 + r, f);
-        for (int c = 0; c < NC; c += 2) blocks[c / 2][r] = (__m512i)_mm512_cvtne2ps_pbh(f[c + 1], f[c]);
-    }
-    for (int c = 0; c < NC / 2; c++) {
-        transpose16(blocks[c]);
-        for (int p = 0; p < 16; p++) _mm512_storeu_si512(w->kt + (size_t)(16 * c + p) * w->Tp + j0, blocks[c][p]);
-    }
-    for (int jp = j0 / 2; jp < j0 / 2 + 8; jp++) { /* value pairs */
-        __m512 r0[4], r1[4];
-        key_row(w, a->new_v, a->past_v, 2 * jp, r0);
-        key_row(w, a->new_v, a->past_v, 2 * jp + 1, r1);
-        for (int c = 0; c < NC; c++) _mm512_storeu_si512(w->vp + (size_t)jp * DK + 16 * c, cvl_bf16_pairs(r0[c], r1[c], il));
-    }
 }
 
 /* qb of the head: its queries scaled, in bf16. */
