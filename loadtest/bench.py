@@ -153,6 +153,27 @@ def run_json(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any
     return result
 
 
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")  # what picks our kernels' code paths
+
+
+def cpu_summary(cpuinfo: str | None = None) -> str:
+    """The CPU's model name and the flags our kernels choose by ("AMD EPYC; avx2 avx512f ..., no amx_tile")."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return platform.processor() or "unknown CPU"
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    have = [f for f in CPU_FLAGS if f in flags]
+    lacking = [f for f in CPU_FLAGS if f not in flags]
+    family = f" (family {fields['cpu family']} model {fields['model']})" if "cpu family" in fields and "model" in fields else ""
+    return f"{fields.get('model name', 'unknown CPU')}{family}; " + " ".join(have) + "".join(f", no {f}" for f in lacking)
+
+
 def machine_state() -> dict[str, Any]:
     """What the host could do in this minute: 2-thread SGEMM rate and memory read bandwidth, load average."""
     a = np.random.default_rng(0).random((1024, 1024), dtype=np.float32)
@@ -342,11 +363,14 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "cpu": cpu_summary(),
         "before": machine_state(),
     }
+    runs: dict[str, Any] = results.setdefault("part_runs", {})  # which run measured each part (kept by --merge)
     args.out.mkdir(parents=True, exist_ok=True)
     for part in args.parts:
         results[part] = RUNNERS[part](dirs, args)
+        runs[part] = {"started": results["machine"]["started"], "cpu": results["machine"]["cpu"]}
         results["machine"]["after_" + part] = machine_state()
         results_path.write_text(json.dumps(results, indent=1) + "\n")  # after every part: a later failure keeps it
     write_report(results, args.out / "summary.png", args.doc)

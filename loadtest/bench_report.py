@@ -31,15 +31,29 @@ def _find(items: list[dict[str, Any]], label: str, steps: int) -> dict[str, Any]
     return next((r for r in items if r.get("label") == label and r.get("n_timesteps") == steps), None)
 
 
-def machine_lines(m: dict[str, Any]) -> list[str]:
+def machine_lines(m: dict[str, Any], part_runs: dict[str, Any] | None = None, parts: Iterable[str] = ()) -> list[str]:
+    """The run's host and, with `--merge`, which tables come from this run and which from earlier ones (and where)."""
     states = {k: v for k, v in m.items() if isinstance(v, dict)}
     rows = [[k, _f(v["load_avg_1m"]), _f(v["sgemm_gflops"], 0), _f(v["read_gb_s"], 1)] for k, v in states.items()]
-    return [
-        f"Run started {m.get('started', '?')} on {m.get('platform', '?')}, {m.get('cpu_count', '?')} CPUs. "
+    cpu = f" ({m['cpu']})" if m.get("cpu") else ""
+    lines = [
+        f"Run started {m.get('started', '?')} on {m.get('platform', '?')}, {m.get('cpu_count', '?')} CPUs{cpu}. "
         "Host state around each part (1-minute load average; 2-thread SGEMM and DRAM read rate measured in that minute):",
         "",
         *_table(["when", "load avg", "SGEMM GFLOP/s", "read GB/s"], rows),
     ]
+    runs = part_runs or {}
+    earlier = [p for p in parts if runs.get(p, {}).get("started") != m.get("started")]
+    if earlier:
+        kept = [f"{p} ({runs[p]['started']}, {runs[p]['cpu']})" if p in runs else f"{p} (before runs were recorded)"
+                for p in earlier]
+        measured = [p for p in parts if p not in earlier]
+        lines += [
+            f"Measured in this run: {', '.join(measured) or 'nothing'}. Kept from earlier runs (`--merge`), with the host "
+            f"each ran on where it was recorded: {'; '.join(kept)}.",
+            "",
+        ]
+    return lines
 
 
 def single_lines(results: dict[str, Any]) -> list[str]:
@@ -187,7 +201,9 @@ def quality_lines(results: dict[str, Any]) -> list[str]:
 
 
 def markdown(results: dict[str, Any], plot_name: str) -> str:
-    lines = [BEGIN, "", *machine_lines(results.get("machine", {})), *target_lines(results), *listen_lines(results)]
+    parts = [k for k in results if k not in ("machine", "part_runs")]
+    lines = [BEGIN, "", *machine_lines(results.get("machine", {}), results.get("part_runs"), parts)]
+    lines += [*target_lines(results), *listen_lines(results)]
     lines += listen2_lines(results)
     lines += single_lines(results)
     lines += [*latency_lines(results), *concurrency_lines(results), *cloning_lines(results), *websocket_lines(results)]

@@ -82,3 +82,21 @@ def test_cosyvoice2_targets_have_their_own_table() -> None:
     assert all(ok is None for _, _, ok in v2_targets({}))
     doc = markdown(_v2(first_10s=0.9, first_3s=0.6, ttca=1.4, four_clients=1.1), "summary.png")
     assert "CosyVoice2-0.5B targets" in doc and "| official | saved voice, 3 s recording | 1 |" in doc
+
+
+def test_the_header_names_the_cpu_and_which_tables_an_earlier_run_measured() -> None:
+    from loadtest.bench import cpu_summary
+
+    cpuinfo = "model name\t: AMD EPYC\ncpu family\t: 26\nmodel\t\t: 2\nflags\t\t: fpu avx2 avx512f avx512_vnni avx512_bf16\n"
+    cpu = cpu_summary(cpuinfo)
+    assert cpu == "AMD EPYC (family 26 model 2); avx2 avx512f avx512_vnni avx512_bf16, no amx_tile"
+    now, before = "2026-11-29 01:43:47 UTC", "2026-11-20 10:00:00 UTC"
+    results = _results(first=0.65, ttca=1.1, p95=2.9, rss_mb=900, saved_ttca=2.4)
+    results["machine"] = {"started": now, "platform": "Linux", "cpu_count": 2, "cpu": cpu}
+    results["part_runs"] = {"listen": {"started": now, "cpu": cpu}, "http": {"started": before, "cpu": "Intel Xeon; avx2"}}
+    header = markdown(results, "summary.png").split("### Targets")[0]
+    assert f"2 CPUs ({cpu})" in header
+    assert "Measured in this run: listen." in header
+    assert f"http ({before}, Intel Xeon; avx2)" in header and "parity (before runs were recorded)" in header
+    results["part_runs"] |= {p: {"started": now, "cpu": cpu} for p in ("http", "parity")}
+    assert "Kept from earlier runs" not in markdown(results, "summary.png")
