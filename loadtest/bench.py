@@ -156,22 +156,22 @@ def run_json(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")  # what picks our kernels' code paths
 
 
-def cpu_summary(cpuinfo: str | None = None) -> str:
+def cpu_summary(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The CPU's model name and the flags our kernels choose by ("AMD EPYC; avx2 avx512f ..., no amx_tile")."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return platform.processor() or "unknown CPU"
+    from service.engine.ov_session import cpu_flags
+
+    try:
+        text = cpuinfo.read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return platform.processor() or "unknown CPU"
     fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
+    for line in text.splitlines():
         key, _, value = line.partition(":")
         fields.setdefault(key.strip(), value.strip())
-    flags = set(fields.get("flags", "").split())
-    have = [f for f in CPU_FLAGS if f in flags]
-    lacking = [f for f in CPU_FLAGS if f not in flags]
+    flags = cpu_flags(cpuinfo)
     family = f" (family {fields['cpu family']} model {fields['model']})" if "cpu family" in fields and "model" in fields else ""
-    return f"{fields.get('model name', 'unknown CPU')}{family}; " + " ".join(have) + "".join(f", no {f}" for f in lacking)
+    listed = " ".join(f for f in CPU_FLAGS if f in flags) + "".join(f", no {f}" for f in CPU_FLAGS if f not in flags)
+    return f"{fields.get('model name', 'unknown CPU')}{family}; {listed}"
 
 
 def machine_state() -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from loadtest.bench_report import markdown
@@ -84,10 +85,12 @@ def test_cosyvoice2_targets_have_their_own_table() -> None:
     assert "CosyVoice2-0.5B targets" in doc and "| official | saved voice, 3 s recording | 1 |" in doc
 
 
-def test_the_header_names_the_cpu_and_which_tables_an_earlier_run_measured() -> None:
+def test_the_header_names_the_cpu_and_which_tables_an_earlier_run_measured(tmp_path: Path) -> None:
     from loadtest.bench import cpu_summary
 
-    cpuinfo = "model name\t: AMD EPYC\ncpu family\t: 26\nmodel\t\t: 2\nflags\t\t: fpu avx2 avx512f avx512_vnni avx512_bf16\n"
+    cpuinfo = tmp_path / "cpuinfo"
+    first = "model name\t: AMD EPYC\ncpu family\t: 26\nmodel\t\t: 2\nflags\t\t: fpu avx2 avx512f avx512_vnni avx512_bf16\n"
+    cpuinfo.write_text(first + "\nprocessor\t: 1\nmodel name\t: AMD EPYC\n")
     cpu = cpu_summary(cpuinfo)
     assert cpu == "AMD EPYC (family 26 model 2); avx2 avx512f avx512_vnni avx512_bf16, no amx_tile"
     now, before = "2026-11-29 01:43:47 UTC", "2026-11-20 10:00:00 UTC"
