@@ -11,6 +11,7 @@ class ErrorCode(StrEnum):
     """Closed set of error codes. The string values are part of the public API."""
 
     INVALID_INPUT = "invalid_input"
+    INVALID_AUDIO = "invalid_audio"
     TEXT_TOO_LONG = "text_too_long"
     EMPTY_TEXT = "empty_text"
     UNKNOWN_SPEAKER = "unknown_speaker"
@@ -188,10 +189,11 @@ class PromptAudioProblem(StrEnum):
 
 
 class PromptAudioError(InvalidInputError):
-    """Prompt audio that cannot be used (undecodable, silent, too short or long, unusable sample rate).
-
-    The code stays `invalid_input` (the caller's fault, HTTP 400); `reason` says which rule refused it.
+    """Prompt audio that cannot be used (a format not accepted, undecodable, silent, too short or long, unusable
+    sample rate): code `invalid_audio` (the caller's fault, HTTP 400); `reason` says which rule refused it.
     """
+
+    code = ErrorCode.INVALID_AUDIO
 
     def __init__(self, message: str, *, reason: PromptAudioProblem, param: str | None = "prompt_audio") -> None:
         super().__init__(message, param=param)

@@ -50,7 +50,7 @@ def test_an_upload_that_is_not_audio(client: TestClient) -> None:
     """Was `prompt audio is not a readable audio file: [Errno 1094995529] Invalid data found ... '<none>'`."""
     files = {"audio": ("notes.wav", b"these are my notes, not a recording" * 20, "audio/wav")}
     err = error(client.post("/v1/voices", data={"name": "notes"}, files=files))
-    assert err["param"] == "audio" and "not an audio file" in err["message"] and "WAV" in err["message"]
+    assert err["param"] == "audio" and "not a recording in a format" in err["message"] and "WAV" in err["message"]
 
 
 @pytest.mark.parametrize(

@@ -136,7 +136,7 @@ BAD_AUDIO = {
 @pytest.mark.parametrize("case", sorted(BAD_AUDIO))
 def test_bad_prompt_audio_is_a_4xx_and_stores_nothing(client: TestClient, case: str) -> None:
     error = error_of(create(client, "never", BAD_AUDIO[case]), 400)
-    assert error["code"] == "invalid_input" and error["param"] == "audio"
+    assert error["code"] == "invalid_audio" and error["param"] == "audio"
     assert client.get("/v1/voices").json()["data"] == []
 
 

@@ -199,7 +199,7 @@ def refused(data: bytes, reason: PromptAudioProblem, **kw: float) -> PromptAudio
     with pytest.raises(PromptAudioError) as info:
         decode_audio(data, max_seconds=kw.pop("max_seconds", 30), **kw)  # type: ignore[arg-type]
     assert info.value.reason == reason, info.value.message
-    assert info.value.code == ErrorCode.INVALID_INPUT
+    assert info.value.code == ErrorCode.INVALID_AUDIO
     return info.value
 
 

@@ -141,7 +141,7 @@ def test_synth_clones_a_recording_on_the_cosyvoice2_bundle_at_24_khz(repo_root: 
     [
         ((), "no built-in speakers: clone a voice with --prompt-wav"),
         (("--speaker", "x", "--prompt-wav", "tests/reference/tiny-cosyvoice2/prompts/en_24k.wav"), "not both"),
-        (("--prompt-wav", "service/cli.py"), "not an audio file"),
+        (("--prompt-wav", "service/cli.py"), "not a recording in a format"),
     ],
 )
 def test_bad_cosyvoice2_synth_input_exits_2_with_an_error_line(

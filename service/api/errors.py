@@ -33,6 +33,7 @@ OPENAI_PREFIX = "/v1/"
 # code -> (HTTP status, OpenAI error "type"). Every error response is built from this table.
 STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.INVALID_INPUT: (400, "invalid_request_error"),
+    ErrorCode.INVALID_AUDIO: (400, "invalid_request_error"),
     ErrorCode.EMPTY_TEXT: (400, "invalid_request_error"),
     ErrorCode.UNKNOWN_SPEAKER: (400, "invalid_request_error"),
     ErrorCode.UNSUPPORTED_FORMAT: (400, "invalid_request_error"),

@@ -7,6 +7,7 @@ import logging
 import math
 import struct
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import av
@@ -17,6 +18,7 @@ from service.errors import PromptAudioError, PromptAudioProblem
 log = logging.getLogger(__name__)
 
 READABLE_FORMATS = "WAV, FLAC, MP3, Ogg Vorbis or Opus, M4A/AAC or WebM"
+_NOT_ACCEPTED = f"prompt audio is not a recording in a format this server reads (send {READABLE_FORMATS})"
 MIN_SAMPLE_RATE_HZ = 16_000  # the official load_wav asserts a file rate of at least 16 kHz
 MAX_SAMPLE_RATE_HZ = 384_000  # highest rate any common recorder or codec produces
 MIN_SECONDS = 1.0
@@ -29,28 +31,74 @@ _WAV_STREAMING_SIZE = 0xFFFFFFFF
 _INT_SCALE = {np.dtype(np.int16): 2.0**15, np.dtype(np.int32): 2.0**31, np.dtype(np.int64): 2.0**63}
 
 
-# First bytes of the containers decode_audio reads (offset, magic, name); a raw int16 PCM stream starts with none.
-_MAGIC: tuple[tuple[int, bytes, str], ...] = (
-    (0, b"RIFF", "WAV"), (0, b"RF64", "WAV"), (0, b"fLaC", "FLAC"), (0, b"OggS", "Ogg"), (0, b"ID3", "MP3"),
-    (4, b"ftyp", "MP4/M4A"), (0, b"\x1aE\xdf\xa3", "WebM/Matroska"), (0, b"FORM", "AIFF"), (0, b"caff", "CAF"),
+@dataclass(frozen=True)
+class AcceptedFormat:
+    """A container this server decodes: the FFmpeg demuxer it is opened with (never probed) and its audio codecs."""
+
+    name: str
+    demuxer: str
+    codecs: frozenset[str]  # FFmpeg canonical codec names; a name ending in "_" admits the family ("pcm_")
+
+    def admits(self, codec: str) -> bool:
+        return any(codec == c or (c.endswith("_") and codec.startswith(c)) for c in self.codecs)
+
+
+_WAV = AcceptedFormat("WAV", "wav", frozenset({"pcm_", "mp3"}))
+_FLAC = AcceptedFormat("FLAC", "flac", frozenset({"flac"}))
+_OGG = AcceptedFormat("Ogg", "ogg", frozenset({"vorbis", "opus", "flac"}))
+_MP3 = AcceptedFormat("MP3", "mp3", frozenset({"mp3"}))
+_AAC = AcceptedFormat("AAC", "aac", frozenset({"aac"}))
+_M4A = AcceptedFormat("MP4/M4A", "mov", frozenset({"aac", "alac", "mp3", "flac", "opus"}))
+_WEBM = AcceptedFormat("WebM/Matroska", "matroska", frozenset({"opus", "vorbis", "flac", "aac", "mp3", "pcm_"}))
+
+# First bytes of the containers decode_audio reads (offset, magic, format); a raw int16 PCM stream starts with none.
+# Nothing else reaches FFmpeg: its probing would also accept playlists (concat, HLS), SDP, image sequences and
+# subtitles, formats that open further files or sockets.
+_WAV_MAGIC = (b"RIFF", b"RF64", b"BW64")  # followed by "WAVE" at byte 8 (a RIFF AVI or WebP is no WAV)
+_MAGIC: tuple[tuple[int, bytes, AcceptedFormat], ...] = (
+    (0, b"fLaC", _FLAC), (0, b"OggS", _OGG), (4, b"ftyp", _M4A), (0, b"\x1aE\xdf\xa3", _WEBM),
 )  # fmt: skip
+# The only options FFmpeg gets: no protocol may be opened by name, and MP4 never follows external data references.
+_DEMUX_OPTIONS = {"protocol_whitelist": "none", "enable_drefs": "0", "use_absolute_path": "0"}
+_ID3_HEADER = 10
 _MP3_KBPS = (0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320)  # MPEG-1 layer III
 _MP3_KBPS_LSF = (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160)  # MPEG-2/2.5 layer III
 _MP3_RATES = {3: (44100, 48000, 32000), 2: (22050, 24000, 16000), 0: (11025, 12000, 8000)}  # by version bits
 
 
 def container_format(data: bytes) -> str | None:
-    """The audio file format `data` starts with (by its magic bytes: "WAV", "FLAC", "MP3", ...), or None when it
-    starts like none of them, as raw PCM does. A bare MP3 or ADTS (AAC) stream counts when two frame headers chain.
-    """
-    for offset, magic, name in _MAGIC:
+    """The accepted audio file format `data` starts with ("WAV", "FLAC", "MP3", ...), or None when it starts like
+    none of them, as raw PCM (or any other file) does. A bare MP3 or ADTS (AAC) stream counts when two frame headers
+    chain; an ID3v2 tag is looked past."""
+    found = accepted_format(data)
+    return found.name if found is not None else None
+
+
+def accepted_format(data: bytes) -> AcceptedFormat | None:
+    """The accepted container `data` is, recognised from its bytes alone (see container_format), or None."""
+    if data[:3] == b"ID3" and len(data) >= _ID3_HEADER:
+        size = (data[6] & 0x7F) << 21 | (data[7] & 0x7F) << 14 | (data[8] & 0x7F) << 7 | (data[9] & 0x7F)
+        inner = _by_magic(data[_ID3_HEADER + size :])
+        return inner if inner in (_AAC, _FLAC) else _MP3  # a tag before FLAC or AAC frames, else an MP3's
+    return _by_magic(data)
+
+
+def _by_magic(data: bytes) -> AcceptedFormat | None:
+    if data[:4] in _WAV_MAGIC and data[8:12] == b"WAVE":
+        return _WAV
+    for offset, magic, found in _MAGIC:
         if data[offset : offset + len(magic)] == magic:
-            return name
-    for name, frame_length in (("MP3", _mp3_frame_length), ("AAC", _adts_frame_length)):
+            return found
+    for found, frame_length in ((_MP3, _mp3_frame_length), (_AAC, _adts_frame_length)):
         first = frame_length(data, 0)
         if first and frame_length(data, first):
-            return name
+            return found
     return None
+
+
+def _refuse_nested_open(url: str, flags: int, options: dict[str, str]) -> Any:
+    """FFmpeg asked to open another file or URL while reading an upload: never allowed."""
+    raise PermissionError(f"an uploaded recording may not open {url!r}")
 
 
 def _mp3_frame_length(data: bytes, at: int) -> int:
@@ -91,19 +139,13 @@ def decode_audio(
     """
     if not data:
         raise PromptAudioError("prompt audio is empty (0 bytes)", reason=PromptAudioProblem.EMPTY)
+    found = accepted_format(data)
+    if found is None:
+        raise PromptAudioError(_NOT_ACCEPTED, reason=PromptAudioProblem.NOT_AUDIO)
     _check_wav_header(data, max_seconds, min_sample_rate)
-    try:
-        container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
-    except (av.FFmpegError, ValueError, OSError) as e:
-        log.info("prompt audio not opened: %s", e)  # FFmpeg's words are for the operator, not the client
-        raise PromptAudioError(
-            f"prompt audio is not an audio file this server can read (send {READABLE_FORMATS})",
-            reason=PromptAudioProblem.NOT_AUDIO,
-        ) from e
+    container = _open(data, found)
     with container:
-        if not container.streams.audio:
-            raise PromptAudioError("prompt file has no audio stream", reason=PromptAudioProblem.NOT_AUDIO)
-        stream = container.streams.audio[0]
+        stream = _audio_stream(container, found)
         rate = int(stream.codec_context.sample_rate or 0)
         _check_rate(rate, min_sample_rate)
         declared = _declared_seconds(container, stream)
@@ -115,7 +157,7 @@ def decode_audio(
     audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
     if audio.size == 0:
         raise PromptAudioError("no audio could be decoded from the prompt file", reason=PromptAudioProblem.CORRUPT)
-    codec = stream.codec_context.name or ""
+    codec = stream.codec_context.codec.canonical_name
     if declared is not None and codec.startswith(_EXACT_LENGTH_CODECS) and audio.size < math.floor(declared * rate) - 1:
         raise PromptAudioError(
             f"prompt file is truncated: {audio.size / rate:.3f} s decoded of {declared:.3f} s declared",
@@ -123,6 +165,36 @@ def decode_audio(
         )
     _check_samples(audio, rate, max_seconds=max_seconds, min_seconds=min_seconds, silence_peak=silence_peak)
     return audio, rate
+
+
+def _open(data: bytes, found: AcceptedFormat) -> Any:
+    """`data` opened with `found`'s demuxer alone, every nested open refused."""
+    try:
+        return av.open(
+            io.BytesIO(data), mode="r", format=found.demuxer, options=dict(_DEMUX_OPTIONS),
+            metadata_errors="ignore", io_open=_refuse_nested_open,
+        )  # fmt: skip
+    except (av.FFmpegError, ValueError, OSError) as e:
+        log.info("prompt audio not opened as %s: %s", found.name, e)  # FFmpeg's words are for the operator
+        raise PromptAudioError(
+            f"prompt audio is not a readable {found.name} file (send {READABLE_FORMATS})",
+            reason=PromptAudioProblem.NOT_AUDIO,
+        ) from e
+
+
+def _audio_stream(container: Any, found: AcceptedFormat) -> Any:
+    """The container's first audio stream, when its codec is one `found` admits and FFmpeg can decode."""
+    if not container.streams.audio:
+        raise PromptAudioError(f"prompt file has no audio stream (send {READABLE_FORMATS})", reason=PromptAudioProblem.NOT_AUDIO)
+    stream = container.streams.audio[0]
+    context = stream.codec_context
+    codec = context.codec.canonical_name if context is not None else "unknown"
+    if context is None or not found.admits(codec):
+        raise PromptAudioError(
+            f"prompt audio's codec ({codec}) is not one this server decodes in {found.name} (send {READABLE_FORMATS})",
+            reason=PromptAudioProblem.NOT_AUDIO,
+        )
+    return stream
 
 
 def pcm16_to_float(

@@ -11,6 +11,7 @@ from service.errors import ErrorCode
 # in the trailing metadata.
 GRPC_STATUS: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.INVALID_INPUT: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.INVALID_AUDIO: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorCode.EMPTY_TEXT: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorCode.UNKNOWN_SPEAKER: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorCode.UNSUPPORTED_FORMAT: grpc.StatusCode.INVALID_ARGUMENT,
