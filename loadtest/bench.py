@@ -265,9 +265,15 @@ def part_cloning(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
 LISTEN_COMPARE = (  # (label, server settings): what each lever of the speed issue changes, against the defaults above
     ("ONNX Runtime for the flow and HiFT (TTS_ACOUSTIC_BACKEND=ort)", ("TTS_ACOUSTIC_BACKEND=ort",)),
     ("the whole prompt in every chunk (TTS_PROMPT_WINDOW_S=all)", ("TTS_PROMPT_WINDOW_S=all",)),
-    ("the schedule before this issue: ORT, whole prompt, first hop 21 then 100", (
-        "TTS_ACOUSTIC_BACKEND=ort", "TTS_PROMPT_WINDOW_S=all", "TTS_STREAM_SCHEDULE=official", "TTS_FIRST_HOP_TOKENS=21",
-    )),
+    (
+        "the schedule before this issue: ORT, whole prompt, first hop 21 then 100",
+        (
+            "TTS_ACOUSTIC_BACKEND=ort",
+            "TTS_PROMPT_WINDOW_S=all",
+            "TTS_STREAM_SCHEDULE=official",
+            "TTS_FIRST_HOP_TOKENS=21",
+        ),
+    ),
 )
 
 

@@ -25,8 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from loadtest.listener import listen
 from service.bundle import ModelBundle, ModelConstants
 from service.engine.sessions import RuntimeOptions
-from service.engine.synthesizer import SynthesisOptions, Synthesizer, TokenGenerator
-from service.engine.voice import Voice
+from service.engine.types import SynthesisOptions, TokenGenerator
+from service.families.cosyvoice1.engine import Synthesizer
+from service.families.cosyvoice1.voice import Voice
 from service.frontend import TextFrontend
 from service.settings import Settings
 

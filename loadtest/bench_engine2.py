@@ -32,10 +32,10 @@ from loadtest.bench_engine import SHORT_TEXT, ForcedLength, closed_loop, peak_rs
 from loadtest.listener import Listening, listen
 from service.bundle import ModelBundle
 from service.engine.sessions import RuntimeOptions
-from service.engine.synthesizer import SynthesisOptions
+from service.engine.types import SynthesisOptions
 from service.families.cosyvoice2.engine import CosyVoice2Engine, one_thread_calls, open_engine_sessions, stream_schedule
-from service.families.cosyvoice2.tokenizer import Qwen2Tokenizer
 from service.families.cosyvoice2.voice import Voice2
+from service.layers.qwen_tokenizer import Qwen2Tokenizer
 from service.settings import Settings
 
 TOKENS_5S = 125  # speech tokens of a 5 s sentence at 25 Hz

@@ -61,7 +61,7 @@ def serve(args: argparse.Namespace) -> None:
     from service.api.app import create_app
     from service.bundle import FAMILY_V2, ModelBundle
     from service.engine.sessions import RuntimeOptions
-    from service.engine.synthesizer import Synthesizer
+    from service.families.cosyvoice1.engine import Synthesizer
     from service.families.cosyvoice2.engine import CosyVoice2Engine
     from service.settings import Settings
 

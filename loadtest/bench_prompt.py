@@ -19,9 +19,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.bundle import ModelBundle
-from service.engine.features import kaldi_fbank, prompt_mel80, resample, subtract_mean, whisper_log_mel
-from service.engine.prompt import PromptAnalyzer
 from service.engine.sessions import RuntimeOptions
+from service.layers.features import kaldi_fbank, prompt_mel80, resample, subtract_mean, whisper_log_mel
+from service.layers.prompt import PromptAnalyzer
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -45,8 +45,9 @@ def machine_lines(m: dict[str, Any], part_runs: dict[str, Any] | None = None, pa
     runs = part_runs or {}
     earlier = [p for p in parts if runs.get(p, {}).get("started") != m.get("started")]
     if earlier:
-        kept = [f"{p} ({runs[p]['started']}, {runs[p]['cpu']})" if p in runs else f"{p} (before runs were recorded)"
-                for p in earlier]
+        kept = [
+            f"{p} ({runs[p]['started']}, {runs[p]['cpu']})" if p in runs else f"{p} (before runs were recorded)" for p in earlier
+        ]
         measured = [p for p in parts if p not in earlier]
         lines += [
             f"Measured in this run: {', '.join(measured) or 'nothing'}. Kept from earlier runs (`--merge`), with the host "

@@ -25,7 +25,8 @@ import service.engine.sessions as sessions_mod
 from loadtest.bench_engine import SHORT_TEXT, ForcedLength, text_ids
 from service.bundle import ModelBundle
 from service.engine.sessions import RuntimeOptions
-from service.engine.synthesizer import SynthesisOptions, Synthesizer
+from service.engine.types import SynthesisOptions
+from service.families.cosyvoice1.engine import Synthesizer
 from service.frontend import TextFrontend
 
 OPENED: dict[str, Any] = {}  # graph file stem -> InferenceSession

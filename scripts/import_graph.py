@@ -21,7 +21,8 @@ MAX_LINES = 400  # STYLE.md: modules under ~400 lines
 GENERATED = ("service.rpc.cosyvoice_pb2", "service.rpc.cosyvoice_pb2_grpc")  # grpcio-tools output, not ours
 
 # Lowest first. Transports (api, rpc) and the CLI sit on the runtime; the runtime on speech and the family registry;
-# speech on the family protocol; a family on the engine, the frontend, the stores and the checks of verification.
+# speech on the family protocol; a family on the shared layers, the engine kit, the frontend, the stores and the
+# checks of verification.
 LAYERS: dict[str, int] = {
     "service.errors": 0,
     "service.bundle": 1,
@@ -33,6 +34,7 @@ LAYERS: dict[str, int] = {
     "service.stores": 2,
     "service.verify": 2,  # the checks every family's verification reports with
     "service.access": 3,
+    "service.layers": 3,  # what several families share, on the kit
     "service.families.model": 3,
     "service.families": 4,  # the families themselves (service.families.<name>)
     "service.families.registry": 5,

@@ -16,7 +16,7 @@ from service.bundle import ModelBundle
 from service.errors import EmptyTextError, EngineError, InvalidInputError, TTSError, UnknownSpeakerError
 
 if TYPE_CHECKING:
-    from service.engine.synthesizer import AudioChunk
+    from service.engine.types import AudioChunk
     from service.verify.checks import Check
 
 # The frontend (inflect, wetext, jieba), scipy and the engine take seconds to import; they are imported
@@ -91,7 +91,7 @@ def synth_command(args: argparse.Namespace) -> int:
     if not args.text.strip():
         raise EmptyTextError("the text is empty")
     from service.engine.sessions import RuntimeOptions
-    from service.engine.synthesizer import SynthesisOptions
+    from service.engine.types import SynthesisOptions
     from service.families.model import InstructVoice, ModelContext, NamedVoice, PromptAudio, PromptVoice, VoiceReference
     from service.families.registry import load_model
 

@@ -14,8 +14,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from service.engine.synthesizer import AudioChunk, SynthesisOptions
-from service.engine.voice import Voice
+from service.engine.types import AudioChunk, SynthesisOptions
+from service.families.cosyvoice1.voice import Voice
 from service.speech.service import Engine
 
 GATE_TIMEOUT_S = 60.0

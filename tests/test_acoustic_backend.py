@@ -14,7 +14,8 @@ from export.quantize import FLOAT_TWIN_GRAPHS, FLOAT_TWIN_PRECISION, float_twin,
 from service.bundle import FLOAT_SUFFIX, GROUP_FLOAT, ModelBundle
 from service.engine import ov_session
 from service.engine.sessions import OPENVINO_GRAPHS, RuntimeOptions, graph_runtime, open_sessions
-from service.engine.synthesizer import SynthesisOptions, Synthesizer
+from service.engine.types import SynthesisOptions
+from service.families.cosyvoice1.engine import Synthesizer
 from service.runtime import runtime_options
 from service.settings import Settings
 

@@ -20,9 +20,9 @@ from service.api import create_app
 from service.api.admission import AdmissionMiddleware, synthesis_routes
 from service.api.app import ROUTERS
 from service.api.deps import AppState
-from service.engine.synthesizer import AudioChunk, StageTimings, SynthesisOptions
-from service.engine.voice import Voice
+from service.engine.types import AudioChunk, StageTimings, SynthesisOptions
 from service.errors import OverloadedError
+from service.families.cosyvoice1.voice import Voice
 from service.families.model import NamedVoice
 from service.frontend import Sentence
 from service.settings import Settings

@@ -15,9 +15,9 @@ from test_api_concurrency import LiveServer
 from service.api import create_app
 from service.bundle import ModelBundle
 from service.engine.sessions import RuntimeOptions
-from service.engine.synthesizer import AudioChunk, SynthesisOptions
-from service.engine.voice import Voice
+from service.engine.types import AudioChunk, SynthesisOptions
 from service.families.cosyvoice1.model import load_synthesizer
+from service.families.cosyvoice1.voice import Voice
 from service.settings import Settings
 from service.speech.service import Engine
 

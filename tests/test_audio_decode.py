@@ -13,8 +13,8 @@ from scipy.io import wavfile
 from scipy.signal import correlate
 
 from service.audio.decode import container_format, decode_audio, pcm16_to_float
-from service.engine.features import resample
 from service.errors import ErrorCode, PromptAudioError, PromptAudioProblem
+from service.layers.features import resample
 
 PROMPTS = ("zh_16k", "en_24k", "zh_44k", "en_48k_stereo")
 TOL_RESAMPLE = 1e-6  # the resampler meets the fixtures within 2.4e-7

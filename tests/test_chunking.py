@@ -7,16 +7,8 @@ import dataclasses
 import pytest
 
 from service.bundle import ModelConstants
-from service.engine.chunking import (
-    Progress,
-    RateMeter,
-    Rates,
-    ScheduleConfig,
-    chunk_audio_s,
-    chunk_cost_s,
-    first_audio,
-    next_hop,
-)
+from service.engine.chunking import Progress, RateMeter, Rates, first_audio
+from service.families.cosyvoice1.schedule import ScheduleConfig, chunk_audio_s, chunk_cost_s, next_hop
 
 C = ModelConstants()
 ADAPTIVE = ScheduleConfig.default(C)

@@ -24,11 +24,10 @@ from service.engine.memory import StateBudget
 from service.engine.sampling import SamplingParams
 from service.engine.scheduler import BatchScheduler
 from service.engine.sessions import RuntimeOptions
-from service.engine.synthesizer import SynthesisOptions
-from service.engine.voice import LLMPrompt
+from service.engine.types import LLMPrompt, SynthesisOptions
 from service.families.cosyvoice2.engine import CosyVoice2Engine, HopSchedule
-from service.families.cosyvoice2.hift import sine_phase
 from service.families.cosyvoice2.voice import Voice2
+from service.layers.vocoder import sine_phase
 
 pytestmark = pytest.mark.export
 WAIT_S = 30.0  # how long a test waits for another thread to reach a state (a bound, never a measured speed)

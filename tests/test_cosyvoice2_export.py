@@ -16,7 +16,7 @@ from export.cosyvoice2.modules.flow import flow_noise
 from export.onnx_io import OPSET
 from service.bundle import FAMILY_V2, MANIFEST_NAME, V2_GRAPH_IO, V2_NOISE_NAME, V2_TOKENIZER_NAME, ModelBundle, sha256_file
 from service.engine.sessions import RuntimeOptions
-from service.engine.synthesizer import SynthesisOptions
+from service.engine.types import SynthesisOptions
 from service.families.cosyvoice2.engine import CosyVoice2Engine
 from service.families.cosyvoice2.voice import Voice2
 

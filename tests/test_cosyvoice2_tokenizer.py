@@ -13,9 +13,9 @@ import pytest
 from tokenizer_files import spell, tokenizer_json, write
 
 from service.errors import BundleError
-from service.families.cosyvoice2 import bpe
-from service.families.cosyvoice2.tokenizer import Qwen2Tokenizer
 from service.families.cosyvoice2.verify import verify_tokenizer
+from service.layers import bpe
+from service.layers.qwen_tokenizer import Qwen2Tokenizer
 
 # ids: bytes 0..255, then " t" 256, "he" 257, " the" 258, "th" 259, "in" 260, "er" 261
 MERGES = [(" ", "t"), ("h", "e"), (" t", "he"), ("t", "h"), ("i", "n"), ("e", "r")]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from tokenizer_files import CASES, COSYVOICE2_TAGS, random_text, spell, tokenizer_json, write
 
-from service.families.cosyvoice2.tokenizer import Qwen2Tokenizer
 from service.families.cosyvoice2.verify import verify_tokenizer
+from service.layers.qwen_tokenizer import Qwen2Tokenizer
 
 tokenizers = pytest.importorskip("tokenizers")
 pytestmark = pytest.mark.export

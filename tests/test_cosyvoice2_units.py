@@ -9,9 +9,10 @@ from service.bundle import CosyVoice2Constants
 from service.engine.sessions import RuntimeOptions
 from service.errors import BundleError
 from service.families.cosyvoice2.engine import HopSchedule, PromptStates, one_thread_calls
-from service.families.cosyvoice2.flow import EncoderState, EstimatorState, FlowState, FrameCache, check_time_first
-from service.families.cosyvoice2.schedule import window_tokens
+from service.families.cosyvoice2.flow import EncoderState, FlowState, check_time_first
 from service.families.cosyvoice2.voice import FlowPrompt2, Voice2
+from service.layers.chunk_schedule import window_tokens
+from service.layers.frame_cache import EstimatorState, FrameCache
 
 
 def rows(frames: int, width: int, capacity: int | None = None) -> list[FrameCache]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.engine.dsp import StreamingStretch, fade_in_out, hann_window, interpolate_linear, istft, stft
+from service.layers.dsp import StreamingStretch, fade_in_out, hann_window, interpolate_linear, istft, stft
 
 N_FFT, HOP = 16, 4
 

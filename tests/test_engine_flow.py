@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from service.bundle import ModelBundle, ModelConstants
-from service.engine.dsp import interpolate_linear
-from service.engine.flow import FlowCache, FlowRunner, cosine_t_span, regulate_length
 from service.engine.sessions import RuntimeOptions, open_sessions
+from service.families.cosyvoice1.flow import FlowCache, FlowRunner, regulate_length
+from service.layers.cfm import cosine_t_span
+from service.layers.dsp import interpolate_linear
 
 FLOW_GRAPHS = ("flow_encoder", "flow_lr", "flow_estimator")
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from service.bundle import ModelBundle, ModelConstants
-from service.engine.hift import HiFTNoise, HiFTRunner, draw_hift_noise, sine_excitation
 from service.engine.sessions import RuntimeOptions, open_sessions
+from service.layers.hift import HiFTNoise, HiFTRunner, draw_hift_noise, sine_excitation
 
 CASES = (0, 1, 2)
 HIFT_GRAPHS = ("hift_f0", "hift_source", "hift_decode")

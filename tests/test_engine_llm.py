@@ -12,10 +12,10 @@ import pytest
 from service.bundle import ModelBundle, ModelConstants
 from service.bundle import relative_pe as espnet_pe
 from service.engine.kvcache import KVCache
-from service.engine.llm import LLM_GRAPHS, LLMRunner
-from service.engine.positions import PositionTable
 from service.engine.sessions import RuntimeOptions, make_session_options, open_sessions
 from service.errors import BundleError, InvalidInputError
+from service.families.cosyvoice1.llm import LLM_GRAPHS, CosyVoice1LLM
+from service.families.cosyvoice1.positions import PositionTable
 
 # ---------------------------------------------------------------------------------------------
 # KV cache layout
@@ -288,20 +288,20 @@ def fake_sessions() -> dict[str, _Fn]:
 
 
 @pytest.fixture(scope="module")
-def tiny_runner(tiny_bundle: Path) -> LLMRunner:
+def tiny_runner(tiny_bundle: Path) -> CosyVoice1LLM:
     bundle = ModelBundle.load(tiny_bundle)
     sessions = open_sessions(bundle, RuntimeOptions(intra_op_threads=1), names=LLM_GRAPHS)
-    return LLMRunner(sessions, bundle.constants)
+    return CosyVoice1LLM(sessions, bundle.constants)
 
 
 @pytest.fixture(params=["fake", "tiny"])
-def runner(request: pytest.FixtureRequest) -> LLMRunner:
+def runner(request: pytest.FixtureRequest) -> CosyVoice1LLM:
     if request.param == "fake":
-        return LLMRunner(fake_sessions(), FAKE, position_rows=4)
+        return CosyVoice1LLM(fake_sessions(), FAKE, position_rows=4)
     return request.getfixturevalue("tiny_runner")
 
 
-def _inputs(runner: LLMRunner, n_text: int, seed: int) -> tuple[list[int], np.ndarray]:
+def _inputs(runner: CosyVoice1LLM, n_text: int, seed: int) -> tuple[list[int], np.ndarray]:
     g = np.random.default_rng(seed)
     ids = g.integers(0, 50000, size=n_text).tolist()
     emb = g.standard_normal(runner.constants.spk_embed_dim).astype(np.float32)
@@ -312,7 +312,7 @@ def _inputs(runner: LLMRunner, n_text: int, seed: int) -> tuple[list[int], np.nd
 # Runner behaviour (fake graphs and, when exported, the tiny bundle)
 
 
-def test_same_seed_same_tokens(runner: LLMRunner) -> None:
+def test_same_seed_same_tokens(runner: CosyVoice1LLM) -> None:
     ids, emb = _inputs(runner, 6, 1)
     a = list(runner.generate(ids, emb, np.random.default_rng(5), max_tokens=40))
     b = list(runner.generate(ids, emb, np.random.default_rng(5), max_tokens=40))
@@ -321,7 +321,7 @@ def test_same_seed_same_tokens(runner: LLMRunner) -> None:
     assert all(0 <= t < runner.constants.speech_token_size for t in a)
 
 
-def test_min_and_max_tokens_bound_the_output(runner: LLMRunner) -> None:
+def test_min_and_max_tokens_bound_the_output(runner: CosyVoice1LLM) -> None:
     ids, emb = _inputs(runner, 3, 2)
     exact = list(runner.generate(ids, emb, np.random.default_rng(0), min_tokens=25, max_tokens=25))
     assert len(exact) == 25
@@ -330,7 +330,7 @@ def test_min_and_max_tokens_bound_the_output(runner: LLMRunner) -> None:
     assert list(runner.generate(ids, emb, np.random.default_rng(0), max_tokens=0)) == []
 
 
-def test_cancel_stops_generation(runner: LLMRunner) -> None:
+def test_cancel_stops_generation(runner: CosyVoice1LLM) -> None:
     ids, emb = _inputs(runner, 4, 3)
     cancel = threading.Event()
     got = []
@@ -341,7 +341,7 @@ def test_cancel_stops_generation(runner: LLMRunner) -> None:
     assert len(got) == 5
 
 
-def test_batched_steps_equal_single_rows(runner: LLMRunner) -> None:
+def test_batched_steps_equal_single_rows(runner: CosyVoice1LLM) -> None:
     """Three rows of different lengths share decode calls, finish at different steps, and one joins late."""
     cases = [(_inputs(runner, n, 10 + n), n_speech) for n, n_speech in ((7, 12), (3, 5), (11, 9))]
     speech = [
@@ -366,7 +366,7 @@ def test_batched_steps_equal_single_rows(runner: LLMRunner) -> None:
         np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
 
 
-def test_sampled_batch_equals_single_generation(runner: LLMRunner) -> None:
+def test_sampled_batch_equals_single_generation(runner: CosyVoice1LLM) -> None:
     inputs = [_inputs(runner, n, 20 + n) for n in (4, 9, 2)]
     single = [list(runner.generate(ids, emb, np.random.default_rng(k), max_tokens=30)) for k, (ids, emb) in enumerate(inputs)]
     batch = runner.new_batch()
@@ -378,7 +378,7 @@ def test_sampled_batch_equals_single_generation(runner: LLMRunner) -> None:
     assert [r.tokens for r in reqs] == single
 
 
-def test_abandoned_request_leaves_the_batch(runner: LLMRunner) -> None:
+def test_abandoned_request_leaves_the_batch(runner: CosyVoice1LLM) -> None:
     ids, emb = _inputs(runner, 5, 4)
     batch = runner.new_batch()
     a = runner.start(ids, emb, np.random.default_rng(0), min_tokens=20, max_tokens=20)
@@ -393,7 +393,7 @@ def test_abandoned_request_leaves_the_batch(runner: LLMRunner) -> None:
     assert b.tokens == list(runner.generate(ids, emb, np.random.default_rng(0), min_tokens=20, max_tokens=20))
 
 
-def test_invalid_inputs_raise_typed_errors(runner: LLMRunner) -> None:
+def test_invalid_inputs_raise_typed_errors(runner: CosyVoice1LLM) -> None:
     ids, emb = _inputs(runner, 3, 0)
     with pytest.raises(InvalidInputError):
         list(runner.generate([], emb, np.random.default_rng(0)))
@@ -411,7 +411,7 @@ def _cases(npz: np.lib.npyio.NpzFile) -> list[int]:
     return sorted(int(k[4:].split("_")[0]) for k in npz.files if k.startswith("case") and k.endswith("_logp"))
 
 
-def test_teacher_force_reproduces_official_log_probs(tiny_runner: LLMRunner, ref_dir: Path) -> None:
+def test_teacher_force_reproduces_official_log_probs(tiny_runner: CosyVoice1LLM, ref_dir: Path) -> None:
     ref = np.load(ref_dir / "llm.npz")
     cases = _cases(ref)
     assert cases == [0, 1, 2]
@@ -423,7 +423,7 @@ def test_teacher_force_reproduces_official_log_probs(tiny_runner: LLMRunner, ref
         assert err < 1e-4, f"case {c}: max abs error {err:.3g}"
 
 
-def test_encoder_reproduces_official_prefill_input(tiny_runner: LLMRunner, ref_dir: Path) -> None:
+def test_encoder_reproduces_official_prefill_input(tiny_runner: CosyVoice1LLM, ref_dir: Path) -> None:
     ref = np.load(ref_dir / "llm.npz")
     for c in _cases(ref):
         got = tiny_runner.encode(ref[f"case{c}_text_ids"], ref[f"case{c}_embedding"])

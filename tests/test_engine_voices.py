@@ -15,12 +15,13 @@ from service.bundle import ModelBundle
 from service.engine.llm import LLMRunner
 from service.engine.scheduler import BatchScheduler
 from service.engine.sessions import RuntimeOptions
-from service.engine.synthesizer import SynthesisOptions, Synthesizer
-from service.engine.token2wav import POOLED_SOLVER_FRAMES, ChunkJob, GeneratorNoise
-from service.engine.voice import FlowPrompt, LLMPrompt, Voice
+from service.engine.types import LLMPrompt, SynthesisOptions
 from service.errors import InvalidInputError
+from service.families.cosyvoice1.engine import Synthesizer
+from service.families.cosyvoice1.token2wav import POOLED_SOLVER_FRAMES, ChunkJob, GeneratorNoise
 from service.families.cosyvoice1.verify.modes import verify_modes
 from service.families.cosyvoice1.verify.stages import Engines
+from service.families.cosyvoice1.voice import FlowPrompt, Voice
 
 
 @pytest.fixture(scope="module")

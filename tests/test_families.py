@@ -16,7 +16,7 @@ from servers import free_port
 from service.api import __main__ as entry_point
 from service.bundle import FAMILY_V1, FAMILY_V2, ModelBundle
 from service.engine.sessions import RuntimeOptions
-from service.engine.synthesizer import SynthesisOptions
+from service.engine.types import SynthesisOptions
 from service.errors import BundleError, InvalidInputError, SettingError
 from service.families import registry
 from service.families.cosyvoice1.model import CosyVoice1Model

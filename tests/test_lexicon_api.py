@@ -19,8 +19,8 @@ from service.api import create_app
 from service.api.auth import caller_of
 from service.bundle import ModelBundle
 from service.engine.sessions import RuntimeOptions
-from service.engine.synthesizer import Synthesizer
 from service.errors import ForbiddenError, UnauthorizedError
+from service.families.cosyvoice1.engine import Synthesizer
 from service.families.model import NamedVoice
 from service.frontend import Sentence, TextFrontend
 from service.settings import Settings

@@ -32,7 +32,8 @@ names = sorted(m.name for m in pkgutil.walk_packages(service.__path__, "service.
 for name in names:
     importlib.import_module(name)
 
-from service.engine.synthesizer import SynthesisOptions, Synthesizer
+from service.engine.types import SynthesisOptions
+from service.families.cosyvoice1.engine import Synthesizer
 
 synth = Synthesizer.load(sys.argv[1])
 chunks = list(synth.synthesize([[15947, 1002, 13]], synth.speakers[0], SynthesisOptions(seed=0, stream=True)))
@@ -59,7 +60,7 @@ def test_service_imports_and_synthesizes_without_torch(repo_root: Path, tiny_bun
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert "service.engine.synthesizer" in result["modules"] and "service.bundle" in result["modules"]
+    assert "service.families.cosyvoice1.engine" in result["modules"] and "service.bundle" in result["modules"]
     assert result["torch_loaded"] == []
     assert result["final"] is True and result["chunks"] >= 1
     assert result["samples"] > 0 and 0.0 < result["peak"] <= 0.99

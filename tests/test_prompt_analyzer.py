@@ -11,9 +11,9 @@ import pytest
 from onnx import numpy_helper
 from scipy.io import wavfile
 
-from service.engine.features import whisper_log_mel
-from service.engine.prompt import PromptAnalysis, PromptAnalyzer
 from service.errors import EngineError, PromptAudioError, PromptAudioProblem
+from service.layers.features import whisper_log_mel
+from service.layers.prompt import PromptAnalysis, PromptAnalyzer
 
 PROMPTS = ("zh_16k", "en_24k", "zh_44k", "en_48k_stereo")
 TOL_EMBEDDING = 1e-4  # measured <= 1.6e-5 (|embedding| up to 24; ORT vs torch float32 on a 6e-4-off fbank)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy.io import wavfile
 
-from service.engine import features
-from service.engine.features import kaldi_fbank, prompt_mel80, resample, subtract_mean, whisper_log_mel
+from service.layers import features
+from service.layers.features import kaldi_fbank, prompt_mel80, resample, subtract_mean, whisper_log_mel
 
 PROMPTS = ("zh_16k", "en_24k", "zh_44k", "en_48k_stereo")
 

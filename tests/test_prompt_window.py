@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from service.bundle import ModelBundle
-from service.engine.chunking import ScheduleConfig
-from service.engine.flow import FlowRunner
-from service.engine.hift import HiFTRunner
 from service.engine.sessions import RuntimeOptions, open_sessions
-from service.engine.streaming import RequestContext, stream_sentence, whole_sentence
-from service.engine.token2wav import GeneratorNoise, Token2Wav, WavChunk
-from service.engine.voice import FlowPrompt
+from service.families.cosyvoice1.flow import FlowRunner
+from service.families.cosyvoice1.schedule import ScheduleConfig
+from service.families.cosyvoice1.streaming import RequestContext, stream_sentence, whole_sentence
+from service.families.cosyvoice1.token2wav import GeneratorNoise, Token2Wav, WavChunk
+from service.families.cosyvoice1.voice import FlowPrompt
+from service.layers.hift import HiFTRunner
 
 PROMPT_TOKENS, PROMPT_FRAMES = 150, 258  # a 3 s recording: 50 tokens and 86 mel frames per second
 

@@ -18,10 +18,11 @@ from export.quantize import (
     write_quantized_bundle,
 )
 from service.bundle import ModelBundle
-from service.engine.llm import LLM_GRAPHS, LLMRunner
 from service.engine.scheduler import BatchScheduler
 from service.engine.sessions import RuntimeOptions, open_sessions
-from service.engine.synthesizer import SynthesisOptions, Synthesizer
+from service.engine.types import SynthesisOptions
+from service.families.cosyvoice1.engine import Synthesizer
+from service.families.cosyvoice1.llm import LLM_GRAPHS, CosyVoice1LLM
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +111,8 @@ def test_engine_keeps_the_cache_in_the_graph_type(tiny_bundle: Path, quantized: 
     the int8 deviation of the fp32 bundle, and batched requests run to their lengths. (Batched int8 rows do not
     equal single rows token for token: activations are quantized per tensor, over the whole batch.)"""
     bundle, reference = ModelBundle.load(quantized["int8"]), ModelBundle.load(tiny_bundle)
-    runner = LLMRunner(open_sessions(bundle, RuntimeOptions(intra_op_threads=1), names=LLM_GRAPHS), bundle.constants)
-    fp32 = LLMRunner(open_sessions(reference, RuntimeOptions(intra_op_threads=1), names=LLM_GRAPHS), reference.constants)
+    runner = CosyVoice1LLM(open_sessions(bundle, RuntimeOptions(intra_op_threads=1), names=LLM_GRAPHS), bundle.constants)
+    fp32 = CosyVoice1LLM(open_sessions(reference, RuntimeOptions(intra_op_threads=1), names=LLM_GRAPHS), reference.constants)
     assert runner.kv_dtype is np.float16 and runner.new_batch().cache.k[0].dtype == np.float16
     assert fp32.kv_dtype is np.float32
     emb = np.random.default_rng(0).standard_normal(bundle.constants.spk_embed_dim).astype(np.float32)

@@ -15,13 +15,15 @@ from loadtest.bench_engine import ForcedLength
 from service.bundle import ModelBundle
 from service.engine.acoustic_gate import AcousticGate, Pacer
 from service.engine.kvcache import KVCache
-from service.engine.llm import LLM_GRAPHS, DecodeBatch, LLMRunner
+from service.engine.llm import DecodeBatch
 from service.engine.scheduler import BatchScheduler
 from service.engine.sessions import RuntimeOptions, open_sessions
-from service.engine.streaming import default_first_hop
-from service.engine.synthesizer import SynthesisOptions, Synthesizer
-from service.engine.token2wav import ChunkJob, GeneratorNoise
+from service.engine.types import SynthesisOptions
 from service.errors import EngineError, ShuttingDownError
+from service.families.cosyvoice1.engine import Synthesizer
+from service.families.cosyvoice1.llm import LLM_GRAPHS, CosyVoice1LLM
+from service.families.cosyvoice1.streaming import default_first_hop
+from service.families.cosyvoice1.token2wav import ChunkJob, GeneratorNoise
 
 TIMEOUT_S = 60.0
 
@@ -32,18 +34,18 @@ def bundle(tiny_bundle: Path) -> ModelBundle:
 
 
 @pytest.fixture(scope="module")
-def runner(bundle: ModelBundle) -> LLMRunner:
-    return LLMRunner(open_sessions(bundle, RuntimeOptions(intra_op_threads=1), names=LLM_GRAPHS), bundle.constants)
+def runner(bundle: ModelBundle) -> CosyVoice1LLM:
+    return CosyVoice1LLM(open_sessions(bundle, RuntimeOptions(intra_op_threads=1), names=LLM_GRAPHS), bundle.constants)
 
 
 @pytest.fixture
-def scheduler(runner: LLMRunner) -> Iterator[BatchScheduler]:
+def scheduler(runner: CosyVoice1LLM) -> Iterator[BatchScheduler]:
     s = BatchScheduler(runner, max_batch=4)
     yield s
     s.close()
 
 
-def _inputs(runner: LLMRunner, n_text: int, seed: int) -> tuple[list[int], np.ndarray]:
+def _inputs(runner: CosyVoice1LLM, n_text: int, seed: int) -> tuple[list[int], np.ndarray]:
     g = np.random.default_rng(seed)
     return g.integers(0, 50000, size=n_text).tolist(), g.standard_normal(runner.constants.spk_embed_dim).astype(np.float32)
 
@@ -64,7 +66,7 @@ def _wait_idle(s: BatchScheduler) -> None:
         time.sleep(0.01)
 
 
-def test_batched_tokens_equal_unbatched(runner: LLMRunner, scheduler: BatchScheduler) -> None:
+def test_batched_tokens_equal_unbatched(runner: CosyVoice1LLM, scheduler: BatchScheduler) -> None:
     """Sampled requests of different lengths decoded together give the tokens each gives alone."""
     cases = [(_inputs(runner, n, 30 + n), limit) for n, limit in ((4, 25), (9, 40), (2, 12), (6, 33), (3, 18), (7, 29))]
     alone = [list(runner.generate(ids, emb, np.random.default_rng(k), max_tokens=m)) for k, ((ids, emb), m) in enumerate(cases)]
@@ -81,7 +83,7 @@ def test_batched_tokens_equal_unbatched(runner: LLMRunner, scheduler: BatchSched
     assert scheduler.stats.prefills == len(cases)
 
 
-def test_rows_join_and_leave_between_steps(runner: LLMRunner, scheduler: BatchScheduler) -> None:
+def test_rows_join_and_leave_between_steps(runner: CosyVoice1LLM, scheduler: BatchScheduler) -> None:
     """A late request joins a running batch; short requests leave while long ones keep decoding."""
     ids, emb = _inputs(runner, 5, 2)
     first = scheduler.generate(ids, emb, np.random.default_rng(0), min_tokens=60, max_tokens=60)
@@ -93,7 +95,7 @@ def test_rows_join_and_leave_between_steps(runner: LLMRunner, scheduler: BatchSc
     _wait_idle(scheduler)
 
 
-def test_cancel_ends_one_stream_and_spares_the_others(runner: LLMRunner, scheduler: BatchScheduler) -> None:
+def test_cancel_ends_one_stream_and_spares_the_others(runner: CosyVoice1LLM, scheduler: BatchScheduler) -> None:
     ids, emb = _inputs(runner, 4, 3)
     cancel = threading.Event()
     results: dict[str, list[int]] = {}
@@ -115,7 +117,7 @@ def test_cancel_ends_one_stream_and_spares_the_others(runner: LLMRunner, schedul
     _wait_idle(scheduler)
 
 
-def test_kv_cache_is_given_back_when_the_batch_empties(runner: LLMRunner, scheduler: BatchScheduler) -> None:
+def test_kv_cache_is_given_back_when_the_batch_empties(runner: CosyVoice1LLM, scheduler: BatchScheduler) -> None:
     """A burst grows the K/V buffers (rows and columns); once its last request ends they shrink back at once,
     so the next request does not start on the burst's buffers (with 8 rows x 256 columns: 235 MB full-size)."""
     idle = scheduler.kv_cache_bytes
@@ -133,7 +135,7 @@ def test_kv_cache_is_given_back_when_the_batch_empties(runner: LLMRunner, schedu
         time.sleep(0.01)
 
 
-def test_dropped_stream_leaves_the_batch(runner: LLMRunner, scheduler: BatchScheduler) -> None:
+def test_dropped_stream_leaves_the_batch(runner: CosyVoice1LLM, scheduler: BatchScheduler) -> None:
     ids, emb = _inputs(runner, 4, 4)
     stream = scheduler.generate(ids, emb, np.random.default_rng(0), min_tokens=1000, max_tokens=1000)
     assert len([next(stream) for _ in range(3)]) == 3
@@ -143,7 +145,7 @@ def test_dropped_stream_leaves_the_batch(runner: LLMRunner, scheduler: BatchSche
     assert scheduler.stats.steps < 1000
 
 
-def test_many_consumers_with_cancels_never_deadlock(runner: LLMRunner) -> None:
+def test_many_consumers_with_cancels_never_deadlock(runner: CosyVoice1LLM) -> None:
     scheduler = BatchScheduler(runner, max_batch=3)  # fewer rows than consumers: some wait for a free row
     counts: dict[int, int] = {}
     try:
@@ -165,7 +167,7 @@ def test_many_consumers_with_cancels_never_deadlock(runner: LLMRunner) -> None:
     assert all(counts[k] == (4 if k % 3 == 0 else 20 + k) for k in range(12)), counts
 
 
-def test_close_ends_waiting_streams_and_refuses_new_ones(runner: LLMRunner) -> None:
+def test_close_ends_waiting_streams_and_refuses_new_ones(runner: CosyVoice1LLM) -> None:
     scheduler = BatchScheduler(runner, max_batch=2)
     ids, emb = _inputs(runner, 4, 5)
     stream = scheduler.generate(ids, emb, np.random.default_rng(0), min_tokens=100_000, max_tokens=100_000)
@@ -178,7 +180,7 @@ def test_close_ends_waiting_streams_and_refuses_new_ones(runner: LLMRunner) -> N
         scheduler.generate(ids, emb, np.random.default_rng(0))
 
 
-class _FailingOnce(LLMRunner):
+class _FailingOnce(CosyVoice1LLM):
     """The tiny runner, except that the first batched step raises like a broken ONNX Runtime call."""
 
     failed = False
@@ -190,7 +192,7 @@ class _FailingOnce(LLMRunner):
         return super().step(batch)
 
 
-def test_a_failed_step_fails_its_batch_and_the_scheduler_keeps_serving(runner: LLMRunner, bundle: ModelBundle) -> None:
+def test_a_failed_step_fails_its_batch_and_the_scheduler_keeps_serving(runner: CosyVoice1LLM, bundle: ModelBundle) -> None:
     sessions = open_sessions(bundle, RuntimeOptions(intra_op_threads=1), names=LLM_GRAPHS)
     scheduler = BatchScheduler(_FailingOnce(sessions, bundle.constants), max_batch=2)
     ids, emb = _inputs(runner, 4, 6)
@@ -318,7 +320,7 @@ def test_scheduled_synthesizer_matches_the_direct_one(bundle: ModelBundle) -> No
         direct.close()
 
 
-def test_scheduler_pauses_while_yield_to_holds_unless_a_consumer_waits(runner: LLMRunner) -> None:
+def test_scheduler_pauses_while_yield_to_holds_unless_a_consumer_waits(runner: CosyVoice1LLM) -> None:
     """With yield_to True, no step runs for a request nobody is reading; a blocked consumer resumes decoding."""
     urgent = threading.Event()
     s = BatchScheduler(runner, max_batch=4, yield_to=urgent.is_set)
@@ -435,7 +437,7 @@ def _wait_until(condition: Any, timeout_s: float = TIMEOUT_S) -> bool:
     return True
 
 
-def test_scheduler_stays_a_lead_ahead_while_acoustic_calls_run(runner: LLMRunner) -> None:
+def test_scheduler_stays_a_lead_ahead_while_acoustic_calls_run(runner: CosyVoice1LLM) -> None:
     """With `lead_tokens` and acoustic work running, decoding pauses once the consumer has that many tokens waiting;
     each token it takes lets one more step run; with no acoustic work it decodes on. The tokens are the same."""
     busy = threading.Event()
@@ -460,7 +462,7 @@ def test_scheduler_stays_a_lead_ahead_while_acoustic_calls_run(runner: LLMRunner
         s.close()
 
 
-def test_a_stream_tells_its_end_without_taking_a_token(runner: LLMRunner) -> None:
+def test_a_stream_tells_its_end_without_taking_a_token(runner: CosyVoice1LLM) -> None:
     """`TokenStream.ended`: False while a token is buffered or none has come within the wait (a paused scheduler),
     True once the request finished and every token was taken; it never takes a token."""
     paused = threading.Event()
@@ -484,7 +486,7 @@ def test_a_stream_tells_its_end_without_taking_a_token(runner: LLMRunner) -> Non
         s.close()
 
 
-def test_scheduler_calls_before_step_before_every_decode_step(runner: LLMRunner) -> None:
+def test_scheduler_calls_before_step_before_every_decode_step(runner: CosyVoice1LLM) -> None:
     """`before_step` runs on the scheduler thread once before each decode step (not before a prefill), so what it sets
     (the spread of the step's products) holds for that step."""
     seen: list[tuple[str, int]] = []
@@ -593,7 +595,7 @@ def test_first_chunks_batched_equal_one_by_one(bundle: ModelBundle) -> None:
         list(t2w.first_chunks([*jobs()[:1], ChunkJob(tokens[0][:30], emb[0], t2w.new_state(), GeneratorNoise(g), 10)]))
 
 
-def test_paused_scheduler_serves_only_consumers_still_waiting_for_their_first_audio(runner: LLMRunner) -> None:
+def test_paused_scheduler_serves_only_consumers_still_waiting_for_their_first_audio(runner: CosyVoice1LLM) -> None:
     """Past `urgent_tokens`, a waiting consumer does not end the pause; it resumes once yield_to turns False."""
     urgent = threading.Event()
     s = BatchScheduler(runner, max_batch=4, yield_to=urgent.is_set)

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from service.bundle import GRAPH_NAMES, PROMPT_GRAPH_NAMES, ModelBundle
-from service.engine.llm import LLMRunner
 from service.engine.sessions import (
     PREPACKED_GRAPHS,
     TRANSIENT_GRAPHS,
@@ -26,8 +25,9 @@ from service.engine.sessions import (
     make_session_options,
     open_sessions,
 )
-from service.engine.synthesizer import Synthesizer
 from service.errors import BundleError
+from service.families.cosyvoice1.engine import Synthesizer
+from service.families.cosyvoice1.llm import CosyVoice1LLM
 from service.runtime import runtime_options
 from service.settings import Settings
 
@@ -65,10 +65,10 @@ def test_position_graph_is_transient_and_builds_the_same_table(tiny_bundle: Path
     bundle = ModelBundle.load(tiny_bundle)
     opts = RuntimeOptions(intra_op_threads=1)
     names = ("llm_encoder", "llm_embed", "llm_pos", "llm_step")
-    resident = LLMRunner(open_sessions(bundle, opts, names), bundle.constants, position_rows=32)
+    resident = CosyVoice1LLM(open_sessions(bundle, opts, names), bundle.constants, position_rows=32)
     transient_sessions = open_sessions(bundle, opts, names, transient=TRANSIENT_GRAPHS)
     assert isinstance(transient_sessions["llm_pos"], TransientSession)
-    lazy = LLMRunner(transient_sessions, bundle.constants, position_rows=32)
+    lazy = CosyVoice1LLM(transient_sessions, bundle.constants, position_rows=32)
     np.testing.assert_array_equal(lazy.positions.table(32), resident.positions.table(32))
     np.testing.assert_array_equal(lazy.positions.table(100), resident.positions.table(100))  # regrown on demand
 

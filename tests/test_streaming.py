@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from service.bundle import ModelBundle, ModelConstants
-from service.engine.chunking import ScheduleConfig
-from service.engine.flow import FlowRunner
-from service.engine.hift import HiFTNoise, HiFTRunner
 from service.engine.sessions import RuntimeOptions, open_sessions
-from service.engine.streaming import RequestContext, default_first_hop, stream_sentence, whole_sentence
-from service.engine.token2wav import GeneratorNoise, NoiseSource, ReplayNoise, SentenceState, Token2Wav, WavChunk
+from service.families.cosyvoice1.flow import FlowRunner
+from service.families.cosyvoice1.schedule import ScheduleConfig
+from service.families.cosyvoice1.streaming import RequestContext, default_first_hop, stream_sentence, whole_sentence
+from service.families.cosyvoice1.token2wav import GeneratorNoise, NoiseSource, ReplayNoise, SentenceState, Token2Wav, WavChunk
+from service.layers.hift import HiFTNoise, HiFTRunner
 
 ACOUSTIC_GRAPHS = ("flow_encoder", "flow_lr", "flow_estimator", "hift_f0", "hift_source", "hift_decode")
 

@@ -11,14 +11,15 @@ import numpy as np
 import pytest
 
 from service.bundle import ModelBundle, ModelConstants
-from service.engine.chunking import ScheduleConfig
-from service.engine.hift import HiFTNoise
-from service.engine.llm import LLMRunner
 from service.engine.sessions import RuntimeOptions, open_sessions
-from service.engine.streaming import MIN_FIRST_AUDIO_FRAMES, default_first_hop, first_hop_for_speed
-from service.engine.synthesizer import AudioChunk, SynthesisOptions, Synthesizer
-from service.engine.token2wav import ReplayNoise
+from service.engine.types import AudioChunk, SynthesisOptions
 from service.errors import EmptyTextError, InvalidInputError, UnknownSpeakerError
+from service.families.cosyvoice1.engine import Synthesizer
+from service.families.cosyvoice1.llm import CosyVoice1LLM
+from service.families.cosyvoice1.schedule import ScheduleConfig
+from service.families.cosyvoice1.streaming import MIN_FIRST_AUDIO_FRAMES, default_first_hop, first_hop_for_speed
+from service.families.cosyvoice1.token2wav import ReplayNoise
+from service.layers.hift import HiFTNoise
 
 SENTENCES = [[15947, 1002, 13], [40, 716, 13]]  # "Hello world." and a second short sentence
 
@@ -87,7 +88,7 @@ def test_load_exposes_bundle_facts(tiny_bundle: Path, bundle: ModelBundle) -> No
 
 
 def test_non_stream_one_chunk_per_sentence(bundle: ModelBundle, sessions: Mapping[str, Any]) -> None:
-    llm = CountingLLM(LLMRunner(sessions, bundle.constants))
+    llm = CountingLLM(CosyVoice1LLM(sessions, bundle.constants))
     synth = Synthesizer(bundle, sessions, llm=llm)
     chunks = list(synth.synthesize(SENTENCES, "中文女", SynthesisOptions(seed=1)))
     c = bundle.constants
@@ -125,7 +126,7 @@ class TokenRecorder(CountingLLM):
 
 
 def test_stream_and_non_stream_share_tokens_and_vocoder_path_reproduces(bundle: ModelBundle, sessions: Mapping[str, Any]) -> None:
-    llm = TokenRecorder(LLMRunner(sessions, bundle.constants))
+    llm = TokenRecorder(CosyVoice1LLM(sessions, bundle.constants))
     synth = Synthesizer(bundle, sessions, llm=llm)
     for stream in (False, True):
         opts = SynthesisOptions(seed=21, stream=stream)

@@ -8,8 +8,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from service.audio.encode import AudioFormat
-from service.engine.synthesizer import AudioChunk, StageTimings, SynthesisOptions
-from service.engine.voice import Voice
+from service.engine.types import AudioChunk, StageTimings, SynthesisOptions
+from service.families.cosyvoice1.voice import Voice
 from service.families.model import NamedVoice
 from service.frontend import Sentence
 from service.speech.job import with_pauses

@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from service.families.cosyvoice2.bpe import byte_symbols
+from service.layers.bpe import byte_symbols
 
 REPO = Path(__file__).resolve().parents[1]
 CASES = REPO / "tests" / "reference" / "tiny-cosyvoice2" / "tokenizer_cases.json"

@@ -1,70 +1,15 @@
-"""The chunk schedule of a streamed sentence: plain state in, the next hop out (no threads, no clock, no sessions).
+"""The chunk schedule interface every family's streaming implements, and the rates it plans with.
 
-A streamed sentence is vocoded in chunks: a chunk waits until `hop + overlap` tokens are buffered, consumes `hop`
-of them and keeps the last `overlap` as the next chunk's look-ahead (the official v1 scheme, spec §6). This module
-alone decides how large each hop is and whether a chunk carries the request's first audio; the streaming loop
-(service.engine.streaming) only counts tokens and runs the calls.
-
-Two schedules:
-* fixed (`adaptive=False`): the first hop, then `max(hop, min_hop) * growth` capped at `max_hop`. With
-  `ScheduleConfig.official(constants)` every boundary is the official v1 one (hop 100, scale 1): the parity setting.
-* adaptive (the default): the first hop is small (first audio), and every later chunk is the smallest that carries
-  enough audio to cover the time the next chunk of its size takes: the tokens still to decode at the measured
-  token interval, plus the measured acoustic cost of its solver frames (prompt frames included) and vocoded frames.
-  When no hop up to `max_hop` covers it (the host is slower than real time for this voice), the official hop
-  (`steady_hop`, token_hop_len) is taken. A listener then waits in any case; what decides how long is the largest
-  single deficit (a chunk's making time against the audio already delivered), and one `max_hop` chunk right after
-  the short first chunk makes that deficit as large as it can be (measured: TTCA 8.7 s against 6.5 s with hops of
-  100 at streamed RTF 1.9).
+A streamed sentence is vocoded in chunks as its speech tokens arrive. A family's schedule is a pure function of plain
+state (`Progress`: where the sentence stands) and measured rates (`Rates`) to the next hop; `first_audio` alone decides
+whether a chunk carries the request's first audio (it is then urgent: pooled, served first, its tokens decoded
+first). No threads, clock or sessions here: tests drive a schedule step by step.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, replace
-
-from service.bundle import ModelConstants
-
-
-@dataclass(frozen=True)
-class ScheduleConfig:
-    """How a streamed sentence is cut into chunks (token counts; see the module docstring)."""
-
-    first_hop: int  # tokens the request's first-audio chunk consumes
-    overlap: int  # look-ahead tokens each non-final chunk keeps for the next (token_overlap_len)
-    min_hop: int  # smallest hop of any later chunk
-    max_hop: int  # largest hop
-    growth: float = 1.0  # fixed schedule: hop multiplier per chunk
-    adaptive: bool = True
-    steady_hop: int = 100  # adaptive hop when nothing is measured yet or no hop covers (token_hop_len)
-
-    def __post_init__(self) -> None:
-        if self.first_hop <= self.overlap:
-            raise ValueError(f"first_hop_tokens must be > token_overlap_len ({self.overlap}), got {self.first_hop}")
-        if self.min_hop <= self.overlap:
-            raise ValueError(f"min_hop must be > token_overlap_len ({self.overlap}), got {self.min_hop}")
-        if self.max_hop < self.min_hop or self.growth < 1.0:
-            raise ValueError("max_hop must be >= min_hop and growth >= 1")
-
-    @classmethod
-    def official(cls, c: ModelConstants) -> ScheduleConfig:
-        """The official v1 schedule: every hop token_hop_len, scaled by stream_scale_factor up to token_max_hop_len."""
-        return cls(c.token_hop_len, c.token_overlap_len, c.token_hop_len, c.token_max_hop_len, c.stream_scale_factor, False)
-
-    @classmethod
-    def default(cls, c: ModelConstants, first_hop: int | None = None) -> ScheduleConfig:
-        """The engine default: adaptive, first hop `overlap + 1` (the smallest that keeps the overlap frame-aligned)."""
-        overlap = c.token_overlap_len
-        first = overlap + 1 if first_hop is None else first_hop
-        return cls(first, overlap, overlap + 1, c.token_max_hop_len, 1.0, True, c.token_hop_len)
-
-    def with_first_hop(self, first_hop: int) -> ScheduleConfig:
-        return replace(self, first_hop=first_hop)
-
-    @property
-    def first_audio_tokens(self) -> int:
-        """Tokens the LLM must deliver before the request's first audio can be made."""
-        return self.first_hop + self.overlap
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -100,60 +45,6 @@ def first_audio(progress: Progress) -> bool:
     """True when the next chunk carries the request's first audio: it is urgent (pooled, served first, the LLM
     keeps decoding for it) and its hop is the configured first hop. The one place this is decided."""
     return progress.audio_s == 0.0 and progress.chunks == 0
-
-
-def next_hop(config: ScheduleConfig, progress: Progress, rates: Rates | None, c: ModelConstants) -> int:
-    """Tokens the next chunk consumes; it is vocoded once `hop + overlap` are buffered (or the LLM ends).
-
-    Without `rates` (nothing measured yet) the adaptive schedule takes hops of `steady_hop` (the official size).
-    """
-    if first_audio(progress):
-        return config.first_hop
-    if not config.adaptive:
-        return _fixed_hop(config, progress)
-    if rates is None:
-        return _steady_hop(config)
-    return _covering_hop(config, progress, rates, c)
-
-
-def chunk_audio_s(hop: int, c: ModelConstants) -> float:
-    """Seconds of audio a non-first chunk of `hop` tokens yields (its hop's mel frames)."""
-    return c.tokens_to_mel_frames(hop) * c.mel_hop_samples / c.sample_rate
-
-
-def chunk_cost_s(hop: int, config: ScheduleConfig, rates: Rates, c: ModelConstants, prompt_frames: int) -> float:
-    """Estimated acoustic seconds of a chunk of `hop` tokens: flow over prompt + (hop + overlap) tokens' frames,
-    HiFT over the hop's frames plus the vocoder's carried mel frames."""
-    solver = prompt_frames + c.tokens_to_mel_frames(hop + config.overlap)
-    vocoded = c.tokens_to_mel_frames(hop) + c.mel_cache_len
-    return rates.call_s + rates.solver_frame_s * solver + rates.vocoder_frame_s * vocoded
-
-
-def _fixed_hop(config: ScheduleConfig, progress: Progress) -> int:
-    if progress.chunks == 0 and progress.audio_s > 0.0:  # a later sentence's first chunk
-        return config.min_hop
-    return min(config.max_hop, int(max(progress.last_hop, config.min_hop) * config.growth))
-
-
-def _covering_hop(config: ScheduleConfig, progress: Progress, rates: Rates, c: ModelConstants) -> int:
-    """The smallest hop whose audio covers making the next chunk of the same size, else the steady hop.
-
-    The next chunk needs `hop + overlap` tokens after this one; those not yet decoded when this chunk is done
-    arrive at `rates.token_s` each (the LLM keeps decoding while this chunk is vocoded).
-    """
-    for hop in range(config.min_hop, config.max_hop + 1):
-        cost = chunk_cost_s(hop, config, rates, c, progress.prompt_frames)
-        wait = 0.0
-        if not progress.llm_done:
-            have = max(progress.buffered, hop + config.overlap) - hop + cost / rates.token_s
-            wait = max(0.0, hop + config.overlap - have) * rates.token_s
-        if chunk_audio_s(hop, c) / progress.speed >= wait + cost:
-            return hop
-    return _steady_hop(config)
-
-
-def _steady_hop(config: ScheduleConfig) -> int:
-    return min(config.max_hop, max(config.min_hop, config.steady_hop))
 
 
 class RateMeter:

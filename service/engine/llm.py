@@ -1,8 +1,12 @@
-"""LLM stage: text ids + the voice's LLM prompt -> speech tokens (encoder, prefill, batched KV-cached decode)."""
+"""The step-graph LLM every family runs: prefill, batched decode over an explicit K/V cache, sampling, forced tokens.
+
+A family gives its prefill input (`encode`) and the step's feeds (`_run_step`); requests, batches and the decode loop
+are the same for all."""
 
 from __future__ import annotations
 
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,12 +15,9 @@ import numpy as np
 
 from service.bundle import ModelConstants
 from service.engine.kvcache import KVCache
-from service.engine.positions import PositionTable
 from service.engine.sampling import SamplingParams, ras_sampling
-from service.engine.voice import LLMPrompt, as_llm_prompt
+from service.engine.types import LLMPrompt
 from service.errors import InvalidInputError
-
-LLM_GRAPHS: tuple[str, ...] = ("llm_encoder", "llm_embed", "llm_pos", "llm_step")
 
 
 @dataclass(eq=False)
@@ -130,37 +131,20 @@ def kv_cache_dtype(step_session: Any) -> type[np.floating]:
     return np.float16 if types == {"tensor(float16)"} else np.float32
 
 
-def position_table(pos_session: Any, constants: ModelConstants, rows: int = 512) -> PositionTable:
-    """The projected position table of the decoder, built now with the `llm_pos` graph (and regrown with it)."""
+class LLMRunner(ABC):
+    """Runs a family's LLM graphs; owns no request state.
 
-    def project(pe: np.ndarray) -> np.ndarray:
-        return np.asarray(pos_session.run(["pos"], {"pe": pe})[0], dtype=np.float32)
+    One `llm_step` graph serves prefill (the whole LM input, empty past) and decode (one embedded token per row, each
+    row with its own past length); `llm_embed` embeds speech tokens. A family subclasses it: `GRAPHS` (every graph it
+    needs), `_bind` (its other graphs), `encode` (the prefill input) and `_run_step` (the step's feeds).
 
-    return PositionTable(project, constants.llm_model_dim, rows=rows)
-
-
-class LLMRunner:
-    """Runs the four LLM graphs; owns the shared position table, not any request state.
-
-    One `llm_step` graph serves prefill (the whole LM input, empty past) and decode (one embedded
-    token per row, each row with its own past length).
-
-    `sessions` maps graph names to objects with ORT's `run(output_names, feeds)`; thread-safe as
-    long as each DecodeBatch is driven by one thread at a time. Another family's LLM with the same
-    step-graph contract (prefill + batched decode over an explicit K/V cache) subclasses it: `GRAPHS`,
-    `_bind` (its other graphs), `encode` and `_run_step` (the step's feeds).
+    `sessions` maps graph names to objects with ORT's `run(output_names, feeds)`; thread-safe as long as each
+    DecodeBatch is driven by one thread at a time.
     """
 
-    GRAPHS: tuple[str, ...] = LLM_GRAPHS
+    GRAPHS: tuple[str, ...] = ("llm_embed", "llm_step")
 
-    def __init__(
-        self,
-        sessions: Mapping[str, Any],
-        constants: ModelConstants,
-        *,
-        position_rows: int = 512,
-        positions: PositionTable | None = None,
-    ) -> None:
+    def __init__(self, sessions: Mapping[str, Any], constants: ModelConstants) -> None:
         missing = [g for g in self.GRAPHS if g not in sessions]
         if missing:
             raise ValueError(f"{type(self).__name__} needs sessions for {', '.join(missing)}")
@@ -169,42 +153,19 @@ class LLMRunner:
         self._embed = sessions["llm_embed"]
         self._step = sessions["llm_step"]
         self.kv_dtype = kv_cache_dtype(self._step)
-        self._bind(sessions, position_rows, positions)
+        self._bind(sessions)
 
-    def _bind(self, sessions: Mapping[str, Any], position_rows: int, positions: PositionTable | None) -> None:
-        """The v1 text encoder and the decoder's relative-position table."""
-        self._encoder = sessions["llm_encoder"]
-        self.positions = positions or position_table(sessions["llm_pos"], self.constants, position_rows)
+    def _bind(self, sessions: Mapping[str, Any]) -> None:  # noqa: B027 (a hook: most families have other graphs)
+        """Take the family's other graphs from `sessions` (none by default)."""
 
     # ---- building requests -------------------------------------------------------------------
+    @abstractmethod
     def encode(self, text_ids: Sequence[int], prompt: LLMPrompt | np.ndarray) -> np.ndarray:
-        """LM input sequence (L, DI) float32, official order: [sos, speaker, encoded prompt text ++ text, task,
-        prompt speech tokens]; the speaker row is left out when the prompt has no embedding (instruct).
-        `prompt` may be a built-in speaker's bare x-vector."""
-        prompt = as_llm_prompt(prompt)
-        ids = np.asarray([*prompt.prompt_text_ids, *text_ids], dtype=np.int64).reshape(1, -1)
-        if len(text_ids) == 0:
-            raise InvalidInputError("text_ids is empty")
-        dim = self.constants.spk_embed_dim
-        emb = np.zeros((1, dim), dtype=np.float32) if prompt.embedding is None else prompt.embedding.reshape(1, -1)
-        if emb.shape[1] != dim:
-            raise InvalidInputError(f"speaker embedding must have {dim} values, got {emb.shape[1]}")
-        lm_input = self._encoder.run(["lm_input"], {"text_ids": ids, "embedding": emb})[0][0]
-        if prompt.embedding is None:  # the slot is a row of its own: drop it (the text encoder never sees it)
-            lm_input = np.delete(lm_input, 1, axis=0)
-        if prompt.speech_tokens:
-            tokens = np.asarray(prompt.speech_tokens, dtype=np.int64)[None]
-            (speech,) = self._embed.run(["x"], {"token": tokens})
-            lm_input = np.concatenate([lm_input, speech[0]], axis=0)
-        return np.ascontiguousarray(lm_input, dtype=np.float32)
+        """The prefill input (L, D) float32 for `text_ids` after the voice's `prompt` (InvalidInputError for bad ids)."""
 
+    @abstractmethod
     def _run_step(self, x: np.ndarray, past: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """llm_step over new inputs x (B,T,DI) after the cached past -> logp (B,V), new K/V (NL,B,H,T,DK)."""
-        feeds = dict(past)
-        feeds["x"] = x
-        feeds.update(self.positions.feeds(int(past["past_len"].max()) + x.shape[1]))
-        logp, new_k, new_v = self._step.run(["logp", "new_k", "new_v"], feeds)
-        return logp, new_k, new_v
+        """llm_step over new inputs x (B, T, D) after the cached `past` -> logp (B, V), new K/V (NL, B, H, T, DK)."""
 
     def _empty_past(self) -> dict[str, np.ndarray]:
         c = self.constants

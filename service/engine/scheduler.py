@@ -15,7 +15,7 @@ import numpy as np
 
 from service.engine.chunking import RateMeter
 from service.engine.llm import DecodeBatch, LLMRequest, LLMRunner
-from service.engine.voice import LLMPrompt, as_llm_prompt
+from service.engine.types import LLMPrompt, as_llm_prompt
 from service.errors import EngineError, ShuttingDownError, TTSError
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from typing import Protocol
 from service.bundle import Capabilities, ModelBundle
 from service.engine.memory import StateBudget
 from service.engine.sessions import RuntimeOptions
-from service.engine.synthesizer import AudioChunk, SynthesisOptions
+from service.engine.types import AudioChunk, SynthesisOptions
 from service.frontend import TextFrontend
 from service.frontend.lexicon import LexiconStore
 from service.stores.voices import AnalysisCache, SavedVoice, VoiceStore

@@ -13,7 +13,6 @@ import numpy as np
 
 from service.audio.decode import container_format, decode_audio, pcm16_to_float
 from service.bundle import ModelBundle
-from service.engine.prompt import MAX_PROMPT_S
 from service.errors import (
     InvalidInputError,
     NotFoundError,
@@ -24,6 +23,7 @@ from service.errors import (
 )
 from service.families.model import InstructVoice, ModelVoice, NamedVoice, PromptAudio, PromptVoice, VoiceReference
 from service.frontend import TextFrontend
+from service.layers.prompt import MAX_PROMPT_S
 from service.stores.voices import AnalysisCache, PromptFeatures, SavedVoice, VoiceStore, check_voice_name
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.engine.synthesizer import AudioChunk
+from service.engine.types import AudioChunk
 from service.speech.request import PreparedSpeech
 
 log = logging.getLogger(__name__)

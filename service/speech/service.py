@@ -15,7 +15,7 @@ import numpy as np
 
 from service.audio.encode import encode_complete, make_encoder, media_type, output_sample_rate
 from service.audio.timeline import decoder_delay_s
-from service.engine.synthesizer import SynthesisOptions
+from service.engine.types import SynthesisOptions
 from service.errors import (
     EngineError,
     InvalidInputError,

@@ -8,16 +8,17 @@ from typing import Protocol, cast, get_args
 
 from service.bundle import FAMILY_V1, Capabilities, ModelBundle
 from service.engine.memory import StateBudget
-from service.engine.prompt import MelVariant
 from service.engine.sessions import RuntimeOptions
-from service.engine.streaming import default_first_hop
-from service.engine.synthesizer import AudioChunk, SynthesisOptions, Synthesizer
-from service.engine.voice import Voice
+from service.engine.types import AudioChunk, SynthesisOptions
 from service.errors import BundleError, SettingError
+from service.families.cosyvoice1.engine import Synthesizer
+from service.families.cosyvoice1.streaming import default_first_hop
+from service.families.cosyvoice1.voice import Voice
 from service.families.cosyvoice1.voices import Voices, v1_voice
 from service.families.model import ModelContext, ModelVoice, VoiceReference
 from service.families.voices import neutral_embedding
 from service.frontend import TextFrontend
+from service.layers.prompt import MelVariant
 from service.stores.voices import AnalysisCache, MemoryVoiceStore
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 
 from service.bundle import ModelBundle
-from service.engine.prompt import MelVariant, PromptAnalyzer
 from service.engine.sessions import RuntimeOptions
-from service.engine.voice import Voice
 from service.errors import InvalidInputError, UnsupportedCapabilityError
+from service.families.cosyvoice1.voice import Voice
 from service.families.model import ModelVoice
 from service.families.voices import PromptVoices
 from service.frontend import TextFrontend
+from service.layers.prompt import MelVariant, PromptAnalyzer
 from service.stores.voices import AnalysisCache, PromptFeatures, VoiceStore
 
 

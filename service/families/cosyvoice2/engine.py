@@ -23,19 +23,19 @@ import numpy as np
 from service.bundle import FAMILY_V2, V2_GRAPH_IO, V2_NOISE_NAME, CosyVoice2Constants, ModelBundle
 from service.engine import native
 from service.engine.acoustic_gate import AcousticGate, Pacer
-from service.engine.dsp import StreamingStretch
-from service.engine.hift import HiFTRunner
 from service.engine.llm import max_speech_tokens
 from service.engine.memory import StateBudget, auto_budget
 from service.engine.scheduler import BatchScheduler, EndAware
 from service.engine.sessions import RuntimeOptions, graph_runtime, limit_malloc_arenas, open_sessions
-from service.engine.synthesizer import AudioChunk, StageTimings, SynthesisOptions, TokenGenerator
+from service.engine.types import AudioChunk, StageTimings, SynthesisOptions, TokenGenerator
 from service.errors import BundleError, EmptyTextError, InvalidInputError
 from service.families.cosyvoice2.flow import FlowRunner2, FlowState
-from service.families.cosyvoice2.hift import Vocoder, VocoderStream
-from service.families.cosyvoice2.llm import Qwen2Runner
-from service.families.cosyvoice2.schedule import HopSchedule, window_tokens
 from service.families.cosyvoice2.voice import FlowPrompt2, Voice2
+from service.layers.chunk_schedule import HopSchedule, window_tokens
+from service.layers.dsp import StreamingStretch
+from service.layers.hift import HiFTRunner
+from service.layers.qwen2 import Qwen2Runner
+from service.layers.vocoder import Vocoder, VocoderStream
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class CosyVoice2Engine:
         c = bundle.constants
         self.bundle, self.constants, self.extra = bundle, c, extra
         self.sample_rate = c.sample_rate
-        self.runner = Qwen2Runner(sessions, c, extra)
+        self.runner = Qwen2Runner(sessions, c, extra.text_vocab_size)
         self.llm: TokenGenerator = llm if llm is not None else self.runner
         self.scheduler = llm if isinstance(llm, BatchScheduler) else None
         noise = np.load(bundle.root / V2_NOISE_NAME, allow_pickle=False)
@@ -173,7 +173,7 @@ class CosyVoice2Engine:
         cls, bundle: ModelBundle, sessions: Mapping[str, Any], runtime: RuntimeOptions, **kwargs: Any
     ) -> CosyVoice2Engine:
         """An engine over opened sessions (e.g. instrumented ones) with the scheduler and gate `runtime` asks for."""
-        runner = Qwen2Runner(sessions, bundle.constants, _extra(bundle))
+        runner = Qwen2Runner(sessions, bundle.constants, _extra(bundle).text_vocab_size)
         gate = AcousticGate(runtime.acoustic_slots, nice=runtime.acoustic_nice) if runtime.acoustic_slots > 0 else None
         llm: TokenGenerator = runner
         schedule = kwargs.setdefault("schedule", stream_schedule(bundle, runtime))

@@ -9,15 +9,15 @@ from typing import Protocol, cast
 from service.bundle import FAMILY_V2, Capabilities, ModelBundle
 from service.engine.memory import StateBudget
 from service.engine.sessions import RuntimeOptions
-from service.engine.synthesizer import AudioChunk, SynthesisOptions
+from service.engine.types import AudioChunk, SynthesisOptions
 from service.errors import BundleError, SettingError
 from service.families.cosyvoice2.engine import CosyVoice2Engine
-from service.families.cosyvoice2.tokenizer import Qwen2Tokenizer
 from service.families.cosyvoice2.voice import Voice2
 from service.families.cosyvoice2.voices import Voices2, v2_voice
 from service.families.model import ModelContext, ModelVoice, VoiceReference
 from service.families.voices import neutral_embedding, unknown_voice
 from service.frontend import TextFrontend
+from service.layers.qwen_tokenizer import Qwen2Tokenizer
 from service.stores.voices import AnalysisCache, MemoryVoiceStore
 
 

@@ -11,16 +11,15 @@ import numpy as np
 
 from service.audio.decode import decode_audio
 from service.bundle import ModelBundle
-from service.engine.features import kaldi_fbank, resample, subtract_mean, whisper_log_mel
-from service.engine.prompt import MAX_PROMPT_S
 from service.engine.sessions import RuntimeOptions, open_sessions
-from service.engine.synthesizer import SynthesisOptions
-from service.engine.voice import LLMPrompt
+from service.engine.types import LLMPrompt, SynthesisOptions
 from service.families.cosyvoice2.engine import CosyVoice2Engine
-from service.families.cosyvoice2.hift import VocoderStream, sine_excitation2
-from service.families.cosyvoice2.prompt import MEL_RATE_HZ, PromptAnalyzer2, prompt_mel
-from service.families.cosyvoice2.tokenizer import Qwen2Tokenizer
 from service.families.cosyvoice2.voice import FlowPrompt2
+from service.layers.features import kaldi_fbank, resample, subtract_mean, whisper_log_mel
+from service.layers.prompt import MAX_PROMPT_S
+from service.layers.prompt24k import MEL_RATE_HZ, PromptAnalyzer2, prompt_mel
+from service.layers.qwen_tokenizer import Qwen2Tokenizer
+from service.layers.vocoder import VocoderStream, sine_excitation2
 from service.verify.checks import CASE, Check, VerifyReport, indices, max_abs, mismatches
 
 MODE_FILES = ("zero_shot.npz", "cross_lingual.npz", "instruct2.npz")

@@ -8,7 +8,7 @@ from typing import Literal
 
 import numpy as np
 
-from service.engine.voice import LLMPrompt
+from service.engine.types import LLMPrompt
 
 VoiceKind2 = Literal["sft", "zero_shot", "cross_lingual", "instruct2"]
 

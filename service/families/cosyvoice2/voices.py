@@ -8,11 +8,11 @@ import numpy as np
 from service.bundle import ModelBundle
 from service.engine.sessions import RuntimeOptions
 from service.errors import InvalidInputError, UnsupportedCapabilityError
-from service.families.cosyvoice2.prompt import PromptAnalyzer2
 from service.families.cosyvoice2.voice import Voice2
 from service.families.model import ModelVoice
 from service.families.voices import PromptVoices
 from service.frontend import TextFrontend
+from service.layers.prompt24k import PromptAnalyzer2
 from service.stores.voices import AnalysisCache, PromptFeatures, VoiceStore
 
 ANALYSIS_VARIANT = "cosyvoice2"  # what a saved CosyVoice2 voice holds: 25 Hz tokens, (2 x tokens, 80) mel at 24 kHz

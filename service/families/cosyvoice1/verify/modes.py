@@ -9,11 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from service.engine.chunking import ScheduleConfig
-from service.engine.hift import HiFTNoise, HiFTRunner
-from service.engine.streaming import RequestContext, stream_sentence
-from service.engine.token2wav import ReplayNoise, Token2Wav
-from service.engine.voice import FlowPrompt, LLMPrompt
+from service.engine.types import LLMPrompt
+from service.families.cosyvoice1.schedule import ScheduleConfig
+from service.families.cosyvoice1.streaming import RequestContext, stream_sentence
+from service.families.cosyvoice1.token2wav import ReplayNoise, Token2Wav
 from service.families.cosyvoice1.verify.stages import (
     TOL_FLOW_MEL,
     TOL_FLOW_MU,
@@ -24,6 +23,8 @@ from service.families.cosyvoice1.verify.stages import (
     TOL_STREAM_AUDIO,
     Engines,
 )
+from service.families.cosyvoice1.voice import FlowPrompt
+from service.layers.hift import HiFTNoise, HiFTRunner
 from service.verify.checks import CASE, Check, indices, max_abs
 
 MODE_FILES = ("zero_shot.npz", "cross_lingual.npz", "instruct.npz")

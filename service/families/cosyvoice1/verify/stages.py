@@ -11,15 +11,16 @@ from typing import Any
 import numpy as np
 
 from service.bundle import ModelBundle
-from service.engine.chunking import ScheduleConfig
-from service.engine.flow import FlowRunner
-from service.engine.hift import HiFTNoise, HiFTRunner, sine_excitation
-from service.engine.llm import LLMRunner
 from service.engine.sessions import RuntimeOptions, open_sessions
-from service.engine.streaming import RequestContext, stream_sentence
-from service.engine.token2wav import ReplayNoise, SentenceState, Token2Wav, WavChunk
-from service.engine.voice import FlowPrompt, LLMPrompt
+from service.engine.types import LLMPrompt
+from service.families.cosyvoice1.flow import FlowRunner
+from service.families.cosyvoice1.llm import CosyVoice1LLM
+from service.families.cosyvoice1.schedule import ScheduleConfig
+from service.families.cosyvoice1.streaming import RequestContext, stream_sentence
+from service.families.cosyvoice1.token2wav import ReplayNoise, SentenceState, Token2Wav, WavChunk
+from service.families.cosyvoice1.voice import FlowPrompt
 from service.frontend import TextFrontend
+from service.layers.hift import HiFTNoise, HiFTRunner, sine_excitation
 from service.verify.checks import CASE, CHUNK, Check, indices, max_abs, mismatches
 
 # Acceptance thresholds (max abs error), from the fixture README: float32 CPU re-implementation with the
@@ -42,7 +43,7 @@ class Engines:
     """The runners one verification uses, built from one set of sessions."""
 
     bundle: ModelBundle
-    llm: LLMRunner
+    llm: CosyVoice1LLM
     flow: FlowRunner
     hift: HiFTRunner
     sessions: dict[str, Any]
@@ -51,7 +52,7 @@ class Engines:
     def open(cls, bundle: ModelBundle, runtime: RuntimeOptions | None = None) -> Engines:
         sessions: dict[str, Any] = dict(open_sessions(bundle, runtime))
         c = bundle.constants
-        return cls(bundle, LLMRunner(sessions, c), FlowRunner(sessions, c), HiFTRunner(sessions, c), sessions)
+        return cls(bundle, CosyVoice1LLM(sessions, c), FlowRunner(sessions, c), HiFTRunner(sessions, c), sessions)
 
 
 # ---- stages -----------------------------------------------------------------------------------

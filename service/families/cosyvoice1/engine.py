@@ -7,19 +7,21 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from service.bundle import ModelBundle
 from service.engine.acoustic_gate import AcousticGate, Pacer
-from service.engine.chunking import RateMeter, ScheduleConfig
-from service.engine.flow import FlowRunner
-from service.engine.hift import HiFTRunner
-from service.engine.llm import LLMRunner, position_table
+from service.engine.chunking import RateMeter
 from service.engine.scheduler import BatchScheduler
 from service.engine.sessions import TRANSIENT_GRAPHS, RuntimeOptions, limit_malloc_arenas, open_sessions, release_free_memory
-from service.engine.streaming import (
+from service.engine.types import AudioChunk, StageTimings, SynthesisOptions, TokenGenerator
+from service.errors import EmptyTextError, InvalidInputError, UnknownSpeakerError
+from service.families.cosyvoice1.flow import FlowRunner
+from service.families.cosyvoice1.llm import CosyVoice1LLM, position_table
+from service.families.cosyvoice1.schedule import ScheduleConfig
+from service.families.cosyvoice1.streaming import (
     RequestContext,
     SpeechChunk,
     check_first_hop,
@@ -27,75 +29,11 @@ from service.engine.streaming import (
     stream_sentence,
     whole_sentence,
 )
-from service.engine.token2wav import GeneratorNoise, NoiseSource, Token2Wav
-from service.engine.voice import FlowPrompt, LLMPrompt, Voice
-from service.errors import EmptyTextError, InvalidInputError, UnknownSpeakerError
+from service.families.cosyvoice1.token2wav import GeneratorNoise, NoiseSource, Token2Wav
+from service.families.cosyvoice1.voice import FlowPrompt, Voice
+from service.layers.hift import HiFTRunner
 
-
-class TokenGenerator(Protocol):
-    """What the synthesizer needs from the LLM (LLMRunner, or a fake in tests)."""
-
-    def generate(
-        self,
-        text_ids: Sequence[int],
-        prompt: LLMPrompt,
-        rng: np.random.Generator,
-        *,
-        min_tokens: int | None = None,
-        max_tokens: int | None = None,
-        cancel: threading.Event | None = None,
-        urgent_tokens: int = 0,
-    ) -> Iterator[int]: ...
-
-
-@dataclass(frozen=True)
-class SynthesisOptions:
-    """Per-request options; None means the model or engine default.
-
-    speed: tempo factor; the mel is stretched to int(frames / speed) before the vocoder. Without
-        streaming this is the official whole-sentence resize; with `stream=True` each chunk's mel is
-        stretched as it comes (service.engine.dsp.StreamingStretch), so streaming keeps its first-audio
-        latency (the first hop grows a few tokens above speed 1.28, see first_hop_for_speed).
-    seed: same seed, same options and same input give the same audio; None draws fresh entropy.
-    stream: True yields chunks of `hop + overlap` tokens as the LLM produces them; False yields one
-        chunk per sentence.
-    first_hop_tokens: tokens consumed by the first streaming chunk (must exceed token_overlap_len);
-        None uses the engine's schedule (see service.engine.chunking).
-    n_timesteps: Euler steps of the flow solver; None uses the manifest value.
-    """
-
-    speed: float = 1.0
-    seed: int | None = None
-    stream: bool = False
-    first_hop_tokens: int | None = None
-    n_timesteps: int | None = None
-
-
-@dataclass(frozen=True)
-class StageTimings:
-    """Seconds each stage spent producing one chunk."""
-
-    llm_s: float
-    flow_s: float
-    hift_s: float
-
-
-@dataclass(frozen=True)
-class AudioChunk:
-    """A piece of synthesized audio that says what it is: float32 (N,) within ±audio_limit at `sample_rate` Hz,
-    made from `speech_tokens` speech tokens of sentence `sentence_index`."""
-
-    audio: np.ndarray
-    sentence_index: int
-    is_final: bool  # last chunk of the whole request
-    timings: StageTimings
-    sentence_end: bool = False  # last chunk of its sentence
-    sample_rate: int = 22050
-    speech_tokens: int = 0
-
-    @property
-    def seconds(self) -> float:
-        return self.audio.size / self.sample_rate
+DEFAULT_OPTIONS = SynthesisOptions()
 
 
 @dataclass(frozen=True)
@@ -136,7 +74,7 @@ class Synthesizer:
         self.bundle = bundle
         self.sample_rate = c.sample_rate
         self.speakers: tuple[str, ...] = tuple(bundle.speakers)
-        self.llm: TokenGenerator = llm if llm is not None else LLMRunner(sessions, c)
+        self.llm: TokenGenerator = llm if llm is not None else CosyVoice1LLM(sessions, c)
         self.token2wav = Token2Wav(FlowRunner(sessions, c), HiFTRunner(sessions, c), c)
         self.schedule = schedule if schedule is not None else ScheduleConfig.default(c)
         if first_hop_tokens is not None:
@@ -174,7 +112,7 @@ class Synthesizer:
             open_sessions(loaded, runtime, ["llm_pos"], transient=TRANSIENT_GRAPHS)["llm_pos"], loaded.constants
         )
         sessions = open_sessions(loaded, runtime, transient=TRANSIENT_GRAPHS)
-        runner = LLMRunner(sessions, loaded.constants, positions=positions)
+        runner = CosyVoice1LLM(sessions, loaded.constants, positions=positions)
         gate = None
         if runtime.acoustic_slots > 0 or runtime.acoustic_nice > 0:
             gate = AcousticGate(runtime.acoustic_slots, nice=runtime.acoustic_nice)
@@ -204,7 +142,7 @@ class Synthesizer:
         self,
         sentences: Sequence[Sequence[int]],
         voice: Voice | str,
-        options: SynthesisOptions = SynthesisOptions(),
+        options: SynthesisOptions = DEFAULT_OPTIONS,
         cancel: threading.Event | None = None,
     ) -> Iterator[AudioChunk]:
         """Audio for each sentence of text token ids, one after another (fresh caches per sentence).
@@ -227,7 +165,7 @@ class Synthesizer:
         self,
         speech_tokens: Sequence[int],
         voice: Voice | str,
-        options: SynthesisOptions = SynthesisOptions(),
+        options: SynthesisOptions = DEFAULT_OPTIONS,
         cancel: threading.Event | None = None,
         *,
         noise: NoiseSource | None = None,

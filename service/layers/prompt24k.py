@@ -1,4 +1,4 @@
-"""CosyVoice2 prompt analysis (official frontend_zero_shot): x-vector, 25 Hz speech tokens, 24 kHz prompt mel."""
+"""Prompt analysis of the 24 kHz families (official frontend_zero_shot): x-vector, 25 Hz speech tokens, 24 kHz prompt mel."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.engine.features import kaldi_fbank, resample, slaney_mel_filters, subtract_mean, whisper_log_mel
-from service.engine.prompt import PROMPT_RATE_HZ, PromptAnalyzer
 from service.errors import EngineError
+from service.layers.features import kaldi_fbank, resample, slaney_mel_filters, subtract_mean, whisper_log_mel
+from service.layers.prompt import PROMPT_RATE_HZ, PromptAnalyzer
 
 MEL_RATE_HZ = 24_000  # the yaml's feat_extractor: matcha mel_spectrogram at the model's rate
 MEL_NFFT = 1920

@@ -1,4 +1,5 @@
-"""CosyVoice2 vocoder: HiFT graphs with the 24 kHz source (SineGen2) in numpy, and the official streaming caches."""
+"""The 24 kHz HiFT vocoder of CosyVoice2 and later families: its graphs with the SineGen2 source in numpy, and the
+official streaming caches."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.bundle import ModelConstants
-from service.engine.dsp import fade_in_out, interpolate_linear
-from service.engine.hift import HiFTRunner
+from service.layers.dsp import fade_in_out, interpolate_linear
+from service.layers.hift import HiFTRunner
 
 
 def _round(x: np.ndarray) -> np.ndarray:

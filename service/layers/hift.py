@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from service.bundle import ModelConstants
-from service.engine.dsp import hann_window, istft, stft
+from service.layers.dsp import hann_window, istft, stft
 
 MAX_MAGNITUDE = 100.0  # the official decoder clips exp(log-magnitude) here before the iSTFT
 

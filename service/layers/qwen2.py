@@ -1,4 +1,4 @@
-"""CosyVoice2 LLM: the Qwen2 step graph on the shared runner (prefill, batched decode, ras_sampling, scheduler)."""
+"""The Qwen2 LLM of CosyVoice2 and later families: its prefill graph and rotary step graph on the kit's runner."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from service.bundle import CosyVoice2Constants, ModelConstants
+from service.bundle import ModelConstants
 from service.engine.llm import LLMRunner
-from service.engine.positions import PositionTable
-from service.engine.voice import LLMPrompt, as_llm_prompt
+from service.engine.types import LLMPrompt, as_llm_prompt
 from service.errors import InvalidInputError
 
 QWEN2_GRAPHS: tuple[str, ...] = ("llm_prompt", "llm_embed", "llm_step")
@@ -26,11 +25,11 @@ class Qwen2Runner(LLMRunner):
 
     GRAPHS = QWEN2_GRAPHS
 
-    def __init__(self, sessions: Mapping[str, Any], constants: ModelConstants, extra: CosyVoice2Constants) -> None:
-        self.extra = extra
+    def __init__(self, sessions: Mapping[str, Any], constants: ModelConstants, text_vocab_size: int) -> None:
+        self.text_vocab_size = text_vocab_size
         super().__init__(sessions, constants)
 
-    def _bind(self, sessions: Mapping[str, Any], position_rows: int, positions: PositionTable | None) -> None:
+    def _bind(self, sessions: Mapping[str, Any]) -> None:
         self._prompt = sessions["llm_prompt"]
 
     def encode(self, text_ids: Sequence[int], prompt: LLMPrompt | np.ndarray) -> np.ndarray:
@@ -39,8 +38,8 @@ class Qwen2Runner(LLMRunner):
         if len(text_ids) == 0:
             raise InvalidInputError("text_ids is empty")
         ids = np.asarray([*prompt.prompt_text_ids, *text_ids], dtype=np.int64).reshape(1, -1)
-        if ids.min() < 0 or ids.max() >= self.extra.text_vocab_size:
-            raise InvalidInputError(f"text ids must be in 0..{self.extra.text_vocab_size - 1}")
+        if ids.min() < 0 or ids.max() >= self.text_vocab_size:
+            raise InvalidInputError(f"text ids must be in 0..{self.text_vocab_size - 1}")
         lm_input = np.asarray(self._prompt.run(["x"], {"text_ids": ids})[0][0], dtype=np.float32)
         if prompt.speech_tokens:
             tokens = np.asarray(prompt.speech_tokens, dtype=np.int64)[None]

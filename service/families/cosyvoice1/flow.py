@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -10,8 +9,9 @@ from typing import Any
 import numpy as np
 
 from service.bundle import ModelConstants
-from service.engine.dsp import interpolate_linear
-from service.engine.voice import FlowPrompt, as_flow_prompt
+from service.families.cosyvoice1.voice import FlowPrompt, as_flow_prompt
+from service.layers.cfm import cosine_t_span
+from service.layers.dsp import interpolate_linear
 
 
 @dataclass(frozen=True)
@@ -43,12 +43,6 @@ class FlowInput:
     z: np.ndarray
     cond: np.ndarray
     prompt_frames: int = 0
-
-
-def cosine_t_span(n_timesteps: int) -> np.ndarray:
-    """Time grid 1 - cos(linspace(0, 1, n + 1) * pi / 2) in float32, (n + 1,)."""
-    lin = np.linspace(0.0, 1.0, n_timesteps + 1, dtype=np.float32)
-    return np.asarray((np.float32(1.0) - np.cos(lin * np.float32(0.5 * math.pi))).astype(np.float32), dtype=np.float32)
 
 
 def regulate_length(h: np.ndarray, n_frames: int, edge_tokens: int, edge_frames: int) -> np.ndarray:

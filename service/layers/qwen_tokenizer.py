@@ -14,7 +14,7 @@ from pathlib import Path
 import tiktoken
 
 from service.errors import BundleError
-from service.families.cosyvoice2.bpe import AddedToken, BpeSpec, normalize, ranks_from_json
+from service.layers.bpe import AddedToken, BpeSpec, normalize, ranks_from_json
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from typing import Any, Literal, Self
 
 import numpy as np
 
-from service.engine.features import kaldi_fbank, prompt_mel80, resample, subtract_mean, whisper_log_mel
 from service.engine.sessions import RuntimeOptions, open_graph
 from service.errors import EngineError, PromptAudioError, PromptAudioProblem
+from service.layers.features import kaldi_fbank, prompt_mel80, resample, subtract_mean, whisper_log_mel
 
 MelVariant = Literal["trained", "official-24k"]
 MEL_VARIANTS: tuple[MelVariant, ...] = ("trained", "official-24k")

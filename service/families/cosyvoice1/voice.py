@@ -8,28 +8,13 @@ from typing import Literal
 
 import numpy as np
 
+from service.engine.types import LLMPrompt
+
 VoiceKind = Literal["sft", "zero_shot", "cross_lingual", "instruct"]
 
 
 def _floats(x: np.ndarray | None) -> np.ndarray | None:
     return None if x is None else np.ascontiguousarray(x, dtype=np.float32)
-
-
-@dataclass(frozen=True, eq=False)
-class LLMPrompt:
-    """The LLM's side of a voice (official `llm.inference` inputs besides the text).
-
-    embedding: raw x-vector (spk_embed_dim,) for the speaker slot of the prefill; None leaves the slot out
-        (instruct mode). prompt_text_ids: text ids encoded in front of the text (zero-shot prompt text,
-        or an instruct text). speech_tokens: prompt speech tokens appended after the task token (zero-shot).
-    """
-
-    embedding: np.ndarray | None
-    prompt_text_ids: tuple[int, ...] = ()
-    speech_tokens: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "embedding", _floats(self.embedding))
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,11 +52,6 @@ class FlowPrompt:
             return FlowPrompt(self.embedding)
         n_tokens = max(1, round(max_frames * len(self.tokens) / self.frames))
         return FlowPrompt(self.embedding, self.tokens[-n_tokens:], self.mel[-max_frames:])
-
-
-def as_llm_prompt(prompt: LLMPrompt | np.ndarray) -> LLMPrompt:
-    """An LLMPrompt, given one or a bare x-vector (a built-in speaker: its slot and nothing else)."""
-    return prompt if isinstance(prompt, LLMPrompt) else LLMPrompt(np.asarray(prompt, dtype=np.float32).reshape(-1))
 
 
 def as_flow_prompt(prompt: FlowPrompt | np.ndarray) -> FlowPrompt:

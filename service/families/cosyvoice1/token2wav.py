@@ -16,10 +16,10 @@ from typing import Protocol
 import numpy as np
 
 from service.bundle import ModelConstants
-from service.engine.dsp import StreamingStretch, fade_in_out, interpolate_linear
-from service.engine.flow import FlowCache, FlowInput, FlowRunner
-from service.engine.hift import HiFTNoise, HiFTRunner, draw_hift_noise
-from service.engine.voice import FlowPrompt, as_flow_prompt
+from service.families.cosyvoice1.flow import FlowCache, FlowInput, FlowRunner
+from service.families.cosyvoice1.voice import FlowPrompt, as_flow_prompt
+from service.layers.dsp import StreamingStretch, fade_in_out, interpolate_linear
+from service.layers.hift import HiFTNoise, HiFTRunner, draw_hift_noise
 
 
 class NoiseSource(Protocol):

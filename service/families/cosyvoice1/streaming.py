@@ -32,10 +32,11 @@ import numpy as np
 
 from service.bundle import ModelConstants
 from service.engine.acoustic_gate import Pacer
-from service.engine.chunking import Progress, RateMeter, ScheduleConfig, first_audio, next_hop
-from service.engine.dsp import StreamingStretch
-from service.engine.token2wav import ChunkJob, NoiseSource, SentenceState, Token2Wav, WavChunk
-from service.engine.voice import FlowPrompt, as_flow_prompt
+from service.engine.chunking import Progress, RateMeter, first_audio
+from service.families.cosyvoice1.schedule import ScheduleConfig, next_hop
+from service.families.cosyvoice1.token2wav import ChunkJob, NoiseSource, SentenceState, Token2Wav, WavChunk
+from service.families.cosyvoice1.voice import FlowPrompt, as_flow_prompt
+from service.layers.dsp import StreamingStretch
 
 MIN_FIRST_AUDIO_FRAMES = 8  # mel frames (93 ms) a streamed first chunk must yield after a tempo change
 

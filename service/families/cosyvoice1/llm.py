@@ -1,0 +1,79 @@
+"""CosyVoice-300M's LLM: the text encoder graph, the decoder's relative positions, and the step graph on the kit's runner."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from service.bundle import ModelConstants
+from service.engine.llm import LLMRunner
+from service.engine.types import LLMPrompt, as_llm_prompt
+from service.errors import InvalidInputError
+from service.families.cosyvoice1.positions import PositionTable
+
+LLM_GRAPHS: tuple[str, ...] = ("llm_encoder", "llm_embed", "llm_pos", "llm_step")
+
+
+def position_table(pos_session: Any, constants: ModelConstants, rows: int = 512) -> PositionTable:
+    """The projected position table of the decoder, built now with the `llm_pos` graph (and regrown with it)."""
+
+    def project(pe: np.ndarray) -> np.ndarray:
+        return np.asarray(pos_session.run(["pos"], {"pe": pe})[0], dtype=np.float32)
+
+    return PositionTable(project, constants.llm_model_dim, rows=rows)
+
+
+class CosyVoice1LLM(LLMRunner):
+    """The v1 LLM: prefill [sos, speaker, encoded prompt text ++ text, task, prompt speech tokens]; every step reads the
+    projected relative positions of its length (`positions`, built with `llm_pos` unless given)."""
+
+    GRAPHS = LLM_GRAPHS
+
+    def __init__(
+        self,
+        sessions: Mapping[str, Any],
+        constants: ModelConstants,
+        *,
+        position_rows: int = 512,
+        positions: PositionTable | None = None,
+    ) -> None:
+        self._position_rows = position_rows
+        self._given_positions = positions
+        super().__init__(sessions, constants)
+
+    def _bind(self, sessions: Mapping[str, Any]) -> None:
+        """The v1 text encoder and the decoder's relative-position table."""
+        self._encoder = sessions["llm_encoder"]
+        given = self._given_positions
+        self.positions = given or position_table(sessions["llm_pos"], self.constants, self._position_rows)
+
+    def encode(self, text_ids: Sequence[int], prompt: LLMPrompt | np.ndarray) -> np.ndarray:
+        """LM input sequence (L, DI) float32, official order: [sos, speaker, encoded prompt text ++ text, task,
+        prompt speech tokens]; the speaker row is left out when the prompt has no embedding (instruct).
+        `prompt` may be a built-in speaker's bare x-vector."""
+        prompt = as_llm_prompt(prompt)
+        ids = np.asarray([*prompt.prompt_text_ids, *text_ids], dtype=np.int64).reshape(1, -1)
+        if len(text_ids) == 0:
+            raise InvalidInputError("text_ids is empty")
+        dim = self.constants.spk_embed_dim
+        emb = np.zeros((1, dim), dtype=np.float32) if prompt.embedding is None else prompt.embedding.reshape(1, -1)
+        if emb.shape[1] != dim:
+            raise InvalidInputError(f"speaker embedding must have {dim} values, got {emb.shape[1]}")
+        lm_input = self._encoder.run(["lm_input"], {"text_ids": ids, "embedding": emb})[0][0]
+        if prompt.embedding is None:  # the slot is a row of its own: drop it (the text encoder never sees it)
+            lm_input = np.delete(lm_input, 1, axis=0)
+        if prompt.speech_tokens:
+            tokens = np.asarray(prompt.speech_tokens, dtype=np.int64)[None]
+            (speech,) = self._embed.run(["x"], {"token": tokens})
+            lm_input = np.concatenate([lm_input, speech[0]], axis=0)
+        return np.ascontiguousarray(lm_input, dtype=np.float32)
+
+    def _run_step(self, x: np.ndarray, past: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """llm_step over new inputs x (B,T,DI) after the cached past -> logp (B,V), new K/V (NL,B,H,T,DK)."""
+        feeds = dict(past)
+        feeds["x"] = x
+        feeds.update(self.positions.feeds(int(past["past_len"].max()) + x.shape[1]))
+        logp, new_k, new_v = self._step.run(["logp", "new_k", "new_v"], feeds)
+        return logp, new_k, new_v
