@@ -11,7 +11,7 @@ import numpy as np
 from export import checkpoint, prompt_models
 from export.onnx_io import ExportError
 from export.prompt_models import PromptModel
-from service.bundle import PROMPT_GRAPHS, Capabilities
+from service.bundle import Capabilities
 
 
 @dataclass(frozen=True)
@@ -54,11 +54,11 @@ def plan_voices(
     instruct: bool = False,
     with_prompt_models: bool = True,
     log: Callable[[str], None] = print,
-    prompt_table: prompt_models.PromptTable = PROMPT_GRAPHS,
+    prompt_table: prompt_models.PromptTable,
 ) -> VoicePlan:
     """Read speakers, check prompt models, and refuse a bundle that could voice nothing (ExportError, one line).
 
-    `prompt_table` names the family's prompt model files (v1's by default).
+    `prompt_table` names the family's prompt model files (its contract's PROMPT_GRAPHS).
     """
     speakers = load_speakers(model_dir, embed_dim, random_init=random_init, seed=seed)
     models = prompt_models.find(model_dir, prompt_table) if with_prompt_models else {}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import resource
-import shutil
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as `python export/export_onnx.py`: make the repo root importable
@@ -77,17 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.onnx.*")  # known, harmless folding notes
     import torch
 
-    from export import checkpoint
-    from export.bundle_writer import ExportOptions, run_export
-    from export.cosyvoice2 import bundle_writer as cosyvoice2
+    from export.bundle_writer import ExportOptions
+    from export.registry import for_checkpoint
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     if not args.model_dir.is_dir():
         print(f"error: --model-dir {args.model_dir} is not a directory", file=sys.stderr)
         return 2
-    v2 = cosyvoice2.is_cosyvoice2_dir(args.model_dir)
-    default_name = cosyvoice2.MODEL_NAME if v2 else checkpoint.model_name_for(args.model_dir)
+    family = for_checkpoint(args.model_dir)
     opts = ExportOptions(
         model_dir=args.model_dir,
         out=args.out,
@@ -97,14 +95,14 @@ def main(argv: list[str] | None = None) -> int:
         tolerance=args.tolerance,
         quantize="int8" if "int8" in args.quantize else None,
         tokenizer=args.tokenizer,
-        model_name=args.model_name or default_name,
+        model_name=args.model_name or family.model_name(args.model_dir),
         test_model=args.test_model,
-        instruct=args.instruct or (not v2 and checkpoint.is_instruct_dir(args.model_dir)),
+        instruct=args.instruct or family.instruct(args.model_dir),
         prompt_models=not args.no_prompt_models,
     )
     try:
-        report = cosyvoice2.run_export(opts) if v2 else run_export(opts)
-        int4_out = (write_int4_v2 if v2 else write_int4)(args.out) if "int4" in args.quantize else None
+        report = family.run_export(opts)
+        int4_out = _write_int4(family.write_int4, args.out) if "int4" in args.quantize else None
     except (ExportError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -118,40 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def write_int4_v2(fp32_out: Path) -> Path:
-    """Write OUT-int4 of a CosyVoice2 bundle (the int8 twin with a 4-bit decode step) and print the step's deviation."""
-    from export.cosyvoice2 import bundle_writer as cosyvoice2
-
-    out, dev = cosyvoice2.write_int4(fp32_out)
-    _print_step_deviation(dev)
-    return out
-
-
-def write_int4(fp32_out: Path) -> Path:
-    """Write OUT-int4 next to the fp32 bundle (atomically) and print the decode step's deviation from fp32."""
-    from export.bundle_writer import _staging_dir, publish
-    from export.quantize import step_deviation, write_quantized_bundle
-    from service.bundle import ModelBundle
-
-    manifest = ModelBundle.load(fp32_out).manifest
-    out = fp32_out.with_name(fp32_out.name + "-int4")
-    tmp = _staging_dir(out, "partial")
-    try:
-        write_quantized_bundle(fp32_out, tmp, manifest, "int4")
-        dev = step_deviation(fp32_out, tmp, manifest.constants)
-        publish(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-    _print_step_deviation(dev)
-    return out
-
-
-def _print_step_deviation(dev: dict[str, float]) -> None:
+def _write_int4(write: Callable[[Path], tuple[Path, dict[str, float]]], fp32_out: Path) -> Path:
+    """Write OUT-int4 beside the fp32 bundle with the family's writer and print the decode step's deviation."""
+    out, dev = write(fp32_out)
     print(
         f"int4 llm_step vs fp32 (deviation, not a failure): max |dlogp| {dev['logp_max_abs']:.3e}, "
         f"mean {dev['logp_mean_abs']:.3e}, top-1 agreement {dev['top1_agreement']:.0%}"
     )
+    return out
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,16 +30,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from export.onnx_io import ExportError
-from service.bundle import (
-    FAMILY_V2,
-    GROUP_NATIVE,
-    MANIFEST_NAME,
-    NATIVE_DOMAIN,
-    NATIVE_GRAPHS,
-    NATIVE_SUFFIX,
-    ModelBundle,
-    sha256_file,
-)
+from service.bundle import GROUP_NATIVE, MANIFEST_NAME, NATIVE_DOMAIN, NATIVE_SUFFIX, Manifest, ModelBundle, sha256_file
 from service.errors import BundleError
 
 OP_NAME = "CachedAttention"
@@ -597,51 +588,64 @@ def _live(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[onnx.NodeProt
     return [n for n in nodes if id(n) in seen]
 
 
-def _rewrite(name: str, model: onnx.ModelProto, family: str | None = None) -> tuple[int, str]:
-    """Rewrite graph `name` of NATIVE_GRAPHS in place: (attention cores or int8 products replaced, what was done)."""
-    products = f"int8 weight products as {NATIVE_DOMAIN}.{INT8_OP_NAME}"
-    if name == "llm_step" and family == FAMILY_V2:
-        count = fuse_int8_matmuls(model)
-        if count == 0:  # a 4-bit step: nothing of ours to run
-            return 0, products
-        layers = fuse_qwen2_layers(model)
-        left = count - 7 * layers
-        return count, f"{products}; decoder layers as {NATIVE_DOMAIN}.{QWEN2_OP_NAME} ({layers}), {left} product(s) beside"
-    if name == "flow_estimator":
+# Rewrites a graph into its native twin in place: (nodes replaced, what was done for the log); 0 leaves no twin.
+Rewrite = Callable[[onnx.ModelProto, Manifest], tuple[int, str]]
+PRODUCTS = f"int8 weight products as {NATIVE_DOMAIN}.{INT8_OP_NAME}"
+
+
+def rewrite_int8_products(model: onnx.ModelProto, manifest: Manifest) -> tuple[int, str]:
+    """Every int8 weight product of the graph as one Int8MatMul (an LLM step; a 4-bit step has none)."""
+    return fuse_int8_matmuls(model), PRODUCTS
+
+
+def rewrite_qwen2_step(model: onnx.ModelProto, manifest: Manifest) -> tuple[int, str]:
+    """A Qwen2 step graph: its int8 products, then each decoder layer as one Qwen2Layer."""
+    count = fuse_int8_matmuls(model)
+    if count == 0:  # a 4-bit step: nothing of ours to run
+        return 0, PRODUCTS
+    layers = fuse_qwen2_layers(model)
+    beside = count - 7 * layers
+    return count, f"{PRODUCTS}; decoder layers as {NATIVE_DOMAIN}.{QWEN2_OP_NAME} ({layers}), {beside} product(s) beside"
+
+
+def rewrite_cached_estimator(blocks: int) -> Rewrite:
+    """The rewrite of a chunk-causal estimator with `blocks` transformer blocks that attend over cached frames: each
+    attention core, its int8 products and then each whole block as one EstimatorBlock, convolution windows read in
+    place (RewriteError when the blocks found are not `blocks`)."""
+
+    def rewrite(model: onnx.ModelProto, manifest: Manifest) -> tuple[int, str]:
         cores = fuse_attention(model)
+        if cores != blocks:
+            raise RewriteError(f"rewrote {cores} attention cores, the estimator has {blocks}")
         count = fuse_int8_matmuls(model)
-        blocks = fuse_blocks(model)
-        if blocks != cores:
-            raise RewriteError(f"fused {blocks} transformer blocks around {cores} attention cores")
-        left = count - 6 * blocks
+        fused = fuse_blocks(model)
+        if fused != cores:
+            raise RewriteError(f"fused {fused} transformer blocks around {cores} attention cores")
         windows = fuse_conv_windows(model)
-        what = f"transformer blocks as {NATIVE_DOMAIN}.{BLOCK_OP_NAME}, {left} more {products}"
+        what = f"transformer blocks as {NATIVE_DOMAIN}.{BLOCK_OP_NAME}, {count - 6 * fused} more {PRODUCTS}"
         return cores, f"{what} ({windows} reading convolution windows in place)"
-    return fuse_int8_matmuls(model), products
+
+    return rewrite
 
 
-def write_native_twin(bundle_dir: Path, log: Callable[[str], None] = print) -> tuple[str, ...]:
-    """Add the native twins the quantized bundle in `bundle_dir` lacks (file and manifest entry): the CosyVoice2 flow
-    estimator's (attention and int8 products) and the LLM step's (int8 products, either family); returns the twins'
-    graph names. An fp32 bundle takes none (the official computation stays exact), nor does a graph with nothing to
-    rewrite (a 4-bit step). RewriteError when a graph does not match."""
+def write_native_twin(bundle_dir: Path, rewrites: Mapping[str, Rewrite], log: Callable[[str], None] = print) -> tuple[str, ...]:
+    """Add the native twins the quantized bundle in `bundle_dir` lacks (file and manifest entry), one per graph its
+    family's `rewrites` name; returns the twins' graph names. An fp32 bundle takes none (the official computation stays
+    exact), nor does a graph with nothing to rewrite (a 4-bit step). RewriteError when a graph does not match."""
     manifest = ModelBundle.load(bundle_dir).manifest
     if manifest.precision == "fp32":
         return ()
     graphs = dict(manifest.graphs)
     written: list[str] = []
-    for name in NATIVE_GRAPHS:
+    for name, rewrite in rewrites.items():
         if name not in graphs or name + NATIVE_SUFFIX in graphs or graphs[name].precision == "fp32":
             continue
-        if name == "flow_estimator" and manifest.family != FAMILY_V2:
-            continue  # only CosyVoice2's estimator attends over cached frames
         entry = graphs[name]
         model = onnx.load(str(bundle_dir / entry.file))
-        count, what = _rewrite(name, model, manifest.family)
-        if name == "flow_estimator":
-            want = manifest.cosyvoice2.estimator_blocks if manifest.cosyvoice2 else count
-            if count != want:
-                raise RewriteError(f"{entry.file}: rewrote {count} attention cores, the estimator has {want}")
+        try:
+            count, what = rewrite(model, manifest)
+        except RewriteError as e:
+            raise RewriteError(f"{entry.file}: {e}") from e
         if count == 0:
             continue
         onnx.checker.check_model(model)
@@ -673,7 +677,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.replace:
             drop_native_twins(args.bundle)
-        written = write_native_twin(args.bundle)
+        from export.registry import for_family  # the families' exporters import this module
+
+        written = write_native_twin(args.bundle, for_family(ModelBundle.load(args.bundle).family).native_rewrites)
         if not written:
             print(f"{args.bundle}: no native twin to add (fp32 bundle, or it has every twin it takes)")
         ModelBundle.load(args.bundle, verify_hashes=True)

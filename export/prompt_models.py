@@ -9,9 +9,9 @@ from pathlib import Path
 import onnx
 
 from export.onnx_io import ExportError
-from service.bundle import GROUP_PROMPT, PROMPT_GRAPHS, GraphEntry, sha256_file
+from service.bundle import GROUP_PROMPT, GraphEntry, sha256_file
 
-# Graph name -> (file name, input names, output names): PROMPT_GRAPHS (v1) or V2_PROMPT_GRAPHS.
+# Graph name -> (file name, input names, output names): a family contract's PROMPT_GRAPHS.
 PromptTable = dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]]
 
 
@@ -24,7 +24,7 @@ class PromptModel:
     entry: GraphEntry
 
 
-def present(model_dir: Path, table: PromptTable = PROMPT_GRAPHS) -> dict[str, Path]:
+def present(model_dir: Path, table: PromptTable) -> dict[str, Path]:
     """Graph name -> path of the prompt model files (of the family's `table`) that exist in `model_dir`."""
     paths = {name: model_dir / file for name, (file, _, _) in table.items()}
     return {name: path for name, path in paths.items() if path.is_file()}
@@ -43,7 +43,7 @@ def graph_io(path: Path) -> tuple[tuple[str, ...], tuple[str, ...], int]:
     return inputs, outputs, opset
 
 
-def inspect(name: str, path: Path, table: PromptTable = PROMPT_GRAPHS) -> PromptModel:
+def inspect(name: str, path: Path, table: PromptTable) -> PromptModel:
     """Check a prompt model's input/output names against `table`; ExportError naming both sides if they differ."""
     file, want_in, want_out = table[name]
     inputs, outputs, opset = graph_io(path)
@@ -57,7 +57,7 @@ def inspect(name: str, path: Path, table: PromptTable = PROMPT_GRAPHS) -> Prompt
     return PromptModel(name, path, entry)
 
 
-def find(model_dir: Path, table: PromptTable = PROMPT_GRAPHS) -> dict[str, PromptModel]:
+def find(model_dir: Path, table: PromptTable) -> dict[str, PromptModel]:
     """Both prompt models of `model_dir` checked, or {} when it has neither; ExportError when only one is there."""
     found = present(model_dir, table)
     if found and len(found) < len(table):

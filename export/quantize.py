@@ -16,16 +16,8 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from service.bundle import (
-    FLOAT_SUFFIX,
-    GROUP_CORE,
-    GROUP_FLOAT,
-    MANIFEST_NAME,
-    Manifest,
-    ModelConstants,
-    relative_pe,
-    sha256_file,
-)
+from service.bundle import FLOAT_SUFFIX, GROUP_CORE, GROUP_FLOAT, MANIFEST_NAME, Manifest, ModelConstants, sha256_file
+from service.families.cosyvoice1.contract import relative_pe
 
 Scheme = Literal["int8", "int4"]
 

@@ -15,7 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.bundle import ModelBundle
 from service.engine.llm import kv_cache_dtype
-from service.engine.sessions import RuntimeOptions, open_sessions
+from service.engine.options import RuntimeOptions
+from service.engine.sessions import open_sessions
 from service.families.cosyvoice1.positions import PositionTable
 
 

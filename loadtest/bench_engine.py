@@ -24,8 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loadtest.listener import listen
 from service.bundle import ModelBundle, ModelConstants
-from service.engine.sessions import RuntimeOptions
+from service.engine.options import RuntimeOptions
 from service.engine.types import SynthesisOptions, TokenGenerator
+from service.families.cosyvoice1.contract import TOKENIZER_NAME
 from service.families.cosyvoice1.engine import Synthesizer
 from service.families.cosyvoice1.voice import Voice
 from service.frontend import TextFrontend
@@ -92,7 +93,7 @@ def runtime_options(args: argparse.Namespace) -> RuntimeOptions:
 def load(bundle_dir: Path, runtime: RuntimeOptions, tokens: int) -> tuple[Synthesizer, TextFrontend]:
     synth = Synthesizer.load(bundle_dir, runtime)
     synth.llm = ForcedLength(synth.llm, tokens)
-    return synth, TextFrontend.load(ModelBundle.load(bundle_dir).tokenizer_path)
+    return synth, TextFrontend.load(ModelBundle.load(bundle_dir).file(TOKENIZER_NAME))
 
 
 def text_ids(frontend: TextFrontend, text: str) -> list[int]:

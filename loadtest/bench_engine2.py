@@ -31,9 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from loadtest.bench_engine import SHORT_TEXT, ForcedLength, closed_loop, peak_rss_mb
 from loadtest.listener import Listening, listen
 from service.bundle import ModelBundle
-from service.engine.sessions import RuntimeOptions
+from service.engine.options import RuntimeOptions
 from service.engine.types import SynthesisOptions
-from service.families.cosyvoice2.engine import CosyVoice2Engine, one_thread_calls, open_engine_sessions, stream_schedule
+from service.families.cosyvoice2.assembly import one_thread_calls, open_engine_sessions, stream_schedule
+from service.families.cosyvoice2.contract import TOKENIZER_NAME
+from service.families.cosyvoice2.engine import CosyVoice2Engine
 from service.families.cosyvoice2.voice import Voice2
 from service.layers.qwen_tokenizer import Qwen2Tokenizer
 from service.settings import Settings
@@ -226,7 +228,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     bundle = ModelBundle.load(args.bundle)
-    tokenizer = Qwen2Tokenizer.load(bundle.tokenizer_path)
+    tokenizer = Qwen2Tokenizer.load(bundle.file(TOKENIZER_NAME))
     ids = tokenizer.encode(SHORT_TEXT)
     voices = {f"saved voice, {s:g} s recording": saved_voice(bundle, tokenizer, s) for s in args.prompt_seconds}
     t0 = time.perf_counter()

@@ -59,18 +59,17 @@ def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from service.api.app import create_app
-    from service.bundle import FAMILY_V2, ModelBundle
-    from service.engine.sessions import RuntimeOptions
-    from service.families.cosyvoice1.engine import Synthesizer
-    from service.families.cosyvoice2.engine import CosyVoice2Engine
+    from service.bundle import ModelBundle
+    from service.engine.options import RuntimeOptions
+    from service.families.registry import family
     from service.settings import Settings
 
     settings = Settings(_env_file=None, model_dir=args.bundle, port=args.port)  # type: ignore[call-arg]
 
-    def forced(bundle: ModelBundle, runtime: RuntimeOptions) -> Synthesizer | CosyVoice2Engine:
+    def forced(bundle: ModelBundle, runtime: RuntimeOptions) -> object:
         """The bundle's family engine as the service loads it, its LLM forced to `args.tokens` per sentence."""
-        engine = CosyVoice2Engine.load(bundle, runtime) if bundle.family == FAMILY_V2 else Synthesizer.load(bundle, runtime)
-        engine.llm = ForcedLength(engine.llm, args.tokens)  # type: ignore[arg-type]  # the same generate() signature
+        engine = family(bundle.family).load_engine(bundle, runtime)
+        engine.llm = ForcedLength(engine.llm, args.tokens)  # type: ignore[attr-defined]  # the same generate() signature
         return engine
 
     uvicorn.run(create_app(settings, engine_loader=forced), host="127.0.0.1", port=args.port, log_level="warning")
@@ -115,15 +114,15 @@ def write_saved_voice(bundle_dir: Path, voices_dir: Path, seconds: float, seed: 
     length, not their values."""
     import numpy as np
 
-    from service.bundle import FAMILY_V2, ModelBundle
-    from service.families.cosyvoice2.voices import ANALYSIS_VARIANT
+    from loadtest.bundles import VOICE_VARIANTS
+    from service.bundle import ModelBundle
     from service.families.voices import models_fingerprint
     from service.stores.voices import DirectoryVoiceStore, PromptFeatures, SavedVoice
 
     bundle = ModelBundle.load(bundle_dir)
     tokens, mel = random_prompt(bundle.constants, seconds, seed)
     embedding = next(iter(bundle.speakers.values())).astype(np.float32)
-    variant = ANALYSIS_VARIANT if bundle.family == FAMILY_V2 else "trained"
+    variant = VOICE_VARIANTS[bundle.family]
     features = PromptFeatures(embedding, tokens, mel, duration_s=seconds, mel_variant=variant)
     name = f"bench-cloned-{seconds:g}s"
     voice = SavedVoice(name, PROMPT_TEXT, features, audio_sha256="0" * 64, models=models_fingerprint(bundle))

@@ -19,7 +19,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.bundle import ModelBundle
-from service.engine.sessions import RuntimeOptions
+from service.engine.options import RuntimeOptions
 from service.layers.features import kaldi_fbank, prompt_mel80, resample, subtract_mean, whisper_log_mel
 from service.layers.prompt import PromptAnalyzer
 

@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from export.quantize import step_deviation
 from service.bundle import ModelBundle
-from service.engine.sessions import RuntimeOptions, open_sessions
+from service.engine.options import RuntimeOptions
+from service.engine.sessions import open_sessions
 from service.families.cosyvoice1.flow import FlowRunner
 
 FLOW_GRAPHS = ("flow_encoder", "flow_lr", "flow_estimator")

@@ -27,10 +27,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from export.bundle_writer import ExportOptions, Models, build_models
+from export.bundle_writer import ExportOptions
 from export.config import load_config
+from export.cosyvoice1.bundle_writer import Models, build_models
+from export.cosyvoice1.modules.llm import TransformerLM
 from export.modules.flow import mel_frames
-from export.modules.llm import TransformerLM
 from export.modules.transformer import espnet_sinusoids, step_geometry
 
 OFFICIAL_FIRST_CHUNK_TOKENS = 120  # token_hop_len 100 + token_overlap_len 20

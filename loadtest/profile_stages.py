@@ -24,8 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import service.engine.sessions as sessions_mod
 from loadtest.bench_engine import SHORT_TEXT, ForcedLength, text_ids
 from service.bundle import ModelBundle
-from service.engine.sessions import RuntimeOptions
+from service.engine.options import RuntimeOptions
 from service.engine.types import SynthesisOptions
+from service.families.cosyvoice1.contract import TOKENIZER_NAME
 from service.families.cosyvoice1.engine import Synthesizer
 from service.frontend import TextFrontend
 
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     bundle = ModelBundle.load(args.bundle)
     synth = Synthesizer.load(bundle, RuntimeOptions(max_batch=0))  # one stream, no scheduler thread
     synth.llm = ForcedLength(synth.llm, args.tokens)
-    ids = text_ids(TextFrontend.load(bundle.tokenizer_path), SHORT_TEXT)
+    ids = text_ids(TextFrontend.load(bundle.file(TOKENIZER_NAME)), SHORT_TEXT)
     voice = synth.speakers[0]
     warm = SynthesisOptions(seed=0, stream=True, n_timesteps=args.steps)
     for _ in synth.synthesize([ids], voice, warm):  # warm-up (prepacking, arenas), left out of the summary

@@ -12,7 +12,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from service.bundle import ModelBundle
 from service.errors import EmptyTextError, EngineError, InvalidInputError, TTSError, UnknownSpeakerError
 
 if TYPE_CHECKING:
@@ -78,7 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def synth_command(args: argparse.Namespace) -> int:
     """Text -> sentences -> audio chunks -> WAV, with a summary line (and one line per chunk with --stream)."""
-    bundle = ModelBundle.load(args.bundle)
+    from service.families.registry import open_bundle
+
+    bundle = open_bundle(args.bundle)
     prompt = args.prompt_wav.read_bytes() if args.prompt_wav is not None else None
     if prompt is None:
         speaker = args.speaker or DEFAULT_SPEAKER
@@ -90,7 +91,7 @@ def synth_command(args: argparse.Namespace) -> int:
         raise InvalidInputError("give --speaker or --prompt-wav, not both")
     if not args.text.strip():
         raise EmptyTextError("the text is empty")
-    from service.engine.sessions import RuntimeOptions
+    from service.engine.options import RuntimeOptions
     from service.engine.types import SynthesisOptions
     from service.families.model import InstructVoice, ModelContext, NamedVoice, PromptAudio, PromptVoice, VoiceReference
     from service.families.registry import load_model
@@ -153,11 +154,13 @@ def _format_check(check: Check) -> str:
 
 def verify_command(args: argparse.Namespace) -> int:
     """Print one line per compared quantity, list skipped files; exit 1 if anything is beyond tolerance."""
-    bundle = ModelBundle.load(args.bundle)
+    from service.families.registry import open_bundle
+
+    bundle = open_bundle(args.bundle)
     if not args.fixtures.is_dir():
         print(f"error: {args.fixtures}: not a directory", file=sys.stderr)
         return EXIT_USAGE
-    from service.engine.sessions import RuntimeOptions
+    from service.engine.options import RuntimeOptions
     from service.families.registry import run_verification
 
     report = run_verification(

@@ -12,10 +12,11 @@ from typing import TypeVar
 from service.access import ApiKeys, ClientIdentity, Gate
 from service.bundle import ModelBundle
 from service.engine.memory import StateBudget
-from service.engine.sessions import RuntimeOptions, native_kernels_note
+from service.engine.options import RuntimeOptions
+from service.engine.runtimes import native_kernels_note
 from service.errors import BundleError, NotReadyError, SettingError, ShuttingDownError, TTSError
 from service.families.model import EngineLoader, Model, ModelContext, VoiceLibrary
-from service.families.registry import check_options, load_model
+from service.families.registry import check_options, load_model, open_bundle
 from service.frontend import TextFrontend
 from service.settings import OPENAI_VOICES, Settings
 from service.speech.job import SynthesisObserver
@@ -57,7 +58,7 @@ def check_settings(settings: Settings) -> None:
     naming the field (e.g. a first hop under the family's minimum, a default speaker that is nowhere), BundleError for
     a directory that is no bundle. Reads the manifest, the speakers and (for the default speaker) one saved voice;
     hashes, graphs and whether a saved voice suits this model wait for `Runtime.load`."""
-    bundle = ModelBundle.load(settings.model_dir)
+    bundle = open_bundle(settings.model_dir)
     check_options(bundle, runtime_options(settings))
     _check_default_speaker_exists(settings, tuple(bundle.speakers))
 
@@ -139,7 +140,7 @@ class Runtime:
     def load(self) -> None:
         """Load bundle, frontend, engine and cache, then warm up with a real synthesis (blocking; minutes at most)."""
         s = self.settings
-        bundle = ModelBundle.load(s.model_dir, verify_hashes=s.verify_bundle_hashes)
+        bundle = open_bundle(s.model_dir, verify_hashes=s.verify_bundle_hashes)
         model = load_model(bundle, self._model_context())
         _check_default_speaker(s.default_speaker, model)
         cache = build_audio_cache(self.redis_url, s.cache_max_bytes, s.cache_ttl_s)

@@ -21,7 +21,7 @@ from gated_engine import FileGate, GatedEngine
 from service.api.app import create_app
 from service.api.logconfig import configure as configure_logging
 from service.bundle import ModelBundle
-from service.engine.sessions import RuntimeOptions
+from service.engine.options import RuntimeOptions
 from service.families.cosyvoice1.model import load_synthesizer
 from service.settings import Settings
 from service.speech.service import Engine

@@ -13,7 +13,9 @@ import pytest
 from export.quantize import FLOAT_TWIN_GRAPHS, FLOAT_TWIN_PRECISION, float_twin, write_quantized_bundle
 from service.bundle import FLOAT_SUFFIX, GROUP_FLOAT, ModelBundle
 from service.engine import ov_session
-from service.engine.sessions import OPENVINO_GRAPHS, RuntimeOptions, graph_runtime, open_sessions
+from service.engine.options import OPENVINO_GRAPHS, RuntimeOptions
+from service.engine.runtimes import graph_runtime
+from service.engine.sessions import open_sessions
 from service.engine.types import SynthesisOptions
 from service.families.cosyvoice1.engine import Synthesizer
 from service.runtime import runtime_options

@@ -16,7 +16,7 @@ from gated_engine import GatedEngine
 from service.api import create_app
 from service.api.deps import AppState
 from service.bundle import ModelBundle
-from service.engine.sessions import RuntimeOptions
+from service.engine.options import RuntimeOptions
 from service.families.cosyvoice1.model import load_synthesizer
 from service.settings import Settings
 from service.speech.service import Engine

@@ -14,7 +14,7 @@ from test_api_concurrency import LiveServer
 
 from service.api import create_app
 from service.bundle import ModelBundle
-from service.engine.sessions import RuntimeOptions
+from service.engine.options import RuntimeOptions
 from service.engine.types import AudioChunk, SynthesisOptions
 from service.families.cosyvoice1.model import load_synthesizer
 from service.families.cosyvoice1.voice import Voice

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import import_graph
@@ -70,7 +71,11 @@ def test_service_layering(path: Path) -> None:
     internal = {m for m in mods if m.startswith("service.")}
     layer = {m.split(".")[1] for m in internal}
     if owner == "engine":
-        assert not layer & {"frontend", "speech", "api", "rpc", "stores", "settings", "families"}
+        assert not layer & {"frontend", "speech", "api", "rpc", "stores", "settings", "families", "layers"}, (
+            "the kit imports no family"
+        )
+    if owner == "layers":
+        assert not layer & {"frontend", "speech", "api", "rpc", "stores", "settings", "families"}, "layers import the kit only"
     if owner == "frontend":
         assert not layer & {"engine", "speech", "api", "rpc", "stores", "settings", "families"}
     if owner in ("errors", "bundle", "settings"):
@@ -124,8 +129,40 @@ def test_the_import_graph_has_no_cycle_and_points_down() -> None:
     assert import_graph.upward(graph) == []
 
 
+def _export_may_import(module: str) -> bool:
+    """service.bundle, service.errors, a family's contract module (or its light package, which only names it)."""
+    parts = module.split(".")
+    if parts[:2] in (["service", "bundle"], ["service", "errors"]):
+        return True
+    return parts[:2] == ["service", "families"] and len(parts) >= 3 and (len(parts) == 3 or parts[3] == "contract")
+
+
 @pytest.mark.parametrize("path", ALL_EXPORT, ids=lambda p: str(p.relative_to(REPO)))
-def test_export_uses_only_the_bundle_contract(path: Path) -> None:
+def test_export_uses_only_the_bundle_contracts(path: Path) -> None:
+    """export/ reads the neutral bundle contract and each family's contract module, nothing else of service/."""
     internal = {m for m in imports_of(path) if m.startswith("service.") or m == "service"}
-    allowed = {"service.bundle", "service.errors"}  # service.bundle raises service.errors types
-    assert {".".join(m.split(".")[:2]) for m in internal} <= allowed
+    assert all(_export_may_import(m) for m in internal), sorted(m for m in internal if not _export_may_import(m))
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "service" / "families").glob("*/__init__.py")), ids=lambda p: p.parent.name)
+def test_a_family_package_only_names_itself(path: Path) -> None:
+    """Importing a family's contract (export/ does) must not load its engine: the package's __init__ is a docstring."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    assert all(isinstance(n, ast.Expr) for n in tree.body), f"{path} does more than name its package"
+
+
+FAMILY_NAMES = re.compile(r"cosyvoice[0-9]|CosyVoice-?[0-9]|Fun-CosyVoice|CosyVoice-300M|\bv[0-9]\b|Qwen|family_v", re.I)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "service" / "engine").rglob("*.py")), ids=lambda p: str(p.relative_to(REPO)))
+def test_the_kit_names_no_family(path: Path) -> None:
+    """The engine kit is family-neutral: no family's name in its code or words (cgroup v1/v2 are not families)."""
+    text = path.read_text(encoding="utf-8").replace("cgroup v1", "cgroup").replace("cgroup v2", "cgroup")
+    found = sorted({m.group(0) for m in FAMILY_NAMES.finditer(text)})
+    assert not found, f"{path.relative_to(REPO)} names {found}"
+
+
+def test_no_module_is_over_the_size_limit() -> None:
+    """STYLE.md: modules under ~400 lines (generated stubs aside)."""
+    graph = import_graph.build()
+    assert import_graph.over(graph) == []

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from service.bundle import ModelBundle
+from service.families.cosyvoice1.contract import TOKENIZER_NAME
 from service.frontend import TextFrontend
 
 
@@ -43,7 +44,7 @@ def test_synth_writes_a_16_bit_mono_wav_and_a_seed_repeats_it(repo_root: Path, t
     assert (params.nchannels, params.sampwidth, params.framerate) == (1, 2, 22050)
     # The random-weight LLM does not emit EOS for this seed, so it stops at max_len = 20 * T_txt tokens.
     bundle = ModelBundle.load(tiny_bundle)
-    (sentence,) = TextFrontend.load(bundle.tokenizer_path).sentences("你好。")
+    (sentence,) = TextFrontend.load(bundle.file(TOKENIZER_NAME)).sentences("你好。")
     frames = bundle.constants.tokens_to_mel_frames(20 * len(sentence.ids))
     assert audio.size == frames * bundle.constants.mel_hop_samples
     assert np.abs(audio).max() > 0

@@ -21,12 +21,13 @@ from export.cosyvoice2.modules.llm import Qwen2LM, drop_unused
 from service.bundle import ModelBundle
 from service.engine.llm import LLMRequest
 from service.engine.memory import StateBudget
+from service.engine.options import RuntimeOptions
 from service.engine.sampling import SamplingParams
 from service.engine.scheduler import BatchScheduler
-from service.engine.sessions import RuntimeOptions
 from service.engine.types import LLMPrompt, SynthesisOptions
-from service.families.cosyvoice2.engine import CosyVoice2Engine, HopSchedule
+from service.families.cosyvoice2.engine import CosyVoice2Engine
 from service.families.cosyvoice2.voice import Voice2
+from service.layers.chunk_schedule import HopSchedule
 from service.layers.vocoder import sine_phase
 
 pytestmark = pytest.mark.export

@@ -14,9 +14,14 @@ from cosyvoice2_checkpoint import build_checkpoint, run_export
 from export.cosyvoice2.config import load_config
 from export.cosyvoice2.modules.flow import flow_noise
 from export.onnx_io import OPSET
-from service.bundle import FAMILY_V2, MANIFEST_NAME, V2_GRAPH_IO, V2_NOISE_NAME, V2_TOKENIZER_NAME, ModelBundle, sha256_file
-from service.engine.sessions import RuntimeOptions
+from service.bundle import MANIFEST_NAME, ModelBundle, sha256_file
+from service.engine.options import RuntimeOptions
 from service.engine.types import SynthesisOptions
+from service.families.cosyvoice2.contract import FAMILY as FAMILY_V2
+from service.families.cosyvoice2.contract import GRAPH_IO as V2_GRAPH_IO
+from service.families.cosyvoice2.contract import NOISE_NAME as V2_NOISE_NAME
+from service.families.cosyvoice2.contract import TOKENIZER_NAME as V2_TOKENIZER_NAME
+from service.families.cosyvoice2.contract import constants_of
 from service.families.cosyvoice2.engine import CosyVoice2Engine
 from service.families.cosyvoice2.voice import Voice2
 
@@ -35,7 +40,7 @@ def exported(cv2_bundle: Path) -> Path:
 
 def test_bundle_holds_every_cosyvoice2_graph_at_opset_13(exported: Path) -> None:
     bundle = ModelBundle.load(exported, verify_hashes=True)
-    assert bundle.family == FAMILY_V2 and bundle.manifest.cosyvoice2 is not None
+    assert bundle.family == FAMILY_V2 and constants_of(bundle.manifest) is not None
     assert set(bundle.manifest.graphs_in("core")) == set(V2_GRAPH_IO)
     assert set(bundle.manifest.graphs_in("prompt")) == {"campplus", "speech_tokenizer"}
     for name in V2_GRAPH_IO:
@@ -46,7 +51,7 @@ def test_bundle_holds_every_cosyvoice2_graph_at_opset_13(exported: Path) -> None
 def test_manifest_states_the_model_and_its_constants(exported: Path, checkpoint: Path) -> None:
     manifest = ModelBundle.load(exported).manifest
     cfg = load_config(checkpoint)
-    c, e = manifest.constants, manifest.cosyvoice2
+    c, e = manifest.constants, constants_of(manifest)
     assert e is not None
     assert (c.sample_rate, c.token_rate_hz, c.mel_hop_samples, c.speech_token_size) == (24000, 25, 480, 6561)
     assert (c.llm_num_layers, c.llm_num_heads, c.llm_head_dim) == (2, 2, 8)  # K/V heads of the grouped attention

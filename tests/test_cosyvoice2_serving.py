@@ -30,7 +30,7 @@ from websockets.sync.client import connect
 from service.api import create_app
 from service.audio.encode import resample
 from service.bundle import ModelBundle
-from service.engine.sessions import RuntimeOptions
+from service.engine.options import RuntimeOptions
 from service.families.cosyvoice2.model import load_engine
 from service.rpc import cosyvoice_pb2, cosyvoice_pb2_grpc
 from service.settings import Settings

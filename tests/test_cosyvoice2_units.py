@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.bundle import CosyVoice2Constants
-from service.engine.sessions import RuntimeOptions
+from service.engine.options import RuntimeOptions
 from service.errors import BundleError
-from service.families.cosyvoice2.engine import HopSchedule, PromptStates, one_thread_calls
+from service.families.cosyvoice2.assembly import one_thread_calls
+from service.families.cosyvoice2.contract import CosyVoice2Constants
 from service.families.cosyvoice2.flow import EncoderState, FlowState, check_time_first
 from service.families.cosyvoice2.voice import FlowPrompt2, Voice2
-from service.layers.chunk_schedule import window_tokens
-from service.layers.frame_cache import EstimatorState, FrameCache
+from service.layers.chunk_schedule import HopSchedule, window_tokens
+from service.layers.frame_cache import EstimatorState, FrameCache, PromptStates
 
 
 def rows(frames: int, width: int, capacity: int | None = None) -> list[FrameCache]:

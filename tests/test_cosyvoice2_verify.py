@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from service.bundle import ModelBundle
-from service.engine.sessions import RuntimeOptions
+from service.engine.options import RuntimeOptions
 from service.families.registry import run_verification
 
 pytestmark = pytest.mark.export

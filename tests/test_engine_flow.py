@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from service.bundle import ModelBundle, ModelConstants
-from service.engine.sessions import RuntimeOptions, open_sessions
+from service.engine.options import RuntimeOptions
+from service.engine.sessions import open_sessions
 from service.families.cosyvoice1.flow import FlowCache, FlowRunner, regulate_length
 from service.layers.cfm import cosine_t_span
 from service.layers.dsp import interpolate_linear

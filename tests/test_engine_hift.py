@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from service.bundle import ModelBundle, ModelConstants
-from service.engine.sessions import RuntimeOptions, open_sessions
+from service.engine.options import RuntimeOptions
+from service.engine.sessions import open_sessions
 from service.layers.hift import HiFTNoise, HiFTRunner, draw_hift_noise, sine_excitation
 
 CASES = (0, 1, 2)

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from service.bundle import ModelBundle, ModelConstants
-from service.bundle import relative_pe as espnet_pe
 from service.engine.kvcache import KVCache
-from service.engine.sessions import RuntimeOptions, make_session_options, open_sessions
+from service.engine.options import RuntimeOptions
+from service.engine.sessions import make_session_options, open_sessions
 from service.errors import BundleError, InvalidInputError
+from service.families.cosyvoice1.contract import relative_pe as espnet_pe
 from service.families.cosyvoice1.llm import LLM_GRAPHS, CosyVoice1LLM
 from service.families.cosyvoice1.positions import PositionTable
 

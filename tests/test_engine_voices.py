@@ -13,8 +13,8 @@ import pytest
 
 from service.bundle import ModelBundle
 from service.engine.llm import LLMRunner
+from service.engine.options import RuntimeOptions
 from service.engine.scheduler import BatchScheduler
-from service.engine.sessions import RuntimeOptions
 from service.engine.types import LLMPrompt, SynthesisOptions
 from service.errors import InvalidInputError
 from service.families.cosyvoice1.engine import Synthesizer

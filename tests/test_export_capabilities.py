@@ -11,7 +11,8 @@ from onnx import TensorProto, helper
 from test_export_cli import CHECKPOINT_FILES, PROMPT_FILES, copy_checkpoint, run_export
 
 from export.checkpoint import is_instruct_dir, model_name_for
-from service.bundle import PROMPT_GRAPH_NAMES, Capabilities, ModelBundle
+from service.bundle import Capabilities, ModelBundle
+from service.families.cosyvoice1.contract import PROMPT_GRAPH_NAMES
 
 pytestmark = pytest.mark.export
 WEIGHTS = ("cosyvoice.yaml", "llm.pt", "flow.pt", "hift.pt", "multilingual.tiktoken")

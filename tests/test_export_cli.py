@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from service.bundle import GRAPH_NAMES, MANIFEST_NAME, PROMPT_GRAPH_NAMES, Capabilities, ModelBundle, sha256_file
+from service.bundle import MANIFEST_NAME, Capabilities, ModelBundle, sha256_file
+from service.families.cosyvoice1.contract import GRAPH_NAMES, PROMPT_GRAPH_NAMES
 
 pytestmark = pytest.mark.export
 REPO = Path(__file__).resolve().parents[1]

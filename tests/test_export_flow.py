@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from export.config import load_config
-from export.graphs.flow import export_flow, verify_flow
+from export.cosyvoice1.graphs.flow import export_flow, verify_flow
 from export.modules.flow import CACHE_FRAMES, MaskedDiffWithXvec, mel_frames, time_span
 from export.onnx_io import OPSET
-from service.bundle import GRAPH_IO
+from service.families.cosyvoice1.contract import GRAPH_IO
 
 pytestmark = pytest.mark.export
 

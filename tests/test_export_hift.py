@@ -15,7 +15,7 @@ from export.config import load_config
 from export.graphs.hift import export_hift, verify_hift
 from export.modules.hift import HiFTGenerator, normalize_hift_state_dict
 from export.onnx_io import opset_of
-from service.bundle import GRAPH_IO
+from service.families.cosyvoice1.contract import GRAPH_IO
 
 pytestmark = pytest.mark.export
 

@@ -14,11 +14,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from export.config import LLMConfig, load_config  # noqa: E402
-from export.graphs.llm import LLM_GRAPHS, export_llm, relative_pe, verify_llm  # noqa: E402
-from export.modules.llm import TransformerLM  # noqa: E402
+from export.cosyvoice1.graphs.llm import LLM_GRAPHS, export_llm, relative_pe, verify_llm  # noqa: E402
+from export.cosyvoice1.modules.llm import TransformerLM  # noqa: E402
 from export.modules.transformer import RelPosAttention, espnet_sinusoids, relative_table  # noqa: E402
 from export.onnx_io import opset_of  # noqa: E402
-from service.bundle import GRAPH_IO, expand_io_names  # noqa: E402
+from service.bundle import expand_io_names  # noqa: E402
+from service.families.cosyvoice1.contract import GRAPH_IO  # noqa: E402
 
 pytestmark = pytest.mark.export
 CASES = (0, 1, 2)

@@ -14,13 +14,15 @@ import uvicorn
 from servers import free_port
 
 from service.api import __main__ as entry_point
-from service.bundle import FAMILY_V1, FAMILY_V2, ModelBundle
-from service.engine.sessions import RuntimeOptions
+from service.bundle import ModelBundle
+from service.engine.options import RuntimeOptions
 from service.engine.types import SynthesisOptions
 from service.errors import BundleError, InvalidInputError, SettingError
 from service.families import registry
+from service.families.cosyvoice1.contract import FAMILY as FAMILY_V1
 from service.families.cosyvoice1.model import CosyVoice1Model
-from service.families.cosyvoice2.engine import stream_schedule
+from service.families.cosyvoice2.assembly import stream_schedule
+from service.families.cosyvoice2.contract import FAMILY as FAMILY_V2
 from service.families.cosyvoice2.voice import Voice2
 from service.families.model import Family, ModelContext
 from service.runtime import runtime_options
@@ -38,7 +40,7 @@ def test_an_unknown_family_is_a_bundle_error_naming_the_known_ones() -> None:
 
 
 def test_a_verified_but_unserved_family_is_refused_plainly(monkeypatch: pytest.MonkeyPatch) -> None:
-    verify_only = Family("cosyvoice9", verify=registry.family(FAMILY_V2).verify)
+    verify_only = Family("cosyvoice9", registry.family(FAMILY_V2).layout, verify=registry.family(FAMILY_V2).verify)
     monkeypatch.setitem(registry.FAMILIES, verify_only.name, verify_only)
     bundle = cast(ModelBundle, SimpleNamespace(family="cosyvoice9", root=Path("models/cv9")))
     with pytest.raises(BundleError, match="'cosyvoice9' cannot be served yet \\(served: cosyvoice1, cosyvoice2\\)"):

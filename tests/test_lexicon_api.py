@@ -18,7 +18,7 @@ from service.access import ApiKeys, Caller
 from service.api import create_app
 from service.api.auth import caller_of
 from service.bundle import ModelBundle
-from service.engine.sessions import RuntimeOptions
+from service.engine.options import RuntimeOptions
 from service.errors import ForbiddenError, UnauthorizedError
 from service.families.cosyvoice1.engine import Synthesizer
 from service.families.model import NamedVoice

@@ -19,6 +19,7 @@ from test_native_int8 import reference as int8_product
 
 from export.native_twin import BLOCK_OP_NAME, RewriteError, fuse_attention, fuse_blocks, fuse_int8_matmuls, pack_int8_weight
 from service.bundle import NATIVE_DOMAIN, ModelBundle
+from service.families.cosyvoice2.contract import constants_of
 
 
 def block_params(dim: int, heads: int, head_dim: int, ff: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -214,7 +215,7 @@ def test_the_block_rewrite_computes_what_the_unfused_twin_computes(
 
     model = unfused_twin(tiny_v2_bundle)
     onnx.save(model, str(tmp_path / "unfused.onnx"))
-    blocks = ModelBundle.load(tiny_v2_bundle).manifest.cosyvoice2.estimator_blocks  # type: ignore[union-attr]
+    blocks = constants_of(ModelBundle.load(tiny_v2_bundle).manifest).estimator_blocks
     assert fuse_blocks(model) == blocks
     onnx.checker.check_model(model)
     ops = [n.op_type for n in model.graph.node]

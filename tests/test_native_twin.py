@@ -16,12 +16,17 @@ import pytest
 
 from export.native_twin import fuse_attention, fuse_blocks, fuse_conv_windows, fuse_int8_matmuls, main, write_native_twin
 from export.quantize import half_kv_cache, write_quantized_bundle
+from export.registry import for_family
 from service.bundle import GROUP_NATIVE, MANIFEST_NAME, NATIVE_DOMAIN, ModelBundle
 from service.engine import native
 from service.engine.acoustic_gate import AcousticGate
-from service.engine.sessions import RuntimeOptions, graph_runtime, native_kernels_note, open_sessions
+from service.engine.options import RuntimeOptions
+from service.engine.runtimes import graph_runtime, native_kernels_note
+from service.engine.sessions import open_sessions
 from service.errors import BundleError
-from service.families.cosyvoice2.engine import DECODE_SPREAD, decode_spread
+from service.families.cosyvoice1.contract import FAMILY as FAMILY_V1
+from service.families.cosyvoice2.assembly import DECODE_SPREAD, decode_spread
+from service.families.cosyvoice2.contract import constants_of
 
 TWIN = "flow_estimator_native"
 STEP_TWIN = "llm_step_native"
@@ -60,7 +65,7 @@ def test_the_quantized_tiny_bundle_carries_the_twin(tiny_v2_bundle: Path) -> Non
     assert bundle.native_graph_path("hift_decode") is None
     model = onnx.load(str(tiny_v2_bundle / twin.file))
     ops = [n.op_type for n in model.graph.node if n.domain == NATIVE_DOMAIN]
-    blocks = bundle.manifest.cosyvoice2.estimator_blocks  # type: ignore[union-attr]
+    blocks = constants_of(bundle.manifest).estimator_blocks
     assert ops.count("EstimatorBlock") == blocks and "CachedAttention" not in ops  # each block holds its attention
     assert not any(n.op_type in ("Softmax", "MatMulInteger", "Erf") for n in model.graph.node)
     core_products = sum(n.op_type == "MatMulInteger" for n in onnx.load(str(tiny_v2_bundle / "flow_estimator.onnx")).graph.node)
@@ -127,7 +132,7 @@ def test_the_rewrite_computes_what_the_float_estimator_computes(
     shutil.copy2(cv2_ref_bundle / "flow_estimator.onnx", core_path)
     half_kv_cache(core_path)
     model = onnx.load(str(core_path))
-    assert fuse_attention(model) == ModelBundle.load(cv2_ref_bundle).manifest.cosyvoice2.estimator_blocks  # type: ignore[union-attr]
+    assert fuse_attention(model) == constants_of(ModelBundle.load(cv2_ref_bundle).manifest).estimator_blocks
     onnx.save(model, str(tmp_path / "twin.onnx"))
     core = ort.InferenceSession(str(core_path), providers=["CPUExecutionProvider"])
     feeds = estimator_feeds(core, cached, new)
@@ -297,11 +302,12 @@ def test_float_bundles_take_no_twin_and_quantized_v1_ones_the_steps(
 ) -> None:
     v1 = tmp_path / "v1"
     shutil.copytree(tiny_bundle, v1)
-    assert write_native_twin(v1) == ()
+    assert write_native_twin(v1, for_family(FAMILY_V1).native_rewrites) == ()
     assert ModelBundle.load(v1).native_graph_path("llm_step") is None
     quantized = tmp_path / "v1-int8"
     write_quantized_bundle(tiny_bundle, quantized, ModelBundle.load(tiny_bundle).manifest, "int8")
-    assert write_native_twin(quantized, log=lambda _: None) == (STEP_TWIN,)  # v1's estimator has no cached attention
+    rewrites = for_family(FAMILY_V1).native_rewrites  # v1's estimator has no cached attention: the step's twin alone
+    assert write_native_twin(quantized, rewrites, log=lambda _: None) == (STEP_TWIN,)
     bundle = ModelBundle.load(quantized, verify_hashes=True)
     assert bundle.native_graph_path("flow_estimator") is None
     core = ort.InferenceSession(str(quantized / "llm_step.onnx"), providers=["CPUExecutionProvider"])

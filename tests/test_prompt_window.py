@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from service.bundle import ModelBundle
-from service.engine.sessions import RuntimeOptions, open_sessions
+from service.engine.options import RuntimeOptions
+from service.engine.sessions import open_sessions
 from service.families.cosyvoice1.flow import FlowRunner
 from service.families.cosyvoice1.schedule import ScheduleConfig
 from service.families.cosyvoice1.streaming import RequestContext, stream_sentence, whole_sentence

@@ -18,8 +18,9 @@ from export.quantize import (
     write_quantized_bundle,
 )
 from service.bundle import ModelBundle
+from service.engine.options import RuntimeOptions
 from service.engine.scheduler import BatchScheduler
-from service.engine.sessions import RuntimeOptions, open_sessions
+from service.engine.sessions import open_sessions
 from service.engine.types import SynthesisOptions
 from service.families.cosyvoice1.engine import Synthesizer
 from service.families.cosyvoice1.llm import LLM_GRAPHS, CosyVoice1LLM

@@ -16,8 +16,9 @@ from service.bundle import ModelBundle
 from service.engine.acoustic_gate import AcousticGate, Pacer
 from service.engine.kvcache import KVCache
 from service.engine.llm import DecodeBatch
+from service.engine.options import RuntimeOptions
 from service.engine.scheduler import BatchScheduler
-from service.engine.sessions import RuntimeOptions, open_sessions
+from service.engine.sessions import open_sessions
 from service.engine.types import SynthesisOptions
 from service.errors import EngineError, ShuttingDownError
 from service.families.cosyvoice1.engine import Synthesizer

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from service.bundle import ModelBundle, ModelConstants
-from service.engine.sessions import RuntimeOptions, open_sessions
+from service.engine.options import RuntimeOptions
+from service.engine.sessions import open_sessions
 from service.engine.types import AudioChunk, SynthesisOptions
 from service.errors import EmptyTextError, InvalidInputError, UnknownSpeakerError
 from service.families.cosyvoice1.engine import Synthesizer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import shutil
 import time
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import torch
 from tokenizers import Tokenizer
@@ -18,11 +20,11 @@ from export import checkpoint
 from export.bundle_writer import (
     ExportOptions,
     ExportReport,
-    _graph_entries,
-    _log_errors,
-    _staging_dir,
     exporter_info,
+    graph_entries,
+    log_errors,
     publish,
+    staging_dir,
 )
 from export.capabilities import VoicePlan, plan_voices
 from export.cosyvoice2 import tokenizer as qwen_tokenizer
@@ -34,23 +36,12 @@ from export.cosyvoice2.modules.flow import CausalMaskedDiffWithXvec, flow_noise
 from export.cosyvoice2.modules.llm import Qwen2LM, drop_unused
 from export.graphs.hift import export_hift, verify_hift
 from export.modules.hift import HiFTGenerator, normalize_hift_state_dict
-from export.native_twin import write_native_twin
+from export.native_twin import Rewrite, rewrite_cached_estimator, rewrite_qwen2_step, write_native_twin
 from export.onnx_io import ExportError
 from export.prompt_models import copy_into
 from export.quantize import Scheme, write_quantized_bundle
-from service.bundle import (
-    FAMILY_V2,
-    FORMAT_VERSION,
-    MANIFEST_NAME,
-    SPEAKERS_NAME,
-    V2_NOISE_NAME,
-    V2_PROMPT_GRAPHS,
-    V2_TOKENIZER_NAME,
-    Manifest,
-    ModelBundle,
-    sha256_file,
-    write_speakers,
-)
+from service.bundle import FORMAT_VERSION, MANIFEST_NAME, SPEAKERS_NAME, Manifest, ModelBundle, sha256_file, write_speakers
+from service.families.cosyvoice2.contract import FAMILY, NOISE_NAME, PROMPT_GRAPHS, TOKENIZER_NAME, constants_of
 
 EXPORTER_VERSION = "1"
 MODEL_NAME = "CosyVoice2-0.5B"
@@ -73,6 +64,15 @@ HALF_OUTPUT_GRAPHS = ("flow_estimator",)  # its new keys/values leave the graph 
 # caches ran slower on OpenVINO bf16 than on ONNX Runtime int8 (full size, 1 thread: 26 frames 69 ms vs 52 ms,
 # 100 frames after 100 cached 239 ms vs 211 ms), so it stays on ONNX Runtime; HiFT (fp32) still goes to OpenVINO.
 FLOAT_TWIN_GRAPHS: tuple[str, ...] = ()
+
+
+def _estimator_rewrite(model: onnx.ModelProto, manifest: Manifest) -> tuple[int, str]:
+    return rewrite_cached_estimator(constants_of(manifest).estimator_blocks)(model, manifest)
+
+
+# Graphs with a native twin in a quantized bundle, and how each is rewritten: the estimator's attention over cached
+# frames and its blocks, the Qwen2 step's int8 products and decoder layers.
+NATIVE_REWRITES: dict[str, Rewrite] = {"flow_estimator": _estimator_rewrite, "llm_step": rewrite_qwen2_step}
 
 
 def is_cosyvoice2_dir(model_dir: Path) -> bool:
@@ -154,23 +154,23 @@ def _write_bundle(inputs: _Inputs, models: Models, opts: ExportOptions, tmp: Pat
     extra = cosyvoice2_constants(cfg)
     graphs = export_llm(models.llm, tmp, extra) + export_flow(models.flow, tmp, extra) + export_hift(models.hift, tmp)
     write_speakers(tmp / SPEAKERS_NAME, plan.speakers)
-    qwen_tokenizer.write_tokenizer(inputs.tokenizer, tmp / V2_TOKENIZER_NAME)
-    _write_noise(tmp / V2_NOISE_NAME)
+    qwen_tokenizer.write_tokenizer(inputs.tokenizer, tmp / TOKENIZER_NAME)
+    _write_noise(tmp / NOISE_NAME)
     manifest = Manifest(
         format_version=FORMAT_VERSION,
         model=opts.model_name + ("-random-init" if opts.random_init else ""),
         precision="fp32",
         constants=model_constants(cfg),
-        graphs=_graph_entries(tmp, graphs) | copy_into(plan.prompt_models, tmp),
+        graphs=graph_entries(tmp, graphs) | copy_into(plan.prompt_models, tmp),
         source_files=_source_hashes(opts, plan, inputs.tokenizer_source),
-        files={n: sha256_file(tmp / n) for n in (SPEAKERS_NAME, V2_TOKENIZER_NAME, V2_NOISE_NAME)},
+        files={n: sha256_file(tmp / n) for n in (SPEAKERS_NAME, TOKENIZER_NAME, NOISE_NAME)},
         exporter=exporter_info(opts, EXPORTER_VERSION),
         random_weights=opts.random_weights,
         test_model=opts.test_model,
         description=opts.description(),
         capabilities=plan.capabilities,
-        family=FAMILY_V2,
-        cosyvoice2=extra,
+        family=FAMILY,
+        family_section=dataclasses.asdict(extra),
     )
     (tmp / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")
     return manifest
@@ -194,18 +194,18 @@ def run_export(opts: ExportOptions, log: Callable[[str], None] = print) -> Expor
         seed=opts.seed,
         with_prompt_models=opts.prompt_models,
         log=log,
-        prompt_table=V2_PROMPT_GRAPHS,
+        prompt_table=PROMPT_GRAPHS,
     )
     inputs = _Inputs(cfg, VoicePlan(plan.speakers, plan.prompt_models, False, instruct2=True), tokenizer, source)
     models = build_models(cfg, opts)
     report = ExportReport(out=opts.out)
-    tmp = _staging_dir(opts.out, "partial")
+    tmp = staging_dir(opts.out, "partial")
     try:
         tmp.mkdir()
         manifest = _write_bundle(inputs, models, opts, tmp)
         if opts.verify:
             report.errors = _verify(models, tmp)
-            _log_errors(log, "fp32 ONNX vs torch", report.errors, opts.tolerance)
+            log_errors(log, "fp32 ONNX vs torch", report.errors, opts.tolerance)
             bad = {k: v for k, v in report.errors.items() if not v <= opts.tolerance}
             if bad:
                 listed = ", ".join(f"{k}={v:.2e}" for k, v in bad.items())
@@ -243,13 +243,13 @@ def _write_twin(
     """Write OUT-`scheme` from the fp32 bundle with the CosyVoice2 graph plan (staged, published only when written and
     checked); returns its path and what `check` said of the staged bundle."""
     out = fp32_out.with_name(f"{fp32_out.name}-{scheme}")
-    tmp = _staging_dir(out, "partial")
+    tmp = staging_dir(out, "partial")
     try:
         write_quantized_bundle(
             fp32_out, tmp, manifest, scheme, plan=plan, matmul_graphs=INT8_MATMUL_GRAPHS, table_graphs=INT8_TABLE_GRAPHS,
             half_kv_graphs=HALF_KV_GRAPHS, half_output_graphs=HALF_OUTPUT_GRAPHS, float_twin_graphs=FLOAT_TWIN_GRAPHS,
         )  # fmt: skip
-        write_native_twin(tmp, log=lambda _: None)
+        write_native_twin(tmp, NATIVE_REWRITES, log=lambda _: None)
         result = check(tmp)
         publish(tmp, out)
     finally:
@@ -287,7 +287,7 @@ def _export_int8(
     def check(tmp: Path) -> dict[str, float]:
         errors = _verify(models, tmp) if opts.verify else {}
         if errors:
-            _log_errors(log, "int8 ONNX vs fp32 torch (deviation, not a failure)", errors, None)
+            log_errors(log, "int8 ONNX vs fp32 torch (deviation, not a failure)", errors, None)
         return errors
 
     return _write_twin(opts.out, manifest, "int8", INT8_PLAN, check)

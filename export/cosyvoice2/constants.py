@@ -6,7 +6,8 @@ import math
 
 from export.cosyvoice2.config import ENCODER_WIDTH, NOISE_FRAMES, UP_BLOCKS, CosyVoice2Config
 from export.cosyvoice2.modules.estimator import CausalConditionalDecoder
-from service.bundle import CosyVoice2Constants, ModelConstants
+from service.bundle import ModelConstants
+from service.families.cosyvoice2.contract import CosyVoice2Constants
 
 # CosyVoice2Model's streaming schedule (cli/model.py): first hop 25 tokens (+ the prompt's pad to a chunk boundary),
 # then x2 per chunk up to 4 x 25; the vocoder keeps 8 mel frames (and 8 x 480 source samples) between chunks.

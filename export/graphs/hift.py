@@ -11,7 +11,6 @@ from torch import nn
 
 from export.modules.hift import HiFTGenerator
 from export.onnx_io import ExportedGraph, ExportError, export_graph
-from service.bundle import GRAPH_IO
 
 # (batch, mel frames) pairs checked by verify_hift: T = 1 is the shortest legal input; odd and long T
 # exercise the ConvTranspose / strided-conv output lengths (8T, 64T, 64T+1) with both batch sizes.
@@ -61,6 +60,12 @@ _DYNAMIC_AXES: dict[str, dict[str, dict[int, str]]] = {
         "x": {0: "batch", 2: "stft_frames"},
     },
 }
+# The HiFT graphs' inputs and outputs, as every family's contract lists them (tests/test_export_hift.py checks that).
+HIFT_IO: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "hift_f0": (("mel",), ("f0",)),
+    "hift_source": (("sine",), ("source",)),
+    "hift_decode": (("mel", "s_stft"), ("x",)),
+}
 
 
 def _inputs(model: HiFTGenerator, batch: int, frames: int, seed: int) -> dict[str, torch.Tensor]:
@@ -88,7 +93,7 @@ def export_hift(model: HiFTGenerator, out_dir: Path) -> list[ExportedGraph]:
     out_dir.mkdir(parents=True, exist_ok=True)
     exported = []
     for name, wrapper in _wrappers(folded).items():
-        input_names, output_names = GRAPH_IO[name]
+        input_names, output_names = HIFT_IO[name]
         args = tuple(example[n] for n in input_names)
         path = out_dir / f"{name}.onnx"
         exported.append(export_graph(wrapper, args, path, input_names, output_names, _DYNAMIC_AXES[name]))
@@ -103,7 +108,7 @@ def _session(path: Path) -> ort.InferenceSession:
 
 
 def _max_error(name: str, session: ort.InferenceSession, module: nn.Module, inputs: dict[str, torch.Tensor]) -> float:
-    input_names, _ = GRAPH_IO[name]
+    input_names, _ = HIFT_IO[name]
     feeds = {n: inputs[n].numpy() for n in input_names}
     (got,) = session.run(None, feeds)
     with torch.no_grad():

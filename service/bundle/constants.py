@@ -1,30 +1,8 @@
-"""Model constants a bundle's manifest carries (v1 and CosyVoice2), and the relative positions they imply."""
+"""The model constants every bundle's manifest carries (a family's own constants are in its manifest section)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-
-import numpy as np
-
-
-def relative_pe(rows: int, dim: int) -> np.ndarray:
-    """Positional rows of the bundle contract: espnet sinusoids (rows, dim) float32 for relative distances 0..rows-1.
-
-    Row r: `pe[r, 2j] = sin(r * w_j)`, `pe[r, 2j+1] = cos(r * w_j)`, `w_j = exp(2j * -(ln(10000)/dim))`; angles are
-    float32 products as in torch. The exp is taken in float64 and rounded to float32: that equals torch's float32 exp
-    on all but 2-3 of 512 frequencies (numpy's float32 exp differs on ~200), so pe stays within 4e-6 of torch for
-    r < 100 and 3e-5 for r < 1000. The exporter (llm_pos inputs) and the engine build rows with this one function.
-    """
-    if dim % 2:
-        raise ValueError(f"positional dimension must be even, got {dim}")
-    exponent = np.arange(0, dim, 2, dtype=np.float32) * np.float32(-(math.log(10000.0) / dim))
-    w = np.exp(exponent.astype(np.float64)).astype(np.float32)
-    angle = np.arange(rows, dtype=np.float32)[:, None] * w[None, :]
-    pe = np.empty((rows, dim), dtype=np.float32)
-    pe[:, 0::2] = np.sin(angle)
-    pe[:, 1::2] = np.cos(angle)
-    return pe
 
 
 @dataclass(frozen=True)
@@ -85,34 +63,3 @@ class ModelConstants:
     def tokens_to_mel_frames(self, n_tokens: int) -> int:
         """Official conversion `int(n / token_rate * sample_rate / hop)` (floors)."""
         return int(n_tokens / self.token_rate_hz * self.sample_rate / self.mel_hop_samples)
-
-
-@dataclass(frozen=True)
-class CosyVoice2Constants:
-    """CosyVoice2 facts beyond ModelConstants: stop tokens, the flow's chunk geometry and its cache shapes.
-
-    In a CosyVoice2 manifest ModelConstants reads: llm_num_heads = the LLM's K/V heads (grouped-query attention),
-    token_hop_len / token_max_hop_len / stream_scale_factor = the streaming hop schedule (25, 100, 2), mel_cache_len
-    = the vocoder's mel overlap (8 frames), token_overlap_len = 0 (no flow overlap: the flow keeps caches).
-    """
-
-    stop_tokens: int = 3  # speech_token_size + 0..2 all end the utterance
-    text_vocab_size: int = 151936
-    chunk_tokens: int = 25  # static_chunk_size: attention chunk of the encoder (x token_mel_ratio for the estimator)
-    token_mel_ratio: int = 2
-    pre_lookahead: int = 3  # tokens of look-ahead the encoder reads past a chunk
-    encoder_blocks: int = 6
-    up_blocks: int = 4
-    encoder_heads: int = 8
-    encoder_head_dim: int = 64
-    encoder_dim: int = 512
-    conv_tail: int = 2  # left context kept by every causal convolution
-    estimator_blocks: int = 56
-    estimator_heads: int = 8
-    estimator_head_dim: int = 64
-    estimator_tail_channels: int = 8256  # sum of the estimator's causal-conv input channels (the `tails` input)
-    noise_frames: int = 15000
-
-    def graph_counts(self) -> dict[str, int]:
-        """Template counts of V2_GRAPH_IO besides `{i}`."""
-        return {"e": self.encoder_blocks, "u": self.up_blocks, "b": self.estimator_blocks}

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from service.bundle.constants import ModelConstants
-from service.bundle.layout import FLOAT_SUFFIX, MANIFEST_NAME, NATIVE_SUFFIX, SPEAKERS_NAME
+from service.bundle.layout import FLOAT_SUFFIX, GROUP_PROMPT, MANIFEST_NAME, NATIVE_SUFFIX, SPEAKERS_NAME
 from service.bundle.manifest import Capabilities, Manifest
 from service.errors import BundleError
 
@@ -56,13 +56,9 @@ class ModelBundle:
         return self.manifest.family
 
     @property
-    def tokenizer_path(self) -> Path:
-        return self.root / self.manifest.layout.tokenizer
-
-    @property
     def manifest_sha256(self) -> str:
-        """Identity of the bundle (used in cache keys)."""
-        return sha256_file(self.root / MANIFEST_NAME)
+        """Identity of the bundle (used in cache keys): the sha256 of its manifest's identity JSON."""
+        return hashlib.sha256(self.manifest.identity_json().encode("utf-8")).hexdigest()
 
     @property
     def capabilities(self) -> Capabilities:
@@ -93,12 +89,19 @@ class ModelBundle:
 
     def prompt_model_path(self, name: str) -> Path:
         """Path of a prompt model ("campplus" or "speech_tokenizer"); BundleError if the bundle has none."""
-        prompt_graphs = self.manifest.layout.prompt_graphs
-        if name not in prompt_graphs:
-            raise BundleError(f"unknown prompt model {name!r} (known: {', '.join(prompt_graphs)})")
         if not self.has_prompt_analysis:
-            raise BundleError(f"{self.root}: the bundle has no prompt models (exported without {prompt_graphs[name][0]})")
+            raise BundleError(f"{self.root}: the bundle has no prompt models (exported without them)")
+        entry = self.manifest.graphs.get(name)
+        if entry is None or entry.group != GROUP_PROMPT:
+            known = ", ".join(self.manifest.graphs_in(GROUP_PROMPT))
+            raise BundleError(f"unknown prompt model {name!r} (known: {known})")
         return self.graph_path(name)
+
+    def file(self, name: str) -> Path:
+        """Path of a non-graph file the manifest lists (tokenizer, speakers, a noise buffer); BundleError otherwise."""
+        if name not in self.manifest.files:
+            raise BundleError(f"{self.root}: the manifest lists no file {name!r}")
+        return self.root / name
 
     @classmethod
     def load(cls, path: str | Path, *, verify_hashes: bool = False) -> ModelBundle:
@@ -134,14 +137,9 @@ def _checked_speakers(path: Path, manifest: Manifest) -> dict[str, np.ndarray]:
 
 
 def _check_files(root: Path, manifest: Manifest, verify_hashes: bool) -> None:
-    """Every core graph listed, every listed file (graphs of both groups, speakers, tokenizer) present and hashed."""
-    layout = manifest.layout
-    missing_graphs = [g for g in layout.graph_io if g not in manifest.graphs]
-    if missing_graphs:
-        raise BundleError(f"{root}: manifest lists no graph for {', '.join(missing_graphs)}")
+    """Every listed file (graphs of every group, speakers, tokenizer, ...) present, and hashed when asked."""
     expected = {g.file: g.sha256 for g in manifest.graphs.values()} | manifest.files
-    for required in layout.required_files:
-        expected.setdefault(required, "")
+    expected.setdefault(SPEAKERS_NAME, "")
     missing = sorted(f for f in expected if not (root / f).is_file())
     if missing:
         raise BundleError(f"{root}: bundle is incomplete, missing {', '.join(missing)}")

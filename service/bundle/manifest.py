@@ -7,21 +7,16 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.bundle.constants import CosyVoice2Constants, ModelConstants
+from service.bundle.constants import ModelConstants
 from service.bundle.layout import (
-    FAMILY_V1,
-    FAMILY_V2,
     FLOAT_SUFFIX,
     FORMAT_VERSION,
-    GRAPH_IO,
     GROUP_CORE,
     GROUP_FLOAT,
     GROUP_NATIVE,
     GROUP_PROMPT,
-    NATIVE_GRAPHS,
+    LEGACY_FAMILY,
     NATIVE_SUFFIX,
-    FamilyLayout,
-    family_layout,
 )
 from service.errors import BundleError
 
@@ -74,12 +69,9 @@ class Manifest:
     test_model: bool = False  # a miniature model for tests and CI, not for speech
     description: str = ""  # one sentence for people: what this model is
     capabilities: Capabilities = field(default_factory=Capabilities)
-    family: str = FAMILY_V1  # the model family (its graphs and engine); absent from v1 manifests
-    cosyvoice2: CosyVoice2Constants | None = None  # CosyVoice2 only
-
-    @property
-    def layout(self) -> FamilyLayout:
-        return family_layout(self.family)
+    family: str = LEGACY_FAMILY  # the model family (its graphs and engine); manifests before the key: LEGACY_FAMILY
+    # The family's own constants, stored under the manifest key named like the family; the family reads them.
+    family_section: dict[str, Any] = field(default_factory=dict)
 
     def graphs_in(self, group: str) -> dict[str, GraphEntry]:
         """The graphs of one group ("core", "prompt" or "float"), in manifest order."""
@@ -97,15 +89,21 @@ class Manifest:
         )
 
     def to_json(self) -> str:
-        """Serialize deterministically (sorted keys, no timestamps) so exports are reproducible.
+        """Serialize deterministically (sorted keys, no timestamps) so exports are reproducible."""
+        return self._json(legacy=False)
 
-        Keys added for CosyVoice2 are left out at their v1 values, so a v1 manifest keeps its bytes.
-        """
+    def identity_json(self) -> str:
+        """The manifest as its identity (audio cache keys) counts it: its JSON, without `family` for a LEGACY_FAMILY
+        manifest, as those were written before every manifest named its family (their keys stay valid)."""
+        return self._json(legacy=self.family == LEGACY_FAMILY)
+
+    def _json(self, *, legacy: bool) -> str:
         data = dataclasses.asdict(self)
-        if data["family"] == FAMILY_V1:
+        section = data.pop("family_section")
+        if section:
+            data[self.family] = section
+        if legacy:
             del data["family"]
-        if data["cosyvoice2"] is None:
-            del data["cosyvoice2"]
         if not data["capabilities"]["instruct2"]:
             del data["capabilities"]["instruct2"]
         return json.dumps(data, ensure_ascii=False, indent=2, sort_keys=True) + "\n"
@@ -114,6 +112,7 @@ class Manifest:
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
         """Parse and validate a manifest dict; raises BundleError naming what is wrong."""
         try:
+            family = str(data.get("family", LEGACY_FAMILY))
             version = int(data["format_version"])
             if version != FORMAT_VERSION:
                 raise BundleError(f"manifest format_version {version} is not supported (expected {FORMAT_VERSION})")
@@ -137,12 +136,9 @@ class Manifest:
                 test_model=_flag(data, "test_model"),
                 description=str(data.get("description", "")),
                 capabilities=Capabilities.from_dict(dict(data.get("capabilities", {}))),
-                family=str(data.get("family", FAMILY_V1)),
-                cosyvoice2=CosyVoice2Constants(**data["cosyvoice2"]) if data.get("cosyvoice2") is not None else None,
+                family=family,
+                family_section=_section(data, family),
             )
-            family_layout(manifest.family)
-            if (manifest.family == FAMILY_V2) != (manifest.cosyvoice2 is not None):
-                raise BundleError("manifest key 'cosyvoice2' must be present exactly when family is 'cosyvoice2'")
         except BundleError:
             raise
         except (KeyError, TypeError, ValueError) as e:
@@ -152,31 +148,25 @@ class Manifest:
 
 
 def _check_groups(manifest: Manifest) -> None:
-    """Graph groups agree with the table above and with the declared capabilities."""
-    prompt_graphs = manifest.layout.prompt_graphs
+    """Graph groups are known, twins match their core graph, and the prompt group agrees with the capabilities.
+
+    Which graphs a family needs, with which inputs and outputs, is the family's check (FamilyLayout.check)."""
     for name, g in manifest.graphs.items():
-        want = _group_of(name, prompt_graphs)
-        if g.group != want:
-            raise BundleError(f"manifest graph {name!r} is in group {g.group!r}, expected {want!r}")
-        suffix = {GROUP_FLOAT: FLOAT_SUFFIX, GROUP_NATIVE: NATIVE_SUFFIX}.get(want)
-        core = manifest.graphs.get(name.removesuffix(suffix)) if suffix else None
-        if suffix and (core is None or (g.inputs, g.outputs) != (core.inputs, core.outputs)):
-            raise BundleError(f"manifest graph {name!r} must have the inputs and outputs of its core graph")
-        if want == GROUP_NATIVE and core is not None and g.precision != core.precision:
+        if g.group not in (GROUP_CORE, GROUP_PROMPT, GROUP_FLOAT, GROUP_NATIVE):
+            raise BundleError(f"manifest graph {name!r} is in the unknown group {g.group!r}")
+        suffix = {GROUP_FLOAT: FLOAT_SUFFIX, GROUP_NATIVE: NATIVE_SUFFIX}.get(g.group)
+        if suffix is None:
+            continue
+        core = manifest.graphs.get(name.removesuffix(suffix)) if name.endswith(suffix) else None
+        if core is None or core.group != GROUP_CORE or (g.inputs, g.outputs) != (core.inputs, core.outputs):
+            raise BundleError(f"manifest graph {name!r} must be named `<core graph>{suffix}` and have its inputs and outputs")
+        if g.group == GROUP_NATIVE and g.precision != core.precision:
             raise BundleError(f"manifest graph {name!r} must have the precision of its core graph")
     caps, prompt = manifest.capabilities, manifest.graphs_in(GROUP_PROMPT)
-    if caps.prompt_analysis:
-        missing = [n for n in prompt_graphs if n not in prompt]
-        if missing:
-            raise BundleError(f"manifest declares prompt_analysis but lists no graph for {', '.join(missing)}")
-        for name, (_, inputs, outputs) in prompt_graphs.items():
-            if (prompt[name].inputs, prompt[name].outputs) != (inputs, outputs):
-                raise BundleError(
-                    f"manifest graph {name!r} has inputs {list(prompt[name].inputs)} / outputs "
-                    f"{list(prompt[name].outputs)}, expected {list(inputs)} / {list(outputs)}"
-                )
-    elif prompt:
+    if prompt and not caps.prompt_analysis:
         raise BundleError(f"manifest lists prompt graphs ({', '.join(prompt)}) but does not declare prompt_analysis")
+    if caps.prompt_analysis and not prompt:
+        raise BundleError("manifest declares prompt_analysis but lists no prompt graph")
     if caps.instruct and not caps.builtin_speakers:
         raise BundleError("manifest declares instruct without builtin_speakers (instruct voices a built-in speaker)")
     if caps.instruct2 and not caps.prompt_analysis:
@@ -185,14 +175,12 @@ def _check_groups(manifest: Manifest) -> None:
         raise BundleError("manifest declares neither builtin_speakers nor prompt_analysis: the model has no voice")
 
 
-def _group_of(name: str, prompt_graphs: Any) -> str:
-    if name in prompt_graphs:
-        return GROUP_PROMPT
-    if name.endswith(FLOAT_SUFFIX) and name.removesuffix(FLOAT_SUFFIX) in GRAPH_IO:
-        return GROUP_FLOAT
-    if name.endswith(NATIVE_SUFFIX) and name.removesuffix(NATIVE_SUFFIX) in NATIVE_GRAPHS:
-        return GROUP_NATIVE
-    return GROUP_CORE
+def _section(data: dict[str, Any], family: str) -> dict[str, Any]:
+    """The family's own section (the key named like the family), {} when it has none."""
+    section = data.get(family, {})
+    if not isinstance(section, dict):
+        raise BundleError(f"manifest key {family!r} (the family's constants) must be an object")
+    return dict(section)
 
 
 def _flag(data: dict[str, Any], key: str, default: bool = False) -> bool:

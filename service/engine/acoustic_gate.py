@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from service.engine.sessions import lower_thread_priority
+from service.engine.host import lower_thread_priority
 
 _MISSING = object()
 P = TypeVar("P")

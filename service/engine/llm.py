@@ -61,7 +61,7 @@ class LLMRequest:
             raise ValueError("a sampled request needs an rng")
         else:
             token = ras_sampling(logp, self.tokens, self.rng, params, eos=eos, ignore_eos=i < self.min_len)
-            if token >= eos:  # EOS, or (CosyVoice2) one of the stop tokens after it
+            if token >= eos:  # EOS, or one of the stop tokens a family has after it
                 self.finish("eos")
                 return
         self.tokens.append(token)

@@ -1,7 +1,8 @@
-"""A memory budget for state that grows while a stream runs (CosyVoice2: the flow's estimator caches).
+"""A memory budget for state that grows while a stream runs (a chunk-causal flow's estimator caches, say).
 
-A streamed CosyVoice2 sentence keeps every Euler step's keys and values for every frame so far (2.3 MB per frame at
-full size): about 0.7 GB for a 5 s sentence, 2.4 GB for a 20 s one. Concurrent streams add up, so a process with a
+A streamed sentence of a family whose flow keeps every Euler step's keys and values for every frame so far grows with
+each frame (2.3 MB per frame for the largest served, at full size): about 0.7 GB for a 5 s sentence, 2.4 GB for a 20 s
+one. Concurrent streams add up, so a process with a
 memory limit (a container's) would be killed by the OS for a burst it could have queued. `StateBudget` bounds the sum:
 a stream reserves bytes before it grows and gives all of them back when it ends; one that does not fit waits until
 others end, except the oldest holder, which always proceeds (so streams never wait on each other in a circle, and the

@@ -1,7 +1,7 @@
 """Our native kernels: the shared library built from service/engine/native/*.c (`make native`) and whether it runs here.
 
 The library holds three ONNX Runtime custom operators (native/ort_custom_op.c), used by the native twins of quantized
-bundles (service.bundle GROUP_NATIVE): cosyvoice_lite.EstimatorBlock (a transformer block of the CosyVoice2 flow
+bundles (service.bundle GROUP_NATIVE): cosyvoice_lite.EstimatorBlock (a transformer block of a chunk-causal flow
 estimator, with its attention) and cosyvoice_lite.Int8MatMul in the estimator and the LLM step, plus
 cosyvoice_lite.CachedAttention, which older estimator twins hold. Each is used only where it pays: the attention's
 kernel needs AVX-512 BF16 (avx512f/bw/vl/bf16: Zen 4, Cooper Lake, Sapphire Rapids and later), the int8 products' AVX-512 VNNI

@@ -1,4 +1,4 @@
-"""Repetition-aware sampling (RAS, VALL-E 2) of speech tokens, as the official CosyVoice v1 LLM does it."""
+"""Repetition-aware sampling (RAS, VALL-E 2) of speech tokens, as the official LLMs of every served family do it."""
 
 from __future__ import annotations
 

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from service.bundle import Capabilities, ModelBundle
+from service.bundle import Capabilities, FamilyLayout, ModelBundle
 from service.engine.memory import StateBudget
-from service.engine.sessions import RuntimeOptions
+from service.engine.options import RuntimeOptions
 from service.engine.types import AudioChunk, SynthesisOptions
+from service.errors import BundleError
 from service.frontend import TextFrontend
 from service.frontend.lexicon import LexiconStore
 from service.stores.voices import AnalysisCache, SavedVoice, VoiceStore
@@ -202,6 +203,18 @@ class Family:
     """A model family as the registry knows it: its manifest name, how it is served and how it is verified."""
 
     name: str
+    layout: FamilyLayout  # what its bundles hold (checked before a bundle is served or verified)
     verify: Verifier  # replays the official implementation's fixtures (`python -m service verify`)
     load: ModelLoader | None = None  # None: the family is verified, not served yet
     check: OptionsCheck | None = None  # None: every option within the settings' bounds is fine
+    engine: EngineLoader | None = None  # its own engine, as `load` builds it (tools wrap it through ModelContext)
+
+    def load_engine(self, bundle: ModelBundle, options: RuntimeOptions) -> object:
+        """The family's own engine for `bundle` (BundleError for a family that is not served)."""
+        if self.engine is None:
+            raise BundleError(f"model family {self.name!r} has no engine to serve with")
+        return self.engine(bundle, options)
+
+    def check_bundle(self, bundle: ModelBundle) -> None:
+        """Refuse (BundleError) a bundle that is not laid out as this family's bundles are."""
+        self.layout.check(bundle.manifest, bundle.root)

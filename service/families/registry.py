@@ -6,13 +6,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from service.bundle import ModelBundle
-from service.engine.sessions import RuntimeOptions
+from service.engine.options import RuntimeOptions
 from service.errors import BundleError
-from service.families import cosyvoice1, cosyvoice2
+from service.families.cosyvoice1.family import FAMILY as COSYVOICE1
+from service.families.cosyvoice2.family import FAMILY as COSYVOICE2
 from service.families.model import Family, Model, ModelContext
 from service.verify.checks import Check, VerifyReport
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (cosyvoice1.FAMILY, cosyvoice2.FAMILY)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (COSYVOICE1, COSYVOICE2)}
 
 
 def family(name: str) -> Family:
@@ -23,6 +24,13 @@ def family(name: str) -> Family:
     return found
 
 
+def open_bundle(path: str | Path, *, verify_hashes: bool = False) -> ModelBundle:
+    """Load the bundle at `path` and check it against its family's layout (BundleError, one clear line)."""
+    bundle = ModelBundle.load(path, verify_hashes=verify_hashes)
+    family(bundle.family).check_bundle(bundle)
+    return bundle
+
+
 def load_model(bundle: ModelBundle, context: ModelContext | None = None) -> Model:
     """The served model of `bundle`'s family (BundleError for a family that is verified but not served yet)."""
     entry = family(bundle.family)
@@ -30,6 +38,7 @@ def load_model(bundle: ModelBundle, context: ModelContext | None = None) -> Mode
         served = ", ".join(name for name, f in FAMILIES.items() if f.load is not None)
         raise BundleError(f"{bundle.root}: model family {entry.name!r} cannot be served yet (served: {served}); "
                           "`python -m service verify` checks it")  # fmt: skip
+    entry.check_bundle(bundle)
     return entry.load(bundle, context or ModelContext())
 
 
@@ -47,4 +56,6 @@ def run_verification(
     on_check: Callable[[Check], None] | None = None,
 ) -> VerifyReport:
     """Replay the fixtures in `fixtures` through `bundle` with its family's checks (`python -m service verify`)."""
-    return family(bundle.family).verify(bundle, Path(fixtures), runtime, on_check)
+    entry = family(bundle.family)
+    entry.check_bundle(bundle)
+    return entry.verify(bundle, Path(fixtures), runtime, on_check)

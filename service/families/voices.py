@@ -12,7 +12,7 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from service.audio.decode import container_format, decode_audio, pcm16_to_float
-from service.bundle import ModelBundle
+from service.bundle import GROUP_PROMPT, ModelBundle
 from service.errors import (
     InvalidInputError,
     NotFoundError,
@@ -201,10 +201,9 @@ class PromptVoices(ABC, Generic[V]):
 
     def _need_analysis(self) -> None:
         if not self._can_analyze:
-            files = " and ".join(file for file, _, _ in self.bundle.manifest.layout.prompt_graphs.values())
             raise UnsupportedCapabilityError(
-                f"the served model {self.bundle.manifest.model} has no prompt analysis ({files} were not in its "
-                "checkpoint): voice cloning is off",
+                f"the served model {self.bundle.manifest.model} has no prompt analysis (its checkpoint had no CAM++ and "
+                "speech tokenizer models): voice cloning is off",
                 param="prompt_audio",
             )
 
@@ -242,7 +241,7 @@ def models_fingerprint(bundle: ModelBundle) -> str:
     """What a prompt analysis depends on: the prompt models' hashes (empty when the bundle has none)."""
     if not bundle.has_prompt_analysis:
         return "none"
-    parts = [bundle.manifest.graphs[n].sha256 for n in bundle.manifest.layout.prompt_graphs]
+    parts = [g.sha256 for g in bundle.manifest.graphs_in(GROUP_PROMPT).values()]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

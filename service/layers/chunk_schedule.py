@@ -1,4 +1,5 @@
-"""CosyVoice2 chunk schedule: plain numbers in (prompt tokens, the previous hop, where it ended), the next hop out.
+"""The chunk-causal flow's chunk schedule (CosyVoice2 and later): plain numbers in (prompt tokens, the previous hop,
+where it ended), the next hop out.
 
 The flow attends in chunks of `chunk` tokens counted from the start of prompt + speech (the official
 `static_chunk_size`): a frame sees every earlier chunk and its own chunk whole. A streamed chunk that ends on such a
@@ -21,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from service.bundle import CosyVoice2Constants, ModelConstants
+from service.bundle import ModelConstants
 
 EARLY_FIRST_HOP = 10  # tokens of the first streamed chunk with early first audio (0.4 s of speech, 0.24 s heard)
 # Hops after the first attention chunk stay one chunk (25 tokens, 1 s): on 2 cores the stream is slower than real time
@@ -47,16 +48,17 @@ class HopSchedule:
             raise ValueError("chunk, first, most and scale must be >= 1, look_ahead >= 0")
 
     @classmethod
-    def official(cls, extra: CosyVoice2Constants, c: ModelConstants) -> HopSchedule:
-        """CosyVoice2Model.tts: 25 (+ pad to a boundary), 50, 100, ..."""
+    def official(cls, chunk: int, look_ahead: int, c: ModelConstants) -> HopSchedule:
+        """CosyVoice2Model.tts for attention chunks of `chunk` tokens and `look_ahead` tokens of look-ahead: 25 (+ pad
+        to a boundary), 50, 100, ..."""
         scale = max(1, int(c.stream_scale_factor))
-        return cls(extra.chunk_tokens, c.token_hop_len, c.token_max_hop_len, scale, extra.pre_lookahead)
+        return cls(chunk, c.token_hop_len, c.token_max_hop_len, scale, look_ahead)
 
     @classmethod
-    def early(cls, extra: CosyVoice2Constants, c: ModelConstants, first: int | None = None) -> HopSchedule:
+    def early(cls, chunk: int, look_ahead: int, c: ModelConstants, first: int | None = None) -> HopSchedule:
         """A first hop of `first` tokens (EARLY_FIRST_HOP) wherever it ends, the rest of its attention chunk, then one
         attention chunk per hop (EARLY_SCALE)."""
-        official = cls.official(extra, c)
+        official = cls.official(chunk, look_ahead, c)
         return cls(official.chunk, first or EARLY_FIRST_HOP, official.most, EARLY_SCALE, official.look_ahead, False)
 
     def first_hop(self, prompt_tokens: int, first: int | None = None) -> int:

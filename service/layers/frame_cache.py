@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import mmap
 import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -87,3 +91,44 @@ class EstimatorState:
 
     def copy(self, capacity: int) -> EstimatorState:
         return EstimatorState(self.tails.copy(), [c.copy(capacity) for c in self.k], [c.copy(capacity) for c in self.v])
+
+
+class Sized(Protocol):
+    def nbytes(self) -> int: ...
+
+
+S = TypeVar("S", bound=Sized)
+K = TypeVar("K", bound=Hashable)
+
+
+class PromptStates(Generic[K, S]):
+    """A voice's flow state after its prompt-only chunks, by key (voice fingerprint, steps, prompt tokens), least
+    recently used dropped first, at most `max_bytes` in all.
+
+    States are shared, never written: a request continues from a copy (the caches that grow in place are copied).
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._states: OrderedDict[K, S] = OrderedDict()
+
+    def get(self, key: K) -> S | None:
+        with self._lock:
+            state = self._states.get(key)
+            if state is not None:
+                self._states.move_to_end(key)
+            return state
+
+    def put(self, key: K, state: S) -> None:
+        size = state.nbytes()
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            self._states[key] = state
+            self._states.move_to_end(key)
+            while sum(s.nbytes() for s in self._states.values()) > self.max_bytes:
+                self._states.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._states)

@@ -20,7 +20,8 @@ from typing import Any, Literal, Self
 
 import numpy as np
 
-from service.engine.sessions import RuntimeOptions, open_graph
+from service.engine.options import RuntimeOptions
+from service.engine.sessions import open_graph
 from service.errors import EngineError, PromptAudioError, PromptAudioProblem
 from service.layers.features import kaldi_fbank, prompt_mel80, resample, subtract_mean, whisper_log_mel
 

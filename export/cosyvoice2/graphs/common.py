@@ -8,12 +8,13 @@ import numpy as np
 import onnxruntime as ort
 from torch import Tensor
 
-from service.bundle import V2_GRAPH_IO, CosyVoice2Constants, expand_io_names
+from service.bundle import expand_io_names
+from service.families.cosyvoice2.contract import GRAPH_IO, CosyVoice2Constants
 
 
 def graph_names(graph: str, num_layers: int, extra: CosyVoice2Constants) -> tuple[list[str], list[str]]:
     """Expanded input and output names of a CosyVoice2 graph."""
-    inputs, outputs = V2_GRAPH_IO[graph]
+    inputs, outputs = GRAPH_IO[graph]
     counts = extra.graph_counts()
     return expand_io_names(inputs, num_layers, counts), expand_io_names(outputs, num_layers, counts)
 

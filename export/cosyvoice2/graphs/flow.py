@@ -21,7 +21,7 @@ from export.cosyvoice2.modules.encoder import EncoderCache
 from export.cosyvoice2.modules.estimator import EstimatorCache
 from export.cosyvoice2.modules.flow import FULL_ATTENTION, CausalMaskedDiffWithXvec
 from export.onnx_io import ExportedGraph, export_graph
-from service.bundle import CosyVoice2Constants
+from service.families.cosyvoice2.contract import CosyVoice2Constants
 
 
 class SpeakerGraph(nn.Module):

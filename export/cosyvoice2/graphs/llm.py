@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from export.cosyvoice2.graphs.common import graph_names, max_error, run, session
 from export.cosyvoice2.modules.llm import Qwen2LM
 from export.onnx_io import ExportedGraph, export_graph
-from service.bundle import CosyVoice2Constants
+from service.families.cosyvoice2.contract import CosyVoice2Constants
 
 
 class PromptGraph(nn.Module):

@@ -14,12 +14,14 @@ import numpy as np
 from service.bundle import ModelBundle
 from service.engine.acoustic_gate import AcousticGate, Pacer
 from service.engine.chunking import RateMeter
+from service.engine.host import limit_malloc_arenas, release_free_memory
+from service.engine.options import RuntimeOptions
 from service.engine.scheduler import BatchScheduler
-from service.engine.sessions import TRANSIENT_GRAPHS, RuntimeOptions, limit_malloc_arenas, open_sessions, release_free_memory
+from service.engine.sessions import open_sessions
 from service.engine.types import AudioChunk, StageTimings, SynthesisOptions, TokenGenerator
 from service.errors import EmptyTextError, InvalidInputError, UnknownSpeakerError
 from service.families.cosyvoice1.flow import FlowRunner
-from service.families.cosyvoice1.llm import CosyVoice1LLM, position_table
+from service.families.cosyvoice1.llm import TRANSIENT_GRAPHS, CosyVoice1LLM, position_table
 from service.families.cosyvoice1.schedule import ScheduleConfig
 from service.families.cosyvoice1.streaming import (
     RequestContext,

@@ -14,6 +14,9 @@ from service.errors import InvalidInputError
 from service.families.cosyvoice1.positions import PositionTable
 
 LLM_GRAPHS: tuple[str, ...] = ("llm_encoder", "llm_embed", "llm_pos", "llm_step")
+# Graphs only needed to (re)build a table: opened for that call and released, so their weights do not
+# stay resident (llm_pos holds NL x D x D fp32 weights, 58 MB full-size, used once per table size).
+TRANSIENT_GRAPHS: frozenset[str] = frozenset({"llm_pos"})
 
 
 def position_table(pos_session: Any, constants: ModelConstants, rows: int = 512) -> PositionTable:

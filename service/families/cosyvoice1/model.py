@@ -6,11 +6,12 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Protocol, cast, get_args
 
-from service.bundle import FAMILY_V1, Capabilities, ModelBundle
+from service.bundle import Capabilities, ModelBundle
 from service.engine.memory import StateBudget
-from service.engine.sessions import RuntimeOptions
+from service.engine.options import RuntimeOptions
 from service.engine.types import AudioChunk, SynthesisOptions
 from service.errors import BundleError, SettingError
+from service.families.cosyvoice1 import contract
 from service.families.cosyvoice1.engine import Synthesizer
 from service.families.cosyvoice1.streaming import default_first_hop
 from service.families.cosyvoice1.voice import Voice
@@ -50,7 +51,7 @@ def load_synthesizer(bundle: ModelBundle, runtime: RuntimeOptions) -> Synthesize
 class CosyVoice1Model:
     """One loaded CosyVoice-300M bundle; thread-safe (the engine and the voices lock what they share)."""
 
-    family = FAMILY_V1
+    family = contract.FAMILY
 
     def __init__(self, bundle: ModelBundle, frontend: TextFrontend, engine: V1Engine, voices: Voices) -> None:
         self.bundle = bundle
@@ -130,7 +131,7 @@ def load_model(bundle: ModelBundle, context: ModelContext) -> CosyVoice1Model:
     check_options(bundle, context.options)
     if context.mel_variant not in get_args(MelVariant):
         raise BundleError(f"prompt mel variant {context.mel_variant!r} is not one of {', '.join(get_args(MelVariant))}")
-    frontend = TextFrontend.load(bundle.tokenizer_path, lexicon_store=context.lexicon_store)
+    frontend = TextFrontend.load(bundle.file(contract.TOKENIZER_NAME), lexicon_store=context.lexicon_store)
     engine = cast(V1Engine, (context.engine_loader or load_synthesizer)(bundle, context.options))
     voices = Voices.load(
         bundle,

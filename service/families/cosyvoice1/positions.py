@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from service.bundle import relative_pe
+from service.families.cosyvoice1.contract import relative_pe
 
 # Maps pe (R, D) float32 to the per-layer projection (NL, H, R, DK): a call of the `llm_pos` graph.
 Projector = Callable[[np.ndarray], np.ndarray]

@@ -12,27 +12,38 @@ import logging
 import math
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from service.bundle import FAMILY_V2, V2_GRAPH_IO, V2_NOISE_NAME, CosyVoice2Constants, ModelBundle
+from service.bundle import ModelBundle
 from service.engine import native
 from service.engine.acoustic_gate import AcousticGate, Pacer
+from service.engine.host import limit_malloc_arenas
 from service.engine.llm import max_speech_tokens
-from service.engine.memory import StateBudget, auto_budget
+from service.engine.memory import StateBudget
+from service.engine.options import RuntimeOptions
 from service.engine.scheduler import BatchScheduler, EndAware
-from service.engine.sessions import RuntimeOptions, graph_runtime, limit_malloc_arenas, open_sessions
 from service.engine.types import AudioChunk, StageTimings, SynthesisOptions, TokenGenerator
-from service.errors import BundleError, EmptyTextError, InvalidInputError
+from service.errors import EmptyTextError, InvalidInputError
+from service.families.cosyvoice2.assembly import (
+    WIDE_HIFT_DECODE,
+    decode_spread,
+    extra_constants,
+    flow_budget,
+    one_thread_calls,
+    open_engine_sessions,
+    stream_schedule,
+)
+from service.families.cosyvoice2.contract import NOISE_NAME
 from service.families.cosyvoice2.flow import FlowRunner2, FlowState
 from service.families.cosyvoice2.voice import FlowPrompt2, Voice2
 from service.layers.chunk_schedule import HopSchedule, window_tokens
 from service.layers.dsp import StreamingStretch
+from service.layers.frame_cache import PromptStates
 from service.layers.hift import HiFTRunner
 from service.layers.qwen2 import Qwen2Runner
 from service.layers.vocoder import Vocoder, VocoderStream
@@ -42,50 +53,10 @@ log = logging.getLogger(__name__)
 DEFAULT_OPTIONS = SynthesisOptions()
 DEFAULT_PROMPT_CACHE_BYTES = 2 << 30  # prompt flow states kept for reuse (a 10 s prompt: ~1 GB fp16 full-size)
 PromptKey = tuple[str, int, int]  # voice fingerprint, Euler steps, prompt tokens the flow sees
-# The sessions key of the HiFT decode graph on WIDE_THREADS threads: what a vocoder call that takes the cores runs
-# (HopSchedule.vocoder_takes_cores); the wide width is the estimator's, its two guidance rows side by side.
-WIDE_HIFT_DECODE = "hift_decode/wide"
-WIDE_THREADS = 2
-# Tasks a decode step's int8 products are split into while the acoustic gate is idle (native.spread_decode_products):
-# full size, batch 1, two threads, 14.4-15.2 against 16.9-17.0 ms a step in a stream (2 tasks: 16.9-17.3 ms alone).
-DECODE_SPREAD = 4
 # How long a chunk's cut waits for its token stream's next delivery to learn whether the sentence has ended (one decode
 # step is in flight then: 14-27 ms at batch 1 on the 2-core hosts measured; a step that does not come in time only
 # leaves the look-ahead tokens to a last chunk of their own). A sentence's first chunk never waits (first audio).
 TAIL_WAIT_S = 0.05
-
-
-class PromptStates:
-    """Flow states after a prompt's prompt-only chunks, by voice fingerprint, least recently used dropped first.
-
-    States are shared, never written: a request continues from a `FlowState.copy()` (the estimator's caches, which
-    grow in place, are copied; the encoder's arrays are shared).
-    """
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._lock = threading.Lock()
-        self._states: OrderedDict[PromptKey, FlowState] = OrderedDict()
-
-    def get(self, key: PromptKey) -> FlowState | None:
-        with self._lock:
-            state = self._states.get(key)
-            if state is not None:
-                self._states.move_to_end(key)
-            return state
-
-    def put(self, key: PromptKey, state: FlowState) -> None:
-        size = state.nbytes()
-        if size > self.max_bytes:
-            return
-        with self._lock:
-            self._states[key] = state
-            self._states.move_to_end(key)
-            while sum(s.nbytes() for s in self._states.values()) > self.max_bytes:
-                self._states.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._states)
 
 
 @dataclass(frozen=True)
@@ -138,24 +109,22 @@ class CosyVoice2Engine:
         sentences' estimator caches may hold at once (None: no bound; `load` sizes it from `flow_cache_mb`).
         `sessions` may hold a WIDE_HIFT_DECODE session (`open_engine_sessions`): with a gate, a vocoder call the
         schedule gives the cores to runs on it, decoding paused, when no other acoustic call runs or waits."""
-        extra = bundle.manifest.cosyvoice2
-        if bundle.family != FAMILY_V2 or extra is None:
-            raise BundleError(f"{bundle.root}: not a CosyVoice2 bundle (family {bundle.family!r})")
+        extra = extra_constants(bundle)
         c = bundle.constants
         self.bundle, self.constants, self.extra = bundle, c, extra
         self.sample_rate = c.sample_rate
         self.runner = Qwen2Runner(sessions, c, extra.text_vocab_size)
         self.llm: TokenGenerator = llm if llm is not None else self.runner
         self.scheduler = llm if isinstance(llm, BatchScheduler) else None
-        noise = np.load(bundle.root / V2_NOISE_NAME, allow_pickle=False)
+        noise = np.load(bundle.file(NOISE_NAME), allow_pickle=False)
         self.flow = FlowRunner2(sessions, c, extra, noise, cfg_lanes=cfg_lanes)
         wide = sessions.get(WIDE_HIFT_DECODE)
         wide_runner = HiFTRunner({**sessions, "hift_decode": wide}, c) if wide is not None else None
         self.vocoder = Vocoder(HiFTRunner(sessions, c), wide_runner)
-        self.schedule = schedule or HopSchedule.official(extra, c)
+        self.schedule = schedule or HopSchedule.official(extra.chunk_tokens, extra.pre_lookahead, c)
         self.prompt_window_tokens = prompt_window_tokens
         self.gate = gate
-        self.prompt_states = PromptStates(prompt_cache_bytes)
+        self.prompt_states: PromptStates[PromptKey, FlowState] = PromptStates(prompt_cache_bytes)
         self.official_final_chunk = official_final_chunk
         self.state_budget = state_budget or StateBudget(None)
 
@@ -173,7 +142,7 @@ class CosyVoice2Engine:
         cls, bundle: ModelBundle, sessions: Mapping[str, Any], runtime: RuntimeOptions, **kwargs: Any
     ) -> CosyVoice2Engine:
         """An engine over opened sessions (e.g. instrumented ones) with the scheduler and gate `runtime` asks for."""
-        runner = Qwen2Runner(sessions, bundle.constants, _extra(bundle).text_vocab_size)
+        runner = Qwen2Runner(sessions, bundle.constants, extra_constants(bundle).text_vocab_size)
         gate = AcousticGate(runtime.acoustic_slots, nice=runtime.acoustic_nice) if runtime.acoustic_slots > 0 else None
         llm: TokenGenerator = runner
         schedule = kwargs.setdefault("schedule", stream_schedule(bundle, runtime))
@@ -436,71 +405,7 @@ class CosyVoice2Engine:
         return mel[:, 2 * len(prompt.tokens) :], time.perf_counter() - clock
 
 
-def open_engine_sessions(bundle: ModelBundle, runtime: RuntimeOptions, *, wide: bool) -> dict[str, Any]:
-    """The bundle's CosyVoice2 graphs as `runtime` asks; `wide` adds the HiFT decode graph on WIDE_THREADS intra-op
-    threads (WIDE_HIFT_DECODE) for the vocoder calls that take both cores."""
-    sessions = open_sessions(bundle, runtime, names=tuple(V2_GRAPH_IO))
-    if wide:
-        two = replace(runtime, acoustic_threads=WIDE_THREADS)
-        sessions[WIDE_HIFT_DECODE] = open_sessions(bundle, two, names=("hift_decode",))["hift_decode"]
-    return sessions
-
-
-def decode_spread(bundle: ModelBundle, runtime: RuntimeOptions, gate: AcousticGate | None) -> Callable[[], None] | None:
-    """What the scheduler calls before each decode step when the step runs our int8 kernel on more than one thread:
-    while no acoustic call runs or waits (`gate.idle`), the step's products are shared over its threads
-    (DECODE_SPREAD tasks), else they stay on the scheduler's thread beside the flow. None where that cannot apply."""
-    if gate is None or runtime.threads_for("llm") < 2 or graph_runtime(bundle, "llm_step", runtime).custom_ops is None:
-        return None
-
-    def spread() -> None:
-        native.spread_decode_products(DECODE_SPREAD if gate.idle() else 1)
-
-    return spread
-
-
-def one_thread_calls(runtime: RuntimeOptions) -> RuntimeOptions:
-    """The acoustic thread budget spent as one-thread calls: unless `acoustic_threads` is set, every flow/HiFT call runs
-    one intra-op thread and the gate admits as many calls at once as the budget had threads (slots x threads).
-
-    The full-size estimator runs ~3,300 small kernels per call and ONNX Runtime's second intra-op thread barely shortens a call
-    (100 frames: 190 ms -> 180 ms), while two one-thread calls on two cores run at full speed each (measured 208 ms
-    each side by side); a request alone gets both cores through the CFG lanes (FlowRunner2)."""
-    if runtime.acoustic_threads is not None or runtime.acoustic_slots == 0:
-        return runtime
-    return replace(runtime, acoustic_threads=1, acoustic_slots=runtime.acoustic_slots * runtime.intra_op_threads)
-
-
-def flow_budget(runtime: RuntimeOptions) -> StateBudget:
-    """The bound on streamed sentences' estimator caches that `runtime.flow_cache_mb` asks for: None sizes it from the
-    memory limit and what is resident now (call it with the sessions open), 0 leaves it unbounded."""
-    mb = runtime.flow_cache_mb
-    limit = auto_budget() if mb is None else (mb << 20 if mb > 0 else None)
-    if limit is None:
-        log.info("flow caches of streamed sentences: no bound")
-    else:
-        log.info("flow caches of streamed sentences: at most %d MB at once%s", limit >> 20, " (auto)" if mb is None else "")
-    return StateBudget(limit)
-
-
-def stream_schedule(bundle: ModelBundle, runtime: RuntimeOptions) -> HopSchedule:
-    """The schedule `runtime` asks for: "official" (CosyVoice2Model.tts) or the default early first audio; either with
-    `runtime.first_hop_tokens` as its first hop when that is set (the official one still pads it to a chunk boundary)."""
-    extra, c = _extra(bundle), bundle.constants
-    if runtime.stream_schedule == "official":
-        official = HopSchedule.official(extra, c)
-        return official if runtime.first_hop_tokens is None else replace(official, first=runtime.first_hop_tokens)
-    return HopSchedule.early(extra, c, runtime.first_hop_tokens)
-
-
 def _ended(tokens: Iterator[int], wait_s: float) -> bool:
     """Whether `tokens` will give no more, waiting up to `wait_s` to learn it (a scheduler's TokenStream can tell; a
     plain iterator cannot, and its look-ahead tokens get a last chunk of their own)."""
     return isinstance(tokens, EndAware) and tokens.ended(wait_s)
-
-
-def _extra(bundle: ModelBundle) -> CosyVoice2Constants:
-    extra = bundle.manifest.cosyvoice2
-    if bundle.family != FAMILY_V2 or extra is None:
-        raise BundleError(f"{bundle.root}: not a CosyVoice2 bundle (family {bundle.family!r})")
-    return extra

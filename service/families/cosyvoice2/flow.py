@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from service.bundle import CosyVoice2Constants, ModelConstants, expand_io_names
+from service.bundle import ModelConstants, expand_io_names
 from service.errors import BundleError
+from service.families.cosyvoice2.contract import CosyVoice2Constants
 from service.families.cosyvoice2.voice import FlowPrompt2
 from service.layers.cfm import cosine_t_span
 from service.layers.frame_cache import EstimatorState, FrameCache

@@ -6,11 +6,12 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Protocol, cast
 
-from service.bundle import FAMILY_V2, Capabilities, ModelBundle
+from service.bundle import Capabilities, ModelBundle
 from service.engine.memory import StateBudget
-from service.engine.sessions import RuntimeOptions
+from service.engine.options import RuntimeOptions
 from service.engine.types import AudioChunk, SynthesisOptions
 from service.errors import BundleError, SettingError
+from service.families.cosyvoice2 import contract
 from service.families.cosyvoice2.engine import CosyVoice2Engine
 from service.families.cosyvoice2.voice import Voice2
 from service.families.cosyvoice2.voices import Voices2, v2_voice
@@ -44,7 +45,7 @@ class CosyVoice2Model:
     then name a saved voice or send a prompt recording, and the probes run with `warmup_voice`.
     """
 
-    family = FAMILY_V2
+    family = contract.FAMILY
 
     def __init__(self, bundle: ModelBundle, frontend: TextFrontend, engine: V2Engine, voices: Voices2) -> None:
         self.bundle = bundle
@@ -124,10 +125,10 @@ def check_options(bundle: ModelBundle, runtime: RuntimeOptions) -> None:
 
 def load_model(bundle: ModelBundle, context: ModelContext) -> CosyVoice2Model:
     """Frontend (the bundle's Qwen2 BPE on tiktoken), engine (the context's loader, else CosyVoice2Engine), voices."""
-    if bundle.family != FAMILY_V2:
+    if bundle.family != contract.FAMILY:
         raise BundleError(f"{bundle.root}: not a CosyVoice2 bundle (family {bundle.family!r})")
     check_options(bundle, context.options)
-    tokenizer = Qwen2Tokenizer.load(bundle.tokenizer_path, cache_dir=context.options.compiled_cache_dir)
+    tokenizer = Qwen2Tokenizer.load(bundle.file(contract.TOKENIZER_NAME), cache_dir=context.options.compiled_cache_dir)
     frontend = TextFrontend.load(tokenizer, lexicon_store=context.lexicon_store)
     engine = cast(V2Engine, (context.engine_loader or load_engine)(bundle, context.options))
     voices = Voices2.load(

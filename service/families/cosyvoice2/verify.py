@@ -11,8 +11,10 @@ import numpy as np
 
 from service.audio.decode import decode_audio
 from service.bundle import ModelBundle
-from service.engine.sessions import RuntimeOptions, open_sessions
+from service.engine.options import RuntimeOptions
+from service.engine.sessions import open_sessions
 from service.engine.types import LLMPrompt, SynthesisOptions
+from service.families.cosyvoice2.contract import GRAPH_IO, TOKENIZER_NAME
 from service.families.cosyvoice2.engine import CosyVoice2Engine
 from service.families.cosyvoice2.voice import FlowPrompt2
 from service.layers.features import kaldi_fbank, resample, subtract_mean, whisper_log_mel
@@ -41,7 +43,7 @@ def run_verification2(
     engine = CosyVoice2Engine(bundle, open_sessions(bundle, runtime, names=_graph_names(bundle)))
     report = VerifyReport()
     stages: list[tuple[str, Callable[[Path], Iterator[Check]]]] = [
-        (TOKENIZER_FILE, lambda p: verify_tokenizer(Qwen2Tokenizer.load(bundle.tokenizer_path), p)),
+        (TOKENIZER_FILE, lambda p: verify_tokenizer(Qwen2Tokenizer.load(bundle.file(TOKENIZER_NAME)), p)),
         (PROMPTS_FILE, lambda p: verify_prompts(fixtures, runtime)),
         *[(name, lambda p, n=name: verify_mode(engine, p, n.removesuffix(".npz"))) for name in MODE_FILES],
         (HIFT_FILE, lambda p: verify_hift(engine, p)),
@@ -60,7 +62,7 @@ def run_verification2(
 
 
 def _graph_names(bundle: ModelBundle) -> tuple[str, ...]:
-    return tuple(bundle.manifest.layout.graph_io)
+    return tuple(GRAPH_IO)
 
 
 # ---- text ---------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from service.bundle import ModelBundle
-from service.engine.sessions import RuntimeOptions
+from service.engine.options import RuntimeOptions
 from service.errors import InvalidInputError, UnsupportedCapabilityError
 from service.families.cosyvoice2.voice import Voice2
 from service.families.model import ModelVoice

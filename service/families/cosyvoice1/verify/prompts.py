@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from service.audio.decode import decode_audio
-from service.engine.sessions import RuntimeOptions
+from service.engine.options import RuntimeOptions
 from service.layers.features import kaldi_fbank, resample, subtract_mean, whisper_log_mel
 from service.layers.prompt import MAX_PROMPT_S, PromptAnalyzer
 from service.verify.checks import Check, max_abs, mismatches

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from service.bundle import ModelBundle
-from service.engine.sessions import RuntimeOptions
+from service.engine.options import RuntimeOptions
 from service.families.cosyvoice1.verify.modes import has_mode_fixtures, verify_modes
 from service.families.cosyvoice1.verify.prompts import PROMPT_MODELS, PROMPTS_FILE, verify_prompts
 from service.families.cosyvoice1.verify.stages import (

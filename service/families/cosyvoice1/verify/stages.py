@@ -11,8 +11,10 @@ from typing import Any
 import numpy as np
 
 from service.bundle import ModelBundle
-from service.engine.sessions import RuntimeOptions, open_sessions
+from service.engine.options import RuntimeOptions
+from service.engine.sessions import open_sessions
 from service.engine.types import LLMPrompt
+from service.families.cosyvoice1.contract import TOKENIZER_NAME
 from service.families.cosyvoice1.flow import FlowRunner
 from service.families.cosyvoice1.llm import CosyVoice1LLM
 from service.families.cosyvoice1.schedule import ScheduleConfig
@@ -60,7 +62,7 @@ class Engines:
 
 def verify_tokenizer(engines: Engines, path: Path) -> Iterator[Check]:
     """Whisper BPE ids of every recorded normalized sentence must equal the official ids exactly."""
-    frontend = TextFrontend.load(engines.bundle.tokenizer_path)
+    frontend = TextFrontend.load(engines.bundle.file(TOKENIZER_NAME))
     cases = json.loads(path.read_text(encoding="utf-8"))["cases"]
     for i, case in enumerate(cases):
         got = [frontend.encode(s) for s in case["normalized_sentences"]]

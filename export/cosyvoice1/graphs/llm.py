@@ -10,9 +10,10 @@ import onnxruntime as ort
 import torch
 from torch import Tensor, nn
 
-from export.modules.llm import TransformerLM
+from export.cosyvoice1.modules.llm import TransformerLM
 from export.onnx_io import ExportedGraph, export_graph
-from service.bundle import GRAPH_IO, expand_io_names, relative_pe
+from service.bundle import expand_io_names
+from service.families.cosyvoice1.contract import GRAPH_IO, relative_pe
 
 LLM_GRAPHS = ("llm_encoder", "llm_embed", "llm_pos", "llm_step")
 

@@ -1,0 +1,1 @@
+"""CosyVoice-300M's torch modules (LLM)."""

@@ -1,0 +1,130 @@
+"""The engine's runtime options (RuntimeOptions): threads, ONNX Runtime session settings, which runtime runs the
+acoustic graphs, and how the stages share the cores; and which stage a graph belongs to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+ExecutionMode = Literal["sequential", "parallel"]
+GraphOptimization = Literal["all", "extended", "basic", "disabled"]
+Stage = Literal["llm", "acoustic"]
+StreamSchedule = Literal["adaptive", "official"]
+AcousticBackend = Literal["auto", "ort", "openvino"]
+NativeKernelsMode = Literal["auto", "off"]
+
+EXECUTION_MODES: tuple[str, ...] = ("sequential", "parallel")
+GRAPH_OPTIMIZATION: tuple[str, ...] = ("all", "extended", "basic", "disabled")
+# Graphs run per token or per Euler step keep ORT's pre-packed weight copies (2x faster int8 GEMMs);
+# the others run once per request or chunk, where the second copy of their weights (40-100 MB) is not
+# worth the few milliseconds it saves.
+PREPACKED_GRAPHS: frozenset[str] = frozenset({"llm_step", "flow_estimator", "hift_decode", "hift_f0"})
+# Graphs OpenVINO may run (acoustic_backend): measured faster in bf16 than ORT runs them (estimator int8: 1.5x,
+# HiFT decode fp32: 1.6x, on AVX-512 BF16). The LLM step stays on ORT (OpenVINO was 2x slower there).
+OPENVINO_GRAPHS: frozenset[str] = frozenset({"flow_estimator", "hift_decode", "hift_f0"})
+
+
+def graph_stage(name: str) -> Stage:
+    """The stage a graph belongs to: the LLM graphs, or the acoustic ones (flow, HiFT, and the prompt models,
+    which like them run once per request on variable-length audio)."""
+    return "llm" if name.startswith("llm_") else "acoustic"
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """Runtime settings of one engine: ONNX Runtime session options and how its two stages share the cores.
+
+    Thread budget rule: the threads that run graphs at the same time must not exceed the cores. With the
+    batching scheduler (`max_batch > 0`) one LLM thread decodes every request while at most
+    `acoustic_slots` flow/HiFT calls run beside it, so `llm_threads + acoustic_slots * acoustic_threads`
+    is what competes for the cores. Without it every concurrent request runs its own sessions:
+    `concurrent requests * intra_op_threads <= cores`.
+    ORT pins one pool per session call; two spinning pools on one core fight for it, so spinning is only
+    worth it when a single graph runs at a time (`allow_spinning`, default off).
+    `acoustic_nice` > 0 lowers the OS priority of the threads that run flow/HiFT (their ORT pools and the
+    calling threads), so a decode step never waits for a vocoder call: the LLM takes the cores when it
+    needs them and the acoustic work fills the rest. Linux only; ignored elsewhere.
+    """
+
+    intra_op_threads: int = 2
+    inter_op_threads: int = 1
+    llm_threads: int | None = None  # None: intra_op_threads
+    acoustic_threads: int | None = None  # None: intra_op_threads
+    execution_mode: ExecutionMode = "sequential"
+    graph_optimization: GraphOptimization = "all"
+    enable_cpu_mem_arena: bool = True
+    enable_mem_pattern: bool = True
+    # Spinning keeps idle pool threads busy-waiting for the next op: lower latency when one graph owns
+    # the machine, wasted CPU (and a slower neighbour) when stages or other processes share the cores.
+    allow_spinning: bool = False
+    log_severity: int = 3  # 0 verbose .. 4 fatal
+    max_batch: int = 16  # LLM rows per batched decode step; 0 = no scheduler thread
+    acoustic_slots: int = 1  # flow/HiFT calls running at once; 0 = unlimited
+    acoustic_nice: int = 0  # OS niceness added to acoustic threads (0 = same priority as the LLM)
+    # While a request's first chunk is vocoded, the scheduler pauses decoding unless a consumer waits for
+    # tokens: the first audio then gets both cores instead of sharing them with tokens nobody needs yet.
+    first_audio_priority: bool = True
+    # While acoustic calls run, the scheduler pauses decoding once every stream has this many tokens decoded ahead of
+    # its flow (families whose engine asks for it); None: the chunk schedule's largest hop, 0: never.
+    decode_lead_tokens: int | None = None
+    # Return a flow/HiFT session's unused arena memory after each call: their activation peaks (HiFT ~120 MB
+    # for 5 s of audio) then do not stay resident side by side; measured at no cost in speed.
+    shrink_acoustic_arenas: bool = True
+    # glibc malloc arenas for the whole process (see limit_malloc_arenas); 0 keeps glibc's default.
+    malloc_arenas: int = 2
+    # How streamed sentences are cut into chunks: the family's default schedule, or "official" (the official code's
+    # chunk boundaries, for parity).
+    stream_schedule: StreamSchedule = "adaptive"
+    first_hop_tokens: int | None = None  # the first streamed chunk's hop; None: the schedule's own
+    # Seconds of a cloned voice's prompt the flow sees with each streamed chunk; None: all of it (official).
+    prompt_window_s: float | None = None
+    # Megabytes streamed sentences' growing state may hold at once (service.engine.memory); None: auto, 0: no bound.
+    flow_cache_mb: int | None = None
+    # Runtime of the OPENVINO_GRAPHS: "auto" = OpenVINO in bf16 where the CPU computes bf16 natively (AVX-512 BF16,
+    # AMX) and the openvino package is installed, else ORT; "ort"; "openvino" (bf16 where native, else f32).
+    # The engine's own default is ORT (parity checks, tools); the service's setting defaults to "auto".
+    acoustic_backend: AcousticBackend = "ort"
+    # Where OpenVINO keeps compiled graphs (imported at every start after the first: faster, and 0.19 GB less resident
+    # for the full-size estimator); None: compile in this process at every start.
+    compiled_cache_dir: Path | None = None
+    # Native twins (a quantized bundle's graphs with kernels of ours: an estimator's attention, the LLM step's int8
+    # products): "auto" runs a twin where the bundle has one and our library's kernel for it runs here
+    # (service.engine.native), "off" the core graphs.
+    native_kernels: NativeKernelsMode = "auto"
+
+    def __post_init__(self) -> None:
+        stage_threads = [t for t in (self.llm_threads, self.acoustic_threads) if t is not None]
+        if min(self.intra_op_threads, self.inter_op_threads, *stage_threads) < 1:
+            raise ValueError("intra_op_threads, inter_op_threads, llm_threads and acoustic_threads must be >= 1")
+        if self.execution_mode not in EXECUTION_MODES:
+            raise ValueError(f"execution_mode must be one of {sorted(EXECUTION_MODES)}")
+        if self.graph_optimization not in GRAPH_OPTIMIZATION:
+            raise ValueError(f"graph_optimization must be one of {sorted(GRAPH_OPTIMIZATION)}")
+        if not 0 <= self.log_severity <= 4:
+            raise ValueError("log_severity must be in 0..4")
+        if self.malloc_arenas < 0:
+            raise ValueError("malloc_arenas must be >= 0")
+        if self.decode_lead_tokens is not None and self.decode_lead_tokens < 0:
+            raise ValueError("decode_lead_tokens must be >= 0")
+        if self.max_batch < 0 or self.acoustic_slots < 0 or not 0 <= self.acoustic_nice <= 19:
+            raise ValueError("max_batch and acoustic_slots must be >= 0, acoustic_nice in 0..19")
+        if self.stream_schedule not in ("adaptive", "official"):
+            raise ValueError("stream_schedule must be 'adaptive' or 'official'")
+        if self.prompt_window_s is not None and self.prompt_window_s < 0:
+            raise ValueError("prompt_window_s must be >= 0")
+        if self.flow_cache_mb is not None and self.flow_cache_mb < 0:
+            raise ValueError("flow_cache_mb must be >= 0")
+        if self.acoustic_backend not in ("auto", "ort", "openvino"):
+            raise ValueError("acoustic_backend must be 'auto', 'ort' or 'openvino'")
+        if self.native_kernels not in ("auto", "off"):
+            raise ValueError("native_kernels must be 'auto' or 'off'")
+
+    def threads_for(self, stage: Stage) -> int:
+        """Intra-op threads of the sessions of one stage."""
+        chosen = self.llm_threads if stage == "llm" else self.acoustic_threads
+        return chosen or self.intra_op_threads
+
+    def max_workers(self, cores: int) -> int:
+        """Largest worker count that keeps `workers * intra_op_threads <= cores` (at least 1)."""
+        return max(1, cores // self.intra_op_threads)

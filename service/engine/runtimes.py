@@ -1,0 +1,127 @@
+"""Which runtime runs each graph of a bundle: ONNX Runtime's graph, its native twin with our kernels, or OpenVINO."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from service.bundle import GROUP_NATIVE, NATIVE_SUFFIX, ModelBundle
+from service.engine import native
+from service.engine.host import lower_thread_priority
+from service.engine.options import OPENVINO_GRAPHS, RuntimeOptions, graph_stage
+from service.errors import BundleError
+
+
+@dataclass(frozen=True)
+class GraphRuntime:
+    """Where one graph runs: "ort", or "openvino" at `precision` from the file `path` (the float twin of an int8 graph)."""
+
+    backend: Literal["ort", "openvino"]
+    path: Path
+    precision: str = "fp32"
+    fingerprint: str = ""  # sha256 of the file at `path`, from the manifest
+    custom_ops: Path | None = None  # a library of custom operators the graph needs (our native kernels)
+
+
+def graph_runtime(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> GraphRuntime:
+    """The one place that picks the runtime of a graph, from the settings, the CPU's features and the bundle's files.
+
+    A graph runs as its native twin on ORT with our kernels when the bundle has the twin, native_kernels
+    is "auto" and the library runs every kernel of that twin here (native.KERNELS_OF_GRAPH). Else OpenVINO runs
+    OPENVINO_GRAPHS when asked (or on "auto" where bf16 is native), from floating-point weights: the graph itself, or
+    the float twin of a quantized graph; a quantized graph without a twin stays on ORT.
+    """
+    ort_runtime = GraphRuntime("ort", bundle.graph_path(name), bundle.manifest.graphs[name].precision)
+    twin = native_twin(bundle, name, opts)
+    if twin is not None:
+        return twin
+    if name not in OPENVINO_GRAPHS or opts.acoustic_backend == "ort":
+        return ort_runtime
+    from service.engine import ov_session
+
+    bf16 = ov_session.native_bf16()
+    if opts.acoustic_backend == "auto" and not bf16:
+        return ort_runtime
+    if not ov_session.available():
+        raise BundleError("TTS_ACOUSTIC_BACKEND=openvino needs the openvino package (pip install openvino)")
+    path = bundle.float_graph_path(name)
+    if path is None:
+        return ort_runtime
+    entry = next(g for g in bundle.manifest.graphs.values() if bundle.root / g.file == path)
+    return GraphRuntime("openvino", path, "bf16" if bf16 else "f32", entry.sha256)
+
+
+def native_twin(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> GraphRuntime | None:
+    """The native twin of graph `name` as it would run here, or None (no twin, off, or the library cannot run)."""
+    path = bundle.native_graph_path(name) if opts.native_kernels == "auto" else None
+    if path is None:
+        return None
+    kernels = _native_kernels(bundle, name)
+    if not kernels.usable:
+        return None
+    entry = bundle.manifest.graphs[name + NATIVE_SUFFIX]
+    return GraphRuntime("ort", path, entry.precision, entry.sha256, kernels.path)
+
+
+def native_kernels_note(bundle: ModelBundle, opts: RuntimeOptions) -> str | None:
+    """One line for the start-up log when the bundle has native twins: which run our kernels, and why the others not."""
+    twins = [n.removesuffix(NATIVE_SUFFIX) for n in bundle.manifest.graphs_in(GROUP_NATIVE)]
+    if not twins:
+        return None
+    if opts.native_kernels == "off":
+        return f"native kernels off (TTS_NATIVE_KERNELS=off): ONNX Runtime's graphs run {', '.join(twins)}"
+    parts = []
+    for name in twins:
+        kernels = _native_kernels(bundle, name)
+        what = " and ".join(_kernel_note(k) for k in native.KERNELS_OF_GRAPH[name])
+        parts.append(f"{name} runs {what}" if kernels.usable else f"{name} on ONNX Runtime's graph ({kernels.reason})")
+    return f"native kernels ({native.LIBRARY_PATH.name}): {'; '.join(parts)}"
+
+
+_KERNEL_NOTE = {"attention": "its attention as our bf16 kernel", "int8_matmul": "its int8 products as our VNNI kernel"}
+
+
+def _kernel_note(kernel: native.Kernel) -> str:
+    """What the start-up note says of one kernel: with AMX tiles in use, which of its calls take them."""
+    if not native.amx_tiles():
+        return _KERNEL_NOTE[kernel]
+    return {
+        "attention": "its attention as our bf16 kernel on AMX tiles",
+        "int8_matmul": "its int8 products as our VNNI kernel (AMX tiles from 16 rows)",
+    }[kernel]
+
+
+def _native_kernels(bundle: ModelBundle, name: str) -> native.NativeKernels:
+    """Whether our library runs every kernel of graph `name`'s twin here: the first one that cannot, or the library.
+    (An attention whose head size the fast kernel does not take runs the kernel's portable code, same results.)"""
+    probes = [native.probe(kernel=k) for k in native.KERNELS_OF_GRAPH[name]]
+    return next((p for p in probes if not p.usable), probes[0])
+
+
+def open_openvino(runtime: GraphRuntime, opts: RuntimeOptions, name: str) -> Any:
+    from service.engine.ov_session import OpenVINOSession, warm_cache
+
+    threads = opts.threads_for(graph_stage(name))
+    precision: Literal["bf16", "f32"] = "bf16" if runtime.precision == "bf16" else "f32"
+    cache = opts.compiled_cache_dir
+    if cache is not None:
+        cache = warm_cache(runtime.path, runtime.fingerprint, threads, precision, cache)
+    if opts.acoustic_nice <= 0:
+        return OpenVINOSession(runtime.path, threads, precision, cache)
+    result: dict[str, Any] = {}
+
+    def target() -> None:  # compiled at lower priority: OpenVINO's worker threads inherit it
+        lower_thread_priority(opts.acoustic_nice)
+        try:
+            result["session"] = OpenVINOSession(runtime.path, threads, precision, cache)
+        except BundleError as e:
+            result["error"] = e
+
+    worker = threading.Thread(target=target, name="ov-compile")
+    worker.start()
+    worker.join()
+    if "error" in result:
+        raise result["error"]
+    return result["session"]
