@@ -44,7 +44,7 @@ def test_first_audio_is_decided_in_one_place() -> None:
     assert not first_audio(start(chunks=1))  # a later chunk of the first sentence
     assert not first_audio(start(audio_s=0.5))  # the first chunk of a later sentence: the listener has audio
     assert next_hop(ADAPTIVE.with_first_hop(33), start(), SLOW, C) == 33  # the first hop whatever the rates
-    assert ADAPTIVE.first_audio_tokens == 21 + 20 and ADAPTIVE.with_first_hop(33).first_audio_tokens == 53
+    assert ADAPTIVE.first_audio_tokens(0) == 21 + 20 and ADAPTIVE.with_first_hop(33).first_audio_tokens(0) == 53
 
 
 def test_a_later_sentence_does_not_restart_with_the_first_hop() -> None:

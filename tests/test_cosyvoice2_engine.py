@@ -129,7 +129,7 @@ def test_scheduler_batches_cosyvoice2_requests_like_direct_decoding(engine: Cosy
 def test_hop_schedule_pads_the_first_hop_to_a_chunk_boundary() -> None:
     schedule = HopSchedule()
     assert [schedule.first_hop(p) for p in (0, 25, 37, 80)] == [25, 25, 38, 45]
-    assert [schedule.next_hop(h, 25 * h) for h in (25, 50, 100)] == [(50, 50), (100, 100), (100, 100)]
+    assert [schedule.after(h, 25 * h) for h in (25, 50, 100)] == [(50, 50), (100, 100), (100, 100)]
 
 
 def official_chunks(prompt: int, tokens: int) -> tuple[list[tuple[int, int]], int]:

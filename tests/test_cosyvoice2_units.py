@@ -55,7 +55,7 @@ def test_hop_schedule_doubles_to_its_cap() -> None:
     schedule = HopSchedule()
     hops, base, end = [25], 25, 25
     while len(hops) < 5:
-        hop, base = schedule.next_hop(base, end)
+        hop, base = schedule.after(base, end)
         hops.append(hop)
         end += hop
     assert hops == [25, 50, 100, 100, 100]
@@ -67,7 +67,7 @@ def hops(schedule: HopSchedule, prompt: int, tokens: int) -> list[int]:
     while tokens - offset >= hop + schedule.look_ahead:
         out.append(hop)
         offset += hop
-        hop, base = schedule.next_hop(base, prompt + offset)
+        hop, base = schedule.after(base, prompt + offset)
     return out
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,35 @@ class Progress:
     audio_s: float  # seconds of audio the request has delivered so far (all sentences)
     prompt_frames: int = 0  # prompt mel frames each flow call of this sentence solves with the chunk
     speed: float = 1.0  # tempo: a chunk's audio lasts 1/speed of its mel
+    consumed: int = 0  # speech tokens of this sentence whose audio is out (the hops so far)
+    prompt_tokens: int = 0  # prompt speech tokens each flow call of this sentence sees before its own
+    carry: int = 0  # the schedule's own number from its previous answer (Hop.carry); 0 at a sentence's start
+
+
+@dataclass(frozen=True)
+class Hop:
+    """The schedule's answer: the next chunk consumes `tokens` and waits for `look_ahead` more (or the LLM's end)."""
+
+    tokens: int
+    look_ahead: int
+    carry: int = 0  # handed back in the next Progress (a schedule that grows its hops keeps its base there)
+
+
+class ChunkSchedule(Protocol):
+    """What every family's chunk schedule answers, from plain state (no threads, clock or sessions)."""
+
+    def next_hop(self, progress: Progress, rates: Rates | None) -> Hop:
+        """The next chunk of a streamed sentence; `rates` are what the engine measured (None before any)."""
+        ...
+
+    def first_audio_tokens(self, prompt_tokens: int) -> int:
+        """Speech tokens the LLM must deliver before a sentence's first chunk can be made (its urgent tokens)."""
+        ...
 
 
 def first_audio(progress: Progress) -> bool:
     """True when the next chunk carries the request's first audio: it is urgent (pooled, served first, the LLM
-    keeps decoding for it) and its hop is the configured first hop. The one place this is decided."""
+    keeps decoding for it, the acoustic calls let it go first). The one place any family decides this."""
     return progress.audio_s == 0.0 and progress.chunks == 0
 
 

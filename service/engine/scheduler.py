@@ -1,4 +1,5 @@
-"""Continuous batching: every request's LLM decode steps run as one batched step on one scheduler thread."""
+"""Continuous batching: every request's LLM decode steps run as one batched step on one scheduler thread, which does
+what the pure planner (service/engine/planner.py) decides."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from service.engine import planner
 from service.engine.chunking import RateMeter
 from service.engine.llm import DecodeBatch, LLMRequest, LLMRunner
 from service.engine.types import LLMPrompt, as_llm_prompt
@@ -297,17 +299,12 @@ class BatchScheduler:
         self._shutdown(batch)
 
     def _yielding(self) -> bool:
-        """True while `yield_to` asks for the cores and no queued prefill or first-audio consumer needs the LLM now, or
-        while acoustic calls run and every request is `lead_tokens` ahead of its consumer (none waiting)."""
-        if self._pending:
-            return False
+        """Whether the planner gives the cores to acoustic work instead of the next decode step (planner.pauses)."""
         jobs = list(self._jobs.values())
-        acoustic = self.lead_tokens > 0 and self.acoustic_busy is not None and bool(jobs) and self.acoustic_busy()
-        if acoustic and all(not job.waiting and job.sent - job.taken >= self.lead_tokens for job in jobs):
-            return True
-        if self.yield_to is None or not self.yield_to():
-            return False
-        return not any(job.waiting and job.sent < job.urgent_tokens for job in jobs)
+        rows = tuple(planner.Row(job.waiting, job.sent, job.taken, job.urgent_tokens) for job in jobs)
+        first_audio = self.yield_to is not None and self.yield_to()
+        busy = self.lead_tokens > 0 and self.acoustic_busy is not None and bool(jobs) and self.acoustic_busy()
+        return planner.pauses(planner.State(len(self._pending), rows, first_audio, busy, self.lead_tokens))
 
     def _next_admissions(self, in_batch: int) -> list[_Job] | None:
         """Wait for work; returns the jobs to prefill now ([] when only decoding), None when closed."""
@@ -316,8 +313,8 @@ class BatchScheduler:
                 self._cond.wait()
             if self._closed:
                 return None
-            room = max(0, self.max_batch - in_batch)
-            return [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
+            count = planner.admissions(len(self._pending), in_batch, self.max_batch)
+            return [self._pending.popleft() for _ in range(count)]
 
     def _admit(self, job: _Job, batch: DecodeBatch) -> None:
         if job.abandoned.is_set():

@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 
 from service.bundle import ModelConstants
+from service.engine.chunking import Hop, Progress, Rates
 
 EARLY_FIRST_HOP = 10  # tokens of the first streamed chunk with early first audio (0.4 s of speech, 0.24 s heard)
 # Hops after the first attention chunk stay one chunk (25 tokens, 1 s): on 2 cores the stream is slower than real time
@@ -66,7 +67,15 @@ class HopSchedule:
         base = first or self.first
         return base + self._pad(prompt_tokens + base) if self.aligned_first else base
 
-    def next_hop(self, base: int, end: int) -> tuple[int, int]:
+    def next_hop(self, progress: Progress, rates: Rates | None) -> Hop:
+        """The ChunkSchedule answer (rates are not used: the boundaries are the attention chunks'): a sentence's first
+        hop after its prompt, then `after` the previous one; the base hop travels in `carry`."""
+        if progress.chunks == 0:
+            return Hop(self.first_hop(progress.prompt_tokens), self.look_ahead, self.first)
+        hop, base = self.after(progress.carry, progress.prompt_tokens + progress.consumed)
+        return Hop(hop, self.look_ahead, base)
+
+    def after(self, base: int, end: int) -> tuple[int, int]:
         """(hop, base) of the chunk after one whose base hop was `base` and which ended at token `end` (prompt
         included). After a chunk that ended inside an attention chunk (an early first chunk): the rest of that chunk,
         base 0. Else the base grows by `scale` up to `most` (from 0: one chunk), and so does the hop."""

@@ -236,7 +236,7 @@ class Synthesizer:
             if ctx.cancelled:
                 return
             # the first sentence's first chunk carries the request's first audio: its tokens are urgent
-            urgent = plan.schedule.first_audio_tokens if index == 0 and plan.stream else 0
+            urgent = plan.schedule.first_audio_tokens(0) if index == 0 and plan.stream else 0
             tokens = self.llm.generate(ids, voice.llm, llm_rng, cancel=ctx.cancel, urgent_tokens=urgent)
             yield from self._chunks(tokens, voice.flow, index, index == len(texts) - 1, plan, ctx)
 

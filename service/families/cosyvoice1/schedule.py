@@ -23,7 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from service.bundle import ModelConstants
-from service.engine.chunking import Progress, Rates, first_audio
+from service.engine.chunking import Hop, Progress, Rates, first_audio
+
+OFFICIAL = ModelConstants()  # the released CosyVoice-300M's constants
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class ScheduleConfig:
     growth: float = 1.0  # fixed schedule: hop multiplier per chunk
     adaptive: bool = True
     steady_hop: int = 100  # adaptive hop when nothing is measured yet or no hop covers (token_hop_len)
+    constants: ModelConstants = OFFICIAL  # the model's frame and sample rates, for the adaptive cost
 
     def __post_init__(self) -> None:
         if self.first_hop <= self.overlap:
@@ -49,22 +52,26 @@ class ScheduleConfig:
     @classmethod
     def official(cls, c: ModelConstants) -> ScheduleConfig:
         """The official v1 schedule: every hop token_hop_len, scaled by stream_scale_factor up to token_max_hop_len."""
-        return cls(c.token_hop_len, c.token_overlap_len, c.token_hop_len, c.token_max_hop_len, c.stream_scale_factor, False)
+        hop = c.token_hop_len
+        return cls(hop, c.token_overlap_len, hop, c.token_max_hop_len, c.stream_scale_factor, False, hop, c)
 
     @classmethod
     def default(cls, c: ModelConstants, first_hop: int | None = None) -> ScheduleConfig:
         """The engine default: adaptive, first hop `overlap + 1` (the smallest that keeps the overlap frame-aligned)."""
         overlap = c.token_overlap_len
         first = overlap + 1 if first_hop is None else first_hop
-        return cls(first, overlap, overlap + 1, c.token_max_hop_len, 1.0, True, c.token_hop_len)
+        return cls(first, overlap, overlap + 1, c.token_max_hop_len, 1.0, True, c.token_hop_len, c)
 
     def with_first_hop(self, first_hop: int) -> ScheduleConfig:
         return replace(self, first_hop=first_hop)
 
-    @property
-    def first_audio_tokens(self) -> int:
-        """Tokens the LLM must deliver before the request's first audio can be made."""
+    def first_audio_tokens(self, prompt_tokens: int = 0) -> int:
+        """Tokens the LLM must deliver before the request's first audio can be made (the prompt does not count)."""
         return self.first_hop + self.overlap
+
+    def next_hop(self, progress: Progress, rates: Rates | None) -> Hop:
+        """The ChunkSchedule answer: `next_hop` below, every chunk waiting for the overlap."""
+        return Hop(next_hop(self, progress, rates, self.constants), self.overlap)
 
 
 def next_hop(config: ScheduleConfig, progress: Progress, rates: Rates | None, c: ModelConstants) -> int:

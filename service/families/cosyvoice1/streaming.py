@@ -33,7 +33,7 @@ import numpy as np
 from service.bundle import ModelConstants
 from service.engine.acoustic_gate import Pacer
 from service.engine.chunking import Progress, RateMeter, first_audio
-from service.families.cosyvoice1.schedule import ScheduleConfig, next_hop
+from service.families.cosyvoice1.schedule import ScheduleConfig
 from service.families.cosyvoice1.token2wav import ChunkJob, NoiseSource, SentenceState, Token2Wav, WavChunk
 from service.families.cosyvoice1.voice import FlowPrompt, as_flow_prompt
 from service.layers.dsp import StreamingStretch
@@ -188,7 +188,7 @@ def stream_sentence(
     try:
         while True:
             progress = _progress(ctx, chunks, last_hop, pipe, flow_prompt)
-            hop = next_hop(ctx.schedule, progress, ctx.meter.rates() if ctx.meter else None, c)
+            hop = ctx.schedule.next_hop(progress, ctx.meter.rates() if ctx.meter else None).tokens
             if not pipe.fill(hop + ctx.schedule.overlap):
                 break
             wav = _chunk(tuple(pipe.buf[: hop + ctx.schedule.overlap]), flow_prompt, t2w, state, ctx, first_audio(progress))

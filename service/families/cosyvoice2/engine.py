@@ -13,7 +13,7 @@ import math
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +22,12 @@ import numpy as np
 from service.bundle import ModelBundle
 from service.engine import native
 from service.engine.acoustic_gate import AcousticGate, Pacer
+from service.engine.chunking import Hop, Progress, first_audio
 from service.engine.host import limit_malloc_arenas
 from service.engine.llm import max_speech_tokens
 from service.engine.memory import StateBudget
 from service.engine.options import RuntimeOptions
-from service.engine.scheduler import BatchScheduler, EndAware
+from service.engine.scheduler import BatchScheduler
 from service.engine.types import AudioChunk, StageTimings, SynthesisOptions, TokenGenerator
 from service.errors import EmptyTextError, InvalidInputError
 from service.families.cosyvoice2.assembly import (
@@ -40,6 +41,7 @@ from service.families.cosyvoice2.assembly import (
 )
 from service.families.cosyvoice2.contract import NOISE_NAME
 from service.families.cosyvoice2.flow import FlowRunner2, FlowState
+from service.families.cosyvoice2.sentence import TAIL_WAIT_S, MelChunk, Sentence, ended
 from service.families.cosyvoice2.voice import FlowPrompt2, Voice2
 from service.layers.chunk_schedule import HopSchedule, window_tokens
 from service.layers.dsp import StreamingStretch
@@ -53,35 +55,6 @@ log = logging.getLogger(__name__)
 DEFAULT_OPTIONS = SynthesisOptions()
 DEFAULT_PROMPT_CACHE_BYTES = 2 << 30  # prompt flow states kept for reuse (a 10 s prompt: ~1 GB fp16 full-size)
 PromptKey = tuple[str, int, int]  # voice fingerprint, Euler steps, prompt tokens the flow sees
-# How long a chunk's cut waits for its token stream's next delivery to learn whether the sentence has ended (one decode
-# step is in flight then: 14-27 ms at batch 1 on the 2-core hosts measured; a step that does not come in time only
-# leaves the look-ahead tokens to a last chunk of their own). A sentence's first chunk never waits (first audio).
-TAIL_WAIT_S = 0.05
-
-
-@dataclass(frozen=True)
-class MelChunk:
-    """A piece of a sentence's mel (80, frames) from the flow, and the seconds the flow took for it."""
-
-    mel: np.ndarray
-    final: bool
-    flow_s: float
-    tokens: int  # speech tokens whose frames this chunk holds
-
-
-@dataclass
-class _Sentence:
-    """One sentence's streaming progress: speech tokens, flow tokens encoded, current hop."""
-
-    prompt: FlowPrompt2
-    state: FlowState
-    hop: int
-    speech: list[int]
-    offset: int = 0  # speech tokens whose audio is out
-
-    @property
-    def encoded(self) -> int:
-        return self.state.encoder.tokens
 
 
 class CosyVoice2Engine:
@@ -212,6 +185,11 @@ class CosyVoice2Engine:
         pace = Pacer(self.gate, self.sample_rate)
         return (piece for piece, _ in self._sentence(iter(tokens), voice.flow, options, rng, pace, None, exact_final))
 
+    def schedule_for(self, options: SynthesisOptions) -> HopSchedule:
+        """The chunk schedule of one request: the engine's, with the request's first hop when it names one."""
+        first = options.first_hop_tokens
+        return self.schedule if first is None else replace(self.schedule, first=first)
+
     def flow_prompt(self, prompt: FlowPrompt2, options: SynthesisOptions) -> FlowPrompt2:
         """What the flow of a sentence sees of the voice's prompt: its window when streaming, else all of it."""
         return prompt.window(self.prompt_window_tokens) if options.stream else prompt
@@ -253,7 +231,7 @@ class CosyVoice2Engine:
                 return
             clock = time.perf_counter()
             flow_prompt = self.flow_prompt(voice.flow, options)
-            urgent = self.schedule.first_audio_tokens(len(flow_prompt.tokens), options.first_hop_tokens)
+            urgent = self.schedule_for(options).first_audio_tokens(len(flow_prompt.tokens))
             tokens = self.llm.generate(ids, voice.llm, llm_rng, cancel=cancel, urgent_tokens=urgent)
             exact = self.official_final_chunk
             most = max_speech_tokens(len(ids), self.constants)  # the LLM's own limit for this sentence
@@ -293,8 +271,9 @@ class CosyVoice2Engine:
         pace = pace or Pacer(None, self.sample_rate)
         if not options.stream:
             speech = list(tokens)
-            mel, flow_s = self._whole(prompt, speech, steps, pace)
-            yield MelChunk(mel, True, flow_s, len(speech))
+            first = first_audio(Progress(0, 0, len(speech), True, pace.audio_s))
+            mel, flow_s = self._whole(prompt, speech, steps, pace, first)
+            yield MelChunk(mel, True, flow_s, len(speech), first)
             return
         prompt = self.flow_prompt(prompt, options)
         if max_tokens is None:
@@ -305,9 +284,9 @@ class CosyVoice2Engine:
             state = self.prompt_state(prompt, steps, fingerprint, capacity)
         else:
             state = self.flow.prompt_state(prompt, steps, capacity)
-        schedule = self.schedule
-        base = options.first_hop_tokens or schedule.first
-        job = _Sentence(prompt, state, schedule.first_hop(len(prompt.tokens), base), [])
+        schedule = self.schedule_for(options)
+        job = Sentence(prompt, state, Hop(0, 0), [])
+        job.hop = schedule.next_hop(job.progress(pace.audio_s), None)
         budget, per_frame, owner = self.state_budget, state.bytes_per_frame(), object()  # owner: this sentence
         stop = cancel.is_set if cancel is not None else None
         try:
@@ -315,14 +294,14 @@ class CosyVoice2Engine:
                 return
             for token in tokens:
                 job.speech.append(int(token))
-                while len(job.speech) - job.offset >= job.hop + schedule.look_ahead:
-                    left = len(job.speech) - job.offset - job.hop
-                    if schedule.takes_tail(left) and _ended(tokens, TAIL_WAIT_S if job.offset else 0.0):
+                while len(job.speech) - job.offset >= job.hop.tokens + job.hop.look_ahead:
+                    left = len(job.speech) - job.offset - job.hop.tokens
+                    if schedule.takes_tail(left) and ended(tokens, TAIL_WAIT_S if job.offset else 0.0):
                         break  # the stream has ended: this chunk is the last and takes its look-ahead along
                     if not budget.reserve(owner, per_frame * self._new_frames(job, final=False), stop):
                         return
                     yield self._flow_chunk(job, pace, final=False)
-                    job.hop, base = schedule.next_hop(base, len(prompt.tokens) + job.offset)
+                    job.hop = schedule.next_hop(job.progress(pace.audio_s), None)
             grows = 0 if exact_final else per_frame * self._new_frames(job, final=True)  # the exact pass keeps none
             if not budget.reserve(owner, grows, stop):
                 return
@@ -330,9 +309,9 @@ class CosyVoice2Engine:
         finally:
             budget.release(owner)
 
-    def _new_frames(self, job: _Sentence, *, final: bool) -> int:
+    def _new_frames(self, job: Sentence, *, final: bool) -> int:
         """Mel frames the next chunk adds to the flow's caches (the final chunk: everything not yet encoded)."""
-        end = len(job.prompt.tokens) + (len(job.speech) if final else job.offset + job.hop)
+        end = len(job.prompt.tokens) + (len(job.speech) if final else job.offset + job.hop.tokens)
         return self.extra.token_mel_ratio * max(0, end - job.encoded)
 
     def _sentence(
@@ -359,7 +338,7 @@ class CosyVoice2Engine:
             clock = time.perf_counter()
             # one thread beside the decode steps (the next chunk's tokens), unless the schedule gives it the cores
             wide = self._wide_vocoder(chunk.tokens, before, chunk.final)
-            with pace.turn(first=pace.audio_s == 0.0, pauses_llm=wide):
+            with pace.turn(first=chunk.first, pauses_llm=wide):
                 mel = stretch.push(chunk.mel, final=chunk.final) if stretch is not None else chunk.mel
                 audio = vocoder.push(mel, final=chunk.final, speed=1.0 if options.stream else options.speed, wide=wide)
             pace.delivered(audio.shape[0])
@@ -375,37 +354,33 @@ class CosyVoice2Engine:
             return False
         return self.gate.idle()
 
-    def _flow_chunk(self, job: _Sentence, pace: Pacer, *, final: bool, exact: bool = False) -> MelChunk:
+    def _flow_chunk(self, job: Sentence, pace: Pacer, *, final: bool, exact: bool = False) -> MelChunk:
         """Flow for the next hop (or the rest): the new tokens after what is encoded, with their look-ahead."""
         prompt_tokens = len(job.prompt.tokens)
         seq = np.asarray([*job.prompt.tokens, *job.speech], dtype=np.int64)
-        end = len(seq) if final else prompt_tokens + job.offset + job.hop
+        end = len(seq) if final else prompt_tokens + job.offset + job.hop.tokens
         start = job.encoded
         tokens = end - prompt_tokens - job.offset  # this chunk's speech tokens
+        first = first_audio(job.progress(pace.audio_s))
         clock = time.perf_counter()
         if final and exact:
-            mel, _ = self._whole(job.prompt, job.speech, len(job.state.steps), pace)
+            mel, _ = self._whole(job.prompt, job.speech, len(job.state.steps), pace, first)
             mel = mel[:, 2 * job.offset :]
         else:
             wide = self.schedule.takes_cores(tokens, first=job.offset == 0, final=final)
-            with pace.turn(first=pace.audio_s == 0.0, pauses_llm=wide) as step_aside:
+            with pace.turn(first=first, pauses_llm=wide) as step_aside:
                 context = seq[end : end + self.schedule.look_ahead]
                 mel = self.flow.advance(seq[start:end], context, job.prompt, job.state, between_steps=step_aside, wide=wide)
             mel = mel[:, max(0, 2 * (prompt_tokens - start)) :]
-        job.offset = end - prompt_tokens
-        return MelChunk(mel, final, time.perf_counter() - clock, tokens)
+        job.offset, job.chunks = end - prompt_tokens, job.chunks + 1
+        return MelChunk(mel, final, time.perf_counter() - clock, tokens, first)
 
-    def _whole(self, prompt: FlowPrompt2, speech: list[int], steps: int, pace: Pacer) -> tuple[np.ndarray, float]:
-        """The official non-streaming flow: prompt + all tokens in one call, full attention -> mel (80, 2N), seconds."""
+    def _whole(self, prompt: FlowPrompt2, speech: list[int], steps: int, pace: Pacer, first: bool) -> tuple[np.ndarray, float]:
+        """The official non-streaming flow: prompt + all tokens in one call, full attention -> mel (80, 2N), seconds.
+        `first`: it carries the request's first audio."""
         clock = time.perf_counter()
         seq = np.asarray([*prompt.tokens, *speech], dtype=np.int64)
         state = self.flow.empty_state(steps)
-        with pace.turn(first=pace.audio_s == 0.0) as step_aside:
+        with pace.turn(first=first) as step_aside:
             mel = self.flow.advance(seq, seq[:0], prompt, state, full_attention=True, between_steps=step_aside)
         return mel[:, 2 * len(prompt.tokens) :], time.perf_counter() - clock
-
-
-def _ended(tokens: Iterator[int], wait_s: float) -> bool:
-    """Whether `tokens` will give no more, waiting up to `wait_s` to learn it (a scheduler's TokenStream can tell; a
-    plain iterator cannot, and its look-ahead tokens get a last chunk of their own)."""
-    return isinstance(tokens, EndAware) and tokens.ended(wait_s)
