@@ -11,7 +11,9 @@
   builds from slices (fuse_conv_windows).
 * The LLM step (either family): each int8 weight product as ONNX Runtime's dynamic quantization writes it
   (DynamicQuantizeLinear, MatMulInteger, Cast, Mul by the scales, and the bias Add) is one `cosyvoice_lite.Int8MatMul`
-  node over the same int8 weight, packed in the order the kernel reads it.
+  node over the same int8 weight, packed in the order the kernel reads it. Every node of ours in the step also reads
+  the graph input `decode_spread` (an initializer of value 1 a caller may override per run: how many tasks a decode
+  step's products split into over the session's threads; add_spread_input).
 
 `python -m export.native_twin BUNDLE` adds the twins a bundle exported before them lacks; the exporters write them
 into every quantized bundle.
@@ -542,6 +544,26 @@ def fuse_qwen2_layers(model: onnx.ModelProto) -> int:
     return len(fused)
 
 
+SPREAD_INPUT = "decode_spread"  # service.engine.native.SPREAD_INPUT
+SPREAD_SLOT = {INT8_OP_NAME: 5, QWEN2_OP_NAME: 32}  # the optional input each operator reads it as
+
+
+def add_spread_input(model: onnx.ModelProto) -> int:
+    """Let every Int8MatMul and Qwen2Layer node of a step read SPREAD_INPUT, a graph input backed by an initializer
+    of value 1 (overridable per run, so callers that never feed it run as before); returns how many nodes read it."""
+    graph = model.graph
+    nodes = [n for n in graph.node if n.domain == NATIVE_DOMAIN and n.op_type in SPREAD_SLOT]
+    for node in nodes:
+        slot = SPREAD_SLOT[node.op_type]
+        inputs = [*node.input, *[""] * (slot - len(node.input))][:slot]  # an absent bias stays absent
+        del node.input[:]
+        node.input.extend([*inputs, SPREAD_INPUT])
+    if nodes:
+        graph.initializer.append(numpy_helper.from_array(np.array([1], np.int64), SPREAD_INPUT))
+        graph.input.append(helper.make_tensor_value_info(SPREAD_INPUT, onnx.TensorProto.INT64, [1]))
+    return len(nodes)
+
+
 def _attr(node: onnx.NodeProto, name: str) -> object:
     return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
 
@@ -606,6 +628,7 @@ def _rewrite(name: str, model: onnx.ModelProto, family: str | None = None) -> tu
             return 0, products
         layers = fuse_qwen2_layers(model)
         left = count - 7 * layers
+        add_spread_input(model)
         return count, f"{products}; decoder layers as {NATIVE_DOMAIN}.{QWEN2_OP_NAME} ({layers}), {left} product(s) beside"
     if name == "flow_estimator":
         cores = fuse_attention(model)
@@ -617,7 +640,9 @@ def _rewrite(name: str, model: onnx.ModelProto, family: str | None = None) -> tu
         windows = fuse_conv_windows(model)
         what = f"transformer blocks as {NATIVE_DOMAIN}.{BLOCK_OP_NAME}, {left} more {products}"
         return cores, f"{what} ({windows} reading convolution windows in place)"
-    return fuse_int8_matmuls(model), products
+    count = fuse_int8_matmuls(model)
+    add_spread_input(model)
+    return count, products
 
 
 def write_native_twin(bundle_dir: Path, log: Callable[[str], None] = print) -> tuple[str, ...]:

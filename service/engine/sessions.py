@@ -24,7 +24,7 @@ GraphOptimization = Literal["all", "extended", "basic", "disabled"]
 Stage = Literal["llm", "acoustic"]
 StreamSchedule = Literal["adaptive", "official"]
 AcousticBackend = Literal["auto", "ort", "openvino"]
-NativeKernelsMode = Literal["auto", "off"]
+NativeKernelsMode = Literal["auto", "no-amx", "portable", "off"]
 
 _EXECUTION_MODES: dict[str, ort.ExecutionMode] = {
     "sequential": ort.ExecutionMode.ORT_SEQUENTIAL,
@@ -114,7 +114,8 @@ class RuntimeOptions:
     compiled_cache_dir: Path | None = None
     # Native twins of the NATIVE_GRAPHS (a quantized bundle's graphs with kernels of ours: the CosyVoice2 estimator's
     # attention, the LLM step's int8 products): "auto" runs a twin where the bundle has one and our library's kernel
-    # for it runs here (service.engine.native), "off" the core graphs.
+    # for it has a fast variant here (service.engine.native), "no-amx" the same without AMX tiles, "portable" every
+    # twin with the kernels' portable C (comparisons, tests), "off" the core graphs.
     native_kernels: NativeKernelsMode = "auto"
 
     def __post_init__(self) -> None:
@@ -141,8 +142,8 @@ class RuntimeOptions:
             raise ValueError("flow_cache_mb must be >= 0")
         if self.acoustic_backend not in ("auto", "ort", "openvino"):
             raise ValueError("acoustic_backend must be 'auto', 'ort' or 'openvino'")
-        if self.native_kernels not in ("auto", "off"):
-            raise ValueError("native_kernels must be 'auto' or 'off'")
+        if self.native_kernels not in ("auto", "no-amx", "portable", "off"):
+            raise ValueError("native_kernels must be 'auto', 'no-amx', 'portable' or 'off'")
 
     def threads_for(self, stage: Stage) -> int:
         """Intra-op threads of the sessions of one stage."""
@@ -305,7 +306,8 @@ def graph_runtime(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> Graph
     """The one place that picks the runtime of a graph, from the settings, the CPU's features and the bundle's files.
 
     A NATIVE_GRAPHS graph runs as its native twin on ORT with our kernels when the bundle has the twin, native_kernels
-    is "auto" and the library runs every kernel of that twin here (native.KERNELS_OF_GRAPH). Else OpenVINO runs
+    is not "off" and the library has a fast variant of the twin's deciding kernels here under that ceiling
+    (native.KERNELS_OF_GRAPH), or the ceiling is "portable". Else OpenVINO runs
     OPENVINO_GRAPHS when asked (or on "auto" where bf16 is native), from floating-point weights: the graph itself, or
     the float twin of a quantized graph; a quantized graph without a twin stays on ORT.
     """
@@ -331,10 +333,11 @@ def graph_runtime(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> Graph
 
 def native_twin(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> GraphRuntime | None:
     """The native twin of graph `name` as it would run here, or None (no twin, off, or the library cannot run)."""
-    path = bundle.native_graph_path(name) if name in NATIVE_GRAPHS and opts.native_kernels == "auto" else None
-    if path is None:
+    ceiling = opts.native_kernels
+    path = bundle.native_graph_path(name) if name in NATIVE_GRAPHS else None
+    if path is None or ceiling == "off":
         return None
-    kernels = _native_kernels(bundle, name)
+    kernels = _native_kernels(bundle, name, ceiling)
     if not kernels.usable:
         return None
     entry = bundle.manifest.graphs[name + NATIVE_SUFFIX]
@@ -346,35 +349,36 @@ def native_kernels_note(bundle: ModelBundle, opts: RuntimeOptions) -> str | None
     twins = [n for n in NATIVE_GRAPHS if bundle.native_graph_path(n) is not None]
     if not twins:
         return None
-    if opts.native_kernels == "off":
+    ceiling = opts.native_kernels
+    if ceiling == "off":
         return f"native kernels off (TTS_NATIVE_KERNELS=off): ONNX Runtime's graphs run {', '.join(twins)}"
     parts = []
     for name in twins:
-        kernels = _native_kernels(bundle, name)
-        what = " and ".join(_kernel_note(k) for k in native.KERNELS_OF_GRAPH[name])
+        kernels = _native_kernels(bundle, name, ceiling)
+        what = ", ".join(_kernel_note(bundle, name, op, ceiling) for op in native.KERNELS_OF_GRAPH[name])
         parts.append(f"{name} runs {what}" if kernels.usable else f"{name} on ONNX Runtime's graph ({kernels.reason})")
-    return f"native kernels ({native.LIBRARY_PATH.name}): {'; '.join(parts)}"
+    return f"native kernels ({native.LIBRARY_PATH.name}, {ceiling}): {'; '.join(parts)}"
 
 
-_KERNEL_NOTE = {"attention": "its attention as our bf16 kernel", "int8_matmul": "its int8 products as our VNNI kernel"}
+_OP_NOTE = {"CachedAttention": "its attention", "Int8MatMul": "its int8 products"}
 
 
-def _kernel_note(kernel: native.Kernel) -> str:
-    """What the start-up note says of one kernel: with AMX tiles in use, which of its calls take them."""
-    if not native.amx_tiles():
-        return _KERNEL_NOTE[kernel]
-    return {
-        "attention": "its attention as our bf16 kernel on AMX tiles",
-        "int8_matmul": "its int8 products as our VNNI kernel (AMX tiles from 16 rows)",
-    }[kernel]
+def _kernel_note(bundle: ModelBundle, name: str, op: str, ceiling: native.KernelsCeiling) -> str:
+    """What the start-up note says of one kernel: the variant it takes ("its int8 products: avx512_vnni")."""
+    return f"{_OP_NOTE.get(op, op)}: {native.probe(head_dim=_head_dim(bundle, name), kernel=op, kernels=ceiling).variant}"
 
 
-def _native_kernels(bundle: ModelBundle, name: str) -> native.NativeKernels:
-    """Whether our library runs every kernel of graph `name`'s twin here (the attention for the bundle's head size):
-    the first one that cannot, or the library."""
+def _head_dim(bundle: ModelBundle, name: str) -> int:
     extra = bundle.manifest.cosyvoice2
-    head_dim = extra.estimator_head_dim if extra else 64
-    probes = [native.probe(head_dim=head_dim, kernel=k) for k in native.KERNELS_OF_GRAPH[name]]
+    return extra.estimator_head_dim if extra and name == "flow_estimator" else 64
+
+
+def _native_kernels(bundle: ModelBundle, name: str, ceiling: native.KernelsCeiling) -> native.NativeKernels:
+    """Whether our library has a fast variant of every deciding kernel of graph `name`'s twin here under `ceiling`
+    (the attention for the bundle's head size; any variant under "portable"): the first one that has not, or the
+    library."""
+    head_dim = _head_dim(bundle, name)
+    probes = [native.probe(head_dim=head_dim, kernel=k, kernels=ceiling) for k in native.KERNELS_OF_GRAPH[name]]
     return next((p for p in probes if not p.usable), probes[0])
 
 
@@ -434,7 +438,10 @@ def open_sessions(
             sessions[name] = _open_openvino(runtime, opts, name)
             continue
         so = make_session_options(opts, name)
-        if runtime.custom_ops is not None:
+        ceiling = opts.native_kernels
+        if runtime.custom_ops is not None and ceiling != "off":
+            for key, value in native.session_config(ceiling).items():
+                so.add_session_config_entry(key, value)
             so.register_custom_ops_library(str(runtime.custom_ops))
         path = runtime.path
         acoustic = graph_stage(name) == "acoustic"

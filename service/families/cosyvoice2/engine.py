@@ -46,7 +46,7 @@ PromptKey = tuple[str, int, int]  # voice fingerprint, Euler steps, prompt token
 # (HopSchedule.vocoder_takes_cores); the wide width is the estimator's, its two guidance rows side by side.
 WIDE_HIFT_DECODE = "hift_decode/wide"
 WIDE_THREADS = 2
-# Tasks a decode step's int8 products are split into while the acoustic gate is idle (native.spread_decode_products):
+# Tasks a decode step's int8 products are split into while the acoustic gate is idle (native.DecodeSpread):
 # full size, batch 1, two threads, 14.4-15.2 against 16.9-17.0 ms a step in a stream (2 tasks: 16.9-17.3 ms alone).
 DECODE_SPREAD = 4
 # How long a chunk's cut waits for its token stream's next delivery to learn whether the sentence has ended (one decode
@@ -173,15 +173,18 @@ class CosyVoice2Engine:
         cls, bundle: ModelBundle, sessions: Mapping[str, Any], runtime: RuntimeOptions, **kwargs: Any
     ) -> CosyVoice2Engine:
         """An engine over opened sessions (e.g. instrumented ones) with the scheduler and gate `runtime` asks for."""
-        runner = Qwen2Runner(sessions, bundle.constants, _extra(bundle))
         gate = AcousticGate(runtime.acoustic_slots, nice=runtime.acoustic_nice) if runtime.acoustic_slots > 0 else None
+        step = native.DecodeSpread(sessions["llm_step"]) if runtime.max_batch > 0 else None
+        spread = decode_spread(bundle, runtime, gate, step)
+        if step is not None and spread is not None:
+            sessions = {**sessions, "llm_step": step}
+        runner = Qwen2Runner(sessions, bundle.constants, _extra(bundle))
         llm: TokenGenerator = runner
         schedule = kwargs.setdefault("schedule", stream_schedule(bundle, runtime))
         if runtime.max_batch > 0:
             yield_to = gate.first_audio_running if gate is not None and runtime.first_audio_priority else None
             lead = schedule.decode_lead if runtime.decode_lead_tokens is None else runtime.decode_lead_tokens
             busy = gate.busy if gate is not None else None
-            spread = decode_spread(bundle, runtime, gate)
             llm = BatchScheduler(
                 runner, max_batch=runtime.max_batch, yield_to=yield_to, lead_tokens=lead, acoustic_busy=busy, before_step=spread
             )  # fmt: skip
@@ -194,8 +197,6 @@ class CosyVoice2Engine:
     def close(self) -> None:
         if self.scheduler is not None:
             self.scheduler.close()
-            if self.scheduler.before_step is not None:
-                native.spread_decode_products(1)  # no step of this engine runs any more
         self.flow.close()
 
     # ---- requests -------------------------------------------------------------------------------
@@ -446,15 +447,20 @@ def open_engine_sessions(bundle: ModelBundle, runtime: RuntimeOptions, *, wide: 
     return sessions
 
 
-def decode_spread(bundle: ModelBundle, runtime: RuntimeOptions, gate: AcousticGate | None) -> Callable[[], None] | None:
+def decode_spread(
+    bundle: ModelBundle, runtime: RuntimeOptions, gate: AcousticGate | None, step: native.DecodeSpread | None
+) -> Callable[[], None] | None:
     """What the scheduler calls before each decode step when the step runs our int8 kernel on more than one thread:
     while no acoustic call runs or waits (`gate.idle`), the step's products are shared over its threads
-    (DECODE_SPREAD tasks), else they stay on the scheduler's thread beside the flow. None where that cannot apply."""
-    if gate is None or runtime.threads_for("llm") < 2 or graph_runtime(bundle, "llm_step", runtime).custom_ops is None:
+    (DECODE_SPREAD tasks, the step twin's spread input through `step`), else they stay on the scheduler's thread
+    beside the flow. None where that cannot apply (nor is `step` then used)."""
+    if gate is None or step is None or runtime.threads_for("llm") < 2:
+        return None
+    if graph_runtime(bundle, "llm_step", runtime).custom_ops is None or not native.takes_spread(step.session):
         return None
 
     def spread() -> None:
-        native.spread_decode_products(DECODE_SPREAD if gate.idle() else 1)
+        step.tasks = DECODE_SPREAD if gate.idle() else 1
 
     return spread
 
