@@ -70,6 +70,7 @@ def test_the_portable_kernels_serve_a_request_on_any_cpu(tiny_v2_bundle: Path, n
     step = open_sessions(bundle, runtime, names=("llm_step",))["llm_step"]
     assert native.takes_spread(step)
     engine = CosyVoice2Engine.load(tiny_v2_bundle, runtime)
+    assert engine.scheduler is not None and engine.scheduler.before_step is not None  # steps are fed their spread
     try:
         rng = np.random.default_rng(5)
         tokens = tuple(int(t) for t in rng.integers(0, 6561, 30))
