@@ -11,7 +11,9 @@
   builds from slices (fuse_conv_windows).
 * The LLM step (either family): each int8 weight product as ONNX Runtime's dynamic quantization writes it
   (DynamicQuantizeLinear, MatMulInteger, Cast, Mul by the scales, and the bias Add) is one `cosyvoice_lite.Int8MatMul`
-  node over the same int8 weight, packed in the order the kernel reads it.
+  node over the same int8 weight, packed in the order the kernel reads it. Every node of ours in the step also reads
+  the graph input `decode_spread` (an initializer of value 1 a caller may override per run: how many tasks a decode
+  step's products split into over the session's threads; add_spread_input).
 
 `python -m export.native_twin BUNDLE` adds the twins a bundle exported before them lacks; the exporters write them
 into every quantized bundle.
@@ -533,6 +535,26 @@ def fuse_qwen2_layers(model: onnx.ModelProto) -> int:
     return len(fused)
 
 
+SPREAD_INPUT = "decode_spread"  # service.engine.native.SPREAD_INPUT
+SPREAD_SLOT = {INT8_OP_NAME: 5, QWEN2_OP_NAME: 32}  # the optional input each operator reads it as
+
+
+def add_spread_input(model: onnx.ModelProto) -> int:
+    """Let every Int8MatMul and Qwen2Layer node of a step read SPREAD_INPUT, a graph input backed by an initializer
+    of value 1 (overridable per run, so callers that never feed it run as before); returns how many nodes read it."""
+    graph = model.graph
+    nodes = [n for n in graph.node if n.domain == NATIVE_DOMAIN and n.op_type in SPREAD_SLOT]
+    for node in nodes:
+        slot = SPREAD_SLOT[node.op_type]
+        inputs = [*node.input, *[""] * (slot - len(node.input))][:slot]  # an absent bias stays absent
+        del node.input[:]
+        node.input.extend([*inputs, SPREAD_INPUT])
+    if nodes:
+        graph.initializer.append(numpy_helper.from_array(np.array([1], np.int64), SPREAD_INPUT))
+        graph.input.append(helper.make_tensor_value_info(SPREAD_INPUT, onnx.TensorProto.INT64, [1]))
+    return len(nodes)
+
+
 def _attr(node: onnx.NodeProto, name: str) -> object:
     return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
 
@@ -594,8 +616,11 @@ PRODUCTS = f"int8 weight products as {NATIVE_DOMAIN}.{INT8_OP_NAME}"
 
 
 def rewrite_int8_products(model: onnx.ModelProto, manifest: Manifest) -> tuple[int, str]:
-    """Every int8 weight product of the graph as one Int8MatMul (an LLM step; a 4-bit step has none)."""
-    return fuse_int8_matmuls(model), PRODUCTS
+    """Every int8 weight product of the graph as one Int8MatMul (an LLM step; a 4-bit step has none), with the step's
+    `decode_spread` input."""
+    count = fuse_int8_matmuls(model)
+    add_spread_input(model)
+    return count, PRODUCTS
 
 
 def rewrite_qwen2_step(model: onnx.ModelProto, manifest: Manifest) -> tuple[int, str]:
@@ -604,6 +629,7 @@ def rewrite_qwen2_step(model: onnx.ModelProto, manifest: Manifest) -> tuple[int,
     if count == 0:  # a 4-bit step: nothing of ours to run
         return 0, PRODUCTS
     layers = fuse_qwen2_layers(model)
+    add_spread_input(model)
     beside = count - 7 * layers
     return count, f"{PRODUCTS}; decoder layers as {NATIVE_DOMAIN}.{QWEN2_OP_NAME} ({layers}), {beside} product(s) beside"
 

@@ -58,9 +58,10 @@ def run_json(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")  # what picks our kernels' code paths
 
 
-def cpu_summary(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's model name and the flags our kernels choose by ("AMD EPYC; avx2 avx512f ..., no amx_tile")."""
-    from service.engine.ov_session import cpu_flags
+def cpu_summary(cpuinfo: Path = Path("/proc/cpuinfo"), flags: frozenset[str] | None = None) -> str:
+    """The CPU's model name and the flags our kernels choose by ("AMD EPYC; avx2 avx512f ..., no amx_tile"): `flags`,
+    by default what our library's CPU probe reports (service.engine.native.cpu_features; none where it is not built)."""
+    from service.engine.native import cpu_features
 
     try:
         text = cpuinfo.read_text(encoding="ascii", errors="replace")
@@ -70,7 +71,7 @@ def cpu_summary(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     for line in text.splitlines():
         key, _, value = line.partition(":")
         fields.setdefault(key.strip(), value.strip())
-    flags = cpu_flags(cpuinfo)
+    flags = (cpu_features() or frozenset()) if flags is None else flags
     family = f" (family {fields['cpu family']} model {fields['model']})" if "cpu family" in fields and "model" in fields else ""
     listed = " ".join(f for f in CPU_FLAGS if f in flags) + "".join(f", no {f}" for f in CPU_FLAGS if f not in flags)
     return f"{fields.get('model name', 'unknown CPU')}{family}; {listed}"
@@ -198,7 +199,7 @@ LISTEN2_COMPARE = (  # (label, server settings): each CosyVoice2 lever switched 
     ("two-thread acoustic calls, no CFG lanes (TTS_ACOUSTIC_THREADS=2)", ("TTS_ACOUSTIC_THREADS=2",)),
     ("ONNX Runtime for HiFT (TTS_ACOUSTIC_BACKEND=ort)", ("TTS_ACOUSTIC_BACKEND=ort",)),
     ("ONNX Runtime's graphs, not our kernels (TTS_NATIVE_KERNELS=off)", ("TTS_NATIVE_KERNELS=off",)),
-    ("our kernels without AMX tiles (COSYVOICE_LITE_AMX=0; the default where the CPU has no AMX)", ("COSYVOICE_LITE_AMX=0",)),
+    ("our kernels without AMX tiles (TTS_NATIVE_KERNELS=no-amx; the default without AMX)", ("TTS_NATIVE_KERNELS=no-amx",)),
     ("decode steps never pause for the flow (TTS_DECODE_LEAD_TOKENS=0)", ("TTS_DECODE_LEAD_TOKENS=0",)),
     ("the engine before this work: all three engine levers off", (
         "TTS_STREAM_SCHEDULE=official", "TTS_PROMPT_WINDOW_S=all", "TTS_ACOUSTIC_THREADS=2",

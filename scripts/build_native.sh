@@ -1,11 +1,15 @@
 #!/bin/sh
-# Build our native kernels (service/engine/native/*.c) into service/engine/native/libcosyvoice_lite_native.so.
-# `make native` and docker/Dockerfile run this one script, so the flags are the same everywhere. The kernels pick
-# their instructions at run time (function target attributes), so the library built on one x86-64 host runs on any.
+# Build our native kernels into service/engine/native/libcosyvoice_lite_native.so: the kit's operators
+# (service/engine/native/*.c) and the fused layers that families share (service/layers/native/*.c, which register
+# themselves: service/engine/native/op.h). `make native` and docker/Dockerfile run this one script, so the flags are
+# the same everywhere. The kernels pick their instructions at run time (function target attributes and one CPU probe,
+# cpu.c), so the library built on one x86-64 host runs on any.
 #   sh scripts/build_native.sh            no C compiler: print a notice and exit 0 (the engine runs ONNX Runtime's graphs)
 #   sh scripts/build_native.sh --require  no C compiler: fail (the image build installs one)
 set -eu
-dir="$(cd "$(dirname "$0")/.." && pwd)/service/engine/native"
+root="$(cd "$(dirname "$0")/.." && pwd)"
+kit="$root/service/engine/native"
+layers="$root/service/layers/native"
 cc="${CC:-cc}"
 if ! command -v "$cc" >/dev/null 2>&1; then
     if [ "${1:-}" = "--require" ]; then
@@ -15,4 +19,5 @@ if ! command -v "$cc" >/dev/null 2>&1; then
     echo "native kernels not built: no C compiler ($cc); ONNX Runtime's graphs run instead (apt-get install gcc)"
     exit 0
 fi
-"$cc" -O3 -fPIC -shared -std=gnu11 -Wall -Wextra -Werror -o "$dir/libcosyvoice_lite_native.so" "$dir"/*.c -lpthread
+"$cc" -O3 -fPIC -shared -std=gnu11 -Wall -Wextra -Werror -I"$kit" -o "$kit/libcosyvoice_lite_native.so" \
+    "$kit"/*.c "$layers"/*.c -lpthread

@@ -131,12 +131,13 @@ class Settings(BaseSettings):
         description="Runtime of the flow estimator and HiFT: 'auto' = OpenVINO in bf16 where the CPU computes bf16 "
         "natively (AVX-512 BF16 or AMX), else ONNX Runtime; 'ort'; 'openvino' (bf16 where native, else f32).",
     )
-    native_kernels: Literal["auto", "off"] = Field(
+    native_kernels: Literal["auto", "no-amx", "portable", "off"] = Field(
         default="auto",
         description="Our own kernels (built by `make native`): 'auto' runs a quantized bundle's native twins where the "
         "CPU has what their kernels need: the CosyVoice2 flow estimator's attention in bf16 (AVX-512 BF16) and int8 "
-        "products, the LLM decode step's int8 products (AVX-512 VNNI); else ONNX Runtime's graphs run; 'off' always "
-        "runs ONNX Runtime's graphs.",
+        "products, the LLM decode step's int8 products (AVX-512 VNNI), AMX tiles where present; else ONNX Runtime's "
+        "graphs run; 'no-amx' the same without AMX tiles; 'portable' runs the twins with the kernels' portable C on "
+        "any CPU (comparisons, tests); 'off' always runs ONNX Runtime's graphs.",
     )
     stream_schedule: Literal["adaptive", "official"] = Field(
         default="adaptive",

@@ -12,7 +12,7 @@ import pytest
 
 from export.quantize import FLOAT_TWIN_GRAPHS, FLOAT_TWIN_PRECISION, float_twin, write_quantized_bundle
 from service.bundle import FLOAT_SUFFIX, GROUP_FLOAT, ModelBundle
-from service.engine import ov_session
+from service.engine import native, ov_session
 from service.engine.options import OPENVINO_GRAPHS, RuntimeOptions
 from service.engine.runtimes import graph_runtime
 from service.engine.sessions import open_sessions
@@ -140,12 +140,16 @@ def test_sessions_open_on_openvino_only_where_chosen(tiny_bundle: Path) -> None:
     assert {n for n, k in kinds.items() if k == "OpenVINOSession"} == OPENVINO_GRAPHS
 
 
-def test_bf16_comes_from_the_cpu_flags(tmp_path: Path) -> None:
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n\nprocessor\t: 1\n")
-    assert ov_session.cpu_flags(cpuinfo) >= {"avx2", "avx512_bf16"}
-    assert ov_session.cpu_flags(tmp_path / "missing") == frozenset()
-    assert not {"avx2", "fma"} & ov_session.BF16_CPU_FLAGS  # an AVX2-only host never gets bf16 from "auto"
+def test_bf16_comes_from_the_librarys_cpu_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One CPU probe (our library's) decides; an AVX2-only host, or one where the probe cannot answer, never gets bf16
+    from "auto" (and never imports openvino for it)."""
+    monkeypatch.setattr(ov_session, "available", lambda: pytest.fail("openvino imported without native bf16"))
+    for flags in (frozenset({"avx2", "fma", "f16c"}), None):
+        monkeypatch.setattr(native, "cpu_features", lambda flags=flags: flags)
+        ov_session.native_bf16.cache_clear()
+        assert ov_session.native_bf16() is False
+    ov_session.native_bf16.cache_clear()
+    assert not {"avx2", "fma"} & ov_session.BF16_CPU_FLAGS
 
 
 def test_openvino_sends_no_usage_event() -> None:

@@ -48,7 +48,7 @@ def test_tile_products_are_the_vnni_products_bit_for_bit(
     x[-1] = np.abs(x[-1])  # a row with zero point 0
     model = product_graph(w, 0.0123, bias)
     tiles = session(native_library, model).run(["y"], {"x": x})[0]
-    (vnni,) = run_isolated(native_library, model, {"x": x}, tmp_path, "no-amx")
+    (vnni,) = run_isolated(native_library, model, {"x": x}, "no-amx")
     np.testing.assert_array_equal(tiles, vnni)
 
 
@@ -77,7 +77,7 @@ def test_tile_attention_agrees_with_the_vector_kernel(
 ) -> None:
     feeds = attention_feeds(batch, new, cached, heads, head_dim, chunk)
     tiles = attention_session(native_library, heads, head_dim).run(["out"], feeds)[0]
-    (vector,) = run_isolated(native_library, attention_graph(heads, head_dim), feeds, tmp_path, "no-amx")
+    (vector,) = run_isolated(native_library, attention_graph(heads, head_dim), feeds, "no-amx")
     want = feeds_reference(feeds)
     rms = lambda a: float(np.sqrt((a**2).mean()))  # noqa: E731
     # the same bf16 roundings of q, k, v and the probabilities; only the order of the float32 sums differs
@@ -154,7 +154,7 @@ def test_a_prefill_takes_its_attention_on_tiles(
     model = qwen2_layer_graph(dim, heads, kv_heads, head_dim, ff)
     feeds = prefill_feeds(batch, steps, cached, dim, kv_heads, head_dim)
     tiles = session(native_library, model).run(None, feeds)
-    vector = run_isolated(native_library, model, feeds, tmp_path, "no-amx")
+    vector = run_isolated(native_library, model, feeds, "no-amx")
     np.testing.assert_array_equal(tiles[1], vector[1])
     np.testing.assert_array_equal(tiles[2], vector[2])
     y, want = tiles[0].astype(np.float64), vector[0].astype(np.float64)

@@ -194,7 +194,7 @@ def test_the_portable_kernels_compute_the_same(native_library: Path, tmp_path: P
     code: close to the reference in float32."""
     p = block_params(64, 4, 16, 128)
     feeds = block_inputs(1, 7, 13, 64, 4, 16)
-    y, k, _ = run_portable(native_library, block_graph(p, 4, 0.25), feeds, tmp_path)
+    y, k, _ = run_portable(native_library, block_graph(p, 4, 0.25), feeds)
     want, want_k, _ = block_reference(p, feeds["x"], feeds["past_k"], feeds["past_v"], 4, 0.25, 4)
     assert relative_rms(want, y) < 5e-3
     np.testing.assert_array_equal(k.reshape(want_k.shape), want_k.astype(np.float16))

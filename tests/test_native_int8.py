@@ -24,7 +24,9 @@ def weights(k: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return rng.integers(-64, 64, (k, n), dtype=np.int8), rng.standard_normal(n).astype(np.float32)
 
 
-def product_graph(w: np.ndarray, w_scale: float, bias: np.ndarray | None, rank: int = 2, window: int = 1) -> bytes:
+def product_graph(
+    w: np.ndarray, w_scale: float, bias: np.ndarray | None, rank: int = 2, window: int = 1, spread: bool = False
+) -> bytes:
     packed, colsum = pack_int8_weight(w)
     inits = [
         numpy_helper.from_array(packed, "packed"),
@@ -36,12 +38,15 @@ def product_graph(w: np.ndarray, w_scale: float, bias: np.ndarray | None, rank: 
         inits.append(numpy_helper.from_array(bias, "bias"))
         inputs.append("bias")
     extra = {"window": window} if window > 1 else {}
+    graph_inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*[f"d{i}" for i in range(rank - 1)], "K"])]
+    if spread:  # as export/native_twin.py's add_spread_input writes it: an input backed by an initializer of 1
+        inputs = [*inputs, *[""] * (5 - len(inputs)), native.SPREAD_INPUT]
+        inits.append(numpy_helper.from_array(np.array([1], np.int64), native.SPREAD_INPUT))
+        graph_inputs.append(helper.make_tensor_value_info(native.SPREAD_INPUT, TensorProto.INT64, [1]))
     node = helper.make_node("Int8MatMul", inputs, ["y"], domain=NATIVE_DOMAIN, n=w.shape[1], **extra)
-    dims = [f"d{i}" for i in range(rank - 1)]
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [*dims, "K"])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [*dims, "N"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [*[f"d{i}" for i in range(rank - 1)], "N"])
     model = helper.make_model(
-        helper.make_graph([node], "product", [x], [y], inits),
+        helper.make_graph([node], "product", graph_inputs, [y], inits),
         opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid(NATIVE_DOMAIN, 1)],
     )
     model.ir_version = 8
@@ -139,21 +144,18 @@ def test_a_rows_result_does_not_depend_on_its_batch_or_the_threads(native_librar
     assert np.array_equal(alone[0, 0], one_thread[0, 0])
 
 
-def test_a_spread_decode_product_gives_the_same_numbers(native_library: Path) -> None:
-    """A product of a decode step's few rows split over two threads (native.spread_decode_products, while the other
-    core is idle) gives the numbers the calling thread alone gives: each weight panel's sums are the same."""
-    w, bias = weights(896, 1000)
-    two_threads = session(native_library, product_graph(w, 0.02, bias, rank=3), threads=2)
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_a_spread_decode_product_gives_the_same_numbers(native_library: Path, with_bias: bool) -> None:
+    """A product of a decode step's few rows split over two threads (its spread input, per run: while the other core
+    is idle) gives the numbers the calling thread alone gives: each weight panel's sums are the same. The spread is a
+    call's argument, not a setting of the process: a second session beside it is not affected."""
+    w, b = weights(896, 1000)
+    bias = b if with_bias else None
+    two_threads = session(native_library, product_graph(w, 0.02, bias, rank=3, spread=True), threads=2)
     x = np.random.default_rng(3).standard_normal((1, 3, 896)).astype(np.float32)
-    try:
-        native.spread_decode_products(1, native_library)
-        alone = two_threads.run(["y"], {"x": x})[0]
-        native.spread_decode_products(4, native_library)
-        spread = two_threads.run(["y"], {"x": x})[0]
-        native.spread_decode_products(1000, native_library)  # clamped to the kernel's most tasks
-        most = two_threads.run(["y"], {"x": x})[0]
-    finally:
-        native.spread_decode_products(1, native_library)
+    alone = two_threads.run(["y"], {"x": x})[0]  # the initializer's 1: the calling thread
+    spread = two_threads.run(["y"], {"x": x, native.SPREAD_INPUT: np.array([4], np.int64)})[0]
+    most = two_threads.run(["y"], {"x": x, native.SPREAD_INPUT: np.array([1000], np.int64)})[0]  # clamped to 16
     assert np.array_equal(spread, alone) and np.array_equal(most, alone)
     want = reference(x, w, 0.02, bias)
     np.testing.assert_allclose(alone, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
@@ -201,25 +203,39 @@ def test_a_window_needs_frames_and_a_matching_weight(native_library: Path) -> No
 
 
 def test_the_probe_reports_the_int8_kernel(native_library: Path) -> None:
-    probe = native.probe(native_library, kernel="int8_matmul")
-    flags = Path("/proc/cpuinfo").read_text(encoding="utf-8") if Path("/proc/cpuinfo").is_file() else ""
-    has_vnni = all(f in flags.split() for f in ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"))
+    """The variant comes from the library's one CPU probe and the operator's own table; the reason names the flags."""
+    probe = native.probe(native_library, kernel="Int8MatMul")
+    flags = native.cpu_features(native_library)
+    assert flags is not None
+    has_vnni = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags
     assert probe.usable == has_vnni
-    assert probe.usable or "AVX-512 VNNI" in probe.reason
+    assert probe.variant in ("avx512_vnni", "amx_int8") if has_vnni else "avx512_vnni" in probe.reason
+    forced = native.probe(native_library, kernel="Int8MatMul", kernels="portable")
+    assert forced.usable and forced.variant == "portable"  # asked for: the twins then run the portable C
 
 
-def test_the_portable_kernel_computes_the_same(native_library: Path, tmp_path: Path) -> None:
-    """The kernel for CPUs without AVX-512 VNNI (forced here by COSYVOICE_LITE_PORTABLE_KERNELS=1, in a process of its
-    own: the choice is made once per process)."""
+def test_the_portable_kernel_computes_the_same(native_library: Path) -> None:
+    """The kernel for CPUs without AVX-512 VNNI (forced here by the session's ceiling, on any CPU)."""
     w, bias = weights(70, 90)
     x = np.random.default_rng(3).standard_normal((9, 70)).astype(np.float32)
-    (y,) = run_portable(native_library, product_graph(w, 0.01, bias), {"x": x}, tmp_path)
+    (y,) = run_portable(native_library, product_graph(w, 0.01, bias), {"x": x})
     want = reference(x, w, 0.01, bias)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
     frames = np.random.default_rng(4).standard_normal((1, 12, 35)).astype(np.float32)  # 2 x 35 = 70: a window of 2
-    (y,) = run_portable(native_library, product_graph(w, 0.01, bias, rank=3, window=2), {"x": frames}, tmp_path)
+    (y,) = run_portable(native_library, product_graph(w, 0.01, bias, rank=3, window=2), {"x": frames})
     want = reference(im2col(frames, 2), w, 0.01, bias)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+class _Exec(ctypes.Structure):
+    """exec.h's cvl_exec."""
+
+    _fields_ = [
+        ("have", ctypes.c_uint32),
+        ("spread", ctypes.c_int),
+        ("parallel", ctypes.c_void_p),
+        ("runner", ctypes.c_void_p),
+    ]
 
 
 class _Weight(ctypes.Structure):
@@ -240,6 +256,8 @@ def test_products_of_one_quantization_equal_separate_products(native_library: Pa
     """cvl_int8_weight_matmuls (q, k and v, or gate and up, of one input) quantizes the rows once: each result is
     cvl_int8_weight_matmul's bit for bit, per-tensor or per-column scales, with or without a bias."""
     lib = ctypes.CDLL(str(native_library))
+    lib.cvl_cpu_features.restype = ctypes.c_uint32
+    ex = ctypes.byref(_Exec(lib.cvl_cpu_features(), 1, None, None))  # every variant the CPU has, one thread
     x = np.random.default_rng(rows).standard_normal((rows, 96)).astype(np.float32)
     keep: list[np.ndarray] = []  # the arrays the structs point into
 
@@ -256,13 +274,13 @@ def test_products_of_one_quantization_equal_separate_products(native_library: Pa
     for w in ws:
         y = np.zeros((rows, w.n), np.float32)
         assert lib.cvl_int8_weight_matmul(x.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(rows), ctypes.c_int64(96),
-                                          ctypes.byref(w), y.ctypes.data_as(ctypes.c_void_p), None, None, None) == 0  # fmt: skip
+                                          ctypes.byref(w), y.ctypes.data_as(ctypes.c_void_p), None, ex) == 0  # fmt: skip
         alone.append(y)
     together = [np.zeros((rows, w.n), np.float32) for w in ws]
     weight_ptrs = (ctypes.POINTER(_Weight) * 3)(*(ctypes.pointer(w) for w in ws))
     outs = (ctypes.c_void_p * 3)(*(y.ctypes.data for y in together))
     assert lib.cvl_int8_weight_matmuls(x.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(rows), ctypes.c_int64(96),
-                                       weight_ptrs, outs, 3, None, None) == 0  # fmt: skip
+                                       weight_ptrs, outs, 3, ex) == 0  # fmt: skip
     for a, b in zip(alone, together, strict=True):
         np.testing.assert_array_equal(a, b)
     assert np.abs(together[0]).max() > 0

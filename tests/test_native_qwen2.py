@@ -64,7 +64,7 @@ def test_the_portable_kernel_computes_the_same(native_library: Path, fused_step:
     fused = session(native_library, fused_step)
     feeds = step_feeds(fused, 2, 2, 12, [12, 5])
     fast = fused.run(None, feeds)
-    portable = run_portable(native_library, fused_step.SerializeToString(), feeds, tmp_path)
+    portable = run_portable(native_library, fused_step.SerializeToString(), feeds)
     for name, a, b in zip(("logp", "new_k", "new_v"), fast, portable, strict=True):
         assert relative_rms(a, b) < 0.02, name
 

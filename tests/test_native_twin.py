@@ -8,6 +8,7 @@ import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -112,12 +113,13 @@ def relative_rms(want: np.ndarray, got: np.ndarray) -> float:
     return float(np.sqrt(((got - want) ** 2).mean() / max((want**2).mean(), 1e-30)))
 
 
-def native_session(path: Path) -> ort.InferenceSession:
-    return native_session_bytes(str(path))
+def native_session(path: Path, threads: int = 0) -> ort.InferenceSession:
+    return native_session_bytes(str(path), threads)
 
 
-def native_session_bytes(model: str | bytes) -> ort.InferenceSession:
+def native_session_bytes(model: str | bytes, threads: int = 0) -> ort.InferenceSession:
     so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
     so.register_custom_ops_library(str(native.LIBRARY_PATH))
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
@@ -205,7 +207,7 @@ def test_the_engine_opens_the_twin_only_where_it_can_run(
     # the estimator's twin needs both kernels: without VNNI it stays on the core graph even where bf16 runs
     monkeypatch.setattr(
         native, "probe",
-        lambda **kw: native.NativeKernels(None, "no VNNI") if kw["kernel"] == "int8_matmul" else kernels,
+        lambda **kw: native.NativeKernels(None, "no VNNI") if kw["kernel"] == "Int8MatMul" else kernels,
     )  # fmt: skip
     assert graph_runtime(bundle, "flow_estimator", RuntimeOptions()).custom_ops is None
     assert graph_runtime(bundle, "llm_step", RuntimeOptions()).custom_ops is None
@@ -213,28 +215,58 @@ def test_the_engine_opens_the_twin_only_where_it_can_run(
         RuntimeOptions(native_kernels="on")  # type: ignore[arg-type]
 
 
+class _Step:
+    """A step session that records what each run was fed (the twin's spread input is an overridable initializer)."""
+
+    def __init__(self, spread_input: bool = True) -> None:
+        self.fed: list[dict[str, np.ndarray]] = []
+        self.spread_input = spread_input
+
+    def get_overridable_initializers(self) -> list[SimpleNamespace]:
+        return [SimpleNamespace(name=native.SPREAD_INPUT)] if self.spread_input else []
+
+    def run(self, outputs: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        self.fed.append(feeds)
+        return []
+
+
 def test_decode_steps_spread_only_over_a_step_kernel_with_threads_while_the_gate_is_idle(
-    tiny_v2_bundle: Path, kernels: native.NativeKernels, monkeypatch: pytest.MonkeyPatch
+    tiny_v2_bundle: Path, kernels: native.NativeKernels
 ) -> None:
-    """The CosyVoice2 scheduler spreads a decode step's products (native.spread_decode_products) only where the step
-    runs our int8 kernel on more than one thread and there is a gate to ask; then 4 tasks while the gate is idle, 1
-    while an acoustic call runs."""
+    """The CosyVoice2 scheduler spreads a decode step's products only where the step runs our int8 kernel on more than
+    one thread, its twin takes the spread input and there is a gate to ask; then each step is fed 4 tasks while the
+    gate is idle, 1 while an acoustic call runs: an argument of that session's runs, not a setting of the process."""
     bundle = ModelBundle.load(tiny_v2_bundle)
-    gate, two = AcousticGate(2), RuntimeOptions(intra_op_threads=2)
-    assert decode_spread(bundle, replace(two, llm_threads=1), gate) is None
-    assert decode_spread(bundle, two, None) is None
-    assert decode_spread(bundle, replace(two, native_kernels="off"), gate) is None
-    spread = decode_spread(bundle, two, gate)
-    assert (spread is not None) == kernels.usable
-    if spread is None:
-        return
-    seen: list[int] = []
-    monkeypatch.setattr(native, "spread_decode_products", seen.append)
-    spread()
-    with gate.slot(0.0, pauses_llm=False):
+    gate, two = AcousticGate(2), RuntimeOptions(intra_op_threads=2, native_kernels="portable")  # the twin on any CPU
+    step = native.DecodeSpread(_Step())
+    assert decode_spread(bundle, replace(two, llm_threads=1), gate, step) is None
+    assert decode_spread(bundle, two, None, step) is None
+    assert decode_spread(bundle, two, gate, None) is None
+    assert decode_spread(bundle, replace(two, native_kernels="off"), gate, step) is None
+    assert decode_spread(bundle, two, gate, native.DecodeSpread(_Step(spread_input=False))) is None  # an older twin
+    spread = decode_spread(bundle, two, gate, step)
+    assert spread is not None
+    for busy in (False, True, False):
         spread()
-    spread()
-    assert seen == [DECODE_SPREAD, 1, DECODE_SPREAD]
+        if busy:
+            with gate.slot(0.0, pauses_llm=False):
+                spread()
+        step.run(["logp"], {"x": np.zeros(1, np.float32)})
+    fed = [int(f[native.SPREAD_INPUT][0]) for f in step.session.fed]
+    assert fed == [DECODE_SPREAD, 1, DECODE_SPREAD]
+    assert all("x" in f for f in step.session.fed)
+
+
+def test_the_committed_step_twin_takes_its_spread_per_run(tiny_v2_bundle: Path, kernels: native.NativeKernels) -> None:
+    """The step twin reads `decode_spread` (1 unless a run feeds it); every spread gives the same numbers."""
+    twin = native_session(tiny_v2_bundle / f"{STEP_TWIN}.onnx", threads=2)
+    assert native.takes_spread(twin) and native.SPREAD_INPUT not in {i.name for i in twin.get_inputs()}
+    core = ort.InferenceSession(str(tiny_v2_bundle / "llm_step.onnx"), providers=["CPUExecutionProvider"])
+    feeds = step_feeds(core, 2, 1, 6)
+    alone = twin.run(None, feeds)
+    spread = twin.run(None, {**feeds, native.SPREAD_INPUT: np.array([DECODE_SPREAD], np.int64)})
+    for a, b in zip(alone, spread, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_the_start_up_log_says_whether_the_kernels_run_and_why_not(
@@ -243,13 +275,14 @@ def test_the_start_up_log_says_whether_the_kernels_run_and_why_not(
     bundle = ModelBundle.load(tiny_v2_bundle)
     assert native_kernels_note(ModelBundle.load(tiny_bundle), RuntimeOptions()) is None  # v1: no twin
     assert "TTS_NATIVE_KERNELS=off" in str(native_kernels_note(bundle, RuntimeOptions(native_kernels="off")))
-    if kernels.usable:
+    if kernels.usable:  # the variant each kernel takes here (AMX tiles where they run)
         note = str(native_kernels_note(bundle, RuntimeOptions()))
-        tiles = native.amx_tiles()  # which of the calls take AMX tiles is said where they do
-        attention = "its attention as our bf16 kernel" + (" on AMX tiles" if tiles else "")
-        products = "its int8 products as our VNNI kernel" + (" (AMX tiles from 16 rows)" if tiles else "")
-        assert f"flow_estimator runs {attention} and {products}" in note
-        assert f"llm_step runs {products}" in note
+        attention = native.probe(kernel="CachedAttention").variant
+        products = native.probe(head_dim=64, kernel="Int8MatMul").variant
+        assert f"flow_estimator runs its attention: {attention}, its int8 products: {products}" in note
+        assert f"llm_step runs its int8 products: {products}" in note
+    portable = str(native_kernels_note(bundle, RuntimeOptions(native_kernels="portable")))
+    assert "(libcosyvoice_lite_native.so, portable): flow_estimator runs its attention: portable" in portable
     monkeypatch.setattr(native, "probe", lambda **_: native.NativeKernels(None, "this CPU lacks AVX-512 BF16"))
     assert "flow_estimator on ONNX Runtime's graph (this CPU lacks AVX-512 BF16)" in str(
         native_kernels_note(bundle, RuntimeOptions())

@@ -147,6 +147,9 @@ class Manifest:
         return manifest
 
 
+_TWINS = {GROUP_FLOAT: FLOAT_SUFFIX, GROUP_NATIVE: NATIVE_SUFFIX}  # twin group -> the suffix of its graphs' names
+
+
 def _check_groups(manifest: Manifest) -> None:
     """Graph groups are known, twins match their core graph, and the prompt group agrees with the capabilities.
 
@@ -154,12 +157,17 @@ def _check_groups(manifest: Manifest) -> None:
     for name, g in manifest.graphs.items():
         if g.group not in (GROUP_CORE, GROUP_PROMPT, GROUP_FLOAT, GROUP_NATIVE):
             raise BundleError(f"manifest graph {name!r} is in the unknown group {g.group!r}")
-        suffix = {GROUP_FLOAT: FLOAT_SUFFIX, GROUP_NATIVE: NATIVE_SUFFIX}.get(g.group)
+        named = next((group for group, end in _TWINS.items() if name.endswith(end)), None)
+        if named is not None and g.group != named:
+            raise BundleError(f"manifest graph {name!r} is in group {g.group!r}, expected {named!r}")
+        suffix = _TWINS.get(g.group)
         if suffix is None:
             continue
         core = manifest.graphs.get(name.removesuffix(suffix)) if name.endswith(suffix) else None
         if core is None or core.group != GROUP_CORE or (g.inputs, g.outputs) != (core.inputs, core.outputs):
-            raise BundleError(f"manifest graph {name!r} must be named `<core graph>{suffix}` and have its inputs and outputs")
+            raise BundleError(
+                f"manifest graph {name!r} must be named `<core graph>{suffix}` and have the inputs and outputs of its core graph"
+            )
         if g.group == GROUP_NATIVE and g.precision != core.precision:
             raise BundleError(f"manifest graph {name!r} must have the precision of its core graph")
     caps, prompt = manifest.capabilities, manifest.graphs_in(GROUP_PROMPT)

@@ -1,13 +1,13 @@
-"""Our native kernels: the shared library built from service/engine/native/*.c (`make native`) and whether it runs here.
+"""Our native kernels: the shared library built from service/engine/native and service/layers/native (`make native`),
+what it says of this CPU, and which of its code paths run here.
 
-The library holds three ONNX Runtime custom operators (native/ort_custom_op.c), used by the native twins of quantized
-bundles (service.bundle GROUP_NATIVE): cosyvoice_lite.EstimatorBlock (a transformer block of a chunk-causal flow
-estimator, with its attention) and cosyvoice_lite.Int8MatMul in the estimator and the LLM step, plus
-cosyvoice_lite.CachedAttention, which older estimator twins hold. Each is used only where it pays: the attention's
-kernel needs AVX-512 BF16 (avx512f/bw/vl/bf16: Zen 4, Cooper Lake, Sapphire Rapids and later), the int8 products' AVX-512 VNNI
-(avx512f/bw/vl/vnni: also Ice Lake and Cascade Lake); elsewhere the core graph runs instead, as it does when the
-library was not built (no C compiler) or TTS_NATIVE_KERNELS=off. Where the CPU has AMX (Sapphire Rapids and later) the
-same kernels take AMX tiles for their larger products and the estimator's attention (`amx_tiles`).
+The library holds ONNX Runtime custom operators (native/README.md): cosyvoice_lite.Int8MatMul and CachedAttention
+(the kit's) and EstimatorBlock and Qwen2Layer (fused layers), used by the native twins of quantized bundles
+(service.bundle GROUP_NATIVE). Its one CPU probe (native/cpu.c) answers for C and for this module; each operator has a
+table of variants (portable, AVX-512 ..., AMX) and says which one it takes under a ceiling (`KernelsCeiling`, from
+TTS_NATIVE_KERNELS), which reaches the kernels as a session config entry (`session_config`). A twin runs where its
+deciding kernels have a fast variant here (`KERNELS_OF_GRAPH`), or everywhere with the portable C when asked;
+elsewhere, and where the library is not built or the installed ONNX Runtime is too old for it, the core graph runs.
 """
 
 from __future__ import annotations
@@ -18,92 +18,149 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+
 LIBRARY_PATH = Path(__file__).resolve().parent / "native" / "libcosyvoice_lite_native.so"
 BUILD_HINT = "make native (needs a C compiler, e.g. apt-get install gcc)"
-Kernel = Literal["attention", "int8_matmul"]
-# What each kernel's fast path needs, for the reason given when it is not there.
-NEEDS: dict[str, str] = {
-    "attention": "AVX-512 BF16 (avx512f, avx512bw, avx512vl, avx512_bf16)",
-    "int8_matmul": "AVX-512 VNNI (avx512f, avx512bw, avx512vl, avx512_vnni)",
-}
-# The kernels a graph's native twin runs (service.bundle NATIVE_GRAPHS; export/native_twin.py).
-KERNELS_OF_GRAPH: dict[str, tuple[Kernel, ...]] = {
-    "flow_estimator": ("attention", "int8_matmul"),
-    "llm_step": ("int8_matmul",),
+# The ceiling on the kernels' code: every variant the CPU has, all but AMX tiles, or the portable C only.
+KernelsCeiling = Literal["auto", "no-amx", "portable"]
+CEILING_CONFIG_KEY = "cosyvoice_lite.kernels"  # the session config entry the kernels read (native/ort_kernel.h)
+# The graph input of a step twin that splits a decode step's int8 products into tasks (export/native_twin.py): an
+# initializer of value 1 the caller may override per run (DecodeSpread).
+SPREAD_INPUT = "decode_spread"
+# The operators whose fast variant decides whether a graph's twin pays here (service.bundle NATIVE_GRAPHS): the
+# estimator's attention (bf16) and its int8 products, the decode step's int8 products.
+KERNELS_OF_GRAPH: dict[str, tuple[str, ...]] = {
+    "flow_estimator": ("CachedAttention", "Int8MatMul"),
+    "llm_step": ("Int8MatMul",),
 }
 
 
 @dataclass(frozen=True)
 class NativeKernels:
-    """Whether the library can serve, and why not when it cannot."""
+    """Whether the library can serve, the variant it takes, and why not when it cannot."""
 
     path: Path | None
     reason: str  # "" when usable
+    variant: str = ""
 
     @property
     def usable(self) -> bool:
         return self.path is not None
 
 
-@functools.lru_cache(maxsize=8)
-def probe(path: Path = LIBRARY_PATH, head_dim: int = 64, kernel: Kernel = "attention") -> NativeKernels:
-    """Load the library once and ask it whether the fast path of `kernel` runs on this CPU (the attention's for
-    `head_dim`)."""
+@functools.lru_cache(maxsize=4)
+def _library(path: Path) -> Any:
+    """The library loaded with its exported functions typed (OSError or AttributeError when it cannot be)."""
+    lib = ctypes.CDLL(str(path))
+    lib.cvl_cpu_features.restype = ctypes.c_uint32
+    lib.cvl_cpu_features.argtypes = []
+    lib.cvl_feature_name.restype = ctypes.c_char_p
+    lib.cvl_feature_name.argtypes = [ctypes.c_int]
+    lib.cvl_isa_features.restype = ctypes.c_uint32
+    lib.cvl_isa_features.argtypes = [ctypes.c_int]
+    lib.cvl_isa_parse.restype = ctypes.c_int
+    lib.cvl_isa_parse.argtypes = [ctypes.c_char_p]
+    lib.cvl_op_variant.restype = ctypes.c_char_p
+    lib.cvl_op_variant.argtypes = [ctypes.c_char_p, ctypes.c_uint32, ctypes.c_int64]
+    lib.cvl_op_variant_at.restype = ctypes.c_char_p
+    lib.cvl_op_variant_at.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_uint32)]
+    return lib
+
+
+def _names(lib: Any, features: int) -> list[str]:
+    return [lib.cvl_feature_name(bit).decode() for bit in range(32) if features >> bit & 1 and lib.cvl_feature_name(bit)]
+
+
+@functools.lru_cache(maxsize=4)
+def cpu_features(path: Path = LIBRARY_PATH) -> frozenset[str] | None:
+    """The CPU features the library's probe found (Linux flag names: "avx512_bf16", "amx_tile" ...; the AMX ones only
+    where Linux lets this process use the tiles), or None where the library is not built or does not load."""
+    try:
+        lib = _library(path)
+        return frozenset(_names(lib, lib.cvl_cpu_features()))
+    except (OSError, AttributeError):
+        return None
+
+
+@functools.lru_cache(maxsize=4)
+def runtime_refusal(path: Path = LIBRARY_PATH) -> str:
+    """Why the installed ONNX Runtime cannot register the library's operators ("" when it can): it checks the
+    runtime's version and C API against the entries the operators call (native/ort_api.c)."""
+    import onnxruntime as ort
+
+    try:
+        ort.SessionOptions().register_custom_ops_library(str(path))
+    except Exception as e:  # onnxruntime raises its own exception types for a refused library
+        return str(e).strip() or type(e).__name__
+    return ""
+
+
+def _missing(lib: Any, op: str, have: int) -> str:
+    """The features the first fast variant of `op` needs and `have` lacks ("avx512_vnni, ..."; its name after)."""
+    needs = ctypes.c_uint32()
+    name = lib.cvl_op_variant_at(op.encode(), 1, ctypes.byref(needs))
+    if name is None:
+        return "a fast variant"
+    return f"{', '.join(_names(lib, needs.value & ~have))} ({op}'s {name.decode()})"
+
+
+@functools.lru_cache(maxsize=32)
+def probe(
+    path: Path = LIBRARY_PATH, head_dim: int = 64, kernel: str = "CachedAttention", kernels: KernelsCeiling = "auto"
+) -> NativeKernels:
+    """Load the library once and ask which variant operator `kernel` takes here under the ceiling `kernels` (for a
+    head size `head_dim` where that matters): usable where it is a fast one, or the portable C when that was asked."""
     if not path.is_file():
         return NativeKernels(None, f"{path.name} is not built ({BUILD_HINT})")
     try:
-        lib = ctypes.CDLL(str(path))
-        if kernel == "attention":
-            fast = lib.cvl_fast_kernel  # cached_attention.h
-            fast.argtypes = [ctypes.c_int]
-            fast.restype = ctypes.c_int
-            ok = bool(fast(head_dim))
-        else:
-            fast = lib.cvl_int8_fast_kernel  # int8_matmul.h
-            fast.argtypes = []
-            fast.restype = ctypes.c_int
-            ok = bool(fast())
+        lib = _library(path)
+        ceiling = lib.cvl_isa_parse(kernels.encode())
+        have = lib.cvl_isa_features(ceiling) if ceiling >= 0 else 0
+        variant = lib.cvl_op_variant(kernel.encode(), have, head_dim)
     except (OSError, AttributeError) as e:
         return NativeKernels(None, f"{path.name} does not load: {e}")
-    if not ok:
-        return NativeKernels(None, f"this CPU lacks {NEEDS[kernel]}")
-    return NativeKernels(path, "")
+    refused = runtime_refusal(path)
+    if refused:
+        return NativeKernels(None, f"ONNX Runtime refuses {path.name}: {refused}")
+    if variant is None:
+        return NativeKernels(None, f"{path.name} has no operator {kernel}")
+    if variant == b"portable" and kernels != "portable":
+        why = "this CPU lacks" if kernels == "auto" else f"TTS_NATIVE_KERNELS={kernels} leaves out"
+        return NativeKernels(None, f"{why} {_missing(lib, kernel, have)}")
+    return NativeKernels(path, "", variant.decode())
 
 
-@functools.lru_cache(maxsize=8)
-def amx_tiles(path: Path = LIBRARY_PATH) -> bool:
-    """True when the library's kernels take AMX tiles in this process (AMX-INT8 and AMX-BF16: Sapphire Rapids and
-    later, tile data granted by Linux, COSYVOICE_LITE_AMX not 0): the int8 products of 16 rows or more (the flow
-    estimator's, the LLM's prefill; the same integer sums as the VNNI code) and the estimator's attention for head
-    sizes 32 and 64 (bf16 products, float32 sums, as the AVX-512 BF16 code)."""
-    try:
-        lib = ctypes.CDLL(str(path))
-        checks = (lib.cvl_amx_int8, lib.cvl_amx_bf16)  # amx.h
-        for check in checks:
-            check.argtypes = []
-            check.restype = ctypes.c_int
-        return all(bool(check()) for check in checks)
-    except (OSError, AttributeError):
-        return False
+def amx_tiles(path: Path = LIBRARY_PATH, kernels: KernelsCeiling = "auto") -> bool:
+    """True when the kernels take AMX tiles here under `kernels`: int8 products of 8 rows or more (the same integer
+    sums as the VNNI code) and the attention for head sizes 32 and 64 (bf16 products, float32 sums)."""
+    ops = (("Int8MatMul", 64), ("CachedAttention", 64))
+    return all(probe(path, dim, op, kernels).variant.startswith("amx") for op, dim in ops)
 
 
-@functools.lru_cache(maxsize=8)
-def _spread_function(path: Path) -> Any:
-    """The library's cvl_int8_set_spread (int8_matmul.h), or None where the library is not built or does not load
-    (looked up once: the scheduler calls it before every decode step)."""
-    try:
-        function = ctypes.CDLL(str(path)).cvl_int8_set_spread
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_int]
-    function.restype = None
-    return function
+def session_config(kernels: KernelsCeiling) -> dict[str, str]:
+    """The session config entries that give the kernels their ceiling (read when a kernel is created)."""
+    return {CEILING_CONFIG_KEY: kernels}
 
 
-def spread_decode_products(tasks: int, path: Path = LIBRARY_PATH) -> None:
-    """How many tasks our int8 kernel splits a decode step's products into from now on, in this process: 1 keeps them
-    on the calling thread (the other core runs the flow), more share them over the step session's threads when the
-    caller knows those cores are idle. The results do not change. Nothing happens where the library is not built."""
-    function = _spread_function(path)
-    if function is not None:
-        function(tasks)
+class DecodeSpread:
+    """A step session whose twin's int8 products of a decode step split into `tasks` tasks over the session's
+    threads (SPREAD_INPUT, fed with every run): 1 keeps them on the calling thread. The caller sets `tasks` before
+    each step, on the thread that runs the steps."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.tasks = 1
+
+    def run(self, output_names: Any, feeds: dict[str, np.ndarray], *args: Any, **kwargs: Any) -> Any:
+        spread = {SPREAD_INPUT: np.array([self.tasks], np.int64)}
+        return self.session.run(output_names, {**feeds, **spread}, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.session, name)
+
+
+def takes_spread(session: Any) -> bool:
+    """Whether an opened step session has the SPREAD_INPUT (a step twin written since it was added)."""
+    overridable = getattr(session, "get_overridable_initializers", None)
+    return overridable is not None and any(i.name == SPREAD_INPUT for i in overridable())

@@ -12,7 +12,7 @@ GraphOptimization = Literal["all", "extended", "basic", "disabled"]
 Stage = Literal["llm", "acoustic"]
 StreamSchedule = Literal["adaptive", "official"]
 AcousticBackend = Literal["auto", "ort", "openvino"]
-NativeKernelsMode = Literal["auto", "off"]
+NativeKernelsMode = Literal["auto", "no-amx", "portable", "off"]
 
 EXECUTION_MODES: tuple[str, ...] = ("sequential", "parallel")
 GRAPH_OPTIMIZATION: tuple[str, ...] = ("all", "extended", "basic", "disabled")
@@ -89,8 +89,9 @@ class RuntimeOptions:
     # for the full-size estimator); None: compile in this process at every start.
     compiled_cache_dir: Path | None = None
     # Native twins (a quantized bundle's graphs with kernels of ours: an estimator's attention, the LLM step's int8
-    # products): "auto" runs a twin where the bundle has one and our library's kernel for it runs here
-    # (service.engine.native), "off" the core graphs.
+    # products): "auto" runs a twin where the bundle has one and our library's kernel for it has a fast variant here
+    # (service.engine.native), "no-amx" the same without AMX tiles, "portable" every twin with the kernels' portable C
+    # (comparisons, tests), "off" the core graphs.
     native_kernels: NativeKernelsMode = "auto"
 
     def __post_init__(self) -> None:
@@ -117,8 +118,8 @@ class RuntimeOptions:
             raise ValueError("flow_cache_mb must be >= 0")
         if self.acoustic_backend not in ("auto", "ort", "openvino"):
             raise ValueError("acoustic_backend must be 'auto', 'ort' or 'openvino'")
-        if self.native_kernels not in ("auto", "off"):
-            raise ValueError("native_kernels must be 'auto' or 'off'")
+        if self.native_kernels not in ("auto", "no-amx", "portable", "off"):
+            raise ValueError("native_kernels must be 'auto', 'no-amx', 'portable' or 'off'")
 
     def threads_for(self, stage: Stage) -> int:
         """Intra-op threads of the sessions of one stage."""

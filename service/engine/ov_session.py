@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from service.engine import native
 from service.errors import BundleError
 
 OVPrecision = Literal["bf16", "f32"]
@@ -46,21 +47,12 @@ def available() -> bool:
     return True
 
 
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """The CPU's feature flags as Linux lists them (empty where there is no /proc/cpuinfo)."""
-    try:
-        text = cpuinfo.read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return frozenset()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return frozenset(line.partition(":")[2].split())
-
-
 @functools.cache
 def native_bf16() -> bool:
-    """True when the CPU computes bf16 natively (AVX-512 BF16 or AMX) and OpenVINO's CPU plugin says it will use it;
-    False where bf16 would be emulated (AVX2-only hosts: then openvino is not even imported) or OpenVINO is missing."""
-    if not cpu_flags() & BF16_CPU_FLAGS or not available():
+    """True when the CPU computes bf16 natively (AVX-512 BF16 or AMX, as our library's CPU probe reports it) and
+    OpenVINO's CPU plugin says it will use it; False where bf16 would be emulated (AVX2-only hosts: then openvino is
+    not even imported), where the probe cannot answer (the library is not built) or OpenVINO is missing."""
+    if not (native.cpu_features() or frozenset()) & BF16_CPU_FLAGS or not available():
         return False
     try:
         capabilities = _core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")

@@ -28,8 +28,9 @@ class GraphRuntime:
 def graph_runtime(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> GraphRuntime:
     """The one place that picks the runtime of a graph, from the settings, the CPU's features and the bundle's files.
 
-    A graph runs as its native twin on ORT with our kernels when the bundle has the twin, native_kernels
-    is "auto" and the library runs every kernel of that twin here (native.KERNELS_OF_GRAPH). Else OpenVINO runs
+    A graph runs as its native twin on ORT with our kernels when the bundle has the twin, native_kernels is not "off"
+    and the library has a fast variant of the twin's deciding kernels here under that ceiling (native.KERNELS_OF_GRAPH),
+    or the ceiling is "portable". Else OpenVINO runs
     OPENVINO_GRAPHS when asked (or on "auto" where bf16 is native), from floating-point weights: the graph itself, or
     the float twin of a quantized graph; a quantized graph without a twin stays on ORT.
     """
@@ -55,10 +56,11 @@ def graph_runtime(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> Graph
 
 def native_twin(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> GraphRuntime | None:
     """The native twin of graph `name` as it would run here, or None (no twin, off, or the library cannot run)."""
-    path = bundle.native_graph_path(name) if opts.native_kernels == "auto" else None
-    if path is None:
+    ceiling = opts.native_kernels
+    path = bundle.native_graph_path(name)
+    if path is None or ceiling == "off":
         return None
-    kernels = _native_kernels(bundle, name)
+    kernels = _native_kernels(name, ceiling)
     if not kernels.usable:
         return None
     entry = bundle.manifest.graphs[name + NATIVE_SUFFIX]
@@ -70,33 +72,30 @@ def native_kernels_note(bundle: ModelBundle, opts: RuntimeOptions) -> str | None
     twins = [n.removesuffix(NATIVE_SUFFIX) for n in bundle.manifest.graphs_in(GROUP_NATIVE)]
     if not twins:
         return None
-    if opts.native_kernels == "off":
+    ceiling = opts.native_kernels
+    if ceiling == "off":
         return f"native kernels off (TTS_NATIVE_KERNELS=off): ONNX Runtime's graphs run {', '.join(twins)}"
     parts = []
     for name in twins:
-        kernels = _native_kernels(bundle, name)
-        what = " and ".join(_kernel_note(k) for k in native.KERNELS_OF_GRAPH[name])
+        kernels = _native_kernels(name, ceiling)
+        what = ", ".join(_kernel_note(op, ceiling) for op in native.KERNELS_OF_GRAPH[name])
         parts.append(f"{name} runs {what}" if kernels.usable else f"{name} on ONNX Runtime's graph ({kernels.reason})")
-    return f"native kernels ({native.LIBRARY_PATH.name}): {'; '.join(parts)}"
+    return f"native kernels ({native.LIBRARY_PATH.name}, {ceiling}): {'; '.join(parts)}"
 
 
-_KERNEL_NOTE = {"attention": "its attention as our bf16 kernel", "int8_matmul": "its int8 products as our VNNI kernel"}
+_OP_NOTE = {"CachedAttention": "its attention", "Int8MatMul": "its int8 products"}
 
 
-def _kernel_note(kernel: native.Kernel) -> str:
-    """What the start-up note says of one kernel: with AMX tiles in use, which of its calls take them."""
-    if not native.amx_tiles():
-        return _KERNEL_NOTE[kernel]
-    return {
-        "attention": "its attention as our bf16 kernel on AMX tiles",
-        "int8_matmul": "its int8 products as our VNNI kernel (AMX tiles from 16 rows)",
-    }[kernel]
+def _kernel_note(op: str, ceiling: native.KernelsCeiling) -> str:
+    """What the start-up note says of one kernel: the variant it takes ("its int8 products: avx512_vnni")."""
+    return f"{_OP_NOTE.get(op, op)}: {native.probe(kernel=op, kernels=ceiling).variant}"
 
 
-def _native_kernels(bundle: ModelBundle, name: str) -> native.NativeKernels:
-    """Whether our library runs every kernel of graph `name`'s twin here: the first one that cannot, or the library.
-    (An attention whose head size the fast kernel does not take runs the kernel's portable code, same results.)"""
-    probes = [native.probe(kernel=k) for k in native.KERNELS_OF_GRAPH[name]]
+def _native_kernels(name: str, ceiling: native.KernelsCeiling) -> native.NativeKernels:
+    """Whether our library has a fast variant of every deciding kernel of graph `name`'s twin here under `ceiling` (any
+    variant under "portable"): the first one that has not, or the library. (The attention's fast variants take the
+    head sizes our families use; another size runs its portable code, with the same results.)"""
+    probes = [native.probe(kernel=k, kernels=ceiling) for k in native.KERNELS_OF_GRAPH[name]]
     return next((p for p in probes if not p.usable), probes[0])
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import onnxruntime as ort
 
 from service.bundle import GROUP_CORE, GROUP_PROMPT, GraphEntry, ModelBundle
+from service.engine import native
 from service.engine.host import lower_thread_priority, release_free_memory
 from service.engine.options import PREPACKED_GRAPHS, RuntimeOptions, graph_stage
 from service.engine.runtimes import graph_runtime, open_openvino
@@ -147,7 +148,10 @@ def open_sessions(
             sessions[name] = open_openvino(runtime, opts, name)
             continue
         so = make_session_options(opts, name)
-        if runtime.custom_ops is not None:
+        ceiling = opts.native_kernels
+        if runtime.custom_ops is not None and ceiling != "off":
+            for key, value in native.session_config(ceiling).items():
+                so.add_session_config_entry(key, value)
             so.register_custom_ops_library(str(runtime.custom_ops))
         path = runtime.path
         acoustic = graph_stage(name) == "acoustic"

@@ -1,4 +1,4 @@
-/* Intel AMX for the kernels (amx.h): the process's permission, the tile configuration and the int8 panel product.
+/* Intel AMX for the kernels (amx.h): the tile configuration and the int8 panel product.
  *
  * Why: a Sapphire Rapids core multiplies 16 x 16 x 64 int8 values in one tdpbusd, about three times what its two
  * AVX-512 VNNI ports do in the same time (measured on an Emerald Rapids guest: 2,080 against 700-740 GOP/s per core),
@@ -8,15 +8,9 @@
 
 #include "amx.h"
 
-#include "cpu.h"
-
 #include <immintrin.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
 #define GROUP_BYTES 256 /* one group of 4 weight rows of a 64-column panel */
 
 typedef struct {
@@ -24,24 +18,6 @@ typedef struct {
     uint16_t colsb[16];
     uint8_t rows[16];
 } tile_config;
-
-/* The CPU has the tiles and Linux lets this process use them (the kernel only grants tile data on request). */
-static int amx_granted(void) {
-    static int known = -1;
-    if (known < 0) {
-        __builtin_cpu_init();
-        known = !cvl_portable_forced() && !cvl_amx_refused() && __builtin_cpu_supports("amx-tile") &&
-                __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-                __builtin_cpu_supports("avx512bf16") &&
-                syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-    }
-    return known;
-}
-
-int cvl_amx_int8(void) { return amx_granted() && __builtin_cpu_supports("amx-int8"); }
-
-int cvl_amx_bf16(void) { return amx_granted() && __builtin_cpu_supports("amx-bf16"); }
 
 /* Every tile 16 rows x 64 bytes. A constant: stores into a local config before ldtilecfg can be dropped by the compiler
  * (GCC 12 does not see that the instruction reads all 64 bytes). */

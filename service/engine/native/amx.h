@@ -1,14 +1,9 @@
-/* Intel AMX tiles (Sapphire Rapids and later): whether this process may use them, and the kernels' tile products. */
+/* Intel AMX tiles (Sapphire Rapids and later): the kernels' tile configuration and int8 panel product. Whether this
+ * process may use them is the CPU probe's answer (cpu.h: the AMX bits, set where Linux granted the tile data). */
 #ifndef COSYVOICE_LITE_AMX_H
 #define COSYVOICE_LITE_AMX_H
 
 #include <stdint.h>
-
-/* 1 when the kernels take their AMX code here: the CPU has AMX-TILE with AMX-INT8 (cvl_amx_int8) or AMX-BF16
- * (cvl_amx_bf16), Linux granted this process the tile data (arch_prctl ARCH_REQ_XCOMP_PERM), and neither
- * COSYVOICE_LITE_PORTABLE_KERNELS=1 nor COSYVOICE_LITE_AMX=0 is set. Decided once per process. */
-int cvl_amx_int8(void);
-int cvl_amx_bf16(void);
 
 /* The one tile configuration every AMX kernel uses (all 8 tiles 16 rows x 64 bytes), loaded on the calling thread;
  * cvl_amx_end releases the tiles (a thread holding none has no tile state to save when it is switched out). */

@@ -1,4 +1,4 @@
-/* Attention on AMX bf16 tiles, one query head at a time (attention_parts.h): the CosyVoice2 flow estimator's cached
+/* Attention on AMX bf16 tiles, one query head at a time (attention_parts.h): a chunk-causal flow estimator's cached
  * chunk-masked attention (cached_attention.h's contract) and the LLM's prefill under its additive mask (qwen2_layer.c),
  * head sizes 32 and 64.
  *

@@ -9,17 +9,15 @@
 #include "int8_matmul.h"
 
 #include "amx.h"
-#include "cpu.h"
 
 #include <immintrin.h>
 #include <math.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define PANEL 64      /* output columns per panel: 4 vectors of 16 int32 sums */
 #define ROW_TILE 6    /* rows of x per tile: 24 accumulators */
-#define MAX_TASKS 16
+#define MAX_TASKS CVL_MAX_SPREAD
 #define TASK_BYTES (256 * 1024) /* weight bytes x row tiles per task: smaller jobs are not worth a wake-up */
 #define FAST "avx512f,avx512bw,avx512vl,avx512vnni"
 #define AMX_MIN_ROWS 8 /* fewer rows stay on VNNI: see cvl_int8_matmul */
@@ -33,25 +31,19 @@ typedef struct {
     int32_t* xzp;           /* per-row zero point */
     int64_t tasks, row_tasks;
     int fast, amx; /* amx: xq rows padded with zeros to a multiple of 16, kp a multiple of 64 (amx.h) */
+    int spread;    /* cvl_exec.spread */
 } job;
 
 size_t cvl_int8_packed_bytes(int64_t k, int64_t n) {
     return (size_t)((n + PANEL - 1) / PANEL) * (size_t)((k + 3) / 4) * PANEL * 4;
 }
 
-/* The VNNI kernel where the CPU has it, unless COSYVOICE_LITE_PORTABLE_KERNELS=1 asks for the portable one (tests). */
-static int cpu_has_vnni(void) {
-    static int known = -1;
-    if (known < 0) {
-        __builtin_cpu_init();
-        known = !cvl_portable_forced() && __builtin_cpu_supports("avx512f") &&
-                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                __builtin_cpu_supports("avx512vnni");
-    }
-    return known;
-}
-
-int cvl_int8_fast_kernel(void) { return cpu_has_vnni(); }
+static const cvl_variant variants[] = {
+    {"portable", 0},
+    {"avx512_vnni", CVL_NEEDS_AVX512_VNNI},
+    {"amx_int8", CVL_NEEDS_AMX_INT8},
+};
+const cvl_variants cvl_int8_matmul_variants = {variants, 3, NULL};
 
 /* ---- per-row quantization (DynamicQuantizeLinear of one row) ---- */
 
@@ -272,28 +264,23 @@ static void product_task(void* ctx, size_t i) {
     }
 }
 
-static atomic_int spread = 1; /* cvl_int8_set_spread */
-
-void cvl_int8_set_spread(int tasks) {
-    atomic_store_explicit(&spread, tasks < 1 ? 1 : (tasks > MAX_TASKS ? MAX_TASKS : tasks), memory_order_relaxed);
-}
-
-static void run(cvl_parallel_fn parallel, void* runner, cvl_task_fn task, void* ctx, size_t tasks) {
-    if (tasks <= 1 || parallel == NULL) {
+static void run(const cvl_exec* ex, cvl_task_fn task, void* ctx, size_t tasks) {
+    if (tasks <= 1 || ex->parallel == NULL) {
         for (size_t i = 0; i < tasks; i++) task(ctx, i);
     } else {
-        parallel(runner, task, ctx, tasks);
+        ex->parallel(ex->runner, task, ctx, tasks);
     }
 }
 
 /* The job of `p`'s rows: its work buffer allocated and every row quantized (once for all products of the same rows). */
-static int quantize_rows(job* jb, const cvl_int8_problem* p, cvl_parallel_fn parallel, void* runner) {
-    *jb = (job){.p = p, .kq = (p->k + 3) / 4, .fast = cpu_has_vnni()}; /* panels: per product (products) */
+static int quantize_rows(job* jb, const cvl_int8_problem* p, const cvl_exec* ex) {
+    const int spread = ex->spread < 1 ? 1 : (ex->spread > MAX_TASKS ? MAX_TASKS : ex->spread);
+    *jb = (job){.p = p, .kq = (p->k + 3) / 4, .fast = cvl_has(ex->have, CVL_NEEDS_AVX512_VNNI), .spread = spread};
     /* A tile product of 16 rows costs what one of a few rows costs, and a decode step's few rows are bound by reading
      * the weights, which VNNI streams faster than tile loads do: AMX from 8 rows on (measured, weights not in cache,
      * one thread, AMX against VNNI: 896 x 4864 at 1 / 4 / 6 / 8 rows 1.46 / 1.15 / 1.08 / 0.78 of the time; 256 x 768
      * at 4 / 8 / 16 rows 0.76 / 0.67 / 0.92). */
-    jb->amx = jb->fast && p->rows >= AMX_MIN_ROWS && cvl_amx_int8();
+    jb->amx = jb->fast && p->rows >= AMX_MIN_ROWS && cvl_has(ex->have, CVL_NEEDS_AMX_INT8);
     jb->kp = jb->amx ? (jb->kq * 4 + 63) / 64 * 64 : jb->kq * 4;
     const int64_t padded_rows = jb->amx ? (p->rows + 15) / 16 * 16 : p->rows;
     size_t bytes = (size_t)p->rows * (2 * sizeof(float) + sizeof(int32_t)) + (size_t)padded_rows * (size_t)jb->kp + 64;
@@ -305,35 +292,34 @@ static int quantize_rows(job* jb, const cvl_int8_problem* p, cvl_parallel_fn par
     jb->xq = (uint8_t*)(((uintptr_t)(jb->xzp + p->rows) + 63) & ~(uintptr_t)63);
     memset(jb->xq + p->rows * jb->kp, 0, (size_t)((padded_rows - p->rows) * jb->kp));
     jb->row_tasks = p->rows * p->k >= 65536 ? (p->rows < MAX_TASKS ? p->rows : MAX_TASKS) : 1;
-    run(parallel, runner, quantize_task, jb, (size_t)jb->row_tasks);
+    run(ex, quantize_task, jb, (size_t)jb->row_tasks);
     return 0;
 }
 
 /* y of `p` (same rows, k and x as the job's quantized rows, its own weight). */
-static void products(job* jb, const cvl_int8_problem* p, cvl_parallel_fn parallel, void* runner) {
+static void products(job* jb, const cvl_int8_problem* p, const cvl_exec* ex) {
     jb->p = p;
     jb->panels = (p->n + PANEL - 1) / PANEL;
     for (int64_t r = 0; r < p->rows; r++) jb->xs[r] = p->w_scales ? jb->xr[r] : jb->xr[r] * p->w_scale;
     /* One row tile (a decode step's few rows) is bound by memory bandwidth, and one core already streams most of
      * it (full size, one thread: 14.9 ms of products a step, two: 12.9 ms): it runs on the calling thread and
-     * leaves the other cores to the flow, unless the caller spreads it (cvl_int8_set_spread: the other cores are
+     * leaves the other cores to the flow, unless the caller spreads it (cvl_exec.spread: the other cores are
      * idle). More rows are compute-bound: enough tasks to share the work when it is worth a wake-up, by weight bytes
      * times the row tiles that read them. */
     int64_t weight_bytes = jb->panels * jb->kq * PANEL * 4;
     int64_t passes = (p->rows + ROW_TILE - 1) / ROW_TILE;
-    int64_t tasks = passes == 1 ? atomic_load_explicit(&spread, memory_order_relaxed)
-                                : (weight_bytes * passes + TASK_BYTES - 1) / TASK_BYTES;
+    int64_t tasks = passes == 1 ? jb->spread : (weight_bytes * passes + TASK_BYTES - 1) / TASK_BYTES;
     tasks = tasks < 1 ? 1 : tasks;
     tasks = tasks > MAX_TASKS ? MAX_TASKS : tasks;
     jb->tasks = tasks > jb->panels ? jb->panels : tasks;
-    run(parallel, runner, product_task, jb, (size_t)jb->tasks);
+    run(ex, product_task, jb, (size_t)jb->tasks);
 }
 
-int cvl_int8_matmul(const cvl_int8_problem* p, cvl_parallel_fn parallel, void* runner) {
+int cvl_int8_matmul(const cvl_int8_problem* p, const cvl_exec* ex) {
     if (p->rows <= 0 || p->n <= 0) return 0;
     job jb;
-    if (quantize_rows(&jb, p, parallel, runner) != 0) return -1;
-    products(&jb, p, parallel, runner);
+    if (quantize_rows(&jb, p, ex) != 0) return -1;
+    products(&jb, p, ex);
     free(jb.xr);
     return 0;
 }
@@ -348,19 +334,19 @@ static cvl_int8_problem weight_problem(const float* x, int64_t rows, int64_t k, 
 }
 
 int cvl_int8_weight_matmul(const float* x, int64_t rows, int64_t k, const cvl_int8_weight* w, float* y, float* const* parts,
-                           cvl_parallel_fn parallel, void* runner) {
+                           const cvl_exec* ex) {
     cvl_int8_problem p = weight_problem(x, rows, k, w, y, parts);
-    return cvl_int8_matmul(&p, parallel, runner);
+    return cvl_int8_matmul(&p, ex);
 }
 
 int cvl_int8_weight_matmuls(const float* x, int64_t rows, int64_t k, const cvl_int8_weight* const* ws, float* const* ys,
-                            int count, cvl_parallel_fn parallel, void* runner) {
+                            int count, const cvl_exec* ex) {
     if (rows <= 0 || count <= 0) return 0;
     job jb;
     for (int i = 0; i < count; i++) {
         cvl_int8_problem p = weight_problem(x, rows, k, ws[i], ys[i], NULL);
-        if (i == 0 && quantize_rows(&jb, &p, parallel, runner) != 0) return -1; /* the rows depend on x alone */
-        if (p.n > 0) products(&jb, &p, parallel, runner);
+        if (i == 0 && quantize_rows(&jb, &p, ex) != 0) return -1; /* the rows depend on x alone */
+        if (p.n > 0) products(&jb, &p, ex);
     }
     free(jb.xr);
     return 0;

@@ -5,6 +5,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "exec.h"
+#include "op.h"
+
 /* Weights come packed in panels of 64 output columns, each panel K4 = ceil(k/4) groups of 64 columns x 4 rows of W:
  *   packed[((p * K4 + q) * 64 + c) * 4 + j] = W[4q + j][64p + c]   (zero where 4q + j >= k or 64p + c >= n)
  * so a panel is read front to back (export/native_twin.py writes it; cvl_int8_packed_bytes gives its size).
@@ -36,14 +39,15 @@ typedef struct {
     int64_t x_stride;
 } cvl_int8_problem;
 
-/* Runs task(ctx, i) for i in [0, tasks), possibly on several threads, and returns when all are done. */
-typedef void (*cvl_task_fn)(void* ctx, size_t i);
-typedef void (*cvl_parallel_fn)(void* runner, cvl_task_fn task, void* ctx, size_t tasks);
-
 size_t cvl_int8_packed_bytes(int64_t k, int64_t n);
 
-/* 0 on success, -1 when the work buffer cannot be allocated. `parallel` may be NULL (one thread). */
-int cvl_int8_matmul(const cvl_int8_problem* p, cvl_parallel_fn parallel, void* runner);
+/* The code paths, by the features of `ex->have`: portable C (the reference: the same integer sums, so the same
+ * results bit for bit), AVX-512 VNNI (a tile of up to 6 rows shares every weight load), AMX-INT8 (products of 8 rows
+ * or more as tile products over the same panels; fewer rows take the VNNI code). */
+extern const cvl_variants cvl_int8_matmul_variants;
+
+/* 0 on success, -1 when the work buffer cannot be allocated. */
+int cvl_int8_matmul(const cvl_int8_problem* p, const cvl_exec* ex);
 
 /* A packed int8 weight as the fused kernels hold it, with n output columns: scales holds 1 scale, or n (one per column). */
 typedef struct {
@@ -58,19 +62,11 @@ typedef struct {
 /* y = x . w (rows x k -> rows x w->n), or with `parts` (3 buffers) its column thirds into parts[0..2] (q, k, v side by
  * side): cvl_int8_matmul over the weight's scale(s) and bias. */
 int cvl_int8_weight_matmul(const float* x, int64_t rows, int64_t k, const cvl_int8_weight* w, float* y, float* const* parts,
-                           cvl_parallel_fn parallel, void* runner);
+                           const cvl_exec* ex);
 
 /* y[i] = x . ws[i] for `count` weights of the same k, x quantized once (the rows' quantization depends on x alone, so
  * each result is cvl_int8_weight_matmul's bit for bit): q, k and v, or gate and up, of one RMSNorm output. */
 int cvl_int8_weight_matmuls(const float* x, int64_t rows, int64_t k, const cvl_int8_weight* const* ws, float* const* ys,
-                            int count, cvl_parallel_fn parallel, void* runner);
-/* 1 when cvl_int8_matmul takes its AVX-512 VNNI kernel on this CPU, 0 when the portable one. */
-int cvl_int8_fast_kernel(void);
-
-/* How many tasks a product of one row tile (a decode step's few rows) is split into from now on, in this process:
- * 1 (the default) runs it on the calling thread, which streams most of the weights one core can read and leaves the
- * other cores to the flow; more share its weight panels over the caller's threads (`parallel`), for a caller that
- * knows they are idle. Clamped to 1..16; a result never depends on it (each panel's sums are the same). */
-void cvl_int8_set_spread(int tasks);
+                            int count, const cvl_exec* ex);
 
 #endif

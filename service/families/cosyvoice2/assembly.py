@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 # (HopSchedule.vocoder_takes_cores); the wide width is the estimator's, its two guidance rows side by side.
 WIDE_HIFT_DECODE = "hift_decode/wide"
 WIDE_THREADS = 2
-# Tasks a decode step's int8 products are split into while the acoustic gate is idle (native.spread_decode_products):
+# Tasks a decode step's int8 products are split into while the acoustic gate is idle (native.DecodeSpread):
 # full size, batch 1, two threads, 14.4-15.2 against 16.9-17.0 ms a step in a stream (2 tasks: 16.9-17.3 ms alone).
 DECODE_SPREAD = 4
 
@@ -40,15 +40,20 @@ def open_engine_sessions(bundle: ModelBundle, runtime: RuntimeOptions, *, wide: 
     return sessions
 
 
-def decode_spread(bundle: ModelBundle, runtime: RuntimeOptions, gate: AcousticGate | None) -> Callable[[], None] | None:
+def decode_spread(
+    bundle: ModelBundle, runtime: RuntimeOptions, gate: AcousticGate | None, step: native.DecodeSpread | None
+) -> Callable[[], None] | None:
     """What the scheduler calls before each decode step when the step runs our int8 kernel on more than one thread:
     while no acoustic call runs or waits (`gate.idle`), the step's products are shared over its threads
-    (DECODE_SPREAD tasks), else they stay on the scheduler's thread beside the flow. None where that cannot apply."""
-    if gate is None or runtime.threads_for("llm") < 2 or graph_runtime(bundle, "llm_step", runtime).custom_ops is None:
+    (DECODE_SPREAD tasks, the step twin's spread input through `step`), else they stay on the scheduler's thread
+    beside the flow. None where that cannot apply (nor is `step` then used)."""
+    if gate is None or step is None or runtime.threads_for("llm") < 2:
+        return None
+    if graph_runtime(bundle, "llm_step", runtime).custom_ops is None or not native.takes_spread(step.session):
         return None
 
     def spread() -> None:
-        native.spread_decode_products(DECODE_SPREAD if gate.idle() else 1)
+        step.tasks = DECODE_SPREAD if gate.idle() else 1
 
     return spread
 

@@ -115,15 +115,18 @@ class CosyVoice2Engine:
         cls, bundle: ModelBundle, sessions: Mapping[str, Any], runtime: RuntimeOptions, **kwargs: Any
     ) -> CosyVoice2Engine:
         """An engine over opened sessions (e.g. instrumented ones) with the scheduler and gate `runtime` asks for."""
-        runner = Qwen2Runner(sessions, bundle.constants, extra_constants(bundle).text_vocab_size)
         gate = AcousticGate(runtime.acoustic_slots, nice=runtime.acoustic_nice) if runtime.acoustic_slots > 0 else None
+        step = native.DecodeSpread(sessions["llm_step"]) if runtime.max_batch > 0 else None
+        spread = decode_spread(bundle, runtime, gate, step)
+        if step is not None and spread is not None:
+            sessions = {**sessions, "llm_step": step}
+        runner = Qwen2Runner(sessions, bundle.constants, extra_constants(bundle).text_vocab_size)
         llm: TokenGenerator = runner
         schedule = kwargs.setdefault("schedule", stream_schedule(bundle, runtime))
         if runtime.max_batch > 0:
             yield_to = gate.first_audio_running if gate is not None and runtime.first_audio_priority else None
             lead = schedule.decode_lead if runtime.decode_lead_tokens is None else runtime.decode_lead_tokens
             busy = gate.busy if gate is not None else None
-            spread = decode_spread(bundle, runtime, gate)
             llm = BatchScheduler(
                 runner, max_batch=runtime.max_batch, yield_to=yield_to, lead_tokens=lead, acoustic_busy=busy, before_step=spread
             )  # fmt: skip
@@ -136,8 +139,6 @@ class CosyVoice2Engine:
     def close(self) -> None:
         if self.scheduler is not None:
             self.scheduler.close()
-            if self.scheduler.before_step is not None:
-                native.spread_decode_products(1)  # no step of this engine runs any more
         self.flow.close()
 
     # ---- requests -------------------------------------------------------------------------------

@@ -10,7 +10,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "exec.h"
 #include "int8_matmul.h"
+#include "op.h"
 
 typedef struct {
     int64_t batch, steps, cached, dim, heads, kv_heads, head_dim, ff;
@@ -28,8 +30,13 @@ typedef struct {
     float *k_out, *v_out;            /* (B, kv_heads, T, head_dim) float32: the new tokens' keys (rotated) and values */
 } cvl_qwen2_problem;
 
+/* The code paths of the layer's own passes and attention: portable, avx512 (AVX-512F/BW/VL with FMA and F16C), and
+ * amx_bf16 (a prefill's attention of 16 new tokens or more on AMX tiles, head sizes 32 and 64; attention_amx.c); its
+ * products take theirs from the same features (int8_matmul.h). */
+extern const cvl_variants cvl_qwen2_layer_variants;
+
 /* 0 on success, -1 when a work buffer cannot be allocated. Products and attention rows may be shared out over
- * `parallel`. */
-int cvl_qwen2_layer(const cvl_qwen2_problem* p, cvl_parallel_fn parallel, void* runner);
+ * ex->parallel; ex->spread splits the products of a decode step's few rows (exec.h). */
+int cvl_qwen2_layer(const cvl_qwen2_problem* p, const cvl_exec* ex);
 
 #endif

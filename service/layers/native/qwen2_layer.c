@@ -15,9 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "amx.h"
 #include "attention_parts.h"
-#include "cpu.h"
 #include "half.h"
 #include "simd_math.h"
 #include "work.h"
@@ -26,15 +24,18 @@
 #define MASKED (-1e29f) /* mask entries below this are masked columns (the step graph writes -1e30) */
 #define MAX_TASKS 16
 
-static int cpu_has_vector(void) {
-    static int known = -1;
-    if (known < 0) {
-        __builtin_cpu_init();
-        known = !cvl_portable_forced() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    }
-    return known;
+#define NEEDS_VECTOR (CVL_AVX512F | CVL_AVX512BW | CVL_AVX512VL | CVL_FMA | CVL_F16C)
+
+enum { PORTABLE, VECTOR, TILES };
+static const cvl_variant variants[] = {{"portable", 0}, {"avx512", NEEDS_VECTOR}, {"amx_bf16", CVL_NEEDS_AMX_BF16}};
+
+/* The tiles hold head sizes 32 and 64 (head_dim 0 asks for any). */
+static int pick(cvl_features have, int64_t head_dim) {
+    if (!cvl_has(have, NEEDS_VECTOR)) return PORTABLE;
+    return cvl_has(have, CVL_NEEDS_AMX_BF16) && (head_dim == 0 || head_dim == 32 || head_dim == 64) ? TILES : VECTOR;
 }
+
+const cvl_variants cvl_qwen2_layer_variants = {variants, 3, pick};
 
 /* ---- RMSNorm over rows of n: w * (x * (1 / sqrt(mean(x^2) + eps))), as the step graph computes it ---- */
 
@@ -64,8 +65,8 @@ __attribute__((target(VEC))) static void rms_norm_fast(const float* x, int64_t r
     }
 }
 
-static void rms_norm(const float* x, int64_t rows, int64_t n, const float* w, float eps, float* y) {
-    if (cpu_has_vector())
+static void rms_norm(int vector, const float* x, int64_t rows, int64_t n, const float* w, float eps, float* y) {
+    if (vector)
         rms_norm_fast(x, rows, n, w, eps, y);
     else
         rms_norm_portable(x, rows, n, w, eps, y);
@@ -86,8 +87,8 @@ __attribute__((target(VEC))) static void silu_mul_fast(float* g, const float* u,
     }
 }
 
-static void silu_mul(float* g, const float* u, int64_t count) {
-    if (cpu_has_vector()) {
+static void silu_mul(int vector, float* g, const float* u, int64_t count) {
+    if (vector) {
         silu_mul_fast(g, u, count);
         return;
     }
@@ -115,8 +116,8 @@ __attribute__((target(VEC))) static void rotate_fast(float* v, int64_t heads, in
         }
 }
 
-static void rotate(float* v, int64_t heads, int64_t dk, const float* cos, const float* sin) {
-    if (cpu_has_vector()) {
+static void rotate(int vector, float* v, int64_t heads, int64_t dk, const float* cos, const float* sin) {
+    if (vector) {
         rotate_fast(v, heads, dk, cos, sin);
         return;
     }
@@ -354,13 +355,16 @@ static void tile_task(void* ctx, size_t task) {
     }
 }
 
-static int use_tiles(const cvl_qwen2_problem* p) {
-    return p->steps >= TILE_ROWS && (p->head_dim == 32 || p->head_dim == 64) && cpu_has_vector() && cvl_amx_bf16();
+static int use_tiles(const cvl_qwen2_problem* p, cvl_features have) {
+    return p->steps >= TILE_ROWS && (p->head_dim == 32 || p->head_dim == 64) && pick(have, p->head_dim) == TILES;
 }
 
-int cvl_qwen2_layer(const cvl_qwen2_problem* p, cvl_parallel_fn parallel, void* runner) {
+int cvl_qwen2_layer(const cvl_qwen2_problem* p, const cvl_exec* ex) {
     const int64_t R = p->batch * p->steps, D = p->dim, dk = p->head_dim, HD = p->heads * dk, KD = p->kv_heads * dk;
     const int64_t F = p->ff, T = p->steps;
+    const int vector = cvl_has(ex->have, NEEDS_VECTOR);
+    const cvl_parallel_fn parallel = ex->parallel;
+    void* const runner = ex->runner;
     if (R <= 0) return 0;
     if (dk > 1024 || dk % 2 || p->kv_heads < 1 || p->heads % p->kv_heads) return -1;
     /* h (R x D; the RMSNorm outputs), q and att (R x HD), k and v (R x KD), x1 (R x D), g and u (R x F) */
@@ -374,15 +378,15 @@ int cvl_qwen2_layer(const cvl_qwen2_problem* p, cvl_parallel_fn parallel, void* 
     float* g = x1 + R * D;
     float* u = g + R * F;
 
-    rms_norm(p->x, R, D, p->rms1_w, p->eps, h);
+    rms_norm(vector, p->x, R, D, p->rms1_w, p->eps, h);
     const cvl_int8_weight* qkv_w[3] = {&p->q, &p->k, &p->v};
     float* const qkv_y[3] = {q, k, v};
-    if (cvl_int8_weight_matmuls(h, R, D, qkv_w, qkv_y, 3, parallel, runner)) return -1;
+    if (cvl_int8_weight_matmuls(h, R, D, qkv_w, qkv_y, 3, ex)) return -1;
     for (int64_t r = 0; r < R; r++) {
         const float* cos = p->cos + r * dk; /* (B, 1, T, dk): row r = b * T + t */
         const float* sin = p->sin + r * dk;
-        rotate(q + r * HD, p->heads, dk, cos, sin);
-        rotate(k + r * KD, p->kv_heads, dk, cos, sin);
+        rotate(vector, q + r * HD, p->heads, dk, cos, sin);
+        rotate(vector, k + r * KD, p->kv_heads, dk, cos, sin);
     }
     const size_t row_bytes = (size_t)dk * sizeof(float);
     for (int64_t r = 0; r < R; r++) /* (B, T, kv_heads, dk) -> (B, kv_heads, T, dk) */
@@ -392,7 +396,7 @@ int cvl_qwen2_layer(const cvl_qwen2_problem* p, cvl_parallel_fn parallel, void* 
             memcpy(p->v_out + to, v + r * KD + c * dk, row_bytes);
         }
     int failed_attention;
-    if (use_tiles(p)) {
+    if (use_tiles(p, ex->have)) {
         tile_job tj = {p, q, att, p->batch * p->heads, 1, 0};
         tj.tasks = parallel ? (tj.units < MAX_TASKS ? tj.units : MAX_TASKS) : 1;
         if (tj.tasks > 1)
@@ -401,7 +405,7 @@ int cvl_qwen2_layer(const cvl_qwen2_problem* p, cvl_parallel_fn parallel, void* 
             tile_task(&tj, 0);
         failed_attention = tj.failed;
     } else {
-        attention_job jb = {p, q, att, p->batch * p->kv_heads * T, 1, cpu_has_vector(), 0};
+        attention_job jb = {p, q, att, p->batch * p->kv_heads * T, 1, vector, 0};
         const int64_t work = jb.rows * (p->cached + T) * (p->heads / p->kv_heads) * dk;
         jb.tasks = parallel && work >= (1 << 20) ? (jb.rows < MAX_TASKS ? jb.rows : MAX_TASKS) : 1;
         if (jb.tasks > 1)
@@ -410,14 +414,14 @@ int cvl_qwen2_layer(const cvl_qwen2_problem* p, cvl_parallel_fn parallel, void* 
             attention_task(&jb, 0);
         failed_attention = jb.failed;
     }
-    if (failed_attention || cvl_int8_weight_matmul(att, R, HD, &p->o, x1, NULL, parallel, runner)) return -1;
+    if (failed_attention || cvl_int8_weight_matmul(att, R, HD, &p->o, x1, NULL, ex)) return -1;
     add_into(x1, p->x, R * D);
-    rms_norm(x1, R, D, p->rms2_w, p->eps, h);
+    rms_norm(vector, x1, R, D, p->rms2_w, p->eps, h);
     const cvl_int8_weight* ff_w[2] = {&p->gate, &p->up};
     float* const ff_y[2] = {g, u};
-    if (cvl_int8_weight_matmuls(h, R, D, ff_w, ff_y, 2, parallel, runner)) return -1;
-    silu_mul(g, u, R * F);
-    int failed = cvl_int8_weight_matmul(g, R, F, &p->down, p->y, NULL, parallel, runner);
+    if (cvl_int8_weight_matmuls(h, R, D, ff_w, ff_y, 2, ex)) return -1;
+    silu_mul(vector, g, u, R * F);
+    int failed = cvl_int8_weight_matmul(g, R, F, &p->down, p->y, NULL, ex);
     if (!failed) add_into(p->y, x1, R * D);
     cvl_work_trim(CVL_WORK_QWEN);
     cvl_work_trim(CVL_WORK_QWEN_SCORES);

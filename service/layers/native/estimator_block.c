@@ -17,23 +17,14 @@
 #include <string.h>
 
 #include "cached_attention.h"
-#include "cpu.h"
 #include "simd_math.h"
 #include "work.h"
 
 #define VEC "avx512f,fma"
+#define NEEDS_VECTOR (CVL_AVX512F | CVL_FMA | CVL_F16C) /* the element-wise passes */
 
-/* AVX-512F with FMA and F16C (the element-wise passes), unless COSYVOICE_LITE_PORTABLE_KERNELS=1 asks for the portable
- * code (tests). */
-static int cpu_has_vector(void) {
-    static int known = -1;
-    if (known < 0) {
-        __builtin_cpu_init();
-        known = !cvl_portable_forced() && __builtin_cpu_supports("avx512f") &&
-                __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    }
-    return known;
-}
+static const cvl_variant variants[] = {{"portable", 0}, {"avx512", NEEDS_VECTOR}};
+const cvl_variants cvl_estimator_block_variants = {variants, 2, NULL};
 
 /* ---- LayerNorm over rows of n: (x - mean) / sqrt(var + eps) * w + b, two passes as torch computes it ---- */
 
@@ -72,8 +63,9 @@ __attribute__((target(VEC))) static void layer_norm_fast(const float* x, int64_t
     }
 }
 
-static void layer_norm(const float* x, int64_t rows, int64_t n, const float* w, const float* b, float eps, float* y) {
-    if (cpu_has_vector())
+static void layer_norm(int vector, const float* x, int64_t rows, int64_t n, const float* w, const float* b, float eps,
+                       float* y) {
+    if (vector)
         layer_norm_fast(x, rows, n, w, b, eps, y);
     else
         layer_norm_portable(x, rows, n, w, b, eps, y);
@@ -91,8 +83,8 @@ __attribute__((target(VEC))) static void gelu_fast(float* x, int64_t count) {
     }
 }
 
-static void gelu(float* x, int64_t count) {
-    if (cpu_has_vector()) {
+static void gelu(int vector, float* x, int64_t count) {
+    if (vector) {
         gelu_fast(x, count);
         return;
     }
@@ -129,8 +121,8 @@ __attribute__((target("avx512f,f16c"))) static void to_half_fast(const float* x,
     for (; i < count; i++) out[i] = half_of(x[i]);
 }
 
-static void to_half(const float* x, int64_t count, uint16_t* out) {
-    if (cpu_has_vector()) {
+static void to_half(int vector, const float* x, int64_t count, uint16_t* out) {
+    if (vector) {
         to_half_fast(x, count, out);
         return;
     }
@@ -141,8 +133,9 @@ static void add_into(float* y, const float* x, int64_t count) {
     for (int64_t i = 0; i < count; i++) y[i] += x[i];
 }
 
-int cvl_estimator_block(const cvl_block_problem* p, cvl_parallel_fn parallel, void* runner) {
+int cvl_estimator_block(const cvl_block_problem* p, const cvl_exec* ex) {
     const int64_t rows = p->batch * p->frames, D = p->dim, HD = p->heads * p->head_dim, F = p->ff;
+    const int vector = cvl_has(ex->have, NEEDS_VECTOR);
     if (rows <= 0) return 0;
     /* h1 (rows x D; LayerNorm outputs), q, k, v and att (rows x HD), h (rows x D), f (rows x F), and qkv (rows x 3HD)
      * where HD is not a multiple of 16 (the product cannot write its thirds in place) */
@@ -157,12 +150,12 @@ int cvl_estimator_block(const cvl_block_problem* p, cvl_parallel_fn parallel, vo
     float* f = h + rows * D;
     float* qkv = f + rows * F;
 
-    layer_norm(p->x, rows, D, p->ln1_w, p->ln1_b, p->eps1, h1);
+    layer_norm(vector, p->x, rows, D, p->ln1_w, p->ln1_b, p->eps1, h1);
     if (!split) { /* q, k and v straight to where they are read */
         float* const parts[3] = {q, k, v};
-        if (cvl_int8_weight_matmul(h1, rows, D, &p->qkv, NULL, parts, parallel, runner) != 0) return -1;
+        if (cvl_int8_weight_matmul(h1, rows, D, &p->qkv, NULL, parts, ex) != 0) return -1;
     } else {
-        if (cvl_int8_weight_matmul(h1, rows, D, &p->qkv, qkv, NULL, parallel, runner) != 0) return -1;
+        if (cvl_int8_weight_matmul(h1, rows, D, &p->qkv, qkv, NULL, ex) != 0) return -1;
         const size_t row_bytes = (size_t)HD * sizeof(float);
         for (int64_t r = 0; r < rows; r++) {
             const float* src = qkv + r * 3 * HD;
@@ -173,15 +166,15 @@ int cvl_estimator_block(const cvl_block_problem* p, cvl_parallel_fn parallel, vo
     }
     cvl_attention_shape shape = {(int)p->batch, (int)p->frames, (int)p->cached, (int)p->heads,
                                  (int)p->head_dim,  p->chunk,       p->scale};
-    if (cvl_cached_attention(&shape, q, k, v, p->past_k, p->past_v, att) != 0) return -1;
-    to_half(k, rows * HD, p->k);
-    to_half(v, rows * HD, p->v);
-    if (cvl_int8_weight_matmul(att, rows, HD, &p->out, h, NULL, parallel, runner) != 0) return -1;
+    if (cvl_cached_attention(&shape, ex->have, q, k, v, p->past_k, p->past_v, att) != 0) return -1;
+    to_half(vector, k, rows * HD, p->k);
+    to_half(vector, v, rows * HD, p->v);
+    if (cvl_int8_weight_matmul(att, rows, HD, &p->out, h, NULL, ex) != 0) return -1;
     add_into(h, p->x, rows * D);
-    layer_norm(h, rows, D, p->ln3_w, p->ln3_b, p->eps3, h1);
-    if (cvl_int8_weight_matmul(h1, rows, D, &p->ff1, f, NULL, parallel, runner) != 0) return -1;
-    gelu(f, rows * F);
-    int failed = cvl_int8_weight_matmul(f, rows, F, &p->ff2, p->y, NULL, parallel, runner);
+    layer_norm(vector, h, rows, D, p->ln3_w, p->ln3_b, p->eps3, h1);
+    if (cvl_int8_weight_matmul(h1, rows, D, &p->ff1, f, NULL, ex) != 0) return -1;
+    gelu(vector, f, rows * F);
+    int failed = cvl_int8_weight_matmul(f, rows, F, &p->ff2, p->y, NULL, ex);
     if (!failed) add_into(p->y, h, rows * D);
     cvl_work_trim(CVL_WORK_BLOCK);
     return failed ? -1 : 0;

@@ -9,7 +9,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "exec.h"
 #include "int8_matmul.h"
+#include "op.h"
 
 typedef struct {
     int64_t batch, frames, cached, dim, heads, head_dim, ff, chunk;
@@ -26,7 +28,11 @@ typedef struct {
                                         * caches keep them (rounded to nearest even, as a Cast rounds) */
 } cvl_block_problem;
 
-/* 0 on success, -1 when a work buffer cannot be allocated. The products may share out their rows over `parallel`. */
-int cvl_estimator_block(const cvl_block_problem* p, cvl_parallel_fn parallel, void* runner);
+/* The code paths of the block's own passes (LayerNorm, GELU, float16 rounding): portable, avx512 (AVX-512F with FMA
+ * and F16C); its products and attention take theirs from the same features (int8_matmul.h, cached_attention.h). */
+extern const cvl_variants cvl_estimator_block_variants;
+
+/* 0 on success, -1 when a work buffer cannot be allocated. The products may share out their rows over ex->parallel. */
+int cvl_estimator_block(const cvl_block_problem* p, const cvl_exec* ex);
 
 #endif
