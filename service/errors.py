@@ -26,6 +26,7 @@ class ErrorCode(StrEnum):
     SHUTTING_DOWN = "shutting_down"
     NOT_READY = "not_ready"
     PAYLOAD_TOO_LARGE = "payload_too_large"
+    REQUEST_TIMEOUT = "request_timeout"
     UNSUPPORTED_CAPABILITY = "unsupported_capability"
     VOICE_EXISTS = "voice_exists"
     TOO_MANY_VOICES = "too_many_voices"
@@ -131,6 +132,13 @@ class PayloadTooLargeError(TTSError):
     """An upload (prompt audio) larger than the upload limit."""
 
     code = ErrorCode.PAYLOAD_TOO_LARGE
+
+
+class RequestTimeoutError(TTSError):
+    """The client did not send in time: a request body that did not finish arriving (TTS_BODY_TIMEOUT_S), a WebSocket
+    session with nothing to say for TTS_WS_IDLE_TIMEOUT_S."""
+
+    code = ErrorCode.REQUEST_TIMEOUT
 
 
 class UnsupportedCapabilityError(TTSError):

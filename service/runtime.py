@@ -253,19 +253,29 @@ class Runtime:
     def frontend(self, value: TextFrontend) -> None:
         self._frontend = value
 
-    def claim(self) -> Slot:
-        """One in-flight place for an admitted synthesis request; NotReadyError / ShuttingDownError, or the
-        service's OverloadedError (503 + Retry-After) while every place is taken or its queue is full.
+    def check_room(self) -> None:
+        """Raise what `claim` would raise now (NotReadyError, ShuttingDownError, OverloadedError), taking nothing: a
+        transport refuses a request it cannot serve before reading its body or opening its session."""
+        service = self.service
+        with self._lock:
+            self._check_room(service)
 
-        Places count requests from admission to their end across every transport of this runtime, so a
-        burst is refused before any of it reaches body parsing, the text frontend or the queue.
+    def claim(self) -> Slot:
+        """One in-flight place for a synthesis request whose input has arrived; NotReadyError / ShuttingDownError, or
+        the service's OverloadedError (503 + Retry-After) while every place is taken or its queue is full.
+
+        Places count requests from the moment their input is in (an HTTP body read, a WebSocket sentence to speak) to
+        their end, across every transport of this runtime; a client still sending, or idle, holds none.
         """
         service = self.service
         with self._lock:
-            if self._in_flight >= service.capacity or service.queue_full():
-                raise service.overloaded()
+            self._check_room(service)
             self._in_flight += 1
         return Slot(self)
+
+    def _check_room(self, service: TTSService) -> None:
+        if self._in_flight >= service.capacity or service.queue_full():
+            raise service.overloaded()
 
     def _release(self) -> None:
         with self._lock:

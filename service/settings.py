@@ -75,9 +75,10 @@ class Settings(BaseSettings):
         default=10,
         ge=1,
         le=600,
-        description="After SIGTERM, seconds in-flight requests get to finish while new ones are refused; keep the "
-        "orchestrator's grace period (Kubernetes terminationGracePeriodSeconds, `docker stop -t`) above it plus any "
-        "preStop delay.",
+        description="After SIGTERM, seconds in-flight work gets to finish while new work is refused, one deadline for "
+        "HTTP, gRPC and WebSocket sessions (which finish their sentence and close with 1001); what still runs then is "
+        "ended (503 shutting_down) and the process exits. Keep the orchestrator's grace period (Kubernetes "
+        "terminationGracePeriodSeconds, `docker stop -t`) above it plus any preStop delay and a few seconds.",
     )
 
     # model and engine
@@ -222,6 +223,21 @@ class Settings(BaseSettings):
         default=4096, ge=1, le=100_000, description="Longest accepted text in characters (/v1 never exceeds 4096)."
     )
     max_body_bytes: int = Field(default=65_536, ge=1024, le=16 * MiB, description="Largest accepted request body; beyond: 413.")
+    body_timeout_s: float = Field(
+        default=60.0,
+        ge=0.1,
+        le=3600.0,
+        description="Seconds a request body may take to arrive in full (from when the app starts reading it); beyond: "
+        "408 request_timeout and the connection is closed. A synthesis request takes its place of capacity only once "
+        "its body is in, so slow senders never hold one.",
+    )
+    ws_idle_timeout_s: float = Field(
+        default=120.0,
+        ge=0.1,
+        le=86_400.0,
+        description="A WebSocket session (/v1/audio/speech/stream, DashScope) that sends no message for this long while "
+        "none of its text is being spoken is closed with 4408 request_timeout; an idle session holds no place of capacity.",
+    )
     ready_probe_interval_s: float = Field(
         default=30.0, ge=0.0, le=3600.0, description="/readyz re-runs a real inference when none succeeded for this long."
     )

@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "tests" / "reference"  # vendored copy of ../shared/reference (see its README.md)
 TINY_REF = REFERENCE / "tiny"
 TINY_COSYVOICE2_REF = REFERENCE / "tiny-cosyvoice2"  # generated here by scripts/cosyvoice2_*.py (see its README.md)
+TINY_COSYVOICE3_REF = REFERENCE / "tiny-cosyvoice3"  # generated here by scripts/cosyvoice3_*.py (see its README.md)
 TINY_BUNDLE = REPO / "models" / "tiny"
 TINY_V2_REF = REFERENCE / "tiny-cosyvoice2"
 TINY_V2_BUNDLE = REPO / "models" / "tiny-cosyvoice2"

@@ -19,6 +19,7 @@ from service.families.cosyvoice1.voice import Voice
 from service.speech.service import Engine
 
 GATE_TIMEOUT_S = 60.0
+CANCEL_POLL_S = 0.05  # how often a paused request that `releases_cancelled` looks at its cancel event
 
 
 class Gate(Protocol):
@@ -59,11 +60,15 @@ class FileGate:
 
 
 class GatedEngine:
-    """The real synthesizer, paused after each chunk while `gate` is closed; records every request's cancel event."""
+    """The real synthesizer, paused after each chunk while `gate` is closed; records every request's cancel event.
 
-    def __init__(self, inner: Engine, gate: Gate | None = None) -> None:
+    `releases_cancelled`: a paused request whose cancel event is set goes on at once (and the real engine then stops at
+    its next step), so a test can hold work past a server's deadline without holding the server's exit after it."""
+
+    def __init__(self, inner: Engine, gate: Gate | None = None, *, releases_cancelled: bool = False) -> None:
         self.inner = inner
         self.gate: Gate = gate if gate is not None else ThreadGate()
+        self.releases_cancelled = releases_cancelled
         self.first_chunk = threading.Event()
         self.cancels: list[threading.Event] = []
         self.chunks = 0
@@ -88,7 +93,7 @@ class GatedEngine:
         self, sentences: list[list[int]], voice: Voice, options: SynthesisOptions, cancel: threading.Event
     ) -> Iterator[AudioChunk]:
         self.cancels.append(cancel)
-        return self._paced(self.inner.synthesize(sentences, voice, options, cancel))
+        return self._paced(self.inner.synthesize(sentences, voice, options, cancel), cancel)
 
     def close(self) -> None:
         """Stop the wrapped engine's threads (the model closes its engine through this wrapper)."""
@@ -96,10 +101,21 @@ class GatedEngine:
         if callable(close_inner):
             close_inner()
 
-    def _paced(self, chunks: Iterator[AudioChunk]) -> Iterator[AudioChunk]:
+    def _paced(self, chunks: Iterator[AudioChunk], cancel: threading.Event) -> Iterator[AudioChunk]:
         for chunk in chunks:
             self.chunks += 1
             yield chunk
             self.first_chunk.set()
-            if not self.gate.wait(timeout=GATE_TIMEOUT_S):
+            if not self._wait_open(cancel):
                 raise TimeoutError("the test never opened the gate")
+
+    def _wait_open(self, cancel: threading.Event) -> bool:
+        if not self.releases_cancelled:
+            return self.gate.wait(timeout=GATE_TIMEOUT_S)
+        deadline = time.monotonic() + GATE_TIMEOUT_S
+        while not self.gate.wait(timeout=CANCEL_POLL_S):
+            if cancel.is_set():
+                return True
+            if time.monotonic() > deadline:
+                return False
+        return True

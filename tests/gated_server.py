@@ -2,7 +2,8 @@
 
 The gate file is TEST_GATE_FILE; it is created (open) at start unless TEST_GATE_CLOSED=1, which holds the warm-up
 (so the app stays loading) until the test opens it. Tests close it to hold every stream after its current chunk
-(see tests/gated_engine.py) and open it again to let the streams finish.
+(see tests/gated_engine.py) and open it again to let the streams finish. TEST_GATE_RELEASES_CANCELLED=1: a cancelled
+stream is not held (GatedEngine's `releases_cancelled`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-import uvicorn
+from uvicorn.config import STARTUP_FAILURE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -20,6 +21,7 @@ from gated_engine import FileGate, GatedEngine
 
 from service.api.app import create_app
 from service.api.logconfig import configure as configure_logging
+from service.api.serving import serve
 from service.bundle import ModelBundle
 from service.engine.options import RuntimeOptions
 from service.families.cosyvoice1.model import load_synthesizer
@@ -33,13 +35,14 @@ def main() -> None:
         gate.set()
 
     def loader(bundle: ModelBundle, runtime: RuntimeOptions) -> Engine:
-        return GatedEngine(load_synthesizer(bundle, runtime), gate)
+        releases = os.environ.get("TEST_GATE_RELEASES_CANCELLED") == "1"
+        return GatedEngine(load_synthesizer(bundle, runtime), gate, releases_cancelled=releases)
 
     settings = Settings()
     log_config = configure_logging(settings.log_level)  # as `python -m service.api` logs
     app = create_app(settings, engine_loader=loader)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, log_config=log_config,
-                timeout_graceful_shutdown=settings.drain_timeout_s)  # fmt: skip
+    if not serve(app, settings, log_config):  # as `python -m service.api` serves it, its drain included
+        sys.exit(STARTUP_FAILURE)
 
 
 if __name__ == "__main__":

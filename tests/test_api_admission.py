@@ -1,12 +1,13 @@
-"""Admission middleware: 401/429/503 from headers alone (no body read, error-table bodies), in-flight requests count
-against capacity, other routes pass, and a request let through still meets every check of its route exactly once."""
+"""Admission: 401/429/503 from headers alone (no body read, error-table bodies), in-flight requests count against
+capacity from the moment their body is in (a request still sending holds no place), other routes pass, and a request
+let through still meets every check of its route exactly once."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,11 +15,12 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from servers import metric_value
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import create_app
-from service.api.admission import AdmissionMiddleware, synthesis_routes
+from service.api.admission import AdmissionMiddleware, SlotMiddleware, synthesis_routes
 from service.api.app import ROUTERS
+from service.api.bodylimit import BodyLimitMiddleware
 from service.api.deps import AppState
 from service.engine.types import AudioChunk, StageTimings, SynthesisOptions
 from service.errors import OverloadedError
@@ -97,14 +99,27 @@ def state_for(**overrides: object) -> AppState:
     return state
 
 
-def middleware(state: AppState, inner: Inner) -> AdmissionMiddleware:
-    return AdmissionMiddleware(inner, state, synthesis_routes(*ROUTERS))
+def middleware(state: AppState, inner: Inner) -> ASGIApp:
+    """The app's admission layers around `inner`, as create_app stacks them: the header checks, the body limit, the
+    place taken once the body is in."""
+    s = state.settings
+    body = BodyLimitMiddleware(SlotMiddleware(inner, state), s.max_body_bytes, s.max_upload_bytes, timeout_s=s.body_timeout_s)
+    return AdmissionMiddleware(body, state, synthesis_routes(*ROUTERS))
+
+
+Body = Callable[[], Awaitable[Message]]
 
 
 async def call(
-    app: AdmissionMiddleware, path: str, method: str = "POST", headers: dict[str, str] | None = None, peer: str = PEER
+    app: ASGIApp,
+    path: str,
+    method: str = "POST",
+    headers: dict[str, str] | None = None,
+    peer: str = PEER,
+    body: Body | None = None,
 ) -> Answer:
-    """One request straight into the ASGI app; `body_read` tells whether anything asked for the body."""
+    """One request straight into the ASGI app; `body_read` tells whether anything asked for the body. `body`: what
+    each read of the body returns (default: the whole body at once)."""
     raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
     scope: Scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http"}
     scope.update(path=path, raw_path=path.encode(), root_path="", query_string=b"", headers=raw)
@@ -114,7 +129,7 @@ async def call(
 
     async def receive() -> Message:
         read.append(True)
-        return {"type": "http.request", "body": b'{"text": "hi"}', "more_body": False}
+        return await body() if body is not None else {"type": "http.request", "body": b'{"text": "hi"}', "more_body": False}
 
     async def send(message: Message) -> None:
         sent.append(message)
@@ -207,6 +222,63 @@ def test_requests_in_progress_count_against_capacity_before_they_reach_the_queue
     assert refused.status == 503 and refused.headers["retry-after"] == "7" and not refused.body_read
     assert refused.json()["error"]["code"] == "overloaded"
     assert after.status == 204, "finished requests free their place"
+
+
+class HalfBody:
+    """A body that arrives in two halves: the second only once `rest` is set (never, unless a test sets it);
+    `waiting` is set when the app asks for it, i.e. the request is past admission and reading its body."""
+
+    def __init__(self) -> None:
+        self.rest = asyncio.Event()
+        self.waiting = asyncio.Event()
+        self.sent = 0
+
+    async def __call__(self) -> Message:
+        self.sent += 1
+        if self.sent == 1:
+            return {"type": "http.request", "body": b'{"text": ', "more_body": True}
+        self.waiting.set()
+        await self.rest.wait()
+        return {"type": "http.request", "body": b'"hi"}', "more_body": False}
+
+
+def test_a_request_still_sending_its_body_holds_no_place_and_takes_one_once_it_is_in(service_for: ServiceFactory) -> None:
+    state = state_for()
+    state.service = service = service_for(workers=1, queue_max=0)  # one place in all
+
+    async def race() -> tuple[Answer, Answer, Answer]:
+        inner = Inner(hold=asyncio.Event())
+        app = middleware(state, inner)
+        slow = HalfBody()
+        sending = asyncio.create_task(call(app, "/tts", body=slow))
+        await slow.waiting.wait()  # admitted, its body half in
+        served = asyncio.create_task(call(app, "/v1/audio/speech"))  # takes the one place while the first still sends
+        while inner.seen != ["/v1/audio/speech"]:
+            await asyncio.sleep(0.001)
+        slow.rest.set()  # the first body is in now, with no place left
+        late = await asyncio.wait_for(sending, timeout=10)
+        assert inner.hold is not None
+        inner.hold.set()
+        return late, await served, await call(app, "/tts")
+
+    late, served, after = asyncio.run(race())
+    assert served.status == 204, "a client that is still sending its body must not hold a place"
+    assert late.status == 503 and late.body_read and late.json()["error"]["code"] == "overloaded"
+    assert late.headers["retry-after"] == "7"
+    assert after.status == 204 and service.capacity == 1
+
+
+def test_a_body_that_stops_arriving_gets_408_and_the_connection_is_closed(service_for: ServiceFactory) -> None:
+    state, inner = state_for(body_timeout_s=0.2), Inner()
+    state.service = service_for(workers=1, queue_max=0)
+    app = middleware(state, inner)
+    for path in ("/tts", "/v1/audio/speech", "/v1/voices"):  # a synthesis route or not: every body has the limit
+        answer = asyncio.run(asyncio.wait_for(call(app, path, body=HalfBody()), timeout=10))  # its second half never comes
+        assert (answer.status, answer.headers["connection"]) == (408, "close"), answer
+        error = answer.json()["error"]
+        assert (error["code"], error["type"]) == ("request_timeout", "invalid_request_error")
+        assert error["message"] == "the request body did not arrive within 0.2 s (TTS_BODY_TIMEOUT_S)"
+    assert inner.seen == [] and asyncio.run(call(app, "/tts")).status == 204, "no place was kept by the timed-out ones"
 
 
 def test_rate_limit_is_answered_from_headers_with_the_trusted_proxy_rule(service_for: ServiceFactory) -> None:

@@ -12,7 +12,6 @@ from urllib.parse import urlparse
 
 import kubernetes_validate
 import pytest
-import uvicorn
 import yaml
 from deploy_servers import drain_timeout_s
 from servers import free_port
@@ -158,7 +157,7 @@ def test_the_entry_point_drains_for_tts_drain_timeout_s(
     monkeypatch: pytest.MonkeyPatch, tiny_bundle: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     served: dict[str, Any] = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **options: served.update(options))
+    monkeypatch.setattr(entry_point, "serve", lambda app, *_: served.update(app=app) or True)
     for key in [k for k in os.environ if k.startswith("TTS_")]:
         monkeypatch.delenv(key)
     monkeypatch.setenv("TTS_MODEL_DIR", str(tiny_bundle))
@@ -166,7 +165,7 @@ def test_the_entry_point_drains_for_tts_drain_timeout_s(
     monkeypatch.setenv("TTS_GRPC_PORT", "0")
     monkeypatch.setenv("TTS_DRAIN_TIMEOUT_S", "17")
     entry_point.main()
-    assert served["timeout_graceful_shutdown"] == 17
+    assert served["app"].state.tts.drain.timeout_s == 17  # the deadline every transport drains by (service.api.drain)
     monkeypatch.setenv("TTS_DRAIN_TIMEOUT_S", "0")
     with pytest.raises(SystemExit) as exited:
         entry_point.main()
@@ -179,7 +178,7 @@ def test_the_entry_point_drains_for_tts_drain_timeout_s(
 def test_the_entry_point_refuses_a_port_in_use(
     monkeypatch: pytest.MonkeyPatch, tiny_bundle: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(uvicorn, "run", lambda app, **options: pytest.fail("served on a busy port"))
+    monkeypatch.setattr(entry_point, "serve", lambda *_: pytest.fail("served on a busy port"))
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()

@@ -10,7 +10,6 @@ from typing import Any, cast
 
 import numpy as np
 import pytest
-import uvicorn
 from servers import free_port
 
 from service.api import __main__ as entry_point
@@ -71,10 +70,10 @@ def test_a_v1_bundle_loads_as_the_cosyvoice1_model_and_speaks(tiny_bundle: Path)
 
 # ---- TTS_FIRST_HOP_TOKENS: the settings accept >= 1, each family refuses what it cannot honour at start ----------
 def serve_from_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> dict[str, Any]:
-    """Run `python -m service.api`'s main() with only `env` as TTS_* variables; uvicorn.run records what it was given
+    """Run `python -m service.api`'s main() with only `env` as TTS_* variables; `serve` records the app it was given
     instead of serving. SystemExit (with the one-line error on stderr) when the entry point refuses to start."""
     served: dict[str, Any] = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **options: served.update(app=app, **options))
+    monkeypatch.setattr(entry_point, "serve", lambda app, *_: served.update(app=app) or True)
     for key in [k for k in os.environ if k.startswith("TTS_")]:
         monkeypatch.delenv(key)
     for key, value in {"TTS_PORT": str(free_port()), "TTS_GRPC_PORT": "0", **env}.items():

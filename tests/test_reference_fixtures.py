@@ -6,15 +6,15 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import REFERENCE, REPO, TINY_COSYVOICE2_REF, TINY_REF
+from conftest import REFERENCE, REPO, TINY_COSYVOICE2_REF, TINY_COSYVOICE3_REF, TINY_REF
 
 from service.bundle import sha256_file
 
 SHARED_REFERENCE = REPO.parent / "shared" / "reference"
-# Written here, not copied: the note on where the fixtures come from, and the CosyVoice2 set, which the scripts in
-# scripts/ generate in this repository (tests/reference/README.md).
-OWN_FILES = {"README.md", "cosyvoice2-0.5b.shapes.json"}
-OWN_FOLDERS = ("tiny-cosyvoice2/",)
+# Written here, not copied: the note on where the fixtures come from, and the CosyVoice2 and CosyVoice3 sets, which the
+# scripts in scripts/ generate in this repository (tests/reference/README.md).
+OWN_FILES = {"README.md", "cosyvoice2-0.5b.shapes.json", "fun-cosyvoice3-0.5b.shapes.json"}
+OWN_FOLDERS = ("tiny-cosyvoice2/", "tiny-cosyvoice3/")
 TABLE_ROW = re.compile(r"^\| (\S+) \| (\d+) \| `([0-9a-f]{64})` \|$", re.M)
 
 
@@ -33,7 +33,7 @@ def readme_table(readme: Path) -> dict[str, tuple[int, str]]:
     return {name: (int(size), digest) for name, size, digest in TABLE_ROW.findall(readme.read_text("utf-8"))}
 
 
-@pytest.mark.parametrize("folder", [TINY_REF, TINY_COSYVOICE2_REF], ids=lambda p: p.name)
+@pytest.mark.parametrize("folder", [TINY_REF, TINY_COSYVOICE2_REF, TINY_COSYVOICE3_REF], ids=lambda p: p.name)
 def test_files_match_the_sha256_table_of_their_readme(folder: Path) -> None:
     table = readme_table(folder / "README.md")
     assert len(table) >= 15, f"the file table of {folder}/README.md was not found"

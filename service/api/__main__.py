@@ -6,11 +6,12 @@ import socket
 import sys
 from typing import NoReturn
 
-import uvicorn
 from pydantic import ValidationError
+from uvicorn.config import STARTUP_FAILURE
 
 from service.api.app import create_app
 from service.api.logconfig import configure as configure_logging
+from service.api.serving import serve
 from service.errors import BundleError, SettingError
 from service.runtime import check_settings
 from service.settings import Settings
@@ -41,14 +42,8 @@ def main() -> None:
     except BundleError as e:
         _refuse("TTS_MODEL_DIR", e.message)
     log_config = configure_logging(settings.log_level)
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        log_config=log_config,
-        timeout_graceful_shutdown=settings.drain_timeout_s,
-    )
+    if not serve(create_app(settings), settings, log_config):
+        sys.exit(STARTUP_FAILURE)
 
 
 def _refuse(setting: str, problem: str) -> NoReturn:

@@ -1,4 +1,5 @@
-"""Admission at the door: synthesis requests refused with 401/429/503 from their headers alone, before the body is read."""
+"""Admission of synthesis requests in two steps: refusals that need only the headers (401/429/503) before the body is
+read, and the in-flight place taken once the body has arrived."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from service.api.auth import caller_of, mark_admitted
 from service.api.deps import AppState, enforce_rate_limit
 from service.api.errors import error_response
 from service.errors import TTSError
-from service.runtime import Runtime, Slot
+from service.runtime import Runtime
+
+_ADMITTED_ROUTE = "tts_admitted_route"  # scope state: the synthesis route AdmissionMiddleware let through
 
 
 def synthesis_routes(*routers: APIRouter) -> list[APIRoute]:
@@ -30,8 +33,8 @@ class AdmissionMiddleware:
     In the order the routes would: API key (401), rate limit (429 + Retry-After), model loading or
     shutting down (503), then capacity (503 + Retry-After): refused while the service's queue is full or
     while `concurrent_requests + queue_max` synthesis requests are already in progress in this runtime, over any
-    transport (counted from arrival, so a burst is refused before any of it reaches body parsing, the text
-    frontend or the queue).
+    transport, so a burst is refused before any of it is read, reaches the text frontend or the queue.
+    Nothing is taken here: `SlotMiddleware`, inside the body limit, takes the place once the body is in.
     The bodies are the ones the error table gives. A request let through meets every check of its route
     again (validation, text, speaker, queue), and is charged to the rate limit only once.
     """
@@ -48,16 +51,13 @@ class AdmissionMiddleware:
             return
         request = Request(scope)
         try:
-            slot = await self._admit(request)
+            await self._admit(request)
         except TTSError as error:
-            scope["route"] = route  # request metrics label the refusal with its route, as the router would
-            await error_response(request.url.path, error)(scope, receive, send)
+            await refuse(scope, receive, send, route, error)
             return
         mark_admitted(scope)  # the route's rate-limit dependency must not count it again
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            slot.release()
+        scope["state"][_ADMITTED_ROUTE] = route  # SlotMiddleware takes its place once the body is in
+        await self.app(scope, receive, send)
 
     def _guarded(self, scope: Scope) -> APIRoute | None:
         for route in self.routes:
@@ -65,11 +65,43 @@ class AdmissionMiddleware:
                 return route
         return None
 
-    async def _admit(self, request: Request) -> Slot:
+    async def _admit(self, request: Request) -> None:
         """The runtime's admission (key, rate limit, readiness, room); raises the TTSError the request gets."""
         runtime = self.state.runtime
         await check_gate(runtime, caller_of(request))
-        return runtime.claim()  # no await since here: nothing else ran in between
+        runtime.check_room()
+
+
+class SlotMiddleware:
+    """Takes an in-flight place (`Runtime.claim`) for an admitted synthesis request once its body has arrived (this
+    runs inside the body limit, which reads the body in full first) and holds it until the response ends; 503 +
+    Retry-After when the room went meanwhile. A client that is still sending its body holds no place."""
+
+    def __init__(self, app: ASGIApp, state: AppState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = scope.get("state", {}).get(_ADMITTED_ROUTE) if scope["type"] == "http" else None
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        try:
+            slot = self.state.runtime.claim()
+        except TTSError as error:
+            await refuse(scope, receive, send, route, error)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            slot.release()
+
+
+async def refuse(scope: Scope, receive: Receive, send: Send, route: APIRoute, error: TTSError) -> None:
+    """Answer a refused synthesis request with the error table's body, labelled with its route in the request metrics
+    as the router would label it."""
+    scope["route"] = route
+    await error_response(scope["path"], error)(scope, receive, send)
 
 
 async def check_gate(runtime: Runtime, caller: Caller) -> None:

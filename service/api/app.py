@@ -12,10 +12,11 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 
-from service.api.admission import AdmissionMiddleware, synthesis_routes
+from service.api.admission import AdmissionMiddleware, SlotMiddleware, synthesis_routes
 from service.api.bodylimit import BodyLimitMiddleware, MultipartTTSMiddleware
 from service.api.deps import AppState
 from service.api.docs import install_docs
+from service.api.drain import Drain, DrainMiddleware
 from service.api.errors import install_error_handlers
 from service.api.metrics import Metrics, RequestMetricsMiddleware
 from service.api.routes import dashscope, lexicon, official, openai, ops, speech, stream, voices
@@ -55,7 +56,7 @@ def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader 
             log.warning("%s is the old name of %s; it is still read, but rename it", old, new)
     metrics = Metrics()
     runtime = Runtime(settings, observer=metrics, engine_loader=engine_loader, reserved_voice_names=tuple(OPENAI_VOICES))
-    state = AppState(runtime=runtime, metrics=metrics)
+    state = AppState(runtime=runtime, metrics=metrics, drain=Drain(settings.drain_timeout_s))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -64,14 +65,16 @@ def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader 
         rpc = GrpcServer(state.runtime, settings.host, settings.grpc_port) if settings.grpc_port else None
         if rpc is not None:
             rpc.start()
+            state.drain.on_begin(rpc.stop_accepting)  # gRPC refuses new calls when HTTP does (service.api.serving)
         try:
             await anyio.to_thread.run_sync(state.runtime.load)
             if rpc is not None:
                 rpc.ready()
             yield
         finally:
+            state.drain.begin()  # begun at SIGTERM by DrainingServer; here for servers that do not
             if rpc is not None:
-                await anyio.to_thread.run_sync(rpc.stop, float(settings.drain_timeout_s))
+                await anyio.to_thread.run_sync(rpc.wait_stopped)  # its calls' grace ends at the drain's deadline
             await anyio.to_thread.run_sync(state.runtime.close)
 
     app = FastAPI(
@@ -85,11 +88,18 @@ def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader 
     app.state.tts = state
     app.router.route_class = TextRoute  # routes added on the app itself (/docs) read text strictly like the routers'
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, upload_bytes=settings.max_upload_bytes)
+    app.add_middleware(SlotMiddleware, state=state)  # inside the body limit: a place is taken once the body is in
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=settings.max_body_bytes,
+        upload_bytes=settings.max_upload_bytes,
+        timeout_s=settings.body_timeout_s,
+    )
     # outside the body limit (a refusal reads no body), inside CORS (browsers can read a refusal)
     routers = ROUTERS
     app.add_middleware(AdmissionMiddleware, state=state, routes=synthesis_routes(*routers))
     app.add_middleware(MultipartTTSMiddleware)  # outside admission: a multipart /tts is admitted as /tts/prompt
+    app.add_middleware(DrainMiddleware, drain=state.drain)  # inside CORS and the metrics: its 503s are read and counted
     if settings.cors_allow_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -1,11 +1,13 @@
-"""ASGI middleware that refuses request bodies larger than the configured limit with 413, before any parsing."""
+"""ASGI middleware that reads a request body in full before the app sees it: 413 beyond its size limit, 408 when it
+does not arrive within its time limit."""
 
 from __future__ import annotations
 
+import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.errors import error_response
-from service.errors import PayloadTooLargeError, TextTooLongError, TTSError
+from service.errors import PayloadTooLargeError, RequestTimeoutError, TextTooLongError, TTSError
 
 
 class BodyLimitMiddleware:
@@ -13,13 +15,17 @@ class BodyLimitMiddleware:
 
     Text bodies (JSON, forms) have `max_bytes` and a larger one is answered with 413 `text_too_long`;
     multipart uploads (prompt recordings) have `upload_bytes` and get 413 `payload_too_large`. Either way
-    the body is not read further, and what is held in memory is bounded by the limit.
+    the body is not read further, and what is held in memory is bounded by the limit. A body that has not arrived in
+    full `timeout_s` seconds after the first read gets 408 `request_timeout` and the connection is closed, so a client
+    that sends half a body holds a connection for that long at most (and never a place of capacity: places are taken
+    after this middleware).
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, upload_bytes: int | None = None) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, upload_bytes: int | None = None, *, timeout_s: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.upload_bytes = upload_bytes if upload_bytes is not None else max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -31,20 +37,15 @@ class BodyLimitMiddleware:
         if declared is not None and declared > limit:
             await self._refuse(scope, receive, send, limit, upload)
             return
-        messages: list[Message] = []
-        size = 0
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                break
-            size += len(message.get("body", b""))
-            if size > limit:
-                await self._refuse(scope, receive, send, limit, upload)
-                return
-            if not message.get("more_body", False):
-                break
-        await self.app(scope, _replay(messages, receive), send)
+        messages: list[Message] | None = None
+        with anyio.move_on_after(self.timeout_s) as reading:
+            messages = await _read_body(receive, limit)
+        if reading.cancelled_caught:
+            await self._timed_out(scope, receive, send)
+        elif messages is None:
+            await self._refuse(scope, receive, send, limit, upload)
+        else:
+            await self.app(scope, _replay(messages, receive), send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, limit: int, upload: bool) -> None:
         error: TTSError
@@ -53,6 +54,28 @@ class BodyLimitMiddleware:
         else:
             error = TextTooLongError(f"request body is larger than {limit} bytes", param="body")
         await error_response(scope["path"], error)(scope, receive, send)
+
+    async def _timed_out(self, scope: Scope, receive: Receive, send: Send) -> None:
+        error = RequestTimeoutError(f"the request body did not arrive within {self.timeout_s:g} s (TTS_BODY_TIMEOUT_S)")
+        response = error_response(scope["path"], error)
+        response.headers["connection"] = "close"  # what is left of the body is never read: the connection is done
+        await response(scope, receive, send)
+
+
+async def _read_body(receive: Receive, limit: int) -> list[Message] | None:
+    """The body's messages up to its end (or a disconnect); None as soon as more than `limit` bytes came."""
+    messages: list[Message] = []
+    size = 0
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            return messages
+        size += len(message.get("body", b""))
+        if size > limit:
+            return None
+        if not message.get("more_body", False):
+            return messages
 
 
 def _is_multipart(scope: Scope) -> bool:

@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 
 from service.access import ApiKeys
 from service.api.auth import caller_of, was_admitted
+from service.api.drain import Drain
 from service.api.metrics import Metrics
 from service.bundle import Capabilities, ModelBundle
 from service.errors import NotFoundError, UnsupportedMediaTypeError
@@ -27,6 +28,7 @@ class AppState:
 
     runtime: Runtime
     metrics: Metrics
+    drain: Drain  # the shutdown drain every transport follows
     stream_threads: anyio.CapacityLimiter | None = None  # threads that wait for job output (set in the lifespan)
 
     @property

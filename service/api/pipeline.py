@@ -1,6 +1,7 @@
 """Sentences to audio for the WebSocket transports: complete sentences wait in a queue bounded by characters, each
 becomes its own job one ahead of the audio being sent, the audio goes out in order on a timeline of decoded samples,
-and `cancel()` stops the sentence being spoken and drops the rest while the connection goes on."""
+`cancel()` stops the sentence being spoken and drops the rest while the connection goes on, and `stop_after_current()`
+(a drain) lets the sentence being spoken end and drops the rest. A place of capacity is held only while a job exists."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from service.api.deps import AppState
 from service.api.streaming import JobPieces
 from service.audio.timeline import SampleCounter
 from service.errors import EmptyTextError, OverloadedError, TTSError
+from service.runtime import Slot
 from service.speech.job import SpeechJob
 from service.speech.request import SpeechRequest
 from service.speech.service import TTSService
@@ -90,6 +92,9 @@ class SentenceQueue:
         self._finished = True
         self._notify()
 
+    def __len__(self) -> int:
+        return len(self._items)
+
     def clear(self) -> None:
         self._items.clear()
         self._chars = 0
@@ -103,7 +108,10 @@ class SentenceQueue:
 class SpeechPipeline:
     """One connection's (or one task's) speech. `run()` speaks what `put()` queues until `finish()`; each sentence is a
     job of its own, started while the previous one is sent, so at most two jobs exist. The timeline counts what a
-    decoder yields for the bytes sent: a fresh `counter()` per sentence, at `rate_hz`."""
+    decoder yields for the bytes sent: a fresh `counter()` per sentence, at `rate_hz`.
+
+    The pipeline holds one in-flight place of the runtime (`Runtime.claim`) from its first job to the moment no job of
+    it is left: a session that is idle between sentences holds none, however long it stays connected."""
 
     def __init__(
         self,
@@ -127,8 +135,17 @@ class SpeechPipeline:
         self.speaking: int | None = None  # index of the sentence whose audio is being sent
         self._next_index = 0
         self._jobs: set[SpeechJob] = set()
+        self._current: SpeechJob | None = None  # the job whose audio is being sent
+        self._starting = False  # a sentence taken from the queue is being submitted
+        self._slot: Slot | None = None  # this pipeline's place while it has jobs
+        self._stopping = False  # stop_after_current(): no sentence after the one being spoken
         self._turn: anyio.CancelScope | None = None
         self._stopped = anyio.Event()
+
+    @property
+    def idle(self) -> bool:
+        """True while nothing is being spoken or waits to be (text without a sentence end is not counted)."""
+        return not self._jobs and not self.queue and not self._starting and self.speaking is None
 
     @property
     def time_s(self) -> float:
@@ -143,6 +160,16 @@ class SpeechPipeline:
     def finish(self) -> None:
         """No more sentences: `run()` returns once the queued ones are spoken."""
         self.queue.finish()
+
+    def stop_after_current(self) -> None:
+        """No more sentences after the one being spoken (a drain): it is finished, every sentence waiting is dropped and
+        the one synthesized ahead cancelled, then `run()` returns."""
+        self._stopping = True
+        self.queue.clear()
+        self.queue.finish()
+        for job in self._jobs:
+            if job is not self._current:
+                job.cancel()
 
     async def run(self) -> None:
         """Speak until `finish()`; a `cancel()` ends the current turn and the next one starts. However it ends (a
@@ -176,7 +203,14 @@ class SpeechPipeline:
         for job in self._jobs:
             job.cancel()
         self._jobs.clear()
+        self._give_place_back()
         self.speaking = None
+
+    def _give_place_back(self) -> None:
+        """Release the place once no job of this pipeline is left (between sentences a session holds none)."""
+        if not self._jobs and self._slot is not None:
+            self._slot.release()
+            self._slot = None
 
     async def _speak(self) -> None:
         jobs_in, jobs_out = anyio.create_memory_object_stream[Handoff](0)
@@ -184,6 +218,7 @@ class SpeechPipeline:
             async with anyio.create_task_group() as group:
                 group.start_soon(self._submit, jobs_in)
                 await self._send(jobs_out)
+                group.cancel_scope.cancel()  # the sender may stop early (a drain): the submitter has nothing left to do
         except BaseExceptionGroup as group_error:
             reraise_first(group_error)
 
@@ -192,20 +227,30 @@ class SpeechPipeline:
         async with jobs:
             while (item := await self.queue.get()) is not None:
                 index, text = item
-                job = await self._start(replace(self.template, text=text))
-                await jobs.send((index, text, job))
+                self._starting = True
+                try:
+                    job = await self._start(replace(self.template, text=text))
+                finally:
+                    self._starting = False
+                try:
+                    await jobs.send((index, text, job))
+                except anyio.BrokenResourceError:
+                    return  # the sender stopped early (a drain): this job is dropped with the turn
 
     async def _start(self, request: SpeechRequest) -> SpeechJob | None:
-        """Submit one sentence; None when it has nothing to speak (e.g. only an emoji). While the service is full,
-        retry for up to OVERLOADED_WAIT_S: the connection holds its place and must not lose a sentence."""
+        """Submit one sentence, with the pipeline's place taken first if it holds none; None when it has nothing to
+        speak (e.g. only an emoji). While the service is full, retry for up to OVERLOADED_WAIT_S: the connection must
+        not lose a sentence."""
         deadline = time.monotonic() + OVERLOADED_WAIT_S
         while True:
             try:
                 with anyio.CancelScope(shield=True):  # a job that exists is registered, so that a cancel reaches it
+                    self._slot = self._slot or self.state.runtime.claim()
                     job = await anyio.to_thread.run_sync(self.service.submit, request)
                     self._jobs.add(job)
                 return job
             except EmptyTextError:
+                self._give_place_back()
                 return None
             except OverloadedError:
                 if time.monotonic() > deadline:
@@ -215,11 +260,13 @@ class SpeechPipeline:
     async def _send(self, jobs: ObjectReceiveStream[Handoff]) -> None:
         async with jobs:
             async for index, text, job in jobs:
+                if self._stopping:
+                    return
                 await self._speak_one(index, text, job)
 
     async def _speak_one(self, index: int, text: str, job: SpeechJob | None) -> None:
         first_seq, start, counter, sent = self.seq, self.samples, self.counter(), 0
-        self.speaking = index
+        self.speaking, self._current = index, job
         await self.sink.begin(index, text, start / self.rate_hz)
         try:
             if job is not None:
@@ -228,6 +275,8 @@ class SpeechPipeline:
             self.samples = start + counter.samples  # what was sent of a cut-off sentence stays on the timeline
             if job is not None:
                 self._jobs.discard(job)
+                self._give_place_back()
+            self._current = None
         self.speaking = None
         frames = self.seq - first_seq
         spoken = SpokenSentence(index, text, first_seq, frames, sent, start / self.rate_hz, self.time_s, job is not None)

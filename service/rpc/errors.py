@@ -26,6 +26,7 @@ GRPC_STATUS: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
     ErrorCode.NOT_READY: grpc.StatusCode.UNAVAILABLE,
     ErrorCode.PAYLOAD_TOO_LARGE: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.REQUEST_TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
     ErrorCode.UNSUPPORTED_CAPABILITY: grpc.StatusCode.FAILED_PRECONDITION,
     ErrorCode.VOICE_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     ErrorCode.TOO_MANY_VOICES: grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
@@ -156,12 +157,13 @@ class GrpcServer:
 
     Thread model: a pool of `concurrent_requests + queue_max + 4` threads, each iterating one job (the synthesis
     itself runs on the service's workers); admission refuses what the runtime cannot take before it queues.
-    Health says NOT_SERVING until `ready()`, and again from `stop()`.
+    Health says NOT_SERVING until `ready()`, and again from `stop_accepting()`.
     """
 
     def __init__(self, runtime: Runtime, host: str, port: int) -> None:
         s = runtime.settings
         self.runtime = runtime
+        self._stopped: threading.Event | None = None  # set once the server has stopped, after `stop_accepting`
         self.health = health.HealthServicer()
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         options = [
@@ -186,10 +188,17 @@ class GrpcServer:
     def ready(self) -> None:
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
 
-    def stop(self, grace_s: float) -> None:
-        """Refuse new calls, give running ones `grace_s` seconds, then cancel them (blocking)."""
-        self.health.enter_graceful_shutdown()
-        self.server.stop(grace_s).wait()
+    def stop_accepting(self, grace_s: float) -> None:
+        """Refuse new calls from now on (health NOT_SERVING); running ones get `grace_s` seconds, then are cancelled.
+        Returns at once (the first call counts; later ones change nothing)."""
+        if self._stopped is None:
+            self.health.enter_graceful_shutdown()
+            self._stopped = self.server.stop(grace_s)
+
+    def wait_stopped(self) -> None:
+        """Block until the server has stopped (its last call ended or was cancelled at the end of its grace)."""
+        if self._stopped is not None:
+            self._stopped.wait()
 
     def _set_health(self, status: int) -> None:
         for name in ("", SERVICE_NAME):  # "" = the server as a whole

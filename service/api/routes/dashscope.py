@@ -21,15 +21,23 @@ from service.api.dashscope import PATH, Message, MessageError, TaskOptions, pars
 from service.api.dashscope import event as server_event
 from service.api.dashscope import task_failed as failed_event
 from service.api.deps import AppState
+from service.api.drain import receive_unless_draining
 from service.api.pipeline import SpeechPipeline, SpokenSentence, reraise_first
 from service.api.routes.openai import openai_voice
-from service.api.routes.stream import close_reason
+from service.api.routes.stream import GOING_AWAY_CLOSE, close_code, close_reason, going_away_reason
 from service.audio.encode import AudioFormat, Pcm16Transcoder
 from service.audio.timeline import PcmCounter, decoder_delay_s
-from service.errors import ErrorCode, InvalidInputError, TextTooLongError, TTSError, UnsupportedCapabilityError
+from service.errors import (
+    ErrorCode,
+    InvalidInputError,
+    RequestTimeoutError,
+    ShuttingDownError,
+    TextTooLongError,
+    TTSError,
+    UnsupportedCapabilityError,
+)
 from service.families.model import NamedVoice, VoiceReference
 from service.frontend.incremental import IncrementalSegmenter
-from service.runtime import Slot
 from service.speech.request import SpeechRequest
 from service.speech.service import TTSService
 
@@ -78,13 +86,13 @@ class TaskSink:
 
 @dataclass(eq=False)
 class Task:
-    """One run-task ... task-finished / task-failed: its own admission place, sentences and audio stream."""
+    """One run-task ... task-finished / task-failed: its sentences and audio stream (its pipeline holds a place of
+    capacity while it has a sentence to speak)."""
 
     id: str
     pipeline: SpeechPipeline
     segmenter: IncrementalSegmenter
     sink: TaskSink
-    slot: Slot
     started: float = field(default_factory=time.monotonic)
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     done: anyio.Event = field(default_factory=anyio.Event)
@@ -93,7 +101,11 @@ class Task:
 
 class DashScopeSession:
     """One connection: any number of tasks, one at a time. The reader handles every message at once (a task's text
-    goes into its pipeline, which a runner task speaks); each error ends the task it concerns with task-failed."""
+    goes into its pipeline, which a runner task speaks); each error ends the task it concerns with task-failed.
+
+    A connection that sends nothing for TTS_WS_IDLE_TIMEOUT_S while nothing is being spoken is closed with 4408 (its
+    task, if one runs, fails with `request_timeout` first). When the server drains, the reader stops, a running task
+    finishes the sentence being spoken and fails with `shutting_down`, and the connection closes with 1001."""
 
     def __init__(self, ws: WebSocket, state: AppState) -> None:
         self.ws = ws
@@ -117,19 +129,47 @@ class DashScopeSession:
         try:
             async with anyio.create_task_group() as group:
                 self._group = group
-                while not self.closed:
-                    await self._handle(await self._receive())
+                with self.state.drain.until_begun():
+                    await self._read()
+                if not self.closed:  # the server drains
+                    await self._go_away()
                 group.cancel_scope.cancel()  # closed by us: a running task has nobody left to speak to
         except BaseExceptionGroup as group_error:
             reraise_first(group_error)
 
-    async def _receive(self) -> str | None:
-        """The next message's text (None for a binary frame); WebSocketDisconnect when the client left."""
-        message = await self.ws.receive()
-        if message["type"] == "websocket.disconnect":
-            raise WebSocketDisconnect(message.get("code", 1000))
-        text = message.get("text")
-        return None if text is None else str(text)
+    async def _read(self) -> None:
+        """Handle messages until we close the connection; RequestTimeoutError after TTS_WS_IDLE_TIMEOUT_S without one
+        while nothing is being spoken."""
+        idle_s = self.state.settings.ws_idle_timeout_s
+        while not self.closed:
+            try:
+                message = await receive_unless_draining(self.ws, self.state.drain, idle_s)
+            except TimeoutError:
+                if self.task is None or self.task.pipeline.idle:
+                    await self._idle(idle_s)
+                continue
+            if message is None:
+                return
+            text = message.get("text")
+            await self._handle(None if text is None else str(text))
+
+    async def _idle(self, idle_s: float) -> None:
+        """Nothing came and nothing is spoken: the running task (if any) fails, then the connection closes with 4408."""
+        error = RequestTimeoutError(f"no message for {idle_s:g} s (TTS_WS_IDLE_TIMEOUT_S)", param="message")
+        if self.task is not None:
+            await self._fail(self.task, error)
+        await self._close(close_code(error), close_reason(error))
+
+    async def _go_away(self) -> None:
+        """The server drains: a running task finishes the sentence being spoken (by the drain's deadline) and fails with
+        `shutting_down`; then the connection closes with 1001."""
+        task = self.task
+        if task is not None:
+            task.error = task.error or ShuttingDownError("the server is shutting down; the rest of the text was not spoken")
+            task.pipeline.stop_after_current()
+            task.scope.deadline = await self.state.drain.wait()
+            await task.done.wait()
+        await self._close(GOING_AWAY_CLOSE, going_away_reason())
 
     async def _handle(self, raw: str | None) -> None:
         try:
@@ -162,14 +202,11 @@ class DashScopeSession:
             busy = InvalidInputError(f"task {self.task.id} is still running on this connection", param="task_id")
             await self._send(failed_event(message.task_id, busy))
             return
-        slot: Slot | None = None
         try:
             await self._admit()
-            slot = self.runtime.claim()
-            task = await self._build(message, slot)
+            self.runtime.check_room()  # busy or loading: refused now; a place is taken per sentence (the pipeline)
+            task = await self._build(message)
         except TTSError as error:
-            if slot is not None:
-                slot.release()
             self.runtime.observer.request_done(TRANSPORT, PATH, error.code.value, 0.0)
             await self._send(failed_event(message.task_id, error))
             if error.code is ErrorCode.UNAUTHORIZED:
@@ -177,7 +214,7 @@ class DashScopeSession:
             return
         self.task = task
         assert self._group is not None
-        self._group.start_soon(self._run, task)  # first: it gives the place back however the task ends
+        self._group.start_soon(self._run, task)  # first: it reports the task however it ends
         await self._send(server_event(task.id, "task-started"))  # before any output: the runner waits for text
         if message.payload.input.text:  # some clients send the first text with run-task
             await self._feed(task, message.payload.input.text)
@@ -191,7 +228,7 @@ class DashScopeSession:
         caller = Caller(key=key, peer=peer, forwarded_for=headers.get("x-forwarded-for", ""), key_hint=hint)
         await check_gate(self.runtime, caller)  # Redis counters: off the event loop
 
-    async def _build(self, message: Message, slot: Slot) -> Task:
+    async def _build(self, message: Message) -> Task:
         """The task's options, voice and pipeline; the TTSError the client gets when one cannot be served."""
         service, settings = self.runtime.service, self.state.settings
         params = message.payload.parameters
@@ -204,7 +241,7 @@ class DashScopeSession:
         sink = TaskSink(self.ws, message.task_id, transcoder, delay_s, self.state)
         pipeline = SpeechPipeline(self.state, service, template, sink, PcmCounter, service.sample_rate)
         segmenter = IncrementalSegmenter(max_chars=settings.max_chars, language=options.language)
-        return Task(message.task_id, pipeline, segmenter, sink, slot)
+        return Task(message.task_id, pipeline, segmenter, sink)
 
     def _template(self, service: TTSService, voice: str, options: TaskOptions) -> SpeechRequest:
         """Every sentence's request: the voice resolved once (a saved voice is read, an instruction encoded here: call
@@ -265,7 +302,7 @@ class DashScopeSession:
         await task.done.wait()
 
     async def _run(self, task: Task) -> None:
-        """Speak the task until it finishes or fails; then its place is given back and the client told how it ended."""
+        """Speak the task until it finishes or fails; then the client is told how it ended."""
         try:
             with task.scope:
                 await task.pipeline.run()
@@ -273,7 +310,6 @@ class DashScopeSession:
         except TTSError as error:
             task.error = task.error or error
         finally:
-            task.slot.release()
             self.task = None  # before the last event: the client may start its next task as soon as it has it
             self.ended.append(task.id)
             try:

@@ -4,6 +4,7 @@ Protocol: docs/websocket.md."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import struct
@@ -18,16 +19,16 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, Valid
 from service.access import Caller, presented_key
 from service.api.admission import check_gate
 from service.api.deps import AppState
+from service.api.drain import receive_unless_draining
 from service.api.errors import STATUS, field_of
 from service.api.pipeline import SpeechPipeline, SpokenSentence, reraise_first
 from service.api.schemas import MAX_SEED
 from service.api.tracing import request_id_of
 from service.audio.encode import AudioFormat, output_sample_rate
 from service.audio.timeline import sample_counter
-from service.errors import EngineError, InvalidInputError, TTSError, wire_name
+from service.errors import EngineError, InvalidInputError, RequestTimeoutError, ShuttingDownError, TTSError, wire_name
 from service.families.model import ModelVoice, NamedVoice
 from service.frontend.incremental import IncrementalSegmenter
-from service.runtime import Slot
 from service.speech.request import SpeechRequest
 from service.speech.service import TTSService
 
@@ -42,6 +43,7 @@ FRAME_HEADER = struct.Struct(">II")  # binary frame: sequence number, sentence i
 CONFIG_TIMEOUT_S = 10.0  # the config message must come this soon after the connection opens
 PCM_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
 INTERNAL_ERROR_CLOSE = 1011
+GOING_AWAY_CLOSE = 1001  # the server is shutting down (RFC 6455): after the sentence being spoken
 FIELDS: Mapping[str, str] = {}  # domain field -> this protocol's, for errors: its "text" and "voice" are the domain's
 
 
@@ -100,9 +102,18 @@ def close_reason(error: TTSError) -> str:
         message = message[: max(0, len(message) - 8)] + "…" if len(message) > 8 else ""
 
 
+def going_away_reason() -> str:
+    """The close reason of a session ended by the server's shutdown (with GOING_AWAY_CLOSE)."""
+    return close_reason(ShuttingDownError("the server is shutting down; reconnect to continue"))
+
+
 class SpeechStreamSession:
     """One connection: admission, config, then a reader (text -> sentences) feeding a SpeechPipeline (sentences ->
-    jobs, at most two at a time -> frames), which this session frames as the protocol says (it is the pipeline's sink)."""
+    jobs, at most two at a time -> frames), which this session frames as the protocol says (it is the pipeline's sink).
+
+    The connection holds a place of capacity only while its pipeline has a job; one that sends nothing for
+    TTS_WS_IDLE_TIMEOUT_S while nothing is being spoken is closed (4408). When the server drains, the session stops
+    reading, finishes the sentence being spoken and closes with 1001."""
 
     def __init__(self, ws: WebSocket, state: AppState) -> None:
         self.ws = ws
@@ -114,13 +125,13 @@ class SpeechStreamSession:
         start = time.monotonic()
         offered = self.ws.scope.get("subprotocols", [])
         await self.ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
-        slot: Slot | None = None
         try:
             await check_gate(self.runtime, self._caller(offered))  # Redis counters: off the event loop
-            slot = self.runtime.claim()
+            self.runtime.check_room()  # busy or loading: refused now; a place is taken per sentence (the pipeline)
             service = self.runtime.service
-            config, template = await self._configure(service)
-            await self._serve(service, config, template)
+            configured = await self._configure(service)
+            if configured is None or not await self._serve(service, *configured):
+                await self._go_away()
         except TTSError as error:
             await self._fail(error)
         except WebSocketDisconnect:
@@ -129,8 +140,6 @@ class SpeechStreamSession:
             log.exception("WebSocket session failed")
             await self._fail(EngineError("internal error (see the server log)"))
         finally:
-            if slot is not None:
-                slot.release()
             self.runtime.observer.request_done("websocket", PATH, self.status, time.monotonic() - start)
 
     # ---- setup -------------------------------------------------------------------------------
@@ -143,12 +152,15 @@ class SpeechStreamSession:
         hint = "an `Authorization: Bearer <key>` header, `X-API-Key`, or the subprotocol `api-key.<key>`"
         return Caller(key=key, peer=peer, forwarded_for=headers.get("x-forwarded-for", ""), key_hint=hint)
 
-    async def _configure(self, service: TTSService) -> tuple[StreamConfig, SpeechRequest]:
-        """Read and check the config message; answer `ready` with what the audio frames will hold."""
-        with anyio.move_on_after(CONFIG_TIMEOUT_S) as scope:
-            raw = await self._receive_text()
-        if scope.cancelled_caught:
-            raise InvalidInputError(f"no config message within {CONFIG_TIMEOUT_S:g} s", param="config")
+    async def _configure(self, service: TTSService) -> tuple[StreamConfig, SpeechRequest] | None:
+        """Read and check the config message; answer `ready` with what the audio frames will hold. None: the server
+        began to drain first."""
+        try:
+            raw = await self._receive_text(CONFIG_TIMEOUT_S)
+        except TimeoutError:
+            raise InvalidInputError(f"no config message within {CONFIG_TIMEOUT_S:g} s", param="config") from None
+        if raw is None:
+            return None
         config = _parse(raw, CONFIG_MESSAGES)
         fmt = AudioFormat(config.format)
         if config.sample_rate is not None and (fmt is not AudioFormat.PCM or config.sample_rate not in PCM_RATES):
@@ -183,34 +195,54 @@ class SpeechStreamSession:
         await self.ws.send_json(ready | limits)
         return config, template
 
-    async def _receive_text(self) -> str:
-        """The next client message, which must be a text frame (WebSocketDisconnect when the client left)."""
-        message = await self.ws.receive()
-        if message["type"] == "websocket.disconnect":
-            raise WebSocketDisconnect(message.get("code", 1000))
+    async def _receive_text(self, timeout_s: float) -> str | None:
+        """The next client message, which must be a text frame; None once the server drains, TimeoutError when none
+        came within `timeout_s`, WebSocketDisconnect when the client left."""
+        message = await receive_unless_draining(self.ws, self.state.drain, timeout_s)
+        if message is None:
+            return None
         if message.get("text") is None:
             raise InvalidInputError("messages must be JSON text frames, not binary", param="message")
         return str(message["text"])
 
     # ---- reading, and framing what the pipeline produces ----------------------------------------
-    async def _serve(self, service: TTSService, config: StreamConfig, template: SpeechRequest) -> None:
+    async def _serve(self, service: TTSService, config: StreamConfig, template: SpeechRequest) -> bool:
+        """Speak what the client sends until `close` (then `done` and 1000: True); False when the server drains."""
         rate = output_sample_rate(template.fmt, service.sample_rate, template.pcm_rate_hz)
         pipeline = SpeechPipeline(self.state, service, template, self, lambda: sample_counter(template.fmt, rate), rate)
         segmenter = IncrementalSegmenter(max_chars=template.max_chars, language=config.language)
+        drain, drained = self.state.drain, False
         try:
             async with anyio.create_task_group() as group:
-                group.start_soon(pipeline.run)
-                await self._read(segmenter, pipeline)  # returns after `close`; raises on disconnect or bad input
+                group.start_soon(_run_then_cancel, pipeline, group.cancel_scope)
+                with drain.until_begun():
+                    await self._read(segmenter, pipeline)  # returns after `close`; raises on disconnect or bad input
+                deadline = await drain.wait()  # the rest is spoken meanwhile (then the group is cancelled), or:
+                drained = True
+                pipeline.stop_after_current()  # the sentence being spoken is finished by the deadline, the rest dropped
+                group.cancel_scope.deadline = deadline
         except BaseExceptionGroup as group_error:
             reraise_first(group_error)
+        if drained:
+            return False
         await self.ws.send_json({"type": "done", "sentences": pipeline.sentences_done, "frames": pipeline.seq})
         await self.ws.close(1000)
+        return True
 
     async def _read(self, segmenter: IncrementalSegmenter, pipeline: SpeechPipeline) -> None:
-        """Client messages -> complete sentences. Blocks (stops reading) while the queued sentences hold
-        `max_chars` characters; a `cancel` is acted on before the next message is read."""
+        """Client messages -> complete sentences, until `close` or a drain. Blocks (stops reading) while the queued
+        sentences hold `max_chars` characters; a `cancel` is acted on before the next message is read."""
+        idle_s = self.state.settings.ws_idle_timeout_s
         while True:
-            message = _parse(await self._receive_text(), CLIENT_MESSAGES)
+            try:
+                raw = await self._receive_text(idle_s)
+            except TimeoutError:
+                if not pipeline.idle:
+                    continue  # the client waits for speech: not idle
+                raise RequestTimeoutError(f"no message for {idle_s:g} s (TTS_WS_IDLE_TIMEOUT_S)", param="message") from None
+            if raw is None:
+                return
+            message = _parse(raw, CLIENT_MESSAGES)
             if isinstance(message, ControlMessage) and message.type == "cancel":
                 await self._cancel(segmenter, pipeline)
                 continue
@@ -241,6 +273,12 @@ class SpeechStreamSession:
         timing = {"last_seq": s.last_seq, "audio_bytes": s.audio_bytes, "start": s.start_s, "end": s.end_s}
         await self.ws.send_json(caption | timing | {"spoken": s.spoken})
 
+    async def _go_away(self) -> None:
+        """The server drains: close with 1001 and a JSON reason (after the sentence being spoken, if any)."""
+        self.status = ShuttingDownError.code.value
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # the client is gone already
+            await self.ws.close(GOING_AWAY_CLOSE, going_away_reason())
+
     async def _fail(self, error: TTSError) -> None:
         self.status = error.code.value
         error.param = wire_name(FIELDS, error.param)
@@ -250,6 +288,12 @@ class SpeechStreamSession:
             await self.ws.close(close_code(error), close_reason(error))
         except (WebSocketDisconnect, RuntimeError):
             pass  # the client is gone already
+
+
+async def _run_then_cancel(pipeline: SpeechPipeline, scope: anyio.CancelScope) -> None:
+    """Speak until the pipeline ends, then cancel `scope` (the session's reader and drain watch have nothing left)."""
+    await pipeline.run()
+    scope.cancel()
 
 
 def _parse(raw: str, adapters: Mapping[str, TypeAdapter[T]]) -> T:
