@@ -52,10 +52,23 @@ def stream_listen(client: httpx.Client, seed: int, speaker: str | None, bytes_pe
         return None
 
 
-def row(label: str, clients: int, heard: list[Listening | None], wall_s: float) -> dict[str, Any]:
-    """p50 and max of first audio, TTCA and stall over the requests of one (voice, clients) row."""
+def tokens_heard(listening: Listening, token_rate_hz: int) -> int:
+    """The speech tokens a request's audio carries (its seconds at the model's token rate, rounded)."""
+    return round(listening.audio_s * token_rate_hz)
+
+
+def row(
+    label: str, clients: int, heard: list[Listening | None], wall_s: float, forced: tuple[int, int] | None = None
+) -> dict[str, Any]:
+    """p50 and max of first audio, TTCA and stall over the requests of one (voice, clients) row. With `forced`
+    (tokens, token rate), the requests whose audio did not carry exactly that many tokens are counted as `short`: a
+    forced length that was not honoured (the row is then not a measurement of that length)."""
     ok = [h for h in heard if h is not None]
     out: dict[str, Any] = {"voice": label, "clients": clients, "requests": len(heard), "failures": len(heard) - len(ok)}
+    if forced is not None:
+        tokens, rate = forced
+        out["tokens_heard"] = sorted({tokens_heard(h, rate) for h in ok})
+        out["short"] = sum(1 for h in ok if abs(tokens_heard(h, rate) - tokens) > 1)
     for name in ("first_audio_s", "ttca_s", "stall_s", "rtf"):
         values = [getattr(h, name) for h in ok]
         out[f"{name}_p50"] = statistics.median(values) if values else float("nan")
@@ -72,6 +85,7 @@ def measure(
     per_client: int,
     bytes_per_s: float,
     one_client: int | None = None,
+    forced: tuple[int, int] | None = None,
 ) -> list[dict[str, Any]]:
     """Every (voice, clients) row; `one_client` requests (default `per_client`) at one client, where the issue's
     targets are read (their p50 rests on these)."""
@@ -85,7 +99,7 @@ def measure(
                 return stream_listen(client, base + i, speaker, bytes_per_s)
 
             heard, wall = closed_loop(n, (one_client or per_client) if n == 1 else per_client, request)
-            rows.append(row(label, n, heard, wall))
+            rows.append(row(label, n, heard, wall, forced))
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "runs"}), file=sys.stderr, flush=True)
     return rows
 
@@ -97,9 +111,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             voices[f"saved voice, {seconds:g} s recording"] = write_saved_voice(args.bundle, Path(voices_dir), seconds)
         rate = pcm_bytes_per_s(args.bundle)
         levels, per_client, one = args.levels, args.per_client, args.one_client_requests
+        forced = (args.tokens, token_rate_hz(args.bundle))
         return serve_and(
-            args, {"TTS_VOICES_DIR": voices_dir}, lambda client: measure(client, voices, levels, per_client, rate, one)
+            args, {"TTS_VOICES_DIR": voices_dir}, lambda client: measure(client, voices, levels, per_client, rate, one, forced)
         )
+
+
+def token_rate_hz(bundle: Path) -> int:
+    from service.bundle import ModelBundle
+
+    return ModelBundle.load(bundle).constants.token_rate_hz
 
 
 def serve_and(
@@ -127,10 +148,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.tokens is None:
-        from service.bundle import ModelBundle
-
-        args.tokens = round(SENTENCE_S * ModelBundle.load(args.bundle).constants.token_rate_hz)
-    print(json.dumps(run(args) | {"bundle": str(args.bundle)}))
+        args.tokens = round(SENTENCE_S * token_rate_hz(args.bundle))
+    result = run(args) | {"bundle": str(args.bundle)}
+    print(json.dumps(result))
+    short = [f"{r['voice']} x{r['clients']}: {r['short']} of {r['requests']}" for r in result["rows"] if r.get("short")]
+    if short:
+        print(f"forced length {args.tokens} not honoured (rows not measured): {'; '.join(short)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -36,3 +36,13 @@ def test_bad_streams_are_refused() -> None:
 
 def test_pcm_bytes_become_seconds() -> None:
     assert pcm_pieces([(0.1, 44100), (0.2, 0)], 44100.0) == [(0.1, 1.0), (0.2, 0.0)]
+
+
+def test_a_forced_length_not_honoured_is_counted_as_short() -> None:
+    from loadtest.bench_listen import row
+
+    full = listen(pcm_pieces([(0.1, 48_000 * 5)], 48_000))  # 5 s of 24 kHz int16: 125 tokens at 25 Hz
+    early = listen(pcm_pieces([(0.1, 48_000 * 3)], 48_000))  # 3 s: 75 tokens
+    out = row("v", 1, [full, early, None], 1.0, forced=(125, 25))
+    assert out["short"] == 1 and out["tokens_heard"] == [75, 125] and out["failures"] == 1
+    assert row("v", 1, [full], 1.0, forced=(125, 25))["short"] == 0

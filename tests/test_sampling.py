@@ -134,3 +134,15 @@ def test_same_seed_same_tokens_and_different_seed_differs() -> None:
     b = draws(logp, [], n=50, seed=3)
     c = draws(logp, [], n=50, seed=4)
     assert a == b and a != c
+
+
+def test_every_stop_token_is_masked_before_min_len() -> None:
+    """A vocabulary with stop tokens after EOS (CosyVoice2: 6561-6563): a forced length must never end early on one of
+    them (a benchmark seed stopped at 77 of 125 tokens when only EOS was masked)."""
+    eos = 4
+    logp = np.log(np.array([0.01, 0.01, 0.01, 0.01, 0.02, 0.47, 0.47], dtype=np.float32))  # EOS 4, stops 5 and 6
+    rng = np.random.default_rng(0)
+    drawn = {ras_sampling(logp, [], rng, SamplingParams(), eos=eos, ignore_eos=True) for _ in range(200)}
+    assert drawn <= {0, 1, 2, 3}
+    after = {ras_sampling(logp, [], rng, SamplingParams(), eos=eos, ignore_eos=False) for _ in range(200)}
+    assert after & {5, 6}

@@ -65,13 +65,16 @@ def ras_sampling(
 ) -> int:
     """Sample one token from log-probs `logp` (V,) given the tokens decoded so far.
 
-    EOS is masked first when `ignore_eos` (before min_len) and stays masked for the fallback draw.
+    Every stop token (the ids from `eos` up: EOS and any stop tokens after it) is masked first when `ignore_eos`
+    (before min_len) and stays masked for the fallback draw, as the official vLLM path's `min_tokens` does (its plain
+    torch path masks EOS alone and stops on a later stop token drawn before min_len; with one stop token, v1's, the
+    two are the same).
     If the nucleus pick occurs in the last `win_size` tokens at least `win_size * tau_r` times,
     it is masked and the token is redrawn from the full distribution. `logp` is not modified.
     """
     scores = np.array(logp, dtype=np.float32, copy=True)
     if ignore_eos:
-        scores[eos] = -np.inf
+        scores[eos:] = -np.inf
     ids, probs = nucleus_candidates(softmax(scores), params.top_p, params.top_k)
     token = int(ids[draw_index(probs, float(rng.random()))])
     window = history[-params.win_size :] if params.win_size > 0 else ()
