@@ -94,7 +94,7 @@ def _family_package(module: str) -> str | None:
     """`service.families.<name>` for a module inside a family package; None for the protocol, the registry, the
     prompt-voice library every family shares (service/families/voices.py), others."""
     parts = module.split(".")
-    if parts[:2] != ["service", "families"] or len(parts) < 3 or parts[2] in ("model", "registry", "voices"):
+    if parts[:2] != ["service", "families"] or len(parts) < 3 or parts[2] in ("model", "registry", "voices", "loaded"):
         return None
     return ".".join(parts[:3])
 

@@ -67,8 +67,7 @@ def ras_sampling(
 
     Every stop token (the ids from `eos` up: EOS and any stop tokens after it) is masked first when `ignore_eos`
     (before min_len) and stays masked for the fallback draw, as the official vLLM path's `min_tokens` does (its plain
-    torch path masks EOS alone and stops on a later stop token drawn before min_len; with one stop token, v1's, the
-    two are the same).
+    torch path masks EOS alone and stops on a later stop token drawn before min_len; with one stop token the two agree).
     If the nucleus pick occurs in the last `win_size` tokens at least `win_size * tau_r` times,
     it is masked and the token is redrawn from the full distribution. `logp` is not modified.
     """
