@@ -15,7 +15,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api import create_app
-from service.families.model import PromptAudio
+from service.errors import UnknownSpeakerError
+from service.families.model import NamedVoice, PromptAudio
 from service.settings import Settings
 from service.stores.voices import DirectoryVoiceStore
 
@@ -117,6 +118,16 @@ def test_a_name_no_voice_can_have_is_a_404_naming_the_rule(client: TestClient, m
     error = error_of(client.request(method, f"/v1/voices/{name}"), 404)
     assert error["code"] == "not_found" and error["param"] == "voice_id"
     assert "1-64 letters" in error["message"] and "/tmp" not in error["message"] and len(error["message"]) < 300, error
+
+
+def test_a_speaker_no_voice_can_have_is_unknown_on_every_transport(client: TestClient) -> None:
+    """Whatever a transport lets through, the voice library never hands such a name to the store (a lone surrogate
+    was a UnicodeEncodeError in the file name: a 500, gRPC INTERNAL, WebSocket 1011)."""
+    service = client.app.state.tts.runtime.service  # type: ignore[attr-defined]
+    for name in ("\ud800", "x" * 10_000):
+        with pytest.raises(UnknownSpeakerError) as info:
+            service.resolve_voice(NamedVoice(name))
+        assert len(info.value.message) < 300 and "\ud800" not in info.value.message
 
 
 def test_a_name_of_64_letters_in_any_script_is_saved(client: TestClient, prompt_wav: bytes) -> None:
