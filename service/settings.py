@@ -220,7 +220,12 @@ class Settings(BaseSettings):
     max_chars: int = Field(
         default=4096, ge=1, le=100_000, description="Longest accepted text in characters (/v1 never exceeds 4096)."
     )
-    max_body_bytes: int = Field(default=65_536, ge=1024, le=16 * MiB, description="Largest accepted request body; beyond: 413.")
+    max_body_bytes: int = Field(
+        default=65_536,
+        ge=1024,
+        le=16 * MiB,
+        description="Largest accepted request body; beyond: 413. Also the longest DashScope WebSocket message, in characters.",
+    )
     ready_probe_interval_s: float = Field(
         default=30.0, ge=0.0, le=3600.0, description="/readyz re-runs a real inference when none succeeded for this long."
     )

@@ -90,8 +90,9 @@ class TextRequest(Request):
             except UnicodeDecodeError as e:
                 raise RequestFieldError(json_encoding_error(body, e.start)) from e
             document = await super().json()
-            if _SURROGATE_ESCAPE.search(body):  # json.loads keeps a lone one: no encoder, file name or key takes it
-                _refuse_lone_surrogates(document)
+            found = lone_surrogate(document) if _SURROGATE_ESCAPE.search(body) else None
+            if found is not None:  # json.loads keeps a lone one: no encoder, file name or key takes it
+                raise RequestFieldError(found)
         return await super().json()
 
     async def _get_form(
@@ -136,22 +137,23 @@ def _check_charset(content_type: str) -> None:
         raise RequestFieldError(InvalidInputError(f"the Content-Type names an unknown charset {shown!r}; send UTF-8")) from e
 
 
-def _refuse_lone_surrogates(document: Any) -> None:
-    """RequestFieldError naming a field (`voice.id`, `texts[2]`) whose value or name holds half of a UTF-16 pair
-    (`"\\ud800"` with no partner): text that cannot be UTF-8, refused here for every JSON route at once. The message
-    never quotes such text (it could not be encoded either)."""
+def lone_surrogate(document: Any) -> InvalidInputError | None:
+    """The error for a parsed JSON document with a field (`voice.id`, `texts[2]`) whose value or name holds half of a
+    UTF-16 pair (`"\\ud800"` with no partner: text that cannot be UTF-8), or None. Every HTTP JSON route and the
+    DashScope socket refuse such a document; the message never quotes the text (it could not be encoded either)."""
     stack: list[tuple[str, Any]] = [("", document)]
     while stack:
         where, value = stack.pop()
         if isinstance(value, str) and (found := _SURROGATE.search(value)):
-            raise RequestFieldError(_lone_surrogate_error(where or "the request body", found))
+            return _lone_surrogate_error(where or "the request body", found)
         if isinstance(value, list):
             stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
         elif isinstance(value, dict):
             for key, item in value.items():
                 if found := _SURROGATE.search(key):
-                    raise RequestFieldError(_lone_surrogate_error(f"a field name in {where or 'the request body'}", found))
+                    return _lone_surrogate_error(f"a field name in {where or 'the request body'}", found)
                 stack.append((f"{where}.{key}" if where else key, item))
+    return None
 
 
 def _lone_surrogate_error(field: str, found: re.Match[str]) -> InvalidInputError:
