@@ -271,11 +271,14 @@ class Settings(BaseSettings):
 
     # access control
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(
-        default_factory=list, description="Comma-separated API keys (8+ characters each); empty = no authentication."
+        default_factory=list,
+        description="Comma-separated API keys (8+ characters each); empty, with TTS_ADMIN_API_KEYS empty too = no "
+        "authentication.",
     )
     admin_api_keys: Annotated[list[SecretStr], NoDecode] = Field(
         default_factory=list,
-        description="Comma-separated admin keys (8+ characters each); lexicon writes need one when any key is configured.",
+        description="Comma-separated admin keys (8+ characters each): accepted wherever a key is, and needed for saving "
+        "and deleting voices and lexicon writes. Admin keys alone turn authentication on for every protected route.",
     )
     rate_limit_per_minute: int = Field(
         default=120, ge=0, le=1_000_000, description="Synthesis requests per minute per API key, else per client IP; 0 = off."
