@@ -23,13 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 import redis
 
-from service.errors import (
-    InvalidInputError,
-    StorageFullError,
-    StoreUnavailableError,
-    TooManyVoicesError,
-    VoiceExistsError,
-)
+from service.errors import InvalidInputError, StorageFullError, StoreUnavailableError, TooManyVoicesError, VoiceExistsError
 from service.stores.redis_client import redis_client
 
 log = logging.getLogger(__name__)
