@@ -34,10 +34,10 @@ def presented_key(authorization: str, x_api_key: str = "") -> str | None:
 
 
 class ApiKeys:
-    """The configured keys (kept only as sha256 digests); no user keys turns authentication off.
+    """The configured keys (kept only as sha256 digests). Any key, user or admin, turns authentication on: every
+    protected route then needs a key (admin keys alone still mean keys are on); no keys at all turns it off.
 
-    Admin keys are accepted wherever a key is, and are the only keys `check_admin` accepts; admin checks
-    apply as soon as either list is non-empty.
+    Admin keys are accepted wherever a key is, and are the only keys `check_admin` accepts.
     """
 
     def __init__(self, keys: Sequence[str], admin_keys: Sequence[str] = ()) -> None:
@@ -47,7 +47,19 @@ class ApiKeys:
 
     @property
     def enabled(self) -> bool:
-        return bool(self._users)
+        return bool(self._digests)
+
+    def describe(self, public_lists: bool) -> str:
+        """What is protected, for the start-up log (key counts only, never a key); `public_lists`: model and voice
+        lists answer without a key (TTS_PUBLIC_MODEL_LIST)."""
+        if not self.enabled:
+            return ("API keys are off (TTS_API_KEYS and TTS_ADMIN_API_KEYS are empty): every route is open to anyone "
+                    "who can reach this server, saving and deleting voices and lexicon writes included")  # fmt: skip
+        counts = f"{len(self._users)} user and {len(self._admins)} admin keys"
+        lists = "answer without a key (TTS_PUBLIC_MODEL_LIST)" if public_lists else "need a key too"
+        return (f"API keys are on ({counts}): synthesis on every transport (HTTP, gRPC, WebSocket, DashScope), voice "
+                "details and the lexicon need a key; saving and deleting voices and lexicon writes need an admin key; "
+                f"an admin key works everywhere; model and voice lists {lists}")  # fmt: skip
 
     def check(self, caller: Caller, *, anonymous_ok: bool = False) -> None:
         """Raise UnauthorizedError unless the caller presented a configured key.

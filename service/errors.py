@@ -31,6 +31,7 @@ class ErrorCode(StrEnum):
     VOICE_EXISTS = "voice_exists"
     TOO_MANY_VOICES = "too_many_voices"
     STORE_UNAVAILABLE = "store_unavailable"
+    STORAGE_FULL = "storage_full"
     BUNDLE_INVALID = "bundle_invalid"
     ENGINE_FAILURE = "engine_failure"
 
@@ -157,13 +158,21 @@ class TooManyVoicesError(TTSError):
 
 
 class StoreUnavailableError(TTSError):
-    """A shared store (Redis) cannot take a write now; the caller may retry after `retry_after_s`."""
+    """A store (Redis, the voices directory) cannot be used now. `retry_after_s`: when a retry may succeed (Redis
+    restarting); None for a fault that does not clear by itself (a directory the server may not write)."""
 
     code = ErrorCode.STORE_UNAVAILABLE
 
-    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+    def __init__(self, message: str, *, retry_after_s: int | None = 1) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class StorageFullError(TTSError):
+    """The server's storage for what a request saves (the voices directory's disk, Redis at its memory limit) is full:
+    no retry helps until an operator frees space, so no retry hint is given."""
+
+    code = ErrorCode.STORAGE_FULL
 
 
 class SettingError(InvalidInputError):

@@ -140,6 +140,7 @@ class Runtime:
     def load(self) -> None:
         """Load bundle, frontend, engine and cache, then warm up with a real synthesis (blocking; minutes at most)."""
         s = self.settings
+        log.info("%s", self.keys.describe(s.public_model_list))
         bundle = open_bundle(s.model_dir, verify_hashes=s.verify_bundle_hashes)
         model = load_model(bundle, self._model_context())
         _check_default_speaker(s.default_speaker, model)

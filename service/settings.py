@@ -222,7 +222,12 @@ class Settings(BaseSettings):
     max_chars: int = Field(
         default=4096, ge=1, le=100_000, description="Longest accepted text in characters (/v1 never exceeds 4096)."
     )
-    max_body_bytes: int = Field(default=65_536, ge=1024, le=16 * MiB, description="Largest accepted request body; beyond: 413.")
+    max_body_bytes: int = Field(
+        default=65_536,
+        ge=1024,
+        le=16 * MiB,
+        description="Largest accepted request body; beyond: 413. Also the longest DashScope WebSocket message, in characters.",
+    )
     body_timeout_s: float = Field(
         default=60.0,
         ge=0.1,
@@ -283,11 +288,14 @@ class Settings(BaseSettings):
 
     # access control
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(
-        default_factory=list, description="Comma-separated API keys (8+ characters each); empty = no authentication."
+        default_factory=list,
+        description="Comma-separated API keys (8+ characters each); empty, with TTS_ADMIN_API_KEYS empty too = no "
+        "authentication.",
     )
     admin_api_keys: Annotated[list[SecretStr], NoDecode] = Field(
         default_factory=list,
-        description="Comma-separated admin keys (8+ characters each); lexicon writes need one when any key is configured.",
+        description="Comma-separated admin keys (8+ characters each): accepted wherever a key is, and needed for saving "
+        "and deleting voices and lexicon writes. Admin keys alone turn authentication on for every protected route.",
     )
     rate_limit_per_minute: int = Field(
         default=120, ge=0, le=1_000_000, description="Synthesis requests per minute per API key, else per client IP; 0 = off."

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 from fastapi.testclient import TestClient
+from servers import free_port
 from starlette.requests import Request
+from starlette.websockets import WebSocketDisconnect
 
 from service.access import ClientIdentity
 from service.api import create_app
 from service.api.auth import caller_of
+from service.rpc import cosyvoice_pb2, cosyvoice_pb2_grpc
 from service.settings import Settings
 
 KEY = "test-key-0123456789"
@@ -157,3 +163,71 @@ def test_a_random_weight_model_is_announced_at_start(tiny_bundle: Path, caplog: 
     with caplog.at_level(logging.WARNING, logger="service.runtime"), TestClient(create_app(make_settings(tiny_bundle))):
         pass
     assert any("random weights: its audio is noise" in r.getMessage() for r in caplog.records)
+
+
+ADMIN_ONLY = "admin-only-key-0123"
+RUN_TASK = {
+    "header": {"action": "run-task", "task_id": "a1", "streaming": "duplex"},
+    "payload": {"model": "cosyvoice-v2", "parameters": {"voice": "中文女", "format": "pcm"}, "input": {}},
+}
+
+
+def _websocket_answer(
+    client: TestClient, path: str, first: dict[str, Any], headers: dict[str, str], *, refused: bool
+) -> tuple[Any, int | None]:
+    """The first JSON the server answers `first` with, and, when `refused`, the close code that follows."""
+    with client.websocket_connect(path, headers=headers) as ws:
+        ws.send_text(json.dumps(first))
+        answer = ws.receive_json()
+        if not refused:
+            return answer, None
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json()
+        return answer, closed.value.code
+
+
+def _grpc_status(port: int, metadata: tuple[tuple[str, str], ...]) -> grpc.StatusCode:
+    request = cosyvoice_pb2.Request(sft_request=cosyvoice_pb2.sftRequest(spk_id="中文女", tts_text="你好。"))
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        try:
+            audio = b"".join(r.tts_audio for r in cosyvoice_pb2_grpc.CosyVoiceStub(channel).Inference(request, metadata=metadata))
+        except grpc.RpcError as error:
+            return error.code()  # type: ignore[no-any-return]
+    assert audio
+    return grpc.StatusCode.OK
+
+
+def test_admin_keys_alone_turn_keys_on_for_every_transport(
+    tiny_bundle: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only TTS_ADMIN_API_KEYS set: synthesis and transcripts were open to anyone on every transport, and nothing was
+    said at start. Admin keys alone now turn keys on; an admin key works everywhere; the start says what is protected."""
+    port = free_port()
+    settings = make_settings(tiny_bundle, admin_api_keys=ADMIN_ONLY, grpc_port=port, host="127.0.0.1", voices_dir=tmp_path)
+    admin = {"Authorization": f"Bearer {ADMIN_ONLY}"}
+    with caplog.at_level(logging.INFO, logger="service.runtime"), TestClient(create_app(settings)) as client:
+        assert tts(client, {}) == 401 and tts(client, admin) == 200
+        speech = {"model": "tts-1", "input": "hi", "voice": "alloy", "response_format": "pcm"}
+        assert client.post("/v1/audio/speech", json=speech).status_code == 401
+        assert client.post("/v1/audio/speech", json=speech, headers=admin).status_code == 200
+        assert client.get("/v1/voices/someone").status_code == 401, "a voice's transcript needs a key"
+        assert client.get("/v1/lexicon").status_code == 401 and client.get("/v1/lexicon", headers=admin).status_code == 200
+        stream = "/v1/audio/speech/stream"
+        refused, code = _websocket_answer(client, stream, {"type": "config"}, {}, refused=True)
+        assert (refused["error"]["code"], code) == ("unauthorized", 4401)
+        ready, _ = _websocket_answer(client, stream, {"type": "config"}, admin, refused=False)
+        assert ready["type"] == "ready"
+        failed, code = _websocket_answer(client, "/api-ws/v1/inference", RUN_TASK, {}, refused=True)
+        assert (failed["header"]["error_code"], code) == ("InvalidApiKey", 4401)
+        started, _ = _websocket_answer(client, "/api-ws/v1/inference", RUN_TASK, admin, refused=False)
+        assert started["header"]["event"] == "task-started"
+        assert _grpc_status(port, ()) is grpc.StatusCode.UNAUTHENTICATED
+        assert _grpc_status(port, (("authorization", f"Bearer {ADMIN_ONLY}"),)) is grpc.StatusCode.OK
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("API keys are")]
+    assert said and "API keys are on (0 user and 1 admin keys)" in said[0] and "gRPC" in said[0], said
+
+
+def test_without_any_key_the_start_says_everything_is_open(tiny_bundle: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="service.runtime"), TestClient(create_app(make_settings(tiny_bundle))):
+        pass
+    assert any(r.getMessage().startswith("API keys are off") for r in caplog.records)

@@ -156,3 +156,39 @@ def test_naming_the_json_field_stays_linear_on_adversarial_bodies() -> None:
         start = time.perf_counter()
         error = json_encoding_error(body, len(body) - 1)
         assert time.perf_counter() - start < 1.5 and "offset 1000000" in error.message
+
+
+SURROGATE_CASES = [
+    ("/tts", b'{"text": "hi", "speaker": "\\ud800"}', "speaker"),
+    ("/tts", b'{"text": "\\ud800hi"}', "text"),
+    ("/v1/audio/speech", b'{"model": "tts-1", "input": "hi", "voice": "a\\uDC00"}', "voice"),
+    ("/v1/audio/speech", b'{"model": "tts-1", "input": "hi", "voice": {"id": "\\ud800"}}', "voice"),
+    ("/v1/audio/speech", b'{"model": "tts-1", "input": "hi", "voice": "alloy", "instructions": "\\ud800"}', "instructions"),
+    ("/v1/normalize", b'{"text": "x\\ud800"}', "text"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), SURROGATE_CASES, ids=[f"{p}:{f}" for p, _, f in SURROGATE_CASES])
+def test_a_lone_surrogate_in_a_json_field_is_a_400_naming_it(client: TestClient, path: str, body: bytes, param: str) -> None:
+    """`"\\ud800"` is valid JSON that json.loads keeps as half a character: as a speaker or voice it reached the voice
+    store's file name and was a 500 (UnicodeEncodeError); now every JSON route refuses it where the body is read."""
+    resp = client.post(path, content=body, headers={"content-type": "application/json"})
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == "invalid_input" and error["param"] == param, error
+    assert "lone surrogate" in error["message"] and "UTF-8" in error["message"], error
+
+
+def test_a_surrogate_pair_is_one_character_and_passes(client: TestClient) -> None:
+    """The check is for halves only: an escaped pair (an emoji as JSON writers escape it) is one character."""
+    body = b'{"text": "\\u4f60\\u597d\\ud83d\\ude00"}'
+    resp = client.post("/v1/normalize", content=body, headers={"content-type": "application/json"})
+    assert resp.status_code == 200 and resp.json()["text"] == "你好\U0001f600", resp.text
+
+
+def test_a_lone_surrogate_in_a_form_or_query_is_a_400(client: TestClient) -> None:
+    """Form fields and query strings are strict UTF-8 (a surrogate's bytes, ED A0 80, are not UTF-8)."""
+    form = client.post("/inference_sft", content=b"tts_text=hi&spk_id=%ED%A0%80", headers=FORM)
+    assert form.status_code == 400 and form.json()["error"]["param"] == "spk_id", form.text
+    query = client.get("/v1/normalize?text=%ED%A0%80")
+    assert query.status_code == 400 and query.json()["error"]["param"] == "text", query.text

@@ -3,6 +3,7 @@ prompt-analysis cache, the audio cache key, and bad prompt input answered with 4
 
 from __future__ import annotations
 
+import errno
 import io
 import wave
 from collections.abc import Iterator
@@ -14,8 +15,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api import create_app
-from service.families.model import PromptAudio
+from service.errors import UnknownSpeakerError
+from service.families.model import NamedVoice, PromptAudio
 from service.settings import Settings
+from service.stores.voices import DirectoryVoiceStore
 
 ADMIN = "admin-key-0123456789"
 USER = "user-key-0123456789"
@@ -106,6 +109,58 @@ def test_cross_lingual_voice_without_transcript(client: TestClient, ref_dir: Pat
 )
 def test_bad_names_are_refused(client: TestClient, prompt_wav: bytes, name: str, status: int, code: str) -> None:
     assert error_of(create(client, name, prompt_wav), status)["code"] == code
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+@pytest.mark.parametrize("name", ["a" * 10_000, "%ED%A0%80", "a%20b"], ids=["10000-chars", "surrogate-bytes", "space"])
+def test_a_name_no_voice_can_have_is_a_404_naming_the_rule(client: TestClient, method: str, name: str) -> None:
+    """DELETE /v1/voices/<10,000 characters> was a 503 that showed the server's voices directory (ENAMETOOLONG)."""
+    error = error_of(client.request(method, f"/v1/voices/{name}"), 404)
+    assert error["code"] == "not_found" and error["param"] == "voice_id"
+    assert "1-64 letters" in error["message"] and "/tmp" not in error["message"] and len(error["message"]) < 300, error
+
+
+def test_a_speaker_no_voice_can_have_is_unknown_on_every_transport(client: TestClient) -> None:
+    """Whatever a transport lets through, the voice library never hands such a name to the store (a lone surrogate
+    was a UnicodeEncodeError in the file name: a 500, gRPC INTERNAL, WebSocket 1011)."""
+    service = client.app.state.tts.runtime.service  # type: ignore[attr-defined]
+    for name in ("\ud800", "x" * 10_000):
+        with pytest.raises(UnknownSpeakerError) as info:
+            service.resolve_voice(NamedVoice(name))
+        assert len(info.value.message) < 300 and "\ud800" not in info.value.message
+
+
+def test_a_name_of_64_letters_in_any_script_is_saved(client: TestClient, prompt_wav: bytes) -> None:
+    """64 CJK letters are 192 UTF-8 bytes, a 384-character hex file name: over the file system's 255, it was a 503."""
+    name = "语" * 64
+    assert create(client, name, prompt_wav).status_code == 201
+    assert client.get(f"/v1/voices/{name}").json()["name"] == name
+    assert client.post("/tts", json={"text": "你好。", "speaker": name, "format": "pcm"}).status_code == 200
+    assert client.delete(f"/v1/voices/{name}").status_code == 204
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "code", "words"),
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), 507, "storage_full", "storage for saved voices is full"),
+        (OSError(errno.EACCES, "Permission denied"), 503, "store_unavailable", "Permission denied"),
+    ],
+    ids=["disk-full", "not-writable"],
+)
+def test_a_store_fault_says_what_is_wrong_without_a_path_or_a_retry_hint(
+    client: TestClient, prompt_wav: bytes, monkeypatch: pytest.MonkeyPatch, error: OSError, status: int, code: str, words: str
+) -> None:
+    """A full disk was a 503 with `Retry-After: 1` and the directory's absolute path; neither fault clears in a second."""
+
+    def failing_write(self: DirectoryVoiceStore, path: Path, data: bytes) -> None:
+        raise error
+
+    monkeypatch.setattr(DirectoryVoiceStore, "_write", failing_write)
+    response = create(client, "unlucky", prompt_wav)
+    body = error_of(response, status)
+    assert body["code"] == code and words in body["message"] and "/" not in body["message"], body
+    assert "retry-after" not in response.headers
+    assert "unlucky" not in [v["id"] for v in client.get("/v1/voices").json()["data"]]
 
 
 def test_duplicates_and_the_store_limit_answer_409(client: TestClient, prompt_wav: bytes) -> None:

@@ -289,6 +289,25 @@ def test_bad_messages_fail_with_task_failed_and_the_connection_stays_usable(serv
     ws.close()
 
 
+def test_deep_or_oversized_messages_fail_the_task_and_the_connection_stays_usable(server: AppServer) -> None:
+    """A message nested 1,000 deep closed the connection with 1011 (json.loads hit RecursionError while the task id was
+    looked for); one over TTS_MAX_BODY_BYTES (64 KiB here) was parsed whole. Both now fail with task-failed."""
+    ws = raw_connection(server)
+    deep = '{"header": {"action": "run-task", "task_id": "d1"}, "payload": {"x": ' + "[" * 1000 + "]" * 1000 + "}}"
+    oversized = run_task("d2", note="x" * 70_000)
+    surrogate = run_task("d3", voice="\ud800")  # json.dumps writes the lone surrogate as its escape
+    for message, words in ((deep, "recursion limit"), (oversized, "TTS_MAX_BODY_BYTES"), (surrogate, "surrogate")):
+        ws.send(message)
+        header = next_event(ws)
+        assert (header["event"], header["error_code"]) == ("task-failed", "InvalidParameter"), header
+        assert words in header["error_message"], header
+    ws.send(run_task("d4"))
+    assert next_event(ws)["event"] == "task-started"
+    ws.send(json.dumps({"header": {"action": "finish-task", "task_id": "d4"}, "payload": {"input": {}}}))
+    assert next_event(ws)["event"] == "task-finished"
+    ws.close()
+
+
 def test_rate_limit_and_metrics_are_the_other_transports(tmp_path: Path, tiny_bundle: Path) -> None:
     """One run-task is one request for the per-key rate limit (429 -> Throttling.RateQuota), and every task ends in
     tts_transport_requests_total{transport="dashscope"} with its status."""

@@ -125,6 +125,34 @@ def test_redis_url_points_at_the_redis_service() -> None:
     assert redis_service["spec"]["selector"].items() <= redis_pod.items()
 
 
+def redis_options(container: Manifest) -> dict[str, str]:
+    """`--name value` pairs of a redis-server command line."""
+    args = [str(a) for a in container.get("args", [])]
+    return {args[i][2:]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+
+
+def test_redis_keeps_saved_voices_and_the_lexicon_across_restarts() -> None:
+    """Saved voices and lexicon entries live in Redis with no TTL: a Redis without persistence (3 voices became 0 after
+    a restart) or one that may evict any key (allkeys-*) loses them. Persistence must be on a volume that outlives the
+    pod, and only keys with a TTL (caches, counters) may be evicted."""
+    deployment = one("Deployment", "cosyvoice-redis")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    options = redis_options(container)
+    assert options.get("appendonly") == "yes" or options.get("save", "") != "", "no persistence: a restart loses voices"
+    assert options.get("maxmemory-policy", "noeviction") in ("noeviction", "volatile-lru", "volatile-lfu", "volatile-ttl")
+    data_dir = options.get("dir", "/data")
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == data_dir)
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert "persistentVolumeClaim" in volume, f"{data_dir} must be a PersistentVolumeClaim, not {sorted(volume)}"
+    claim = one("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
+    assert claim["spec"]["resources"]["requests"]["storage"]
+    if "ReadWriteOnce" in claim["spec"]["accessModes"]:
+        assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert not container["securityContext"].get("readOnlyRootFilesystem") or not mount.get("readOnly")
+    assert pod["securityContext"].get("fsGroup") == pod["securityContext"]["runAsGroup"], "Redis may write its volume"
+
+
 def test_deployment_probes_ports_and_resources() -> None:
     deployment = one("Deployment", "cosyvoice-lite")
     pod = deployment["spec"]["template"]

@@ -4,6 +4,7 @@ API keys in metadata, cancel, health and reflection; the committed stubs match t
 
 from __future__ import annotations
 
+import struct
 import time
 import wave
 from collections.abc import Iterator
@@ -174,6 +175,29 @@ def test_a_whole_audio_file_as_prompt_audio_is_decoded_as_a_file(
     assert "truncated" in error.details() and "cross_lingual_request.prompt_audio" in error.details()
 
 
+def impossible_wav(tag: int, bits: int) -> bytes:
+    """A WAV whose fmt chunk names a format tag or sample width no decoder reads (0xFFFF, 0 bits), with 2 s of samples."""
+    samples = (np.sin(np.arange(32_000) / 8) * 8000).astype("<i2").tobytes()
+    align = max(bits // 8, 1)
+    fmt = struct.pack("<HHIIHH", tag, 1, 16_000, 16_000 * align, align, bits)
+    head = b"RIFF" + struct.pack("<I", 20 + len(fmt) + len(samples)) + b"WAVEfmt " + struct.pack("<I", len(fmt)) + fmt
+    return head + b"data" + struct.pack("<I", len(samples)) + samples
+
+
+@pytest.mark.parametrize(("tag", "bits"), [(1, 0), (0xFFFF, 16)], ids=["bits-0", "tag-0xffff"])
+def test_a_wav_no_decoder_reads_as_prompt_audio_is_invalid_argument(
+    server: tuple[AppServer, int], channel: grpc.Channel, tag: int, bits: int
+) -> None:
+    """A whole WAV in the raw-PCM field is decoded as a file: one with an impossible format is the caller's fault
+    (HTTP answers 400 invalid_audio for it), never INTERNAL."""
+    request = official_request("cross_lingual", tts_text="你好。")
+    request.cross_lingual_request.prompt_audio = impossible_wav(tag, bits)
+    error = _code(channel, request)
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert "cross_lingual_request.prompt_audio" in error.details()
+    assert "Traceback" not in server[0].log_text()
+
+
 def _field(number: int, payload: bytes) -> bytes:
     """One length-delimited protobuf field (tag, varint length, bytes): strings go on the wire as they are given."""
     length, varint = len(payload), b""
@@ -197,8 +221,9 @@ def _raw_call(channel: grpc.Channel, message: bytes) -> grpc.RpcError:
         (_field(1, _field(1, "中文女".encode()) + _field(2, "你好。".encode("gbk"))), "sft_request.tts_text"),
         (_field(2, _field(1, "你好。".encode()) + _field(2, "希望你以后".encode("gbk"))), "zero_shot_request.prompt_text"),
         (_field(4, _field(1, "你好。".encode()) + _field(2, b"\xff\xfe")), "instruct_request.spk_id"),
+        (_field(1, _field(1, "\ud800".encode("utf-8", "surrogatepass")) + _field(2, "你好。".encode())), "sft_request.spk_id"),
     ],
-    ids=["sft-text", "zero-shot-prompt-text", "instruct-speaker"],
+    ids=["sft-text", "zero-shot-prompt-text", "instruct-speaker", "sft-speaker-lone-surrogate"],
 )
 def test_a_string_that_is_not_utf8_is_invalid_argument_not_internal(
     server: tuple[AppServer, int], channel: grpc.Channel, message: bytes, field: str

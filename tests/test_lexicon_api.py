@@ -175,10 +175,13 @@ def _request(headers: dict[str, str], path: str = "/v1/lexicon/x") -> Caller:
     return caller_of(Request(scope))
 
 
-def test_admin_keys_alone_guard_only_writes() -> None:
+def test_admin_keys_alone_turn_keys_on() -> None:
+    """Reads and synthesis were left open with admin keys alone; any configured key now means keys are on."""
     keys = ApiKeys([], [ADMIN])
-    assert not keys.enabled
-    keys.check(_request({}))  # reads and synthesis stay open
+    assert keys.enabled
+    with pytest.raises(UnauthorizedError):
+        keys.check(_request({}))
+    keys.check(_request(ADMIN_H))  # an admin key works wherever a key does
     keys.check_admin(_request(ADMIN_H))
     with pytest.raises(UnauthorizedError):
         keys.check_admin(_request({}))

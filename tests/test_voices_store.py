@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import json
+import os
 import stat
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+import redis
 from servers import RedisServer
 
-from service.errors import InvalidInputError, StoreUnavailableError, TooManyVoicesError, VoiceExistsError
+from service.errors import InvalidInputError, StorageFullError, StoreUnavailableError, TooManyVoicesError, VoiceExistsError
 from service.stores.voices import (
     AnalysisCache,
     DirectoryVoiceStore,
@@ -89,6 +92,62 @@ def test_an_unwritable_directory_is_a_store_error_not_a_crash(tmp_path: Path) ->
     store = DirectoryVoiceStore(blocker / "voices")  # a directory under a file cannot be created
     with pytest.raises(StoreUnavailableError):
         store.add(voice("a"), max_voices=5)
+
+
+def test_directory_store_names_a_long_name_by_its_hash_and_keeps_hex_names(tmp_path: Path) -> None:
+    """A name's UTF-8 hex is its file name while that fits (voices saved before stay found); 64 CJK letters (384 hex
+    characters) were ENAMETOOLONG, a 503 for a valid name."""
+    store = DirectoryVoiceStore(tmp_path)
+    long_name, short_name = "𠀀" * 64, "小明"
+    store.add(voice(long_name), max_voices=5)
+    store.add(voice(short_name), max_voices=5)
+    files = sorted(p.name for p in tmp_path.glob("*.voice"))
+    assert f"{short_name.encode().hex()}.voice" in files and all(len(f) <= 255 for f in files), files
+    got = store.get(long_name)
+    assert got is not None and got.name == long_name
+    assert sorted(v.name for v in store.list()) == sorted([long_name, short_name])
+    assert store.delete(long_name) and store.get(long_name) is None
+
+
+def test_directory_store_answers_names_no_voice_has_without_a_crash(tmp_path: Path) -> None:
+    """A lone surrogate could not be encoded for the file name (UnicodeEncodeError: a 500); 10,000 characters were
+    ENAMETOOLONG (a 503 naming the directory)."""
+    store = DirectoryVoiceStore(tmp_path)
+    store.add(voice("a"), max_voices=5)
+    for name in ("\ud800", "a" * 10_000):
+        assert store.get(name) is None and store.delete(name) is False
+
+
+@pytest.mark.parametrize(
+    ("code", "error", "retry"), [(errno.ENOSPC, StorageFullError, None), (errno.EACCES, StoreUnavailableError, None)]
+)
+def test_directory_store_faults_name_no_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, error: type[Exception], retry: int | None
+) -> None:
+    """Disk full or not writable: what is wrong, in words, without the server's path and without a retry hint."""
+    store = DirectoryVoiceStore(tmp_path / "voices")
+
+    def failing_write(self: DirectoryVoiceStore, path: Path, data: bytes) -> None:
+        raise OSError(code, os.strerror(code), str(path))
+
+    monkeypatch.setattr(DirectoryVoiceStore, "_write", failing_write)
+    with pytest.raises(error) as info:
+        store.add(voice("a"), max_voices=5)
+    assert str(tmp_path) not in str(info.value) and getattr(info.value, "retry_after_s", None) is retry
+    assert store.list() == []
+
+
+def test_redis_store_at_its_memory_limit_is_storage_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis at maxmemory with nothing it may evict refuses the write (OOM): no retry helps, unlike a Redis restart."""
+    store = RedisVoiceStore("redis://127.0.0.1:1/0")
+
+    def out_of_memory(**_: object) -> None:
+        raise redis.exceptions.OutOfMemoryError("OOM command not allowed when used memory > 'maxmemory'.")
+
+    monkeypatch.setattr(store, "_add", out_of_memory)
+    with pytest.raises(StorageFullError):
+        store.add(voice("a"), max_voices=5)
+    store.close()
 
 
 @pytest.mark.parametrize("name", ["", "-x", "a b", "a/b", "x" * 65, "..", "a\u0000b"])

@@ -220,13 +220,14 @@ def test_flush_speaks_text_without_an_end_at_once(server: AppServer) -> None:
     [
         ({"format": "wav"}, [], 4400, "invalid_input"),
         ({"voice": "无此人"}, [], 4400, "unknown_speaker"),
+        ({"voice": "\ud800"}, [], 4400, "invalid_input"),  # json.dumps writes the lone surrogate as its escape
         ({"format": "mp3", "sample_rate": 24000}, [], 4400, "invalid_input"),
         ({"speed": 9}, [], 4400, "invalid_input"),
         ({}, ["not json"], 4400, "invalid_input"),
         ({}, [b"\x00\x01"], 4400, "invalid_input"),
         ({}, [json.dumps({"type": "text"})], 4400, "invalid_input"),
     ],
-    ids=["format", "voice", "rate-for-mp3", "speed", "not-json", "binary", "text-missing"],
+    ids=["format", "voice", "voice-lone-surrogate", "rate-for-mp3", "speed", "not-json", "binary", "text-missing"],
 )
 def test_bad_input_closes_with_a_4xx_code_and_a_json_reason(
     server: AppServer, config: dict[str, Any], messages: list[Any], code: int, error: str

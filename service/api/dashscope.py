@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from service.api.textfields import lone_surrogate
 from service.audio.encode import AudioFormat
 from service.errors import ErrorCode, InvalidInputError, TTSError, UnknownModelError, UnsupportedCapabilityError, wire_name
 from service.frontend.incremental import LANGUAGES
@@ -33,6 +34,7 @@ CLOUD_CODES: dict[ErrorCode, str] = {
     ErrorCode.NOT_READY: "Throttling",
     ErrorCode.SHUTTING_DOWN: "Throttling",
     ErrorCode.STORE_UNAVAILABLE: "Throttling",
+    ErrorCode.STORAGE_FULL: "InternalError",
     ErrorCode.TEXT_TOO_LONG: "BadRequest.TooLarge",
     ErrorCode.PAYLOAD_TOO_LARGE: "BadRequest.TooLarge",
     ErrorCode.ENGINE_FAILURE: "InternalError",
@@ -105,16 +107,25 @@ class MessageError(InvalidInputError):
         self.task_id = task_id
 
 
-def parse_message(raw: str | None) -> Message:
-    """One client message (a JSON text frame); MessageError naming the field that is wrong."""
+def parse_message(raw: str | None, max_chars: int) -> Message:
+    """One client message (a JSON text frame of at most `max_chars` characters); MessageError naming the field that is
+    wrong. Nesting is bounded by pydantic's parser: deeper than 200 levels is a MessageError, never a recursion."""
     if raw is None:
         raise MessageError("messages must be JSON text frames, not binary", param="message", task_id=None)
+    if len(raw) > max_chars:
+        too_long = f"the message has {len(raw)} characters; the limit is {max_chars} (TTS_MAX_BODY_BYTES)"
+        raise MessageError(too_long, param="message", task_id=None)
     try:
         message = MESSAGE.validate_json(raw)
     except ValidationError as e:
+        document = _read(raw)
+        task_id = _task_id(document)
+        surrogate = lone_surrogate(document)  # what pydantic's parser calls "unexpected end of hex escape"
+        if surrogate is not None:
+            raise MessageError(surrogate.message, param=surrogate.param or "message", task_id=task_id) from e
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "message"
-        raise MessageError(f"invalid message: {where}: {first['msg']}", param=where, task_id=_task_id(raw)) from e
+        raise MessageError(f"invalid message: {where}: {first['msg']}", param=where, task_id=task_id) from e
     if message.header.action == "run-task" and message.payload.parameters is None:
         raise MessageError(
             "run-task needs payload.parameters (at least voice)", param="payload.parameters", task_id=message.task_id
@@ -122,11 +133,21 @@ def parse_message(raw: str | None) -> Message:
     return message
 
 
-def _task_id(raw: str) -> str | None:
+def _read(raw: str) -> Any:
+    """A message pydantic refused, read by json.loads, which takes what pydantic's parser does not (a lone surrogate),
+    so the failure can be told to its task and said plainly; None when it is no JSON, or nested deeper than json.loads
+    recurses (1,000 levels: that was a RecursionError and a 1011 close)."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _task_id(document: Any) -> str | None:
     """header.task_id of a message that failed validation, if it has one."""
     try:
-        value = json.loads(raw)["header"]["task_id"]
-    except (ValueError, KeyError, TypeError):
+        value = document["header"]["task_id"]
+    except (KeyError, TypeError, IndexError):
         return None
     return value if isinstance(value, str) and 0 < len(value) <= 128 else None
 

@@ -53,6 +53,7 @@ STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.VOICE_EXISTS: (409, "invalid_request_error"),
     ErrorCode.TOO_MANY_VOICES: (409, "invalid_request_error"),
     ErrorCode.STORE_UNAVAILABLE: (503, "server_error"),
+    ErrorCode.STORAGE_FULL: (507, "server_error"),
     ErrorCode.BUNDLE_INVALID: (500, "server_error"),
     ErrorCode.ENGINE_FAILURE: (500, "server_error"),
 }
@@ -108,9 +109,9 @@ def error_body(path: str, code: ErrorCode, message: str, param: str | None = Non
 
 
 def error_headers(error: TTSError) -> dict[str, str]:
-    """Retry-After on 429/503, WWW-Authenticate on 401."""
+    """Retry-After on 429/503 (not on a store fault that does not clear by itself), WWW-Authenticate on 401."""
     headers: dict[str, str] = {}
-    if isinstance(error, (OverloadedError, RateLimitedError, StoreUnavailableError)):
+    if isinstance(error, (OverloadedError, RateLimitedError, StoreUnavailableError)) and error.retry_after_s is not None:
         headers["Retry-After"] = str(error.retry_after_s)
     elif error.code in (ErrorCode.SHUTTING_DOWN, ErrorCode.NOT_READY):
         headers["Retry-After"] = "5"

@@ -23,6 +23,8 @@ from service.errors import InvalidInputError
 from service.speech.request import decode_text
 
 _JSON_KEY = re.compile(rb'"([^"\\\n]{1,64})"\s*:')  # a JSON object key (the last one before a bad byte names it)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # \uD800-\uDFFF: JSON's only way to a lone surrogate
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def parse_urlencoded(body: bytes, what: str = "form field", *, max_fields: int | float = 1000) -> list[tuple[str, str]]:
@@ -87,6 +89,10 @@ class TextRequest(Request):
                 body.decode("utf-8")  # JSON is UTF-8 (RFC 8259); json.loads would guess UTF-16/32 or fail vaguely
             except UnicodeDecodeError as e:
                 raise RequestFieldError(json_encoding_error(body, e.start)) from e
+            document = await super().json()
+            found = lone_surrogate(document) if _SURROGATE_ESCAPE.search(body) else None
+            if found is not None:  # json.loads keeps a lone one: no encoder, file name or key takes it
+                raise RequestFieldError(found)
         return await super().json()
 
     async def _get_form(
@@ -129,6 +135,35 @@ def _check_charset(content_type: str) -> None:
     except LookupError as e:
         shown = charset[:40].decode("latin-1")
         raise RequestFieldError(InvalidInputError(f"the Content-Type names an unknown charset {shown!r}; send UTF-8")) from e
+
+
+def lone_surrogate(document: Any) -> InvalidInputError | None:
+    """The error for a parsed JSON document with a field (`voice.id`, `texts[2]`) whose value or name holds half of a
+    UTF-16 pair (`"\\ud800"` with no partner: text that cannot be UTF-8), or None. Every HTTP JSON route and the
+    DashScope socket refuse such a document; the message never quotes the text (it could not be encoded either)."""
+    stack: list[tuple[str, Any]] = [("", document)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str) and (found := _SURROGATE.search(value)):
+            return _lone_surrogate_error(where or "the request body", found)
+        if isinstance(value, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if found := _SURROGATE.search(key):
+                    return _lone_surrogate_error(f"a field name in {where or 'the request body'}", found)
+                stack.append((f"{where}.{key}" if where else key, item))
+    return None
+
+
+def _lone_surrogate_error(field: str, found: re.Match[str]) -> InvalidInputError:
+    code = f"\\u{ord(found.group()):04x}"
+    param = field.split(".", 1)[0].split("[", 1)[0] if not field.startswith(("a field name", "the request body")) else None
+    return InvalidInputError(
+        f"{field} holds a lone surrogate ({code} at position {found.start()}): a \\uD800-\\uDFFF escape is half of a "
+        "character and must be followed by its other half; send the text as UTF-8",
+        param=param,
+    )
 
 
 def json_encoding_error(body: bytes, offset: int) -> InvalidInputError:

@@ -24,7 +24,16 @@ from service.errors import (
 from service.families.model import InstructVoice, ModelVoice, NamedVoice, PromptAudio, PromptVoice, VoiceReference
 from service.frontend import TextFrontend
 from service.layers.prompt import MAX_PROMPT_S
-from service.stores.voices import AnalysisCache, PromptFeatures, SavedVoice, VoiceStore, check_voice_name
+from service.stores.voices import (
+    MAX_NAME_CHARS,
+    NAME_RULE,
+    AnalysisCache,
+    PromptFeatures,
+    SavedVoice,
+    VoiceStore,
+    check_voice_name,
+    is_voice_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -158,21 +167,21 @@ class PromptVoices(ABC, Generic[V]):
         return voice
 
     def saved(self, name: str) -> SavedVoice:
-        found = self.store.get(name)
+        found = self._stored(name)
         if found is None:
-            raise NotFoundError(f"no saved voice named {name!r}", param="voice_id")
+            raise _not_saved(name)
         return found
 
     def delete(self, name: str) -> None:
-        if not self.store.delete(name):
-            raise NotFoundError(f"no saved voice named {name!r}", param="voice_id")
+        if not is_voice_name(name) or not self.store.delete(name):
+            raise _not_saved(name)
 
     def usable(self, voice: SavedVoice) -> bool:
         return voice.models == self.models
 
     def resolve(self, name: str) -> V | None:
         """The saved voice `name` as the engine takes it, or None (also for a voice another model analysed)."""
-        saved = self.store.get(name)
+        saved = self._stored(name)
         if saved is None:
             return None
         if saved.models != self.models:
@@ -183,7 +192,7 @@ class PromptVoices(ABC, Generic[V]):
     def named(self, name: str, speakers: Sequence[str]) -> V:
         """The saved voice `name` as the engine takes it; UnknownSpeakerError naming what exists when there is none,
         or saying why a voice another model's prompt models analysed (a store shared with another model) is not used."""
-        saved = self.store.get(name)
+        saved = self._stored(name)
         if saved is None:
             raise unknown_voice(name, speakers)
         if saved.models != self.models:
@@ -196,6 +205,11 @@ class PromptVoices(ABC, Generic[V]):
         return self._saved_voice(saved)
 
     # ---- internals ---------------------------------------------------------------------------
+    def _stored(self, name: str) -> SavedVoice | None:
+        """The saved voice `name`; None without asking the store for a name no voice can have (one that cannot be a
+        file name or a Redis key: 10,000 characters, a lone surrogate)."""
+        return self.store.get(name) if is_voice_name(name) else None
+
     def _saved_voice(self, saved: SavedVoice) -> V:
         return self._voice(saved.name, saved.features, self._transcript_ids(saved.transcript, saved.features.duration_s))
 
@@ -245,14 +259,24 @@ def models_fingerprint(bundle: ModelBundle) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
+def shown_name(name: str) -> str:
+    """A name as an error message quotes it: escaped (repr), and cut after what a voice name may hold."""
+    return repr(name) if len(name) <= MAX_NAME_CHARS else f"{name[:MAX_NAME_CHARS]!r}… ({len(name)} characters)"
+
+
+def _not_saved(name: str) -> NotFoundError:
+    rule = "" if is_voice_name(name) else f": {NAME_RULE}"
+    return NotFoundError(f"no saved voice named {shown_name(name)}{rule}", param="voice_id")
+
+
 def unknown_voice(name: str, speakers: Sequence[str], *, saved: bool = True) -> UnknownSpeakerError:
     """The error for a voice name that is neither a built-in speaker nor (when `saved`) a saved voice."""
     if not speakers:
         return UnknownSpeakerError(
-            f"unknown voice {name!r}: the served model has no built-in speakers; name a saved voice (GET /v1/voices) "
+            f"unknown voice {shown_name(name)}: the served model has no built-in speakers; name a saved voice (GET /v1/voices) "
             "or send a prompt recording",
             param="voice",
         )
     known = ", ".join(speakers)
     more = " or a saved voice (GET /v1/voices)" if saved else ""
-    return UnknownSpeakerError(f"unknown speaker {name!r}; known: {known}{more}", param="voice")
+    return UnknownSpeakerError(f"unknown speaker {shown_name(name)}; known: {known}{more}", param="voice")

@@ -31,6 +31,7 @@ GRPC_STATUS: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.VOICE_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     ErrorCode.TOO_MANY_VOICES: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorCode.STORE_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.STORAGE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorCode.BUNDLE_INVALID: grpc.StatusCode.INTERNAL,
     ErrorCode.ENGINE_FAILURE: grpc.StatusCode.INTERNAL,
 }

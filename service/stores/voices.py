@@ -3,8 +3,11 @@ shared by every replica, else in a local directory (voices) or this process (ana
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import io
 import json
+import logging
 import os
 import stat
 import tempfile
@@ -20,8 +23,10 @@ from typing import Any, Protocol
 import numpy as np
 import redis
 
-from service.errors import InvalidInputError, StoreUnavailableError, TooManyVoicesError, VoiceExistsError
+from service.errors import InvalidInputError, StorageFullError, StoreUnavailableError, TooManyVoicesError, VoiceExistsError
 from service.stores.redis_client import redis_client
+
+log = logging.getLogger(__name__)
 
 VOICE_FORMAT = 1
 MAX_NAME_CHARS = 64
@@ -30,6 +35,10 @@ REDIS_VOICES_KEY = "tts:voices"
 REDIS_ANALYSIS_PREFIX = "tts:prompt-analysis:"
 _REDIS_TIMEOUT_S = 0.5
 GROUP_SHARED_FILE_MODE = 0o660  # a saved voice: read and write for its owner and its group (mkstemp's 0600, g=u)
+# The longest file name kept as the name's UTF-8 hex (+ ".voice": 254 of the 255 bytes file systems allow); a longer
+# one (a 42+ character name in a CJK script) is named by its hash instead, which no hex name can equal.
+MAX_HEX_FILE_STEM = 248
+_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,16 +127,22 @@ class SavedVoice:
         return cls(meta["name"], meta["transcript"], features, meta["audio_sha256"], meta["models"], meta["created_at"], made_for)
 
 
+NAME_RULE = f"a voice name has 1-{MAX_NAME_CHARS} letters, digits, '-', '_' or '.', and starts with a letter or digit"
+
+
+def is_voice_name(name: str) -> bool:
+    """True when `name` (NFC-normalized) follows the name rule, so a voice may be stored under it (reserved names
+    aside). A name that does not (10,000 characters, a lone surrogate, a `/`) names no saved voice."""
+    name = unicodedata.normalize("NFC", name)
+    return 0 < len(name) <= MAX_NAME_CHARS and name[0].isalnum() and all(c.isalnum() or c in _NAME_PUNCTUATION for c in name)
+
+
 def check_voice_name(name: str, reserved: Iterable[str] = ()) -> str:
     """The name, NFC-normalized, if it can name a voice: 1-64 letters (any script), digits, `-`, `_`, `.`, starting
     with a letter or digit, and not a built-in speaker or OpenAI voice name; else InvalidInputError."""
+    if not is_voice_name(name):
+        raise InvalidInputError(NAME_RULE, param="name")
     name = unicodedata.normalize("NFC", name)
-    ok = 0 < len(name) <= MAX_NAME_CHARS and name[0].isalnum() and all(c.isalnum() or c in _NAME_PUNCTUATION for c in name)
-    if not ok:
-        raise InvalidInputError(
-            f"a voice name has 1-{MAX_NAME_CHARS} letters, digits, '-', '_' or '.', and starts with a letter or digit",
-            param="name",
-        )
     if name.lower() in {r.lower() for r in reserved}:  # OpenAI names are matched without regard to case
         message = f"{name!r} is the name of a built-in speaker or a reserved voice name; choose another name"
         raise VoiceExistsError(message, param="name")
@@ -198,8 +213,12 @@ class DirectoryVoiceStore:
         self._lock = threading.Lock()
 
     def _path(self, name: str) -> Path:
-        # names may hold any letter: the file name is its UTF-8 hex, safe on every file system
-        return self.root / f"{name.encode('utf-8').hex()}.voice"
+        # names may hold any letter: the file name is its UTF-8 hex, safe on every file system (a hash when too long)
+        raw = name.encode("utf-8", "surrogatepass")  # a lone surrogate names no saved voice, but is no crash either
+        stem = raw.hex()
+        if len(stem) > MAX_HEX_FILE_STEM:
+            stem = "sha256-" + hashlib.sha256(raw).hexdigest()
+        return self.root / f"{stem}.voice"
 
     def list(self) -> list[SavedVoice]:
         voices = [v for p in sorted(self.root.glob("*.voice")) if (v := self._read(p)) is not None]
@@ -213,7 +232,7 @@ class DirectoryVoiceStore:
             try:
                 self._make_root()
             except OSError as e:
-                raise StoreUnavailableError(f"cannot create the voices directory {self.root}: {e.strerror}") from e
+                raise self._fault("create", e) from e
             path = self._path(voice.name)
             if path.exists():
                 raise VoiceExistsError(f"a voice named {voice.name!r} exists; delete it first", param="name")
@@ -222,7 +241,16 @@ class DirectoryVoiceStore:
             try:
                 self._write(path, voice.to_bytes())
             except OSError as e:  # not writable, disk full: the server's problem, said plainly, nothing half-written
-                raise StoreUnavailableError(f"cannot write to the voices directory {self.root}: {e.strerror}") from e
+                raise self._fault("write to", e) from e
+
+    def _fault(self, action: str, error: OSError) -> StorageFullError | StoreUnavailableError:
+        """What a client is told when the directory fails: what is wrong, never the server's path (the log has it).
+        Neither a full disk nor a directory the server may not write clears by itself: no retry hint."""
+        log.error("the voices directory %s: cannot %s: %s", self.root, action, error)
+        if error.errno in _FULL:
+            return StorageFullError("the server's storage for saved voices is full; the voice was not saved")
+        reason = error.strerror or type(error).__name__
+        return StoreUnavailableError(f"the server cannot {action} its saved-voices directory ({reason})", retry_after_s=None)
 
     def _make_root(self) -> None:
         """Create the directory if missing, its group given the owner's rights (`chmod g=u`, see the class docstring)."""
@@ -250,7 +278,7 @@ class DirectoryVoiceStore:
             except FileNotFoundError:
                 return False
             except OSError as e:
-                raise StoreUnavailableError(f"the voices directory {self.root} refused the removal: {e.strerror}") from e
+                raise self._fault("delete from", e) from e
             return True
 
     def close(self) -> None:
@@ -309,6 +337,8 @@ class RedisVoiceStore:
     def _call(op: Any) -> Any:
         try:
             return op()
+        except redis.exceptions.OutOfMemoryError as e:  # at maxmemory with nothing it may evict: no retry helps
+            raise StorageFullError("the voice store (Redis) is full (its maxmemory is reached); nothing was saved") from e
         except redis.RedisError as e:
             raise StoreUnavailableError(f"the voice store (Redis) is unavailable: {type(e).__name__}", retry_after_s=2) from e
 

@@ -173,7 +173,7 @@ class DashScopeSession:
 
     async def _handle(self, raw: str | None) -> None:
         try:
-            message = parse_message(raw)
+            message = parse_message(raw, self.state.settings.max_body_bytes)
         except MessageError as error:
             await self._unreadable(error)
             return

@@ -18,7 +18,13 @@ FIELDS = {"prompt_audio": "audio"}  # domain field -> this API's, for errors (a 
 router = APIRouter(prefix="/v1/voices", tags=["voices"], route_class=TextRoute, dependencies=[wire_fields_of(FIELDS)])
 
 
-@router.post("", dependencies=ADMIN, status_code=201, responses=ERROR_RESPONSES, summary="Save a cloned voice")
+SAVE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERROR_RESPONSES,
+    507: {"description": "The server's storage for saved voices is full", "content": {"application/json": {}}},
+}
+
+
+@router.post("", dependencies=ADMIN, status_code=201, responses=SAVE_RESPONSES, summary="Save a cloned voice")
 async def create_voice(
     state: StateDep,
     voices: VoicesDep,
