@@ -1,8 +1,8 @@
 """`python tests/gated_server.py`: the app as `python -m service.api` serves it, its engine wrapped in a FileGate.
 
 The gate file is TEST_GATE_FILE; it is created (open) at start unless TEST_GATE_CLOSED=1, which holds the warm-up
-(so the app stays loading) until the test opens it. Tests close it to hold every stream after its current chunk
-(see tests/gated_engine.py) and open it again to let the streams finish.
+(so the app stays loading: /healthz 200, /readyz and synthesis 503) until the test opens it. Tests close it to hold
+every stream after its current chunk (see tests/gated_engine.py) and open it again to let the streams finish.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gated_engine import FileGate, GatedEngine
 
+from service.api.__main__ import exit_after_failed_load
 from service.api.app import create_app
 from service.api.logconfig import configure as configure_logging
 from service.bundle import ModelBundle
@@ -37,7 +38,7 @@ def main() -> None:
 
     settings = Settings()
     log_config = configure_logging(settings.log_level)  # as `python -m service.api` logs
-    app = create_app(settings, engine_loader=loader)
+    app = create_app(settings, engine_loader=loader, load_in_background=True, on_load_failure=exit_after_failed_load)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, log_config=log_config,
                 timeout_graceful_shutdown=settings.drain_timeout_s)  # fmt: skip
 

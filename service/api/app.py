@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
@@ -42,10 +42,20 @@ ROUTERS = (
 )
 
 
-def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None,
+    *,
+    engine_loader: EngineLoader | None = None,
+    load_in_background: bool = False,
+    on_load_failure: Callable[[], None] | None = None,
+) -> FastAPI:
     """Build one app instance. Nothing global: two apps in one process share no state or metrics.
 
     `engine_loader` builds the engine from the loaded bundle (None: its family's own; tests wrap the real one).
+    `load_in_background` (the server, `python -m service.api`): the lifespan starts the model load on a thread and
+    the app answers at once (/healthz 200; /readyz and synthesis 503 not_ready until the model is ready);
+    `on_load_failure` then runs if the load fails (the server stops). Without it the lifespan returns once the model
+    is loaded (tests: a TestClient's requests find it ready).
     """
     settings = settings or Settings()
     for name in unknown_env_vars(os.environ):
@@ -65,9 +75,12 @@ def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader 
         if rpc is not None:
             rpc.start()
         try:
-            await anyio.to_thread.run_sync(state.runtime.load)
-            if rpc is not None:
-                rpc.ready()
+            ready = rpc.ready if rpc is not None else _nothing
+            if load_in_background:
+                state.runtime.start_loading(ready, on_load_failure or _nothing)
+            else:
+                await anyio.to_thread.run_sync(state.runtime.load)
+                ready()
             yield
         finally:
             if rpc is not None:
@@ -105,3 +118,7 @@ def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader 
     app.mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static")
     install_docs(app)
     return app
+
+
+def _nothing() -> None:
+    return None

@@ -28,10 +28,12 @@ async def healthz() -> Health:
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}}, summary="Readiness")
 async def readyz(state: StateDep) -> JSONResponse:
     """200 `ready` after a real (recent or fresh) inference; 200 `degraded` when the audio cache is down
-    (requests still work, uncached); 503 `not_ready` while loading, stopping, or when inference fails."""
+    (requests still work, uncached); 503 `not_ready` while loading, stopping, or when loading or inference fails."""
     service = state.service
     if service is None or state.closing:
-        return _readiness(503, "not_ready", "stopping" if state.closing else "loading", "-")
+        failed = state.runtime.load_error is not None and not state.closing
+        engine = "stopping" if state.closing else "failed" if failed else "loading"
+        return _readiness(503, "not_ready", engine, "-", "the model could not be loaded (see the log)" if failed else None)
     settings = state.settings
     try:
         await anyio.to_thread.run_sync(
