@@ -181,6 +181,7 @@ class Runtime:
             cache,
             voices=model.resolve,
             aliases=aliases,
+            alias_names=tuple(OPENAI_VOICES),
             bundle_sha256=bundle.manifest_sha256,
             concurrency=s.concurrent_requests,
             queue_max=s.queue_max,
