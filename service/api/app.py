@@ -15,7 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from service.api.admission import AdmissionMiddleware, synthesis_routes
 from service.api.bodylimit import BodyLimitMiddleware, MultipartTTSMiddleware
 from service.api.deps import AppState
-from service.api.docs import install_docs
+from service.api.docs import install_docs, install_openapi
 from service.api.errors import install_error_handlers
 from service.api.metrics import Metrics, RequestMetricsMiddleware
 from service.api.routes import dashscope, lexicon, official, openai, ops, speech, stream, voices
@@ -89,7 +89,7 @@ def create_app(
 
     app = FastAPI(
         title="cosyvoice-lite",
-        summary="CosyVoice-300M-SFT text-to-speech on ONNX Runtime (CPU)",
+        summary=None,  # install_openapi: the served model's name
         version="0.1.0",
         lifespan=lifespan,
         docs_url=None,  # install_docs serves Swagger UI from local files
@@ -117,6 +117,7 @@ def create_app(
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static")
     install_docs(app)
+    install_openapi(app, lambda: state.model_id)
     return app
 
 

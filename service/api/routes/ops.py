@@ -82,7 +82,17 @@ async def info(state: StateDep, service: ServiceDep) -> ServiceInfo:
 
 @router.get("/", response_class=FileResponse, include_in_schema=False)
 async def index() -> FileResponse:
-    page = STATIC_DIR / "index.html"
-    if not await anyio.to_thread.run_sync(page.is_file):
-        raise NotFoundError("the web page is not installed")
-    return FileResponse(page, media_type="text/html; charset=utf-8")
+    return await _static("index.html", "text/html; charset=utf-8", "the web page")
+
+
+@router.get("/favicon.ico", response_class=FileResponse, include_in_schema=False)
+async def favicon() -> FileResponse:
+    """The page's icon (SVG; browsers ask for this name by default)."""
+    return await _static("favicon.svg", "image/svg+xml", "the icon")
+
+
+async def _static(name: str, media_type: str, what: str) -> FileResponse:
+    path = STATIC_DIR / name
+    if not await anyio.to_thread.run_sync(path.is_file):
+        raise NotFoundError(f"{what} is not installed")
+    return FileResponse(path, media_type=media_type)
