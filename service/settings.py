@@ -188,9 +188,10 @@ class Settings(BaseSettings):
         default_factory=dict,
         description="Comma-separated `openai-name=voice` pairs, e.g. `alloy=my-voice,nova=中文女`: the built-in speaker "
         "or saved voice an OpenAI voice name speaks as, on every transport (for clients that accept only OpenAI "
-        "names); names not given keep their default (alloy, coral, nova, sage, shimmer, marin → 英文女; ash, ballad, "
-        "echo, fable, onyx, verse, cedar → 英文男). A target that is neither a built-in speaker nor a saved voice at "
-        "start is logged as a warning (the voice may be saved later).",
+        "names); names not given keep their default where the model has that built-in speaker (alloy, coral, nova, "
+        "sage, shimmer, marin → 英文女; ash, ballad, echo, fable, onyx, verse, cedar → 英文男: CosyVoice-300M-SFT) and "
+        "have no voice elsewhere (CosyVoice2 has no built-in speakers: map them to saved voices). A target that is "
+        "neither a built-in speaker nor a saved voice at start is logged as a warning (the voice may be saved later).",
     )
     warmup_text: str = Field(
         default="你好。", min_length=1, max_length=200, description="Text synthesized at start and by /readyz probes."

@@ -5,8 +5,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,8 @@ import onnxruntime as ort
 from service.bundle import GRAPH_NAMES, GROUP_PROMPT, NATIVE_GRAPHS, NATIVE_SUFFIX, PROMPT_GRAPHS, GraphEntry, ModelBundle
 from service.engine import native
 from service.errors import BundleError
+
+log = logging.getLogger(__name__)
 
 ExecutionMode = Literal["sequential", "parallel"]
 GraphOptimization = Literal["all", "extended", "basic", "disabled"]
@@ -424,31 +428,46 @@ def open_sessions(
     wanted = tuple(names) if names is not None else GRAPH_NAMES
     lazy = set(transient)
     sessions: dict[str, Any] = {}
+    opening = [name for name in wanted if name not in lazy]  # a transient graph opens per call, not now
     for name in wanted:
         if name in PROMPT_GRAPHS and not bundle.has_prompt_analysis:
             raise BundleError(f"{bundle.root}: the bundle has no prompt models (no '{name}' graph)")
         if name not in bundle.manifest.graphs:
             raise BundleError(f"{bundle.root}: manifest has no graph '{name}'")
+        started = time.perf_counter()
         runtime = graph_runtime(bundle, name, opts)
-        if runtime.backend == "openvino":
-            sessions[name] = _open_openvino(runtime, opts, name)
-            continue
-        so = make_session_options(opts, name)
-        if runtime.custom_ops is not None:
-            so.register_custom_ops_library(str(runtime.custom_ops))
-        path = runtime.path
-        acoustic = graph_stage(name) == "acoustic"
-        if name in lazy:
-            sessions[name] = TransientSession(path, so)
-            continue
-        session = _open_in_thread(path, so, opts.acoustic_nice) if acoustic and opts.acoustic_nice > 0 else _open(path, so)
-        entry = bundle.manifest.graphs[name]
-        if entry.group == GROUP_PROMPT:
-            _check_io(path, session, entry)
-        shrink = acoustic and opts.shrink_acoustic_arenas and opts.enable_cpu_mem_arena
-        sessions[name] = ShrinkingSession(session) if shrink else session
+        sessions[name] = _open_runtime(bundle, name, runtime, opts, lazy=name in lazy)
+        if name in opening:
+            _log_opened(name, runtime, started, f" ({opening.index(name) + 1} of {len(opening)})")
     release_free_memory()
     return sessions
+
+
+def _open_runtime(bundle: ModelBundle, name: str, runtime: GraphRuntime, opts: RuntimeOptions, *, lazy: bool) -> Any:
+    """Graph `name` as `runtime` runs it: an OpenVINO model, a TransientSession (`lazy`), or an ORT session (its
+    input/output names checked for a prompt model; arenas shrunk after each call for the acoustic graphs)."""
+    if runtime.backend == "openvino":
+        return _open_openvino(runtime, opts, name)
+    so = make_session_options(opts, name)
+    if runtime.custom_ops is not None:
+        so.register_custom_ops_library(str(runtime.custom_ops))
+    path = runtime.path
+    if lazy:
+        return TransientSession(path, so)
+    acoustic = graph_stage(name) == "acoustic"
+    session = _open_in_thread(path, so, opts.acoustic_nice) if acoustic and opts.acoustic_nice > 0 else _open(path, so)
+    entry = bundle.manifest.graphs[name]
+    if entry.group == GROUP_PROMPT:
+        _check_io(path, session, entry)
+    shrink = acoustic and opts.shrink_acoustic_arenas and opts.enable_cpu_mem_arena
+    return ShrinkingSession(session) if shrink else session
+
+
+def _log_opened(name: str, runtime: GraphRuntime, started: float, count: str = "") -> None:
+    """One start-up progress line per graph: its name, where it runs and how long opening it took (a full-size
+    bundle's graphs take seconds each, so a start is never silent for long)."""
+    where = f"{runtime.backend} {runtime.precision}" + (", native kernels" if runtime.custom_ops is not None else "")
+    log.info("opened graph %s%s in %.2f s (%s, %s)", name, count, time.perf_counter() - started, where, runtime.path.name)
 
 
 def open_graph(path: Path, opts: RuntimeOptions | None = None, name: str | None = None) -> ort.InferenceSession:
@@ -456,4 +475,7 @@ def open_graph(path: Path, opts: RuntimeOptions | None = None, name: str | None 
 
     `name` picks the per-graph specialisation of `make_session_options`; raises BundleError on failure.
     """
-    return _open(Path(path), make_session_options(opts or RuntimeOptions(), name))
+    started = time.perf_counter()
+    session = _open(Path(path), make_session_options(opts or RuntimeOptions(), name))
+    _log_opened(name or Path(path).stem, GraphRuntime("ort", Path(path)), started)
+    return session

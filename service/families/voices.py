@@ -274,8 +274,8 @@ def unknown_voice(name: str, speakers: Sequence[str], *, saved: bool = True) -> 
     """The error for a voice name that is neither a built-in speaker nor (when `saved`) a saved voice."""
     if not speakers:
         return UnknownSpeakerError(
-            f"unknown voice {shown_name(name)}: the served model has no built-in speakers; name a saved voice (GET /v1/voices) "
-            "or send a prompt recording",
+            f"unknown voice {shown_name(name)}: the served model has no built-in speakers; save a voice first (POST /v1/voices "
+            "with a recording and a name) and name it, or send a prompt recording; GET /v1/voices lists the saved ones",
             param="voice",
         )
     known = ", ".join(speakers)
