@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from service.bundle import ModelBundle
-from service.engine.acoustic_gate import AcousticGate, Pacer
+from service.engine.acoustic_gate import AcousticGate, Pacer, until_cancelled
 from service.engine.chunking import RateMeter, ScheduleConfig
 from service.engine.flow import FlowRunner
 from service.engine.hift import HiFTRunner
@@ -250,7 +250,7 @@ class Synthesizer:
 
     # ---- internals -----------------------------------------------------------------------------
     def _context(self, plan: _Plan, noise: NoiseSource, cancel: threading.Event | None) -> RequestContext:
-        pace = Pacer(self.gate, self.sample_rate)
+        pace = Pacer(self.gate, self.sample_rate, cancel=cancel)  # a cancel stops a flow solve between its steps
         window = self.prompt_window_frames
         return RequestContext(noise, pace, plan.schedule, plan.n_timesteps, plan.speed, cancel, self.meter, window)
 
@@ -317,13 +317,13 @@ class Synthesizer:
 
 
 def _trimmed(chunks: Iterator[AudioChunk]) -> Iterator[AudioChunk]:
-    """The chunks; once the request ends (done, failed, cancelled or dropped), freed heap goes back to the OS.
+    """The chunks until the request ends (done, failed, cancelled or dropped); then freed heap goes back to the OS.
 
     Without it glibc keeps the pages of each request's freed activations and the resident size creeps
     up by 20-40 MB per request; the trim costs ~5 ms, after the last chunk has been handed over.
     """
     try:
-        yield from chunks
+        yield from until_cancelled(chunks)
     finally:
         release_free_memory()
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from service.bundle import FAMILY_V2, V2_GRAPH_IO, V2_NOISE_NAME, CosyVoice2Constants, ModelBundle
 from service.engine import native
-from service.engine.acoustic_gate import AcousticGate, Pacer
+from service.engine.acoustic_gate import AcousticGate, Pacer, until_cancelled
 from service.engine.dsp import StreamingStretch
 from service.engine.hift import HiFTRunner
 from service.engine.llm import max_speech_tokens
@@ -217,8 +217,8 @@ class CosyVoice2Engine:
             raise EmptyTextError("nothing to synthesize: no sentences, or an empty sentence")
         self._check(voice, options)
         llm_rng, noise_rng = np.random.default_rng(options.seed).spawn(2)
-        pace = Pacer(self.gate, self.sample_rate)
-        return self._sentences(texts, voice, options, llm_rng, noise_rng, cancel, pace)
+        pace = Pacer(self.gate, self.sample_rate, cancel=cancel)  # a cancel stops a flow solve between its steps
+        return until_cancelled(self._sentences(texts, voice, options, llm_rng, noise_rng, cancel, pace))
 
     def synthesize_tokens(
         self,
