@@ -166,6 +166,8 @@ class Runtime:
             observer=self.observer,
             probe_voice=None if s.default_speaker in model.speakers else model.warmup_voice(),
             default_voice=s.default_speaker,
+            max_speech_s=s.max_speech_s,
+            max_sentence_speech_s=s.max_sentence_speech_s,
         )
         service.probe(s.warmup_text, s.default_speaker)
         # What is loaded now lives until shutdown: keep it out of the cyclic GC, whose full passes over the text

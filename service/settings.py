@@ -221,6 +221,24 @@ class Settings(BaseSettings):
         default=4096, ge=1, le=100_000, description="Longest accepted text in characters (/v1 never exceeds 4096)."
     )
     max_body_bytes: int = Field(default=65_536, ge=1024, le=16 * MiB, description="Largest accepted request body; beyond: 413.")
+    max_speech_s: float = Field(
+        default=1200.0,
+        ge=1.0,
+        le=86_400.0,
+        description="Seconds of speech one request may make (counted in the model's speech tokens, so at speed 1): "
+        "each sentence's LLM stops at what is left. A text whose least speech (the model's 2 speech tokens per text "
+        "token) is over it gets 413 text_too_long at once; one whose speech reaches it ends with that error (a stream "
+        "is cut off). Bounds a request's work.",
+    )
+    max_sentence_speech_s: float = Field(
+        default=60.0,
+        ge=1.0,
+        le=3600.0,
+        description="Seconds of speech one sentence may make, below the model's own bound (20 speech tokens per text "
+        "token: 160 s for a 200-token sentence on CosyVoice2). A sentence that reaches it ends the request with 413 "
+        "text_too_long (add punctuation). Bounds the memory of one stream: its flow caches and full-attention pass "
+        "grow with the sentence (docs/architecture.md).",
+    )
     ready_probe_interval_s: float = Field(
         default=30.0, ge=0.0, le=3600.0, description="/readyz re-runs a real inference when none succeeded for this long."
     )
