@@ -210,17 +210,6 @@ class Settings(BaseSettings):
         default=8, ge=0, le=1024, description="Requests allowed to wait for a synthesis slot; beyond this: 503 at once."
     )
     retry_after_s: int = Field(default=2, ge=1, le=3600, description="Retry-After sent with 503 when the queue is full.")
-    max_upload_bytes: int = Field(
-        default=10 * MiB,
-        ge=64 * 1024,
-        le=256 * MiB,
-        description="Largest multipart upload (a voice prompt recording); beyond: 413 payload_too_large. Text bodies keep "
-        "TTS_MAX_BODY_BYTES.",
-    )
-    max_chars: int = Field(
-        default=4096, ge=1, le=100_000, description="Longest accepted text in characters (/v1 never exceeds 4096)."
-    )
-    max_body_bytes: int = Field(default=65_536, ge=1024, le=16 * MiB, description="Largest accepted request body; beyond: 413.")
     max_speech_s: float = Field(
         default=1200.0,
         ge=1.0,
@@ -239,6 +228,17 @@ class Settings(BaseSettings):
         "text_too_long (add punctuation). Bounds the memory of one stream: its flow caches and full-attention pass "
         "grow with the sentence (docs/architecture.md).",
     )
+    max_upload_bytes: int = Field(
+        default=10 * MiB,
+        ge=64 * 1024,
+        le=256 * MiB,
+        description="Largest multipart upload (a voice prompt recording); beyond: 413 payload_too_large. Text bodies keep "
+        "TTS_MAX_BODY_BYTES.",
+    )
+    max_chars: int = Field(
+        default=4096, ge=1, le=100_000, description="Longest accepted text in characters (/v1 never exceeds 4096)."
+    )
+    max_body_bytes: int = Field(default=65_536, ge=1024, le=16 * MiB, description="Largest accepted request body; beyond: 413.")
     ready_probe_interval_s: float = Field(
         default=30.0, ge=0.0, le=3600.0, description="/readyz re-runs a real inference when none succeeded for this long."
     )
