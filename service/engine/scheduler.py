@@ -176,9 +176,9 @@ class BatchScheduler:
     """Continuous batching: one thread runs the decode steps of all active requests as one `llm_step` call.
 
     A request joins after its prefill (run on the same thread, between steps) and leaves on EOS, its max
-    length, or when its request is cancelled (read before every step) or its consumer drops its TokenStream; the
-    others keep their KV rows. It is
-    a TokenGenerator (what the Synthesizer needs from the LLM), safe to call from any number of threads.
+    length, when it is cancelled (its cancel event is read before every step) or when its consumer drops its
+    TokenStream; the others keep their KV rows. It is a TokenGenerator (what the Synthesizer needs from the LLM),
+    safe to call from any number of threads.
 
     `yield_to` (e.g. AcousticGate.first_audio_running) lets more urgent work have the cores: while it
     returns True the thread pauses between decode steps, unless a prefill is queued or a consumer is
