@@ -191,6 +191,8 @@ class Runtime:
             observer=self.observer,
             probe_voice=None if s.default_speaker in model.speakers else model.warmup_voice(),
             default_voice=s.default_speaker,
+            max_speech_s=s.max_speech_s,
+            max_sentence_speech_s=s.max_sentence_speech_s,
         )
         log.info("model %s: graphs opened; warming up with a real synthesis", bundle.manifest.model)
         service.probe(s.warmup_text, s.default_speaker)

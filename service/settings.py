@@ -212,6 +212,24 @@ class Settings(BaseSettings):
         default=8, ge=0, le=1024, description="Requests allowed to wait for a synthesis slot; beyond this: 503 at once."
     )
     retry_after_s: int = Field(default=2, ge=1, le=3600, description="Retry-After sent with 503 when the queue is full.")
+    max_speech_s: float = Field(
+        default=1200.0,
+        ge=1.0,
+        le=86_400.0,
+        description="Seconds of speech one request may make (counted in the model's speech tokens, so at speed 1): "
+        "each sentence's LLM stops at what is left. A text whose least speech (the model's 2 speech tokens per text "
+        "token) is over it gets 413 text_too_long at once; one whose speech reaches it ends with that error (a stream "
+        "is cut off). Bounds a request's work.",
+    )
+    max_sentence_speech_s: float = Field(
+        default=60.0,
+        ge=1.0,
+        le=3600.0,
+        description="Seconds of speech one sentence may make, below the model's own bound (20 speech tokens per text "
+        "token: 160 s for a 200-token sentence on CosyVoice2). A sentence that reaches it ends the request with 413 "
+        "text_too_long (add punctuation). Bounds the memory of one stream: its flow caches and full-attention pass "
+        "grow with the sentence (docs/architecture.md).",
+    )
     max_upload_bytes: int = Field(
         default=10 * MiB,
         ge=64 * 1024,

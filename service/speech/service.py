@@ -86,8 +86,14 @@ class TTSService:
         alias_names: Collection[str] = (),
         probe_voice: ModelVoice | None = None,
         default_voice: str | None = None,
+        max_speech_s: float | None = None,
+        max_sentence_speech_s: float | None = None,
     ) -> None:
+        """`max_speech_s`, `max_sentence_speech_s`: seconds of speech a request and each of its sentences may make
+        (SynthesisOptions; None: only the model's own bound)."""
         self.frontend = frontend
+        self.max_speech_s = max_speech_s
+        self.max_sentence_speech_s = max_sentence_speech_s
         self.default_voice = default_voice  # what requests that name no voice speak as (named in their errors)
         self.probe_voice = probe_voice  # the probes' voice when their speaker is not built in (the model's warm-up voice)
         self.engine = engine
@@ -230,7 +236,9 @@ class TTSService:
             if time.monotonic() - self._last_success < max_age_s:
                 return
             ids = [list(s.ids) for s in self.frontend.sentences(text) if s.ids]
-            options = self._options(SpeechRequest(text, NamedVoice(speaker)))
+            # the operator's warm-up text, not a client's: a babbling random test model must not fail readiness
+            options = dataclasses.replace(self._options(SpeechRequest(text, NamedVoice(speaker))), max_speech_s=None,
+                                          max_sentence_speech_s=None)  # fmt: skip
             voice = self._probe_voice(speaker)
             try:
                 chunks = list(self.engine.synthesize(ids, voice, options, threading.Event()))
@@ -272,7 +280,12 @@ class TTSService:
 
     def _options(self, request: SpeechRequest) -> SynthesisOptions:
         return SynthesisOptions(
-            speed=request.speed, seed=request.seed, stream=request.engine_stream, n_timesteps=self.n_timesteps
+            speed=request.speed,
+            seed=request.seed,
+            stream=request.engine_stream,
+            n_timesteps=self.n_timesteps,
+            max_speech_s=self.max_speech_s,
+            max_sentence_speech_s=self.max_sentence_speech_s,
         )
 
     def _admit(self, job: SpeechJob) -> None:
