@@ -21,10 +21,11 @@ from service.frontend import TextFrontend
 from service.settings import OPENAI_VOICES, Settings
 from service.speech.job import SynthesisObserver
 from service.speech.service import TTSService
+from service.stores.analysis_cache import AnalysisCache
 from service.stores.audio_cache import CacheStats, build_audio_cache
 from service.stores.lexicon import RedisLexiconStore
 from service.stores.ratelimit import RateLimiter
-from service.stores.voices import AnalysisCache, DirectoryVoiceStore, RedisVoiceStore, VoiceStore
+from service.stores.voices import DirectoryVoiceStore, RedisVoiceStore, VoiceStore
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -125,6 +126,8 @@ class Runtime:
         self.normalizer: dict[str, str] = {}
         self.model_created = 0  # Unix time the bundle's manifest was written (OpenAI's `created`)
         self.closing = False
+        self.load_error: Exception | None = None  # why a background load failed (`start_loading`)
+        self._loader: threading.Thread | None = None
         self._in_flight = 0
         self._lock = threading.Lock()
 
@@ -137,11 +140,32 @@ class Runtime:
         return self.bundle.manifest.model if self.bundle else ""
 
     # ---- lifecycle ---------------------------------------------------------------------------
+    def start_loading(self, on_ready: Callable[[], None], on_failure: Callable[[], None]) -> None:
+        """Run `load()` on a thread of its own, so the transports answer (liveness, 503 not_ready) while the model
+        loads. `on_ready` runs on that thread once the model is ready; after a failure, logged and kept in
+        `load_error`, `on_failure` runs instead. `close()` waits for the load to end."""
+
+        def run() -> None:
+            try:
+                self.load()
+            except TTSError as e:  # a bundle or setting the model cannot start with: its message says which
+                log.error("the model could not be loaded: %s", e.message)
+                self.load_error = e
+            except Exception as e:  # a fault of ours: with its traceback; the server must not stay "loading"
+                log.exception("the model could not be loaded")
+                self.load_error = e
+            (on_ready if self.load_error is None else on_failure)()
+
+        self._loader = threading.Thread(target=run, name="model-load", daemon=True)
+        self._loader.start()
+
     def load(self) -> None:
         """Load bundle, frontend, engine and cache, then warm up with a real synthesis (blocking; minutes at most)."""
         s = self.settings
         log.info("%s", self.keys.describe(s.public_model_list))
+        log.info("loading the model from %s%s", s.model_dir, " (checking every file's sha256)" * s.verify_bundle_hashes)
         bundle = open_bundle(s.model_dir, verify_hashes=s.verify_bundle_hashes)
+        log.info("%s (%s): building the text frontend, then opening the graphs", bundle.manifest.model, bundle.family)
         model = load_model(bundle, self._model_context())
         _check_default_speaker(s.default_speaker, model)
         cache = build_audio_cache(self.redis_url, s.cache_max_bytes, s.cache_ttl_s)
@@ -160,6 +184,7 @@ class Runtime:
             cache,
             voices=model.resolve,
             aliases=aliases,
+            alias_names=tuple(OPENAI_VOICES),
             bundle_sha256=bundle.manifest_sha256,
             concurrency=s.concurrent_requests,
             queue_max=s.queue_max,
@@ -168,7 +193,10 @@ class Runtime:
             observer=self.observer,
             probe_voice=None if s.default_speaker in model.speakers else model.warmup_voice(),
             default_voice=s.default_speaker,
+            max_speech_s=s.max_speech_s,
+            max_sentence_speech_s=s.max_sentence_speech_s,
         )
+        log.info("model %s: graphs opened; warming up with a real synthesis", bundle.manifest.model)
         service.probe(s.warmup_text, s.default_speaker)
         # What is loaded now lives until shutdown: keep it out of the cyclic GC, whose full passes over the text
         # frontend's dictionaries (~300k objects, 100-200 ms with the GIL held) otherwise stall an event loop.
@@ -203,8 +231,11 @@ class Runtime:
         )
 
     def close(self) -> None:
-        """Refuse new work, cancel running jobs, stop the engine and close the stores (blocking)."""
+        """Refuse new work, cancel running jobs, stop the engine and close the stores (blocking; a background load
+        is waited for first, so what it loaded is closed too)."""
         self.closing = True
+        if self._loader is not None:
+            self._loader.join()
         gc.unfreeze()  # what this runtime held may now be collected
         service = self._service
         if service is not None:

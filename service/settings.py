@@ -189,9 +189,10 @@ class Settings(BaseSettings):
         default_factory=dict,
         description="Comma-separated `openai-name=voice` pairs, e.g. `alloy=my-voice,nova=中文女`: the built-in speaker "
         "or saved voice an OpenAI voice name speaks as, on every transport (for clients that accept only OpenAI "
-        "names); names not given keep their default (alloy, coral, nova, sage, shimmer, marin → 英文女; ash, ballad, "
-        "echo, fable, onyx, verse, cedar → 英文男). A target that is neither a built-in speaker nor a saved voice at "
-        "start is logged as a warning (the voice may be saved later).",
+        "names); names not given keep their default where the model has that built-in speaker (alloy, coral, nova, "
+        "sage, shimmer, marin → 英文女; ash, ballad, echo, fable, onyx, verse, cedar → 英文男: CosyVoice-300M-SFT) and "
+        "have no voice elsewhere (CosyVoice2 has no built-in speakers: map them to saved voices). A target that is "
+        "neither a built-in speaker nor a saved voice at start is logged as a warning (the voice may be saved later).",
     )
     warmup_text: str = Field(
         default="你好。", min_length=1, max_length=200, description="Text synthesized at start and by /readyz probes."
@@ -212,6 +213,24 @@ class Settings(BaseSettings):
         default=8, ge=0, le=1024, description="Requests allowed to wait for a synthesis slot; beyond this: 503 at once."
     )
     retry_after_s: int = Field(default=2, ge=1, le=3600, description="Retry-After sent with 503 when the queue is full.")
+    max_speech_s: float = Field(
+        default=1200.0,
+        ge=1.0,
+        le=86_400.0,
+        description="Seconds of speech one request may make (counted in the model's speech tokens, so at speed 1): "
+        "each sentence's LLM stops at what is left. A text whose least speech (the model's 2 speech tokens per text "
+        "token) is over it gets 413 text_too_long at once; one whose speech reaches it ends with that error (a stream "
+        "is cut off). Bounds a request's work.",
+    )
+    max_sentence_speech_s: float = Field(
+        default=60.0,
+        ge=1.0,
+        le=3600.0,
+        description="Seconds of speech one sentence may make, below the model's own bound (20 speech tokens per text "
+        "token: 160 s for a 200-token sentence on CosyVoice2). A sentence that reaches it ends the request with 413 "
+        "text_too_long (add punctuation). Bounds the memory of one stream: its flow caches and full-attention pass "
+        "grow with the sentence (docs/architecture.md).",
+    )
     max_upload_bytes: int = Field(
         default=10 * MiB,
         ge=64 * 1024,

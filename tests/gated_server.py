@@ -1,9 +1,9 @@
 """`python tests/gated_server.py`: the app as `python -m service.api` serves it, its engine wrapped in a FileGate.
 
 The gate file is TEST_GATE_FILE; it is created (open) at start unless TEST_GATE_CLOSED=1, which holds the warm-up
-(so the app stays loading) until the test opens it. Tests close it to hold every stream after its current chunk
-(see tests/gated_engine.py) and open it again to let the streams finish. TEST_GATE_RELEASES_CANCELLED=1: a cancelled
-stream is not held (GatedEngine's `releases_cancelled`).
+(so the app stays loading: /healthz 200, /readyz and synthesis 503) until the test opens it. Tests close it to hold
+every stream after its current chunk (see tests/gated_engine.py) and open it again to let the streams finish.
+TEST_GATE_RELEASES_CANCELLED=1: a cancelled stream is not held (GatedEngine's `releases_cancelled`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gated_engine import FileGate, GatedEngine
 
+from service.api.__main__ import exit_after_failed_load
 from service.api.app import create_app
 from service.api.logconfig import configure as configure_logging
 from service.api.serving import serve
@@ -40,7 +41,7 @@ def main() -> None:
 
     settings = Settings()
     log_config = configure_logging(settings.log_level)  # as `python -m service.api` logs
-    app = create_app(settings, engine_loader=loader)
+    app = create_app(settings, engine_loader=loader, load_in_background=True, on_load_failure=exit_after_failed_load)
     if not serve(app, settings, log_config):  # as `python -m service.api` serves it, its drain included
         sys.exit(STARTUP_FAILURE)
 

@@ -11,7 +11,7 @@ import pytest
 from api_bundles import flagged_bundle
 from fastapi.testclient import TestClient
 from gated_engine import FileGate
-from servers import AppServer, Chromium, DevToolsPage
+from servers import AppServer, Chromium, DevToolsPage, ManagedProcess, port_open, wait_until
 
 from service.api import create_app
 from service.bundle import ModelBundle
@@ -403,9 +403,16 @@ USER_KEY, ADMIN_KEY = "user-key-0123456789", "admin-key-0123456789"
 
 
 @pytest.fixture(scope="module")
-def keyed_app(tmp_path_factory: pytest.TempPathFactory, tiny_bundle: Path) -> Iterator[AppServer]:
+def keyed_voices(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The saved voices of `keyed_app`."""
+    return tmp_path_factory.mktemp("browser-keyed-voices")
+
+
+@pytest.fixture(scope="module")
+def keyed_app(tmp_path_factory: pytest.TempPathFactory, tiny_bundle: Path, keyed_voices: Path) -> Iterator[AppServer]:
     """API keys on (a user key and an admin key), with one saved voice."""
     env = {"TTS_RATE_LIMIT_PER_MINUTE": "0", "TTS_API_KEYS": USER_KEY, "TTS_ADMIN_API_KEYS": ADMIN_KEY}
+    env["TTS_VOICES_DIR"] = str(keyed_voices)
     server = AppServer(tmp_path_factory.mktemp("browser-keyed"), tiny_bundle, env, name="keyed")
     server.start()
     with server.client(headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as admin:
@@ -450,8 +457,9 @@ def test_keys_the_page_explains_and_delete_only_for_admins(page: DevToolsPage, k
     by name only, no Delete and no Save. A user key: still no Delete (it would be a 403). An admin key: Delete."""
     item = "document.querySelector('#savedVoices li[data-id=\"theirs\"]')"
     with visiting(page, keyed_app.base_url + "/"):
-        assert page.eval(f"{item}.textContent") == "theirs", "the details (transcript) need a key"
-        assert page.eval(f"{item}.querySelector('button') === null"), "Delete offered without a key"
+        assert page.eval(f"{item}.firstChild.textContent") == "theirs", "the details (transcript) need a key"
+        assert page.eval(f"{item}.querySelector('button[data-role=delete]') === null"), "Delete offered without a key"
+        assert page.eval(f"{item}.querySelector('button[data-role=use]') !== null"), "a usable voice offers Use"
         assert page.eval("!document.getElementById('manageNote').hidden")
         choose_file(page, PROMPT)
         assert page.eval("document.getElementById('saveVoice').disabled")
@@ -543,3 +551,105 @@ def test_a_voice_another_model_made_is_labelled_without_use_and_admins_may_delet
         page.wait_for(f"!{other}", 20, "the deletion")
         delete_voice(page, "v2-voice")
     assert list(v2_voices.iterdir()) == []
+
+
+def test_the_page_and_the_schema_name_the_served_model(page: DevToolsPage, app: AppServer, v2_app: AppServer) -> None:
+    """Names come from the served bundle's manifest: CosyVoice2 is not called CosyVoice-300M-SFT anywhere."""
+    for server in (app, v2_app):
+        with server.client() as http:
+            model = http.get("/info").json()["model"]
+            schema = http.get("/openapi.json")
+        assert schema.json()["info"]["summary"] == f"{model} text-to-speech on ONNX Runtime (CPU)"
+        if server is v2_app:
+            assert "CosyVoice-300M-SFT" not in schema.text
+        with visiting(page, server.base_url + "/"):
+            page.wait_for("tts.info", 20, "/info")
+            assert page.eval("document.getElementById('model').textContent") == f"{model} text to speech"
+            assert page.eval("document.title") == f"cosyvoice-lite: {model}"
+            if server is v2_app:
+                assert "300M" not in page.eval("document.body.innerText")
+
+
+def test_typing_a_key_clears_the_missing_key_error(page: DevToolsPage, keyed_app: AppServer) -> None:
+    """The explanation answered the request sent without a key: it goes as soon as a key is typed (no blur needed)."""
+    with visiting(page, keyed_app.base_url + "/"):
+        speak(page, "wav")
+        message = page.wait_for("!tts.busy && document.getElementById('error').textContent", 30, "the refusal")
+        assert message.startswith("This server needs an API key"), message
+        type_into(page, "apikey", USER_KEY)
+        assert page.eval("document.getElementById('error').textContent") == ""
+
+
+def test_the_key_field_shows_its_whole_placeholder(page: DevToolsPage) -> None:
+    fits = page.eval("""(() => {
+        const k = document.getElementById('apikey'), st = getComputedStyle(k);
+        const ctx = document.createElement('canvas').getContext('2d');
+        ctx.font = `${st.fontStyle} ${st.fontWeight} ${st.fontSize} ${st.fontFamily}`;
+        const room = k.clientWidth - parseFloat(st.paddingLeft) - parseFloat(st.paddingRight);
+        return {text: ctx.measureText(k.placeholder).width, room, placeholder: k.placeholder};
+    })()""")
+    assert fits["placeholder"] and fits["text"] <= fits["room"], fits
+
+
+def test_the_page_has_an_icon(page: DevToolsPage, app: AppServer) -> None:
+    """The icon the page links and the /favicon.ico browsers ask for by default: an image, not a 404."""
+    linked = page.eval("""(async () => {
+        const r = await fetch(document.querySelector('link[rel=icon]').href);
+        return {status: r.status, type: r.headers.get('content-type'), body: await r.text()};
+    })()""")
+    assert linked["status"] == 200 and linked["type"] == "image/svg+xml" and linked["body"].startswith("<svg"), linked
+    with app.client() as http:
+        icon = http.get("/favicon.ico")
+    assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
+
+
+def test_without_a_key_a_voice_another_model_made_is_marked(
+    page: DevToolsPage, keyed_app: AppServer, keyed_voices: Path, tiny_v2_bundle: Path
+) -> None:
+    """Keys on, none entered: the public list has no details, but it says which voices this model cannot speak, so
+    a voice a CosyVoice2 server saved into this store is labelled and offers no Use (it does not look usable)."""
+    v2_settings = Settings(  # type: ignore[call-arg]
+        _env_file=None, model_dir=tiny_v2_bundle, voices_dir=keyed_voices, intra_op_threads=1, rate_limit_per_minute=0
+    )
+    with TestClient(create_app(v2_settings)) as v2:
+        files = {"audio": ("p.wav", PROMPT.read_bytes(), "audio/wav")}
+        assert v2.post("/v1/voices", data={"name": "v2-made"}, files=files).status_code == 201
+    other, own = (f"document.querySelector('#savedVoices li[data-id=\"{n}\"]')" for n in ("v2-made", "theirs"))
+    try:
+        with visiting(page, keyed_app.base_url + "/"):
+            page.wait_for(f"!!({other} && {own})", 20, "both saved voices")
+            assert page.eval(f"{other}.classList.contains('other') && {other}.querySelector('button[data-role=use]') === null")
+            note = page.eval(f"{other}.querySelector('[data-role=other-model]')?.textContent")
+            assert note == " — made for another model: this server cannot speak it", note
+            assert page.eval(f"!{own}.classList.contains('other')")
+            assert "v2-made" not in saved_names(page)["select"]
+    finally:
+        with keyed_app.client(headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as admin:
+            assert admin.delete("/v1/voices/v2-made").status_code == 204
+
+
+def test_a_page_opened_while_the_model_loads_gets_ready_by_itself(
+    page: DevToolsPage, tmp_path: Path, tiny_bundle: Path, app: AppServer
+) -> None:
+    """The server answers while its warm-up is held (a closed gate): the page says the model is loading instead of
+    showing errors, and fills its lists once the model is ready."""
+    gate = FileGate(tmp_path / "gate")
+    env = {"TTS_RATE_LIMIT_PER_MINUTE": "0", "TEST_GATE_CLOSED": "1"}
+    loading = AppServer(tmp_path, tiny_bundle, env, name="loading", gate=gate.path)
+    try:
+        ManagedProcess.start(loading)
+        wait_until(lambda: port_open(loading.port) or not loading.alive(), 60, "the server's port")
+        page.navigate(loading.base_url + "/")
+        status = page.wait_for("document.getElementById('status').textContent", 20, "the loading note")
+        assert status == "The model is still loading: the page gets ready by itself.", status
+        assert page.eval("document.getElementById('error').textContent + document.getElementById('cloneError').textContent") == ""
+        gate.set()
+        page.wait_for("tts.voicesLoaded && tts.info && clone.canManage !== null", 60, "the page once the model is ready")
+        assert page.eval("document.getElementById('status').textContent") == ""
+        assert "中文女" in saved_names(page)["select"]
+    finally:
+        gate.set()
+        page.navigate(app.base_url + "/")
+        page.wait_for("window.tts && window.tts.voicesLoaded && window.tts.info", 20, "the voice list and /info")
+        loading.stop()
+        loading.dump_log()

@@ -282,15 +282,15 @@ def test_tts_takes_a_one_off_prompt_as_multipart(client: TestClient, prompt_wav:
 def test_voice_details_need_a_key_and_the_public_list_shows_only_names(
     tiny_bundle: Path, tmp_path: Path, prompt_wav: bytes
 ) -> None:
-    """Transcripts are personal data: with keys on, a caller without one sees ids and names (public listing) and
-    no details; any valid key sees the details; `can_manage` tells the web page whether to offer save and delete."""
+    """Transcripts are personal data: with keys on, a caller without one sees ids, names and `usable` (public
+    listing) and no details; any valid key sees the details; `can_manage` tells the web page whether to offer save and delete."""
     settings = settings_for(tiny_bundle, tmp_path, api_keys=USER, admin_api_keys=ADMIN)
     user, admin = {"authorization": f"Bearer {USER}"}, {"authorization": f"Bearer {ADMIN}"}
     with TestClient(create_app(settings)) as keyed:
         assert create(keyed, "private", prompt_wav, "希望你以后能够做的比我还好呦。", **admin).status_code == 201
         anonymous = keyed.get("/v1/voices")
         assert anonymous.status_code == 200, anonymous.text
-        assert anonymous.json()["data"] == [{"id": "private", "name": "private"}]
+        assert anonymous.json()["data"] == [{"id": "private", "name": "private", "usable": True}]
         assert "希望" not in anonymous.text and anonymous.json()["can_manage"] is False
         assert error_of(keyed.get("/v1/voices/private"), 401)["code"] == "unauthorized"
         assert error_of(keyed.get("/v1/voices", headers={"authorization": "Bearer wrong-key-000"}), 401)

@@ -71,6 +71,41 @@ def test_long_text_without_terminators_is_capped(capped: TextFrontend) -> None:
     assert "".join(c for s in sentences for c in s.text if c in HAN) == "".join(c for c in text if c in HAN)
 
 
+# A Thai letter with stacked combining marks, from the Big List of Naughty Strings (issue 40: kept a server busy)
+NAUGHTY_THAI = "ด้้้้้็็็็็้้้้้็็็็็้้้้้้้้็็็็็้้้้้็็็็็้้้้้้้้็็็็็้้้้้็็็็็้้้้้้้้็็็็็้้้้้็็็็็"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        (NAUGHTY_THAI * 60)[:4096],  # "words" of dozens of combining marks, no blank, no punctuation
+        " ".join(["alpha", "beta", "gamma", "delta"] * 300),  # words without a single punctuation mark
+        HAN * 200,  # characters without one
+    ],
+    ids=["combining-marks", "words", "han"],
+)
+def test_text_without_punctuation_is_cut_into_bounded_sentences(capped: TextFrontend, text: str) -> None:
+    sentences = capped.sentences(text)
+    assert len(sentences) > 10
+    assert all(0 < len(s.ids) <= MAX_TOKENS for s in sentences)
+    spoken = "".join(s.text for s in sentences).replace(" ", "")
+    assert spoken.rstrip("。.") == text.replace(" ", "")  # nothing dropped or repeated (the split adds a full stop)
+
+
+@pytest.mark.parametrize("tags", ["<|en|>", "<|en|><|laughter|>"])
+def test_tagged_text_over_the_cap_is_cut_and_each_piece_keeps_its_tags(capped: TextFrontend, tags: str) -> None:
+    """Text with `<|...|>` tags skips normalization (the official bypass) but not the cap: an LLM reply tagged
+    `<|en|>` of a thousand words, or the naughty string behind a tag, becomes sentences within the cap, each told
+    its language."""
+    for body in (" ".join(["alpha", "beta", "gamma", "delta"] * 250), (NAUGHTY_THAI * 40)[:2000]):
+        sentences = capped.sentences(tags + body)
+        assert len(sentences) > 10
+        assert all(0 < len(s.ids) <= MAX_TOKENS and s.text.startswith(tags) for s in sentences)
+        assert "".join(s.text[len(tags) :] for s in sentences) == body
+    short = capped.sentences(tags + "Hello there, friend.")
+    assert [s.text for s in short] == [tags + "Hello there, friend."]  # within the cap: one piece, as before
+
+
 def _speakable_chars(text: str) -> str:
     return "".join(c for c in text if c in HAN or c in LETTERS)
 
@@ -109,8 +144,7 @@ def test_arbitrary_unicode_never_raises_nor_yields_empty_sentences(capped: TextF
     for s in sentences:
         assert s.ids and s.text.strip() and not is_only_punctuation(s.text.strip())
         assert s.ids == tuple(capped.encode(s.text))
-        if "<|" not in text:  # the bypass sends tagged text unsplit, as the official frontend does
-            assert len(s.ids) <= MAX_TOKENS
+        assert len(s.ids) <= MAX_TOKENS  # tagged text (the bypass) too: it is cut when over the cap
 
 
 def test_lru_cache_evicts_and_counts() -> None:

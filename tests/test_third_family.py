@@ -33,7 +33,8 @@ from service.layers.qwen2 import Qwen2Runner
 from service.layers.qwen_tokenizer import Qwen2Tokenizer
 from service.layers.vocoder import Vocoder, VocoderStream
 from service.settings import Settings
-from service.stores.voices import AnalysisCache, MemoryVoiceStore, PromptFeatures
+from service.stores.analysis_cache import AnalysisCache
+from service.stores.voices import MemoryVoiceStore, PromptFeatures
 from service.verify.checks import VerifyReport
 
 NAME, TOKENIZER = "toy-qwen-hift", "tokenizer.json"

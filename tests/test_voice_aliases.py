@@ -161,3 +161,30 @@ def test_aliases_are_listed_and_reserved(client: TestClient, ref_dir: Path) -> N
     audio = (ref_dir / "prompts" / "zh_16k.wav").read_bytes()
     taken = client.post("/v1/voices", data={"name": "Alloy"}, files={"audio": ("p.wav", audio, "audio/wav")})
     assert taken.status_code == 409 and taken.json()["error"]["param"] == "name", taken.text
+
+
+def test_an_openai_name_on_a_model_without_speakers_says_how_to_get_a_voice(
+    tiny_v2_bundle: Path, tmp_path: Path, ref_dir: Path
+) -> None:
+    """CosyVoice2 has no built-in speakers, so `alloy` has no default: the 400 says how to give it a voice (save one,
+    alias it) and where voices are listed, on each transport's field; once aliased to a saved voice it speaks."""
+    with TestClient(create_app(settings_for(tiny_v2_bundle, tmp_path / "voices"))) as c:
+        requests = (
+            ("/v1/audio/speech", {"json": {"model": "tts-1", "input": "Hi.", "voice": "alloy"}}, "voice"),
+            ("/tts", {"json": {"text": "Hi.", "speaker": "Alloy"}}, "speaker"),
+            ("/inference_sft", {"data": {"tts_text": "Hi.", "spk_id": "alloy"}}, "spk_id"),
+        )
+        for path, body, field in requests:
+            refused = c.post(path, **body)  # type: ignore[arg-type]
+            assert refused.status_code == 400 and refused.headers["content-type"] == "application/json", refused.text
+            error = refused.json()["error"]
+            assert error["code"] == "unknown_speaker" and error["param"] == field, error
+            message = error["message"]
+            assert "no built-in speakers" in message and "POST /v1/voices" in message, message
+            assert "TTS_VOICE_ALIASES=alloy=<saved voice>" in message and "GET /v1/audio/voices" in message, message
+        audio = (ref_dir / "prompts" / "zh_16k.wav").read_bytes()
+        assert c.post("/v1/voices", data={"name": "mine"}, files={"audio": ("p.wav", audio, "audio/wav")}).status_code == 201
+    aliased = settings_for(tiny_v2_bundle, tmp_path / "voices", voice_aliases="alloy=mine")
+    with TestClient(create_app(aliased)) as c:
+        body = {"model": "tts-1", "input": "你好。", "response_format": "pcm", "seed": 3, "stream": False}
+        assert pcm(c, "/v1/audio/speech", **body, voice="alloy") == pcm(c, "/v1/audio/speech", **body, voice="mine")

@@ -16,14 +16,8 @@ import redis
 from servers import RedisServer
 
 from service.errors import InvalidInputError, StorageFullError, StoreUnavailableError, TooManyVoicesError, VoiceExistsError
-from service.stores.voices import (
-    AnalysisCache,
-    DirectoryVoiceStore,
-    PromptFeatures,
-    RedisVoiceStore,
-    SavedVoice,
-    check_voice_name,
-)
+from service.stores.analysis_cache import AnalysisCache
+from service.stores.voices import DirectoryVoiceStore, PromptFeatures, RedisVoiceStore, SavedVoice, check_voice_name
 
 
 def voice(name: str, transcript: str = "") -> SavedVoice:

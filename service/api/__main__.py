@@ -1,7 +1,10 @@
-"""Entry point: `python -m service.api` reads Settings (TTS_* variables) and serves the app with uvicorn."""
+"""Entry point: `python -m service.api` reads Settings (TTS_* variables) and serves the app with uvicorn; the model
+loads in the background (liveness and readiness answer meanwhile)."""
 
 from __future__ import annotations
 
+import logging
+import os
 import socket
 import sys
 from typing import NoReturn
@@ -42,8 +45,17 @@ def main() -> None:
     except BundleError as e:
         _refuse("TTS_MODEL_DIR", e.message)
     log_config = configure_logging(settings.log_level)
-    if not serve(create_app(settings), settings, log_config):
+    app = create_app(settings, load_in_background=True, on_load_failure=exit_after_failed_load)
+    if not serve(app, settings, log_config):
         sys.exit(STARTUP_FAILURE)
+
+
+def exit_after_failed_load() -> NoReturn:
+    """The model could not be loaded (the log said why): end the process at once with status 1, so a supervisor
+    restarts it or reports it, rather than it staying up `loading` for ever. Until then the server answered only
+    liveness and 503 refusals and stored nothing, so there is nothing to drain."""
+    logging.shutdown()  # flush every log line first
+    os._exit(1)
 
 
 def _refuse(setting: str, problem: str) -> NoReturn:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
@@ -15,7 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from service.api.admission import AdmissionMiddleware, SlotMiddleware, synthesis_routes
 from service.api.bodylimit import BodyLimitMiddleware, MultipartTTSMiddleware
 from service.api.deps import AppState
-from service.api.docs import install_docs
+from service.api.docs import install_docs, install_openapi
 from service.api.drain import Drain, DrainMiddleware
 from service.api.errors import install_error_handlers
 from service.api.metrics import Metrics, RequestMetricsMiddleware
@@ -43,10 +43,20 @@ ROUTERS = (
 )
 
 
-def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None,
+    *,
+    engine_loader: EngineLoader | None = None,
+    load_in_background: bool = False,
+    on_load_failure: Callable[[], None] | None = None,
+) -> FastAPI:
     """Build one app instance. Nothing global: two apps in one process share no state or metrics.
 
     `engine_loader` builds the engine from the loaded bundle (None: its family's own; tests wrap the real one).
+    `load_in_background` (the server, `python -m service.api`): the lifespan starts the model load on a thread and
+    the app answers at once (/healthz 200; /readyz and synthesis 503 not_ready until the model is ready);
+    `on_load_failure` then runs if the load fails (the server stops). Without it the lifespan returns once the model
+    is loaded (tests: a TestClient's requests find it ready).
     """
     settings = settings or Settings()
     for name in unknown_env_vars(os.environ):
@@ -67,9 +77,12 @@ def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader 
             rpc.start()
             state.drain.on_begin(rpc.stop_accepting)  # gRPC refuses new calls when HTTP does (service.api.serving)
         try:
-            await anyio.to_thread.run_sync(state.runtime.load)
-            if rpc is not None:
-                rpc.ready()
+            ready = rpc.ready if rpc is not None else _nothing
+            if load_in_background:
+                state.runtime.start_loading(ready, on_load_failure or _nothing)
+            else:
+                await anyio.to_thread.run_sync(state.runtime.load)
+                ready()
             yield
         finally:
             state.drain.begin()  # begun at SIGTERM by DrainingServer; here for servers that do not
@@ -79,7 +92,7 @@ def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader 
 
     app = FastAPI(
         title="cosyvoice-lite",
-        summary="CosyVoice-300M-SFT text-to-speech on ONNX Runtime (CPU)",
+        summary=None,  # install_openapi: the served model's name
         version="0.1.0",
         lifespan=lifespan,
         docs_url=None,  # install_docs serves Swagger UI from local files
@@ -114,4 +127,9 @@ def create_app(settings: Settings | None = None, *, engine_loader: EngineLoader 
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static")
     install_docs(app)
+    install_openapi(app, lambda: state.model_id)
     return app
+
+
+def _nothing() -> None:
+    return None

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
@@ -52,3 +54,21 @@ def install_docs(app: FastAPI) -> None:
             swagger_favicon_url="docs/assets/favicon-32x32.png",
             swagger_ui_parameters={"validatorUrl": None},  # the default validator badge loads from an outside host
         )
+
+
+def install_openapi(app: FastAPI, model_name: Callable[[], str]) -> None:
+    """/openapi.json names the served model in its summary (`model_name()`: the manifest's model, "" while loading).
+    The schema is built once the model is known and kept; while the model loads it is built per request."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        name = model_name()
+        app.summary = f"{name or 'CosyVoice'} text-to-speech on ONNX Runtime (CPU)" + ("" if name else "; the model is loading")
+        schema = build()
+        if not name:
+            app.openapi_schema = None  # built again once the model is loaded
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -33,7 +33,7 @@ class TTSBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     text: str = Field(description="Text to speak (Chinese, English, Japanese, Cantonese, Korean).")
-    speaker: str | None = Field(None, description="Speaker name (GET /v1/audio/voices); default 中文女 (TTS_DEFAULT_SPEAKER).")
+    speaker: str | None = Field(None, description="Speaker or saved voice (GET /v1/audio/voices); default TTS_DEFAULT_SPEAKER.")
     format: str = Field("wav", description="Audio format.", json_schema_extra=_FORMAT_ENUM)
     speed: float = Field(1.0, ge=0.5, le=2.0, allow_inf_nan=False, description="Tempo factor.")
     stream: bool = Field(False, description="Chunked response that starts with the first audio chunk (streaming WAV header).")
@@ -98,7 +98,7 @@ class ModelFacts(BaseModel):
     """What the served bundle says about itself (its manifest); every model id is served by the same bundle."""
 
     random_weights: bool = Field(default=False, description="The weights are random: the audio is noise, not speech.")
-    test_model: bool = Field(default=False, description="A miniature model for tests and CI, not the real CosyVoice-300M-SFT.")
+    test_model: bool = Field(default=False, description="A miniature model for tests and CI, not a released checkpoint.")
     warning: str | None = Field(default=None, description="Set when either flag is true: what that means for a listener.")
 
 

@@ -44,8 +44,13 @@ class JobPieces:
         self.token_rate_hz = 0
 
     async def start(self) -> None:
-        """Wait for the first piece (raises the job's TTSError if it fails before producing audio)."""
-        self._first = await self._read()
+        """Wait for the first piece (raises the job's TTSError if it fails before producing audio). Leaving the wait
+        early (the caller cancelled: a WebSocket whose client left before the first audio) cancels the synthesis."""
+        try:
+            self._first = await self._read()
+        except BaseException:
+            self.job.cancel()
+            raise
 
     async def stream(self) -> AsyncGenerator[bytes, None]:
         """Yield every piece of audio; leaving early (disconnect, send error) cancels the synthesis."""

@@ -16,6 +16,7 @@ from service.engine.host import lower_thread_priority
 _MISSING = object()
 P = TypeVar("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -54,6 +55,20 @@ def _deliver(group: list[_Pooled], results: Iterable[Any]) -> None:
 
 def _never_step_aside() -> None:
     """step_aside of a gate without slots: nobody waits, so there is nobody to make room for."""
+
+
+class SynthesisCancelled(Exception):
+    """A request's cancel event was seen at a stop point of an acoustic call (before it, between two solver steps):
+    the call is abandoned there. Engines end the request's generator quietly (`until_cancelled`)."""
+
+
+def until_cancelled(chunks: Iterator[T]) -> Iterator[T]:
+    """`chunks` until one of them raises SynthesisCancelled: then the generator simply ends, as a cancelled request's
+    does."""
+    try:
+        yield from chunks
+    except SynthesisCancelled:
+        return
 
 
 class AcousticGate:
@@ -214,14 +229,19 @@ class Pacer:
     """Per-request deadline keeping at the AcousticGate: arrival time plus audio seconds delivered so far.
 
     Without a gate (`gate=None`) every call runs at once and pooled calls run alone; the Pacer still counts the
-    request's audio, which the chunk schedule reads.
+    request's audio, which the chunk schedule reads. With the request's `cancel` event, a call in `turn` stops at its
+    next stop point once the event is set (before it starts, between two solver steps: SynthesisCancelled), so a
+    client that goes away stops a long flow solve (a whole sentence's is one call) within one Euler step.
     """
 
-    def __init__(self, gate: AcousticGate | None, sample_rate: int, start: float | None = None) -> None:
+    def __init__(
+        self, gate: AcousticGate | None, sample_rate: int, start: float | None = None, cancel: threading.Event | None = None
+    ) -> None:
         self.gate = gate
         self.sample_rate = sample_rate
         self.start = time.monotonic() if start is None else start
         self.audio_s = 0.0
+        self.cancel = cancel
 
     @property
     def deadline(self) -> float:
@@ -232,13 +252,28 @@ class Pacer:
         """Run one acoustic call when the gate gives this request its turn; `first` (the call carries the request's
         first audio, as the chunk schedule decides) makes it urgent (and pauses the LLM unless `pauses_llm` is False).
 
-        The block gets the slot's `step_aside` (see AcousticGate.slot) to call between solver steps.
+        The block gets the slot's `step_aside` (see AcousticGate.slot) to call between solver steps; it raises
+        SynthesisCancelled there once the request is cancelled (and so does entering the turn).
         """
+        self.stop_point()
         if self.gate is None:
-            yield _never_step_aside
+            yield self._stopping(_never_step_aside)
             return
         with self.gate.slot(self.deadline, first=first, pauses_llm=pauses_llm) as step_aside:
-            yield step_aside
+            self.stop_point()  # cancelled while it waited for the slot
+            yield self._stopping(step_aside)
+
+    def stop_point(self) -> None:
+        """Raise SynthesisCancelled if the request has been cancelled."""
+        if self.cancel is not None and self.cancel.is_set():
+            raise SynthesisCancelled
+
+    def _stopping(self, step_aside: Callable[[], None]) -> Callable[[], None]:
+        def between_steps() -> None:
+            self.stop_point()
+            step_aside()
+
+        return between_steps
 
     def pooled(self, key: Hashable, payload: P, execute: Callable[[list[P]], Iterable[R]], *, max_group: int) -> R:
         """This request's first-audio call, run together with at most `max_group - 1` other requests' (AcousticGate.pooled)."""

@@ -37,6 +37,7 @@ class _Job:
     min_tokens: int | None
     max_tokens: int | None
     urgent_tokens: int = 0  # its first `urgent_tokens` tokens feed the request's first audio
+    cancel: threading.Event | None = None  # the request's: once set, it leaves the batch before the next step
     out: queue.SimpleQueue[list[int] | BaseException | None] = field(default_factory=queue.SimpleQueue)
     abandoned: threading.Event = field(default_factory=threading.Event)
     sent: int = 0
@@ -53,6 +54,11 @@ class _Job:
 
     def fail(self, error: BaseException) -> None:
         self.out.put(error)
+
+    def gone(self) -> bool:
+        """Its consumer dropped the stream, or the request was cancelled (its consumer may be busy elsewhere, in a
+        flow or vocoder call, and not see it before that call ends: no step is decoded for it meanwhile)."""
+        return self.abandoned.is_set() or (self.cancel is not None and self.cancel.is_set())
 
 
 @dataclass
@@ -172,8 +178,9 @@ class BatchScheduler:
     """Continuous batching: one thread runs the decode steps of all active requests as one `llm_step` call.
 
     A request joins after its prefill (run on the same thread, between steps) and leaves on EOS, its max
-    length, or when its consumer cancels or drops its TokenStream; the others keep their KV rows. It is
-    a TokenGenerator (what the Synthesizer needs from the LLM), safe to call from any number of threads.
+    length, when it is cancelled (its cancel event is read before every step) or when its consumer drops its
+    TokenStream; the others keep their KV rows. It is a TokenGenerator (what the Synthesizer needs from the LLM),
+    safe to call from any number of threads.
 
     `yield_to` (e.g. AcousticGate.first_audio_running) lets more urgent work have the cores: while it
     returns True the thread pauses between decode steps, unless a prefill is queued or a consumer is
@@ -243,7 +250,7 @@ class BatchScheduler:
         The scheduler thread owns `rng` until the stream ends. Raises ShuttingDownError after `close()`.
         `urgent_tokens`: how many first tokens feed the request's first audio (see `yield_to`).
         """
-        job = _Job(list(map(int, text_ids)), as_llm_prompt(prompt), rng, min_tokens, max_tokens, urgent_tokens)
+        job = _Job(list(map(int, text_ids)), as_llm_prompt(prompt), rng, min_tokens, max_tokens, urgent_tokens, cancel)
         with self._cond:
             if self._closed:
                 raise ShuttingDownError("the LLM scheduler is stopped")
@@ -317,7 +324,8 @@ class BatchScheduler:
             return [self._pending.popleft() for _ in range(count)]
 
     def _admit(self, job: _Job, batch: DecodeBatch) -> None:
-        if job.abandoned.is_set():
+        if job.gone():
+            job.out.put(_END)
             return
         try:
             request = self.runner.start(job.text_ids, job.prompt, job.rng, min_tokens=job.min_tokens, max_tokens=job.max_tokens)
@@ -336,11 +344,12 @@ class BatchScheduler:
                 self._jobs[request] = job
 
     def _drop_abandoned(self, batch: DecodeBatch) -> None:
-        for request in [r for r in batch.requests if self._jobs[r].abandoned.is_set()]:
+        for request in [r for r in batch.requests if self._jobs[r].gone()]:
             request.finish("cancelled")
             batch.remove(request)
             with self._cond:
-                del self._jobs[request]
+                job = self._jobs.pop(request)
+            job.out.put(_END)  # a consumer still reading ends with what it has
 
     def _step(self, batch: DecodeBatch) -> None:
         rows = list(batch.requests)

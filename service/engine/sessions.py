@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -14,8 +16,10 @@ from service.bundle import GROUP_CORE, GROUP_PROMPT, GraphEntry, ModelBundle
 from service.engine import native
 from service.engine.host import lower_thread_priority, release_free_memory
 from service.engine.options import PREPACKED_GRAPHS, RuntimeOptions, graph_stage
-from service.engine.runtimes import graph_runtime, open_openvino
+from service.engine.runtimes import GraphRuntime, graph_runtime, open_openvino
 from service.errors import BundleError
+
+log = logging.getLogger(__name__)
 
 _ORT_EXECUTION_MODES: dict[str, ort.ExecutionMode] = {
     "sequential": ort.ExecutionMode.ORT_SEQUENTIAL,
@@ -140,32 +144,47 @@ def open_sessions(
     wanted = tuple(names) if names is not None else tuple(bundle.manifest.graphs_in(GROUP_CORE))
     lazy = set(transient)
     sessions: dict[str, Any] = {}
+    opening = [name for name in wanted if name not in lazy]  # a transient graph opens per call, not now
     for name in wanted:
         if name not in bundle.manifest.graphs:
             raise BundleError(f"{bundle.root}: manifest has no graph '{name}'")
+        started = time.perf_counter()
         runtime = graph_runtime(bundle, name, opts)
-        if runtime.backend == "openvino":
-            sessions[name] = open_openvino(runtime, opts, name)
-            continue
-        so = make_session_options(opts, name)
-        ceiling = opts.native_kernels
-        if runtime.custom_ops is not None and ceiling != "off":
-            for key, value in native.session_config(ceiling).items():
-                so.add_session_config_entry(key, value)
-            so.register_custom_ops_library(str(runtime.custom_ops))
-        path = runtime.path
-        acoustic = graph_stage(name) == "acoustic"
-        if name in lazy:
-            sessions[name] = TransientSession(path, so)
-            continue
-        session = _open_in_thread(path, so, opts.acoustic_nice) if acoustic and opts.acoustic_nice > 0 else _open(path, so)
-        entry = bundle.manifest.graphs[name]
-        if entry.group == GROUP_PROMPT:
-            _check_io(path, session, entry)
-        shrink = acoustic and opts.shrink_acoustic_arenas and opts.enable_cpu_mem_arena
-        sessions[name] = ShrinkingSession(session) if shrink else session
+        sessions[name] = _open_runtime(bundle, name, runtime, opts, lazy=name in lazy)
+        if name in opening:
+            _log_opened(name, runtime, started, f" ({opening.index(name) + 1} of {len(opening)})")
     release_free_memory()
     return sessions
+
+
+def _open_runtime(bundle: ModelBundle, name: str, runtime: GraphRuntime, opts: RuntimeOptions, *, lazy: bool) -> Any:
+    """Graph `name` as `runtime` runs it: an OpenVINO model, a TransientSession (`lazy`), or an ORT session (our
+    kernels' library registered with its ceiling for a native twin; input/output names checked for a prompt model;
+    arenas shrunk after each call for the acoustic graphs)."""
+    if runtime.backend == "openvino":
+        return open_openvino(runtime, opts, name)
+    so = make_session_options(opts, name)
+    if runtime.custom_ops is not None and opts.native_kernels != "off":
+        for key, value in native.session_config(opts.native_kernels).items():
+            so.add_session_config_entry(key, value)
+        so.register_custom_ops_library(str(runtime.custom_ops))
+    path = runtime.path
+    if lazy:
+        return TransientSession(path, so)
+    acoustic = graph_stage(name) == "acoustic"
+    session = _open_in_thread(path, so, opts.acoustic_nice) if acoustic and opts.acoustic_nice > 0 else _open(path, so)
+    entry = bundle.manifest.graphs[name]
+    if entry.group == GROUP_PROMPT:
+        _check_io(path, session, entry)
+    shrink = acoustic and opts.shrink_acoustic_arenas and opts.enable_cpu_mem_arena
+    return ShrinkingSession(session) if shrink else session
+
+
+def _log_opened(name: str, runtime: GraphRuntime, started: float, count: str = "") -> None:
+    """One start-up progress line per graph: its name, where it runs and how long opening it took (a full-size
+    bundle's graphs take seconds each, so a start is never silent for long)."""
+    where = f"{runtime.backend} {runtime.precision}" + (", native kernels" if runtime.custom_ops is not None else "")
+    log.info("opened graph %s%s in %.2f s (%s, %s)", name, count, time.perf_counter() - started, where, runtime.path.name)
 
 
 def open_graph(path: Path, opts: RuntimeOptions | None = None, name: str | None = None) -> ort.InferenceSession:
@@ -173,4 +192,7 @@ def open_graph(path: Path, opts: RuntimeOptions | None = None, name: str | None 
 
     `name` picks the per-graph specialisation of `make_session_options`; raises BundleError on failure.
     """
-    return _open(Path(path), make_session_options(opts or RuntimeOptions(), name))
+    started = time.perf_counter()
+    session = _open(Path(path), make_session_options(opts or RuntimeOptions(), name))
+    _log_opened(name or Path(path).stem, GraphRuntime("ort", Path(path)), started)
+    return session

@@ -67,6 +67,8 @@ class SynthesisOptions:
     first_hop_tokens: tokens consumed by the first streaming chunk (must exceed token_overlap_len);
         None uses the engine's schedule (see service.engine.chunking).
     n_timesteps: Euler steps of the flow solver; None uses the manifest value.
+    max_speech_s, max_sentence_speech_s: seconds of speech (at speed 1) the request and each of its sentences may
+        make; None: only the official bound (20 speech tokens per text token). See speech_budget.SpeechBudget.
     """
 
     speed: float = 1.0
@@ -74,6 +76,8 @@ class SynthesisOptions:
     stream: bool = False
     first_hop_tokens: int | None = None
     n_timesteps: int | None = None
+    max_speech_s: float | None = None
+    max_sentence_speech_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from service.engine.types import AudioChunk, SynthesisOptions
 from service.errors import BundleError
 from service.frontend import TextFrontend
 from service.frontend.lexicon import LexiconStore
-from service.stores.voices import AnalysisCache, SavedVoice, VoiceStore
+from service.stores.analysis_cache import AnalysisCache
+from service.stores.voices import SavedVoice, VoiceStore
 from service.verify.checks import Check, VerifyReport
 
 

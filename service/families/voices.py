@@ -24,10 +24,10 @@ from service.errors import (
 from service.families.model import InstructVoice, ModelVoice, NamedVoice, PromptAudio, PromptVoice, VoiceReference
 from service.frontend import TextFrontend
 from service.layers.prompt import MAX_PROMPT_S
+from service.stores.analysis_cache import AnalysisCache
 from service.stores.voices import (
     MAX_NAME_CHARS,
     NAME_RULE,
-    AnalysisCache,
     PromptFeatures,
     SavedVoice,
     VoiceStore,
@@ -273,8 +273,8 @@ def unknown_voice(name: str, speakers: Sequence[str], *, saved: bool = True) -> 
     """The error for a voice name that is neither a built-in speaker nor (when `saved`) a saved voice."""
     if not speakers:
         return UnknownSpeakerError(
-            f"unknown voice {shown_name(name)}: the served model has no built-in speakers; name a saved voice (GET /v1/voices) "
-            "or send a prompt recording",
+            f"unknown voice {shown_name(name)}: the served model has no built-in speakers; save a voice first (POST /v1/voices "
+            "with a recording and a name) and name it, or send a prompt recording; GET /v1/voices lists the saved ones",
             param="voice",
         )
     known = ", ".join(speakers)

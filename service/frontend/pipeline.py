@@ -12,11 +12,12 @@ from service.frontend.markup import finish_blocks, strip_markdown
 from service.frontend.normalize import OfficialNormalizer
 from service.frontend.pauses import Segment, mark_pauses, split_pauses
 from service.frontend.rewrite import LexiconRewriter, Rewrite
-from service.frontend.split import cap_tokens, split_paragraph
+from service.frontend.split import MIN_CAP_TOKENS, cap_tokens, split_paragraph
 from service.frontend.steps import contains_chinese, is_only_punctuation
 from service.frontend.tokenizer import TextTokenizer
 
 _SURROGATES = re.compile(r"[\ud800-\udfff]")
+_LEADING_TAGS = re.compile(r"(?:<\|[^<>|]{0,32}\|>)+")  # `<|en|>` and the like at the start of a tagged text
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class Pipeline:
         """Normalize `text`; lone surrogates (which no encoder accepts) are removed first."""
         text = _SURROGATES.sub("", text)
         if not text or is_bypass(text):
-            return Normalized("bypass", text, (text,))
+            return Normalized("bypass", text, self._bypass_pieces(text))
         text = text.strip()
         if self._enhanced is None:
             return self._zh(text, lexicon) if contains_chinese(text) else self._en(text)
@@ -75,6 +76,19 @@ class Pipeline:
 
     def count_tokens(self, text: str) -> int:
         return len(self._tokenizer.encode(text))
+
+    def _bypass_pieces(self, text: str) -> tuple[str, ...]:
+        """Tagged text in one piece, as the official frontend sends it; over the cap it is cut like any over-long
+        sentence (commas, blanks, anywhere), each piece keeping the text's leading `<|tag|>`s (the language the LLM is
+        told), so no sentence exceeds the cap."""
+        if self._max_tokens is None or not text or self.count_tokens(text) <= self._max_tokens:
+            return (text,)
+        found = _LEADING_TAGS.match(text)
+        tags = found.group(0) if found else ""
+        room = self._max_tokens - self.count_tokens(tags)
+        if room < MIN_CAP_TOKENS:  # tags too long to repeat: cut the text as it is
+            tags, room = "", self._max_tokens
+        return tuple(tags + piece for piece in cap_tokens(text[len(tags) :], room, self.count_tokens))
 
     def _zh(self, text: str, lexicon: LexiconSnapshot | None) -> Normalized:
         rules: list[str] = []

@@ -117,7 +117,12 @@ class VocoderStream:
 
     Each non-final chunk re-vocodes the previous chunk's last `mel_cache_len` frames in front of its own and
     holds back as many frames of audio; the final chunk returns everything left. `speed` != 1 (final,
-    uncached call only, as the official) resizes the mel linearly.
+    uncached call only, as the official) resizes the mel linearly, to at least one frame.
+
+    The official code assumes every non-final piece has at least `mel_cache_len` frames (its caches and the
+    cross-fade are that long). A streamed tempo change breaks that: at speed 4 a 10-token first chunk is 5 mel
+    frames. So while nothing has been vocoded yet, a shorter non-final piece is held and vocoded with the next one
+    (no audio for it yet); at speed 1 every non-final chunk is long enough and nothing changes.
     """
 
     def __init__(self, vocoder: Vocoder, rng: np.random.Generator) -> None:
@@ -128,6 +133,7 @@ class VocoderStream:
         self.window = np.hamming(2 * self.keep_samples)
         self.rng = rng
         self.cache: VocoderCache | None = None
+        self._held: np.ndarray | None = None  # mel (80, < keep_frames) waiting for more before the first call
 
     def push(
         self, mel: np.ndarray, *, final: bool, speed: float = 1.0, source: np.ndarray | None = None, wide: bool = False
@@ -135,10 +141,15 @@ class VocoderStream:
         """Audio (N,) float32 for the next chunk's mel (80, T); `source` replays a recorded excitation (parity checks);
         `wide` decodes it on both cores (Vocoder.inference)."""
         cache = self.cache
+        if self._held is not None:
+            mel, self._held = np.concatenate([self._held, mel], axis=1), None
         if cache is not None:
             mel = np.concatenate([cache.mel, mel], axis=1)
+        elif not final and mel.shape[1] < self.keep_frames:
+            self._held = mel  # too short to fill the caches: vocoded with the next piece
+            return np.zeros(0, dtype=np.float32)
         elif final and speed != 1.0:
-            mel = interpolate_linear(mel, int(mel.shape[1] / speed))
+            mel = interpolate_linear(mel, max(1, int(mel.shape[1] / speed)))
         noise = None
         if source is None:
             noise = self.rng.standard_normal(self.vocoder.noise_shape(mel.shape[1]), dtype=np.float32)

@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -83,15 +83,24 @@ class TTSService:
         observer: SynthesisObserver | None = None,
         voices: VoiceResolver | None = None,
         aliases: Mapping[str, str] | None = None,
+        alias_names: Collection[str] = (),
         probe_voice: ModelVoice | None = None,
         default_voice: str | None = None,
+        max_speech_s: float | None = None,
+        max_sentence_speech_s: float | None = None,
     ) -> None:
+        """`max_speech_s`, `max_sentence_speech_s`: seconds of speech a request and each of its sentences may make
+        (SynthesisOptions; None: only the model's own bound)."""
         self.frontend = frontend
+        self.max_speech_s = max_speech_s
+        self.max_sentence_speech_s = max_sentence_speech_s
         self.default_voice = default_voice  # what requests that name no voice speak as (named in their errors)
         self.probe_voice = probe_voice  # the probes' voice when their speaker is not built in (the model's warm-up voice)
         self.engine = engine
         self.voices = voices  # None: the engine's built-in speakers only
         self.aliases = dict(aliases or {})  # lower-case name -> the speaker or saved voice it speaks as
+        # names that speak only through an alias (OpenAI's, lower-case): one without an alias here is told how to get one
+        self.alias_names = frozenset(alias_names)
         self.cache = cache
         self.bundle_sha256 = bundle_sha256
         self.concurrency = concurrency
@@ -193,12 +202,24 @@ class TTSService:
                 # the caller may have named no voice at all: say where the name came from
                 default = f"{e.message} ({wanted!r} is TTS_DEFAULT_SPEAKER, the voice of requests that name none)"
                 raise UnknownSpeakerError(default, param="voice") from e
+            if wanted is not None and target == wanted and wanted.lower() in self.alias_names:
+                raise UnknownSpeakerError(self._unaliased(wanted), param="voice") from e
             if target == wanted:
                 raise
             known = ", ".join(self.engine.speakers)
             message = (f"the voice {wanted!r} speaks as {target!r} (TTS_VOICE_ALIASES), which is neither a "
                        f"built-in speaker ({known}) nor a saved voice")  # fmt: skip
             raise UnknownSpeakerError(message, param="voice") from e
+
+    def _unaliased(self, name: str) -> str:
+        """Why OpenAI voice name `name` has no voice here (its default built-in speaker is not in this model, as on
+        CosyVoice2, which has none) and how to give it one."""
+        why = "the served model has no built-in speakers" if not self.engine.speakers else "its default speaker is not here"
+        return (
+            f"{name!r} is an OpenAI voice name with no voice behind it on this model ({why}): save a voice with "
+            f"POST /v1/voices (a recording and its name) and use that name, or set TTS_VOICE_ALIASES="
+            f"{name.lower()}=<saved voice> to make {name!r} speak as it; GET /v1/audio/voices lists the voices there are"
+        )
 
     def _builtin(self, reference: VoiceReference) -> ModelVoice:
         """Without the model's resolver (tests, benchmarks): built-in speakers by name only."""
@@ -215,7 +236,9 @@ class TTSService:
             if time.monotonic() - self._last_success < max_age_s:
                 return
             ids = [list(s.ids) for s in self.frontend.sentences(text) if s.ids]
-            options = self._options(SpeechRequest(text, NamedVoice(speaker)))
+            # the operator's warm-up text, not a client's: a babbling random test model must not fail readiness
+            options = dataclasses.replace(self._options(SpeechRequest(text, NamedVoice(speaker))), max_speech_s=None,
+                                          max_sentence_speech_s=None)  # fmt: skip
             voice = self._probe_voice(speaker)
             try:
                 chunks = list(self.engine.synthesize(ids, voice, options, threading.Event()))
@@ -257,7 +280,12 @@ class TTSService:
 
     def _options(self, request: SpeechRequest) -> SynthesisOptions:
         return SynthesisOptions(
-            speed=request.speed, seed=request.seed, stream=request.engine_stream, n_timesteps=self.n_timesteps
+            speed=request.speed,
+            seed=request.seed,
+            stream=request.engine_stream,
+            n_timesteps=self.n_timesteps,
+            max_speech_s=self.max_speech_s,
+            max_sentence_speech_s=self.max_sentence_speech_s,
         )
 
     def _admit(self, job: SpeechJob) -> None:

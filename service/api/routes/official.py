@@ -44,7 +44,7 @@ async def _pcm_response(request: Request, service: ServiceDep, state: StateDep, 
 @router.post("/inference_sft", operation_id="inference_sft_post", **_ROUTE)  # type: ignore[arg-type]
 async def inference_sft(
     tts_text: TtsText,
-    spk_id: Annotated[str, Form(description="Speaker name, e.g. 中文女.")],
+    spk_id: Annotated[str, Form(description="A built-in speaker or a saved voice (GET /v1/audio/voices).")],
     request: Request,
     service: ServiceDep,
     state: StateDep,
@@ -84,7 +84,7 @@ async def inference_cross_lingual(
 @router.post("/inference_instruct", operation_id="inference_instruct_post", **_ROUTE)  # type: ignore[arg-type]
 async def inference_instruct(
     tts_text: TtsText,
-    spk_id: Annotated[str, Form(description="Built-in speaker, e.g. 中文男.")],
+    spk_id: Annotated[str, Form(description="Built-in speaker (CosyVoice-300M-Instruct) or saved voice (CosyVoice2).")],
     instruct_text: Annotated[str, Form(description="How to speak, e.g. `A calm narrator.<|endofprompt|>`.")],
     request: Request,
     service: ServiceDep,

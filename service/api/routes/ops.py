@@ -28,10 +28,12 @@ async def healthz() -> Health:
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}}, summary="Readiness")
 async def readyz(state: StateDep) -> JSONResponse:
     """200 `ready` after a real (recent or fresh) inference; 200 `degraded` when the audio cache is down
-    (requests still work, uncached); 503 `not_ready` while loading, stopping, or when inference fails."""
+    (requests still work, uncached); 503 `not_ready` while loading, stopping, or when loading or inference fails."""
     service = state.service
     if service is None or state.closing:
-        return _readiness(503, "not_ready", "stopping" if state.closing else "loading", "-")
+        failed = state.runtime.load_error is not None and not state.closing
+        engine = "stopping" if state.closing else "failed" if failed else "loading"
+        return _readiness(503, "not_ready", engine, "-", "the model could not be loaded (see the log)" if failed else None)
     settings = state.settings
     try:
         await anyio.to_thread.run_sync(
@@ -80,7 +82,17 @@ async def info(state: StateDep, service: ServiceDep) -> ServiceInfo:
 
 @router.get("/", response_class=FileResponse, include_in_schema=False)
 async def index() -> FileResponse:
-    page = STATIC_DIR / "index.html"
-    if not await anyio.to_thread.run_sync(page.is_file):
-        raise NotFoundError("the web page is not installed")
-    return FileResponse(page, media_type="text/html; charset=utf-8")
+    return await _static("index.html", "text/html; charset=utf-8", "the web page")
+
+
+@router.get("/favicon.ico", response_class=FileResponse, include_in_schema=False)
+async def favicon() -> FileResponse:
+    """The page's icon (SVG; browsers ask for this name by default)."""
+    return await _static("favicon.svg", "image/svg+xml", "the icon")
+
+
+async def _static(name: str, media_type: str, what: str) -> FileResponse:
+    path = STATIC_DIR / name
+    if not await anyio.to_thread.run_sync(path.is_file):
+        raise NotFoundError(f"{what} is not installed")
+    return FileResponse(path, media_type=media_type)

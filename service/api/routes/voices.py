@@ -44,13 +44,13 @@ async def list_voices(request: Request, state: StateDep, voices: VoicesDep) -> d
     """Every saved voice with its details (transcript, length, kind; `usable` is false for a voice the served model's
     prompt models did not analyse, e.g. one a CosyVoice v1 server saved into a store shared with CosyVoice2, and
     `made_for` names the model it was saved for, empty for voices saved before that was recorded). With API
-    keys on, a request without a key (let through while TTS_PUBLIC_MODEL_LIST is on) gets ids and names only:
-    transcripts are personal data. `can_manage` says whether this caller may save and delete voices (an admin key, or
+    keys on, a request without a key (let through while TTS_PUBLIC_MODEL_LIST is on) gets ids, names and `usable`
+    only: transcripts are personal data. `can_manage` says whether this caller may save and delete voices (an admin key, or
     no keys configured)."""
     caller = caller_of(request)
     details = not state.keys.enabled or caller.key is not None  # a key that is sent was checked by LISTING
     found = await anyio.to_thread.run_sync(voices.store.list)
-    data = [v.info() | {"usable": voices.usable(v)} if details else {"id": v.name, "name": v.name} for v in found]
+    data = [(v.info() if details else {"id": v.name, "name": v.name}) | {"usable": voices.usable(v)} for v in found]
     return {"object": "list", "data": data, "max_voices": voices.max_voices, "can_manage": state.keys.is_admin(caller)}
 
 

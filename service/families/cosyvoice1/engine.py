@@ -12,12 +12,13 @@ from typing import Any
 import numpy as np
 
 from service.bundle import ModelBundle
-from service.engine.acoustic_gate import AcousticGate, Pacer
+from service.engine.acoustic_gate import AcousticGate, Pacer, until_cancelled
 from service.engine.chunking import RateMeter
 from service.engine.host import limit_malloc_arenas, release_free_memory
 from service.engine.options import RuntimeOptions
 from service.engine.scheduler import BatchScheduler
 from service.engine.sessions import open_sessions
+from service.engine.speech_budget import SpeechBudget
 from service.engine.types import AudioChunk, StageTimings, SynthesisOptions, TokenGenerator
 from service.errors import EmptyTextError, InvalidInputError, UnknownSpeakerError
 from service.families.cosyvoice1.flow import FlowRunner
@@ -159,9 +160,11 @@ class Synthesizer:
         if not texts or any(not s for s in texts):
             raise EmptyTextError("nothing to synthesize: no sentences, or an empty sentence")
         plan = self._plan(options)
+        budget = SpeechBudget(self.bundle.constants, options.max_speech_s, options.max_sentence_speech_s)
+        budget.check(texts)
         llm_rng, noise_rng = _request_rngs(options.seed)
         ctx = self._context(plan, GeneratorNoise(noise_rng), cancel)
-        return _trimmed(self._sentences(texts, resolved, plan, llm_rng, ctx))
+        return _trimmed(self._sentences(texts, resolved, plan, llm_rng, ctx, budget))
 
     def synthesize_tokens(
         self,
@@ -190,7 +193,7 @@ class Synthesizer:
 
     # ---- internals -----------------------------------------------------------------------------
     def _context(self, plan: _Plan, noise: NoiseSource, cancel: threading.Event | None) -> RequestContext:
-        pace = Pacer(self.gate, self.sample_rate)
+        pace = Pacer(self.gate, self.sample_rate, cancel=cancel)  # a cancel stops a flow solve between its steps
         window = self.prompt_window_frames
         return RequestContext(noise, pace, plan.schedule, plan.n_timesteps, plan.speed, cancel, self.meter, window)
 
@@ -230,15 +233,27 @@ class Synthesizer:
         return _Plan(options.stream, float(options.speed), schedule, options.n_timesteps)
 
     def _sentences(
-        self, texts: list[list[int]], voice: Voice, plan: _Plan, llm_rng: np.random.Generator, ctx: RequestContext
+        self,
+        texts: list[list[int]],
+        voice: Voice,
+        plan: _Plan,
+        llm_rng: np.random.Generator,
+        ctx: RequestContext,
+        budget: SpeechBudget,
     ) -> Iterator[AudioChunk]:
         for index, ids in enumerate(texts):
             if ctx.cancelled:
                 return
             # the first sentence's first chunk carries the request's first audio: its tokens are urgent
             urgent = plan.schedule.first_audio_tokens(0) if index == 0 and plan.stream else 0
-            tokens = self.llm.generate(ids, voice.llm, llm_rng, cancel=ctx.cancel, urgent_tokens=urgent)
-            yield from self._chunks(tokens, voice.flow, index, index == len(texts) - 1, plan, ctx)
+            most = budget.limit(len(ids))
+            tokens = self.llm.generate(ids, voice.llm, llm_rng, max_tokens=most, cancel=ctx.cancel, urgent_tokens=urgent)
+            made = 0
+            for chunk in self._chunks(tokens, voice.flow, index, index == len(texts) - 1, plan, ctx):
+                made += chunk.speech_tokens
+                yield chunk
+            if not ctx.cancelled:
+                budget.spent(made, len(ids))  # TextTooLongError when a cap, not the model, ended the sentence
 
     def _chunks(
         self, tokens: Iterable[int], prompt: FlowPrompt, index: int, last_sentence: bool, plan: _Plan, ctx: RequestContext
@@ -257,13 +272,13 @@ class Synthesizer:
 
 
 def _trimmed(chunks: Iterator[AudioChunk]) -> Iterator[AudioChunk]:
-    """The chunks; once the request ends (done, failed, cancelled or dropped), freed heap goes back to the OS.
+    """The chunks until the request ends (done, failed, cancelled or dropped); then freed heap goes back to the OS.
 
     Without it glibc keeps the pages of each request's freed activations and the resident size creeps
     up by 20-40 MB per request; the trim costs ~5 ms, after the last chunk has been handed over.
     """
     try:
-        yield from chunks
+        yield from until_cancelled(chunks)
     finally:
         release_free_memory()
 

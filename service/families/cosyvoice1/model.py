@@ -18,7 +18,8 @@ from service.families.loaded import LoadedModel, VoiceEngine
 from service.families.model import ModelContext, ModelVoice
 from service.frontend import TextFrontend
 from service.layers.prompt import MelVariant
-from service.stores.voices import AnalysisCache, MemoryVoiceStore
+from service.stores.analysis_cache import AnalysisCache
+from service.stores.voices import MemoryVoiceStore
 
 
 def load_synthesizer(bundle: ModelBundle, runtime: RuntimeOptions) -> Synthesizer:

@@ -13,7 +13,8 @@ from service.families.model import ModelVoice
 from service.families.voices import PromptVoices
 from service.frontend import TextFrontend
 from service.layers.prompt import MelVariant, PromptAnalyzer
-from service.stores.voices import AnalysisCache, PromptFeatures, VoiceStore
+from service.stores.analysis_cache import AnalysisCache
+from service.stores.voices import PromptFeatures, VoiceStore
 
 
 class Voices(PromptVoices[Voice]):

@@ -21,13 +21,13 @@ import numpy as np
 
 from service.bundle import ModelBundle
 from service.engine import native
-from service.engine.acoustic_gate import AcousticGate, Pacer
+from service.engine.acoustic_gate import AcousticGate, Pacer, until_cancelled
 from service.engine.chunking import Hop, Progress, first_audio
 from service.engine.host import limit_malloc_arenas
-from service.engine.llm import max_speech_tokens
 from service.engine.memory import StateBudget
 from service.engine.options import RuntimeOptions
 from service.engine.scheduler import BatchScheduler
+from service.engine.speech_budget import SpeechBudget
 from service.engine.types import AudioChunk, StageTimings, SynthesisOptions, TokenGenerator
 from service.errors import EmptyTextError, InvalidInputError
 from service.families.cosyvoice2.assembly import (
@@ -159,9 +159,11 @@ class CosyVoice2Engine:
         if not texts or any(not s for s in texts):
             raise EmptyTextError("nothing to synthesize: no sentences, or an empty sentence")
         self._check(voice, options)
-        llm_rng, noise_rng = np.random.default_rng(options.seed).spawn(2)
-        pace = Pacer(self.gate, self.sample_rate)
-        return self._sentences(texts, voice, options, llm_rng, noise_rng, cancel, pace)
+        budget = SpeechBudget(self.constants, options.max_speech_s, options.max_sentence_speech_s)
+        budget.check(texts)
+        rngs = np.random.default_rng(options.seed).spawn(2)
+        pace = Pacer(self.gate, self.sample_rate, cancel=cancel)  # a cancel stops a flow solve between its steps
+        return until_cancelled(self._sentences(texts, voice, options, rngs, budget, cancel, pace))
 
     def synthesize_tokens(
         self,
@@ -222,30 +224,34 @@ class CosyVoice2Engine:
         texts: list[list[int]],
         voice: Voice2,
         options: SynthesisOptions,
-        llm_rng: np.random.Generator,
-        noise_rng: np.random.Generator,
+        rngs: list[np.random.Generator],
+        budget: SpeechBudget,
         cancel: threading.Event | None,
         pace: Pacer,
     ) -> Iterator[AudioChunk]:
+        llm_rng, noise_rng = rngs
         for index, ids in enumerate(texts):
             if cancel is not None and cancel.is_set():
                 return
             clock = time.perf_counter()
             flow_prompt = self.flow_prompt(voice.flow, options)
             urgent = self.schedule_for(options).first_audio_tokens(len(flow_prompt.tokens))
-            tokens = self.llm.generate(ids, voice.llm, llm_rng, cancel=cancel, urgent_tokens=urgent)
+            most = budget.limit(len(ids))  # the official bound, or less under the request's caps
+            tokens = self.llm.generate(ids, voice.llm, llm_rng, max_tokens=most, cancel=cancel, urgent_tokens=urgent)
             exact = self.official_final_chunk
-            most = max_speech_tokens(len(ids), self.constants)  # the LLM's own limit for this sentence
             pieces = self._sentence(iter(tokens), voice.flow, options, noise_rng, pace, voice.fingerprint, exact, most, cancel)
+            made = 0
             for audio, (last, flow_s, hift_s, tokens_in) in pieces:
                 llm_s = max(0.0, time.perf_counter() - clock - flow_s - hift_s)
                 timings = StageTimings(llm_s=llm_s, flow_s=flow_s, hift_s=hift_s)
                 final = last and index == len(texts) - 1
                 rate = self.sample_rate
+                made += tokens_in
                 yield AudioChunk(audio, index, final, timings, sentence_end=last, sample_rate=rate, speech_tokens=tokens_in)
                 clock = time.perf_counter()
                 if cancel is not None and cancel.is_set():
                     return
+            budget.spent(made, len(ids))  # TextTooLongError when a cap, not the model, ended the sentence
 
     def mel_chunks(
         self,

@@ -17,7 +17,8 @@ from service.families.loaded import LoadedModel, VoiceEngine
 from service.families.model import ModelContext, ModelVoice
 from service.frontend import TextFrontend
 from service.layers.qwen_tokenizer import Qwen2Tokenizer
-from service.stores.voices import AnalysisCache, MemoryVoiceStore
+from service.stores.analysis_cache import AnalysisCache
+from service.stores.voices import MemoryVoiceStore
 
 
 def load_engine(bundle: ModelBundle, runtime: RuntimeOptions) -> CosyVoice2Engine:

@@ -13,7 +13,8 @@ from service.families.model import ModelVoice
 from service.families.voices import PromptVoices
 from service.frontend import TextFrontend
 from service.layers.prompt24k import PromptAnalyzer2
-from service.stores.voices import AnalysisCache, PromptFeatures, VoiceStore
+from service.stores.analysis_cache import AnalysisCache
+from service.stores.voices import PromptFeatures, VoiceStore
 
 ANALYSIS_VARIANT = "cosyvoice2"  # what a saved CosyVoice2 voice holds: 25 Hz tokens, (2 x tokens, 80) mel at 24 kHz
 END_OF_PROMPT = "<|endofprompt|>"  # ends an instruction (the model was trained with it; official callers add it)
