@@ -166,16 +166,11 @@ def part_cloning(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
 
 
 LISTEN_COMPARE = (  # (label, server settings): what each lever of the speed issue changes, against the defaults above
-    ("ONNX Runtime for the flow and HiFT (TTS_ACOUSTIC_BACKEND=ort)", ("TTS_ACOUSTIC_BACKEND=ort",)),
-    ("the whole prompt in every chunk (TTS_PROMPT_WINDOW_S=all)", ("TTS_PROMPT_WINDOW_S=all",)),
+    ("ONNX Runtime for the flow and HiFT (acoustic_backend=ort)", ("TTS_ENGINE_PROFILE=acoustic_backend=ort",)),
+    ("the whole prompt in every chunk (prompt_window_s=all)", ("TTS_ENGINE_PROFILE=prompt_window_s=all",)),
     (
         "the schedule before this issue: ORT, whole prompt, first hop 21 then 100",
-        (
-            "TTS_ACOUSTIC_BACKEND=ort",
-            "TTS_PROMPT_WINDOW_S=all",
-            "TTS_STREAM_SCHEDULE=official",
-            "TTS_FIRST_HOP_TOKENS=21",
-        ),
+        ("TTS_ENGINE_PROFILE=acoustic_backend=ort,prompt_window_s=all,stream_schedule=official,first_hop_tokens=21",),
     ),
 )
 
@@ -194,16 +189,17 @@ V2_PARTS = ("listen2",)
 # on 3 until session 14 (whose 10 s recording's three TTCAs were 1.51, 1.52 and 1.94 s); the lever rows keep 3.
 ONE_CLIENT_REQUESTS = 7
 LISTEN2_COMPARE = (  # (label, server settings): each CosyVoice2 lever switched back to the official computation
-    ("official schedule: first hop 25 + pad, then 50, 100 (TTS_STREAM_SCHEDULE=official)", ("TTS_STREAM_SCHEDULE=official",)),
-    ("the whole prompt in the flow (TTS_PROMPT_WINDOW_S=all)", ("TTS_PROMPT_WINDOW_S=all",)),
-    ("two-thread acoustic calls, no CFG lanes (TTS_ACOUSTIC_THREADS=2)", ("TTS_ACOUSTIC_THREADS=2",)),
-    ("ONNX Runtime for HiFT (TTS_ACOUSTIC_BACKEND=ort)", ("TTS_ACOUSTIC_BACKEND=ort",)),
-    ("ONNX Runtime's graphs, not our kernels (TTS_NATIVE_KERNELS=off)", ("TTS_NATIVE_KERNELS=off",)),
-    ("our kernels without AMX tiles (TTS_NATIVE_KERNELS=no-amx; the default without AMX)", ("TTS_NATIVE_KERNELS=no-amx",)),
-    ("decode steps never pause for the flow (TTS_DECODE_LEAD_TOKENS=0)", ("TTS_DECODE_LEAD_TOKENS=0",)),
-    ("the engine before this work: all three engine levers off", (
-        "TTS_STREAM_SCHEDULE=official", "TTS_PROMPT_WINDOW_S=all", "TTS_ACOUSTIC_THREADS=2",
-    )),
+    ("official schedule: first hop 25 + pad, then 50, 100", ("TTS_ENGINE_PROFILE=stream_schedule=official",)),
+    ("the whole prompt in the flow (prompt_window_s=all)", ("TTS_ENGINE_PROFILE=prompt_window_s=all",)),
+    ("two-thread acoustic calls, no CFG lanes (acoustic_threads=2)", ("TTS_ENGINE_PROFILE=acoustic_threads=2",)),
+    ("ONNX Runtime for HiFT (acoustic_backend=ort)", ("TTS_ENGINE_PROFILE=acoustic_backend=ort",)),
+    ("ONNX Runtime's graphs, not our kernels (native_kernels=off)", ("TTS_ENGINE_PROFILE=native_kernels=off",)),
+    ("our kernels without AMX tiles (the default without AMX)", ("TTS_ENGINE_PROFILE=native_kernels=no-amx",)),
+    ("decode steps never pause for the flow (decode_lead_tokens=0)", ("TTS_ENGINE_PROFILE=decode_lead_tokens=0",)),
+    (
+        "the engine before this work: all three engine levers off",
+        ("TTS_ENGINE_PROFILE=stream_schedule=official,prompt_window_s=all,acoustic_threads=2",),
+    ),
 )  # fmt: skip
 
 

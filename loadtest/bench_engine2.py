@@ -207,10 +207,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--acoustic-threads", type=int)
     p.add_argument("--max-batch", type=int, default=defaults["max_batch"].default)
     p.add_argument("--acoustic-slots", type=int, default=defaults["acoustic_slots"].default)
-    p.add_argument("--acoustic-nice", type=int, default=defaults["acoustic_nice"].default, help="TTS_ACOUSTIC_NICE")
+    p.add_argument("--acoustic-nice", type=int, default=defaults["acoustic_nice"].default, help="the engine lever acoustic_nice")
     p.add_argument("--no-first-audio-priority", action="store_true")
-    p.add_argument("--decode-lead", type=int, default=None, help="as TTS_DECODE_LEAD_TOKENS (default: the schedule's)")
-    p.add_argument("--n-timesteps", type=int, help="the flow's Euler steps (the bundle's 10 when omitted; TTS_N_TIMESTEPS)")
+    p.add_argument(
+        "--decode-lead", type=int, default=None, help="as the engine lever decode_lead_tokens (default: the schedule's)"
+    )
+    p.add_argument(
+        "--n-timesteps", type=int, help="the flow's Euler steps (the bundle's 10 when omitted; the engine lever n_timesteps)"
+    )
     p.add_argument("--no-cfg-lanes", action="store_true", help="never split the estimator's guidance rows")
     p.add_argument("--no-wide-vocoder", action="store_true", help="every vocoder call on one thread (no wide HiFT session)")
     p.add_argument("--first-hop", type=int, help="first streamed hop in tokens (the schedule's own when omitted)")

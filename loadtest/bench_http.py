@@ -82,7 +82,7 @@ def server_env(n_timesteps: int | None, extra: dict[str, str]) -> dict[str, str]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TTS_")}
     env |= {"TTS_RATE_LIMIT_PER_MINUTE": "0", "TTS_LOG_LEVEL": "warning", "TTS_GRPC_PORT": "0"}  # gRPC unused here
     if n_timesteps:
-        env["TTS_N_TIMESTEPS"] = str(n_timesteps)
+        env["TTS_ENGINE_PROFILE"] = f"n_timesteps={n_timesteps}"
     return env | extra
 
 

@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
     "service.errors": 0,
     "service.bundle": 1,
     "service.settings": 1,
+    "service.levers": 1,  # the engine profile, read by the settings
     "service.requestids": 1,
     "service.audio": 2,
     "service.frontend": 2,

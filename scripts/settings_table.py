@@ -1,4 +1,5 @@
-"""Print the README settings table (markdown) from the Settings model: variable, type, default, bounds, meaning."""
+"""Print the settings tables (markdown) from the models: the README's operator settings (Settings) and the engine
+profile's levers (EngineProfile, docs/engine-profile.md): name, type, default, bounds, meaning."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
+from service.levers import EngineProfile
 from service.settings import ENV_PREFIX, Settings
 
 
@@ -48,30 +50,35 @@ def _bounds(info: FieldInfo) -> str:
     return ", ".join(parts)
 
 
-def settings_table() -> str:
-    """Markdown table of every setting."""
-    rows = ["| variable | type | default | bounds | meaning |", "|---|---|---|---|---|"]
-    for name, info in Settings.model_fields.items():
+def settings_table(model: type[BaseModel] = Settings) -> str:
+    """Markdown table of every field of `model`: `TTS_*` variables for Settings, lever names for EngineProfile."""
+    head = "variable" if model is Settings else "lever"
+    rows = [f"| {head} | type | default | bounds | meaning |", "|---|---|---|---|---|"]
+    for name, info in model.model_fields.items():
         meaning = (info.description or "").replace("|", "\\|")
-        rows.append(
-            f"| `{ENV_PREFIX}{name.upper()}` | {_type_name(info.annotation)} | {_default(info)} | {_bounds(info)} | {meaning} |"
-        )
+        shown = f"{ENV_PREFIX}{name.upper()}" if model is Settings else name
+        rows.append(f"| `{shown}` | {_type_name(info.annotation)} | {_default(info)} | {_bounds(info)} | {meaning} |")
     return "\n".join(rows)
 
 
 START, END = "<!-- settings-table:start -->", "<!-- settings-table:end -->"
 
 
-def with_table(readme: str) -> str:
-    """README text with the generated table placed between the settings-table markers."""
-    head, rest = readme.split(START, 1)
+def with_table(text: str, model: type[BaseModel] = Settings) -> str:
+    """The page's text with the generated table of `model` placed between the settings-table markers."""
+    head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{settings_table()}\n{END}{tail}"
+    return f"{head}{START}\n{settings_table(model)}\n{END}{tail}"
+
+
+PAGES: dict[str, type[BaseModel]] = {"README.md": Settings, "docs/engine-profile.md": EngineProfile}
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--write"]:
-        path = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("README.md")
-        path.write_text(with_table(path.read_text(encoding="utf-8")), encoding="utf-8")
+        pages = sys.argv[2:] or list(PAGES)
+        for page in pages:
+            path = Path(page)
+            path.write_text(with_table(path.read_text(encoding="utf-8"), PAGES[path.as_posix()]), encoding="utf-8")
     else:
         print(settings_table())

@@ -177,7 +177,8 @@ class StorageFullError(TTSError):
 
 class SettingError(InvalidInputError):
     """A setting the loaded model's family cannot honour, found at start (never by a request): `param` names the
-    setting's field (RuntimeOptions / Settings, e.g. "first_hop_tokens"); the entry point says TTS_FIRST_HOP_TOKENS."""
+    setting's field (RuntimeOptions / Settings, e.g. "first_hop_tokens"); the entry point names the variable or the
+    engine lever."""
 
 
 class BundleError(TTSError):

@@ -3,6 +3,7 @@ the HTTP app, the gRPC server and the CLI."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import threading
@@ -12,7 +13,7 @@ from typing import TypeVar
 from service.access import ApiKeys, ClientIdentity, Gate
 from service.bundle import ModelBundle
 from service.engine.memory import StateBudget
-from service.engine.options import RuntimeOptions
+from service.engine.options import EngineLevers, RuntimeOptions, SessionOptions
 from service.engine.runtimes import native_kernels_note
 from service.errors import BundleError, NotReadyError, SettingError, ShuttingDownError, TTSError
 from service.families.model import EngineLoader, Model, ModelContext, VoiceLibrary
@@ -32,26 +33,20 @@ T = TypeVar("T")
 
 
 def runtime_options(s: Settings) -> RuntimeOptions:
-    """The engine's ONNX Runtime and stage-scheduling options from the settings."""
-    return RuntimeOptions(
+    """The engine's ONNX Runtime options (operator settings) and levers (the engine profile) from the settings."""
+    e = s.engine_profile
+    sessions = SessionOptions(
         intra_op_threads=s.intra_op_threads,
-        inter_op_threads=s.inter_op_threads,
-        llm_threads=s.llm_threads,
-        acoustic_threads=s.acoustic_threads,
-        allow_spinning=s.ort_spinning,
-        max_batch=s.max_batch,
-        acoustic_slots=s.acoustic_slots,
-        acoustic_nice=s.acoustic_nice,
-        first_audio_priority=s.first_audio_priority,
-        decode_lead_tokens=s.decode_lead_tokens,
-        stream_schedule=s.stream_schedule,
-        first_hop_tokens=s.first_hop_tokens,
-        prompt_window_s=s.prompt_window_s,
-        flow_cache_mb=s.flow_cache_mb,
-        acoustic_backend=s.acoustic_backend,
-        native_kernels=s.native_kernels,
+        inter_op_threads=e.inter_op_threads,
+        llm_threads=e.llm_threads,
+        acoustic_threads=e.acoustic_threads,
+        allow_spinning=e.ort_spinning,
         compiled_cache_dir=s.cache_dir.expanduser() if s.cache_dir is not None else None,
     )
+    levers = EngineLevers(
+        **{f.name: getattr(e, f.name) for f in dataclasses.fields(EngineLevers)},
+    )
+    return RuntimeOptions.of(sessions, levers)
 
 
 def check_settings(settings: Settings) -> None:
@@ -189,7 +184,7 @@ class Runtime:
             concurrency=s.concurrent_requests,
             queue_max=s.queue_max,
             retry_after_s=s.retry_after_s,
-            n_timesteps=s.n_timesteps,
+            n_timesteps=s.engine_profile.n_timesteps,
             observer=self.observer,
             probe_voice=None if s.default_speaker in model.speakers else model.warmup_voice(),
             default_voice=s.default_speaker,
@@ -224,7 +219,7 @@ class Runtime:
             lexicon_store=self.lexicon_store,
             voice_store=store,
             analysis_cache=AnalysisCache(self.redis_url, ttl_s=s.cache_ttl_s),
-            mel_variant=s.prompt_mel_variant,
+            mel_variant=s.engine_profile.prompt_mel_variant,
             max_voices=s.max_voices,
             reserved_voice_names=self.reserved_voice_names,
             engine_loader=self.engine_loader,

@@ -7,8 +7,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from service.levers import LEVERS, EngineProfile, parse_profile
 
 ENV_PREFIX = "TTS_"
 MiB = 1 << 20
@@ -82,100 +84,21 @@ class Settings(BaseSettings):
     )
 
     # model and engine
+    engine_profile: Annotated[EngineProfile, NoDecode] = Field(
+        default_factory=EngineProfile,
+        description="The engine's levers (threads per stage, batching, chunk schedule, prompt window, cache budget, "
+        "runtimes and kernels, flow steps): `lever=value` pairs, e.g. `first_hop_tokens=10,stream_schedule=official`, "
+        "or `@/path/profile.toml`; empty = the defaults. docs/engine-profile.md lists every lever.",
+    )
     model_dir: Path = Field(default=Path("models/tiny"), description="Model bundle directory (manifest.json, graphs, speakers).")
     verify_bundle_hashes: bool = Field(default=False, description="Check every bundle file's sha256 at start (slower start).")
     intra_op_threads: int = Field(
         default=2,
         ge=1,
         le=64,
-        description="CPU threads of each ONNX Runtime session (set it to the cores you give the process); with "
-        "TTS_MAX_BATCH = 0 every concurrent request runs its own sessions: keep TTS_CONCURRENT_REQUESTS x this <= cores.",
-    )
-    inter_op_threads: int = Field(default=1, ge=1, le=64, description="ONNX Runtime inter-op threads per session.")
-    llm_threads: int | None = Field(
-        default=None, ge=1, le=64, description="Intra-op threads of the LLM sessions; empty = TTS_INTRA_OP_THREADS."
-    )
-    acoustic_threads: int | None = Field(
-        default=None,
-        ge=1,
-        le=64,
-        description="Intra-op threads of the flow/HiFT sessions; empty = TTS_INTRA_OP_THREADS (CosyVoice2: "
-        "one-thread calls, a lone estimator call splits its two guidance rows over two threads and the vocoder calls "
-        "the chunk schedule picks run on a two-thread HiFT session; 2 = off).",
-    )
-    max_batch: int = Field(
-        default=16,
-        ge=0,
-        le=256,
-        description="Rows the LLM scheduler thread decodes together (continuous batching); 0 = each request decodes alone.",
-    )
-    acoustic_slots: int = Field(
-        default=1, ge=0, le=64, description="Flow/HiFT calls allowed at once (earliest deadline first); 0 = unlimited."
-    )
-    acoustic_nice: int = Field(
-        default=0, ge=0, le=19, description="OS niceness of flow/HiFT threads so LLM steps never wait behind them; 0 = off."
-    )
-    first_audio_priority: bool = Field(
-        default=True,
-        description="Pause LLM decoding while a request's first chunk is vocoded, unless a request waits for tokens.",
-    )
-    decode_lead_tokens: int | None = Field(
-        default=None,
-        ge=0,
-        le=1000,
-        description="CosyVoice2: while a flow call that takes both cores runs, pause LLM decoding once every stream has "
-        "this many tokens decoded ahead of its flow (one-core vocoder and small-chunk calls never pause it); empty = the "
-        "schedule's (adaptive: 1, official: its largest hop, 100), 0 = never.",
-    )
-    acoustic_backend: Literal["auto", "ort", "openvino"] = Field(
-        default="auto",
-        description="Runtime of the flow estimator and HiFT: 'auto' = OpenVINO in bf16 where the CPU computes bf16 "
-        "natively (AVX-512 BF16 or AMX), else ONNX Runtime; 'ort'; 'openvino' (bf16 where native, else f32).",
-    )
-    native_kernels: Literal["auto", "no-amx", "portable", "off"] = Field(
-        default="auto",
-        description="Our own kernels (built by `make native`): 'auto' runs a quantized bundle's native twins where the "
-        "CPU has what their kernels need: the CosyVoice2 flow estimator's attention in bf16 (AVX-512 BF16) and int8 "
-        "products, the LLM decode step's int8 products (AVX-512 VNNI), AMX tiles where present; else ONNX Runtime's "
-        "graphs run; 'no-amx' the same without AMX tiles; 'portable' runs the twins with the kernels' portable C on "
-        "any CPU (comparisons, tests); 'off' always runs ONNX Runtime's graphs.",
-    )
-    stream_schedule: Literal["adaptive", "official"] = Field(
-        default="adaptive",
-        description="How streamed sentences are cut into chunks: 'adaptive' (a small first chunk, then each chunk "
-        "large enough to cover making the next, from the measured rates; CosyVoice2: a 10-token first chunk, then "
-        "one 25-token attention chunk per hop) or 'official' (v1: every hop 100 tokens; CosyVoice2: 25 + pad, 50, 100).",
-    )
-    first_hop_tokens: int | None = Field(
-        default=None,
-        ge=1,
-        le=400,
-        description="Speech tokens the first streamed chunk consumes; empty = the schedule's own (v1: 21 adaptive, "
-        "100 official; CosyVoice2: 10 adaptive, 25 + pad official). The family's minimum is checked at start: v1 "
-        "needs more than its 20-token overlap (>= 21), CosyVoice2 any value >= 1 (the official schedule pads it).",
-    )
-    prompt_window_s: float | None = Field(
-        default=1.0,
-        ge=0.0,
-        le=60.0,
-        description="Seconds of a cloned voice's recording (the last ones, with their speech tokens) the flow sees "
-        "with each streamed chunk, in both families; 'all' = the whole recording (the official computation). "
-        "Non-streamed sentences always see all of it.",
-    )
-    flow_cache_mb: int | None = Field(
-        default=None,
-        ge=0,
-        le=1 << 20,
-        description="Megabytes that streamed sentences' flow caches may hold at once (CosyVoice2: every frame's keys "
-        "and values, 2.3 MB per mel frame at full size, ~0.7 GB for a 5 s sentence); a sentence that would go over "
-        "waits until others end (the oldest always goes on). Empty = auto: half of what the memory limit (the "
-        "container's, else the machine's RAM) leaves after the model is loaded; 0 = no bound.",
-    )
-    ort_spinning: bool = Field(
-        default=False, description="Let idle ONNX Runtime threads spin (only worth it when one graph owns the cores)."
-    )
-    n_timesteps: int | None = Field(
-        default=None, ge=1, le=50, description="Flow-matching Euler steps; empty = the bundle's value."
+        description="CPU threads of each ONNX Runtime session (set it to the cores you give the process); with the "
+        "engine lever max_batch = 0 every concurrent request runs its own sessions: keep TTS_CONCURRENT_REQUESTS x this "
+        "<= cores.",
     )
     default_speaker: str = Field(
         default="中文女",
@@ -204,9 +127,9 @@ class Settings(BaseSettings):
         ge=1,
         le=256,
         validation_alias=AliasChoices("TTS_CONCURRENT_REQUESTS", "TTS_WORKERS"),
-        description="Requests synthesized at the same time (one thread each). With TTS_MAX_BATCH > 0 (the default) "
+        description="Requests synthesized at the same time (one thread each). With the engine lever max_batch > 0 (the default) "
         "their LLM steps are batched on one scheduler thread and their flow/HiFT calls take turns at "
-        "TTS_ACOUSTIC_SLOTS, so this is not a thread budget: CPU threads are set by TTS_INTRA_OP_THREADS. "
+        "the engine lever acoustic_slots, so this is not a thread budget: CPU threads are set by TTS_INTRA_OP_THREADS. "
         "TTS_WORKERS is the old name and still read.",
     )
     queue_max: int = Field(
@@ -299,11 +222,6 @@ class Settings(BaseSettings):
         "With Redis, saved voices live there and every replica shares them.",
     )
     max_voices: int = Field(default=100, ge=1, le=10_000, description="Saved voices allowed in the store; beyond: 409.")
-    prompt_mel_variant: Literal["trained", "official-24k"] = Field(
-        default="trained",
-        description="Prompt mel of voice cloning: `trained` = from 22,050 Hz audio, the rate the flow was trained on; "
-        "`official-24k` = from 24 kHz audio as the official code does since Dec 2025 (frames 9% too fast).",
-    )
 
     # access control
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(
@@ -331,6 +249,23 @@ class Settings(BaseSettings):
         "(Open WebUI lists them without one), and GET /v1/voices lists saved voices' ids and names (their details, "
         "transcripts included, need a key); a wrong key still gets 401, and synthesis always needs a key.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _levers_from_code(cls, data: object) -> object:
+        """Levers given by name (code and tests: `Settings(max_batch=0)`) go into the engine profile; the environment
+        sets them only through TTS_ENGINE_PROFILE."""
+        if not isinstance(data, dict) or not any(k in LEVERS for k in data):
+            return data
+        rest = {k: v for k, v in data.items() if k not in LEVERS}
+        profile = parse_profile(rest.get("engine_profile", {}))
+        levers = profile.model_dump() if isinstance(profile, EngineProfile) else dict(profile)  # type: ignore[call-overload]
+        return rest | {"engine_profile": levers | {k: v for k, v in data.items() if k in LEVERS}}
+
+    @field_validator("engine_profile", mode="before")
+    @classmethod
+    def _profile(cls, value: object) -> object:
+        return parse_profile(value)
 
     @field_validator("api_keys", "admin_api_keys", "trusted_proxies", "cors_allow_origins", mode="before")
     @classmethod
@@ -366,11 +301,6 @@ class Settings(BaseSettings):
             ipaddress.ip_network(item, strict=False)  # raises ValueError with a clear message
         return value
 
-    @field_validator("prompt_window_s", mode="before")
-    @classmethod
-    def _all_is_none(cls, value: object) -> object:
-        return None if isinstance(value, str) and value.strip().lower() in ("all", "none", "") else value
-
     @field_validator("cache_dir", mode="before")
     @classmethod
     def _empty_dir_is_none(cls, value: object) -> object:
@@ -379,11 +309,6 @@ class Settings(BaseSettings):
     @field_validator("redis_url", mode="before")
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
-        return None if value == "" else value
-
-    @field_validator("n_timesteps", "llm_threads", "acoustic_threads", "flow_cache_mb", mode="before")
-    @classmethod
-    def _empty_is_default(cls, value: object) -> object:
         return None if value == "" else value
 
     @field_validator("openai_pcm_sample_rate_hz", mode="before")
@@ -396,6 +321,17 @@ RENAMED = {"TTS_WORKERS": "TTS_CONCURRENT_REQUESTS"}  # old name -> new name; th
 
 
 def unknown_env_vars(environ: Mapping[str, str]) -> list[str]:
-    """TTS_* variables that match no setting (typos); the entry point and app factory log them."""
-    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields} | set(RENAMED)
+    """TTS_* variables that match no setting (typos); the entry point and app factory log them. A lever set as its own
+    variable is not among them: `moved_levers` names those, and the entry point refuses them."""
+    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields} | set(RENAMED) | set(_LEVER_VARS)
     return sorted(k for k in environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in known)
+
+
+_LEVER_VARS = {ENV_PREFIX + name.upper(): name for name in LEVERS}
+
+
+def moved_levers(environ: Mapping[str, str]) -> list[str]:
+    """What to tell an operator who sets an engine lever as a variable of its own (TTS_FIRST_HOP_TOKENS=10): the lever
+    is read from TTS_ENGINE_PROFILE only (`first_hop_tokens=10`)."""
+    found = [(var, _LEVER_VARS[var.upper()]) for var in sorted(environ) if var.upper() in _LEVER_VARS]
+    return [f"{var} is an engine lever: set TTS_ENGINE_PROFILE={lever}={environ[var]}" for var, lever in found]

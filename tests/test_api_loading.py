@@ -14,7 +14,7 @@ from gated_engine import FileGate
 from servers import AppServer, ManagedProcess, wait_until
 
 from service.bundle import ModelBundle
-from service.engine.options import TRANSIENT_GRAPHS
+from service.families.cosyvoice1.llm import TRANSIENT_GRAPHS
 
 pytestmark = pytest.mark.integration
 

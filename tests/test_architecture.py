@@ -78,8 +78,8 @@ def test_service_layering(path: Path) -> None:
         assert not layer & {"frontend", "speech", "api", "rpc", "stores", "settings", "families"}, "layers import the kit only"
     if owner == "frontend":
         assert not layer & {"engine", "speech", "api", "rpc", "stores", "settings", "families"}
-    if owner in ("errors", "bundle", "settings"):
-        assert layer <= {"errors", "bundle"}
+    if owner in ("errors", "bundle", "settings", "levers"):
+        assert layer <= {"errors", "bundle", "levers"}
     if owner == "speech":
         assert not layer & {"api", "rpc", "runtime"}
     if owner in ("runtime", "access", "stores"):

@@ -108,7 +108,9 @@ def test_the_first_whole_chunk_and_the_last_vocode_on_both_cores() -> None:
     early = HopSchedule(first=10, scale=1, aligned_first=False)
     assert wide(early, hops(early, 28, 125), 3) == [False, False, True, False, False, False, True]
     assert wide(early, hops(early, 28, 24), 14) == [False, True]  # a short sentence: 10 tokens, then the last 14
-    assert early.vocoder_takes_cores(25, before=0, final=False)  # a first hop of a whole chunk (TTS_FIRST_HOP_TOKENS=25)
+    assert early.vocoder_takes_cores(
+        25, before=0, final=False
+    )  # a first hop of a whole chunk (TTS_ENGINE_PROFILE=first_hop_tokens=25)
     official = HopSchedule()  # growing hops: the next chunk waits for the decode steps, only the last takes the cores
     assert wide(official, hops(official, 37, 300), 12) == [False, False, False, False, True]
     assert official.vocoder_takes_cores(125, before=0, final=True)  # a whole non-streamed sentence

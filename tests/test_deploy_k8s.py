@@ -18,6 +18,7 @@ from servers import free_port
 
 from service.api import __main__ as entry_point
 from service.api.app import create_app
+from service.levers import LEVERS, EngineProfile, parse_profile
 from service.settings import Settings, unknown_env_vars
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,7 +98,7 @@ def test_configmap_holds_only_valid_settings(monkeypatch: pytest.MonkeyPatch) ->
     settings = Settings(_env_file=None)  # type: ignore[call-arg]  # raises on any out-of-bounds value
     limits = api_container()["resources"]["limits"]
     assert settings.intra_op_threads <= cpu_cores(limits["cpu"]), "one session's threads fit the pod's CPUs"
-    assert settings.max_batch > 0, "concurrent requests share one batched LLM thread"
+    assert settings.engine_profile.max_batch > 0, "concurrent requests share one batched LLM thread"
     assert str(settings.model_dir) == dockerfile_value(r"TTS_MODEL_DIR=(\S+)"), "the image serves the bundle from there"
 
 
@@ -107,13 +108,17 @@ CONCURRENCY_KEYS = ("concurrent_requests", "max_batch", "acoustic_slots", "intra
 def test_concurrency_settings_are_the_service_defaults() -> None:
     """What the ConfigMap ships is what Settings, the Dockerfile (which sets none of them) and the README say."""
     env = settings_env()
-    defaults = Settings.model_fields
     dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    shipped = Settings(_env_file=None, **{k[4:].lower(): v for k, v in env.items() if k[4:].lower() in CONCURRENCY_KEYS})  # type: ignore[call-arg]
+    profile = parse_profile(env.get("TTS_ENGINE_PROFILE", ""))
+    assert isinstance(profile, dict) and set(profile) <= set(LEVERS)
+    levers = EngineProfile(**profile)
     for name in CONCURRENCY_KEYS:
-        key = "TTS_" + name.upper()
-        assert env.get(key) == str(defaults[name].default), f"{key} differs from the Settings default"
-        assert key not in dockerfile, f"the Dockerfile overrides {key}"
-    assert "TTS_WORKERS" not in env
+        got = getattr(shipped, name) if name in Settings.model_fields else getattr(levers, name)
+        want = Settings.model_fields[name].default if name in Settings.model_fields else EngineProfile.model_fields[name].default
+        assert got == want, f"{name} differs from its default"
+        assert f"TTS_{name.upper()}" not in dockerfile, f"the Dockerfile overrides {name}"
+    assert "TTS_WORKERS" not in env and "TTS_ENGINE_PROFILE" not in dockerfile
 
 
 def test_redis_url_points_at_the_redis_service() -> None:

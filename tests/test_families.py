@@ -68,7 +68,7 @@ def test_a_v1_bundle_loads_as_the_cosyvoice1_model_and_speaks(tiny_bundle: Path)
         model.close()
 
 
-# ---- TTS_FIRST_HOP_TOKENS: the settings accept >= 1, each family refuses what it cannot honour at start ----------
+# ---- first_hop_tokens (engine profile): the settings accept >= 1, each family refuses what it cannot honour at start ----------
 def serve_from_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> dict[str, Any]:
     """Run `python -m service.api`'s main() with only `env` as TTS_* variables; `serve` records the app it was given
     instead of serving. SystemExit (with the one-line error on stderr) when the entry point refuses to start."""
@@ -86,12 +86,13 @@ def test_a_v1_server_refuses_a_first_hop_within_its_overlap_in_one_line(
     monkeypatch: pytest.MonkeyPatch, tiny_bundle: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exited:
-        serve_from_env(monkeypatch, {"TTS_MODEL_DIR": str(tiny_bundle), "TTS_FIRST_HOP_TOKENS": "10"})
+        serve_from_env(monkeypatch, {"TTS_MODEL_DIR": str(tiny_bundle), "TTS_ENGINE_PROFILE": "first_hop_tokens=10"})
     assert exited.value.code == 2
     assert capsys.readouterr().err.splitlines() == [
-        "error: TTS_FIRST_HOP_TOKENS: must be at least 21 for CosyVoice-300M (more than its 20-token overlap), got 10"
+        "error: TTS_ENGINE_PROFILE lever first_hop_tokens: must be at least 21 for CosyVoice-300M "
+        "(more than its 20-token overlap), got 10"
     ]
-    assert serve_from_env(monkeypatch, {"TTS_MODEL_DIR": str(tiny_bundle), "TTS_FIRST_HOP_TOKENS": "21"})["app"]
+    assert serve_from_env(monkeypatch, {"TTS_MODEL_DIR": str(tiny_bundle), "TTS_ENGINE_PROFILE": "first_hop_tokens=21"})["app"]
 
 
 def test_the_v1_family_refuses_the_first_hop_when_loaded_without_the_entry_point(tiny_bundle: Path) -> None:
@@ -141,7 +142,7 @@ def test_a_v2_server_streams_a_first_chunk_of_6_tokens_set_at_start(
     monkeypatch: pytest.MonkeyPatch, tiny_v2_bundle: Path
 ) -> None:
     """CosyVoice2 solves any first hop from its caches: 6 is accepted at start and its first chunk holds 6 tokens."""
-    served = serve_from_env(monkeypatch, {"TTS_MODEL_DIR": str(tiny_v2_bundle), "TTS_FIRST_HOP_TOKENS": "6"})
+    served = serve_from_env(monkeypatch, {"TTS_MODEL_DIR": str(tiny_v2_bundle), "TTS_ENGINE_PROFILE": "first_hop_tokens=6"})
     settings = served["app"].state.tts.runtime.settings
     context = ModelContext(options=runtime_options(settings), prompt_analysis=False)
     model = registry.load_model(ModelBundle.load(tiny_v2_bundle), context)
@@ -156,7 +157,7 @@ def test_a_v2_server_streams_a_first_chunk_of_6_tokens_set_at_start(
 
 
 def test_the_official_v2_schedule_pads_the_first_hop_set_at_start(tiny_v2_bundle: Path) -> None:
-    """TTS_STREAM_SCHEDULE=official keeps its cut (first hop padded to a 25-token attention chunk) from the set base."""
+    """stream_schedule=official keeps its cut (first hop padded to a 25-token attention chunk) from the set base."""
     bundle = ModelBundle.load(tiny_v2_bundle)
     official = stream_schedule(bundle, RuntimeOptions(stream_schedule="official"))
     assert official.first == 25 and official.first_hop(37) == 38

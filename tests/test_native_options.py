@@ -1,5 +1,5 @@
 """How the engine configures our native library: the kernels' ISA ceiling arrives per session (a session config entry
-read when each kernel is created, from TTS_NATIVE_KERNELS), never from the environment or a setting of the process;
+read when each kernel is created, from the engine lever native_kernels), never from the environment or a setting of the process;
 an ONNX Runtime the library refuses leaves the engine on ONNX Runtime's graphs with the reason; and the portable C,
 when asked for, serves requests on any CPU."""
 
@@ -63,7 +63,7 @@ def test_a_runtime_the_library_refuses_leaves_the_engine_on_onnx_runtimes_graphs
 
 
 def test_the_portable_kernels_serve_a_request_on_any_cpu(tiny_v2_bundle: Path, native_library: Path) -> None:
-    """TTS_NATIVE_KERNELS=portable: both twins open with the portable C (on this CPU too), and a streamed request
+    """TTS_ENGINE_PROFILE=native_kernels=portable: both twins open with the portable C (on this CPU too), and a streamed request
     through the scheduler, with decode steps fed their spread, gives audio."""
     bundle = ModelBundle.load(tiny_v2_bundle)
     runtime = RuntimeOptions(intra_op_threads=2, native_kernels="portable", stream_schedule="official")

@@ -274,7 +274,7 @@ def test_the_start_up_log_says_whether_the_kernels_run_and_why_not(
 ) -> None:
     bundle = ModelBundle.load(tiny_v2_bundle)
     assert native_kernels_note(ModelBundle.load(tiny_bundle), RuntimeOptions()) is None  # v1: no twin
-    assert "TTS_NATIVE_KERNELS=off" in str(native_kernels_note(bundle, RuntimeOptions(native_kernels="off")))
+    assert "TTS_ENGINE_PROFILE=native_kernels=off" in str(native_kernels_note(bundle, RuntimeOptions(native_kernels="off")))
     if kernels.usable:  # the variant each kernel takes here (AMX tiles where they run)
         note = str(native_kernels_note(bundle, RuntimeOptions()))
         attention = native.probe(kernel="CachedAttention").variant

@@ -46,8 +46,8 @@ def test_old_workers_variable_is_still_read(monkeypatch: pytest.MonkeyPatch) -> 
 def test_defaults_batch_concurrent_requests() -> None:
     """The shipped defaults synthesize several requests at once with the batching scheduler on."""
     s = Settings(_env_file=None)  # type: ignore[call-arg]
-    assert s.concurrent_requests >= 4 and s.max_batch >= s.concurrent_requests
-    assert s.acoustic_slots >= 1 and s.first_audio_priority
+    assert s.concurrent_requests >= 4 and s.engine_profile.max_batch >= s.concurrent_requests
+    assert s.engine_profile.acoustic_slots >= 1 and s.engine_profile.first_audio_priority
 
 
 def test_lists_are_comma_separated_and_keys_are_secret(monkeypatch: pytest.MonkeyPatch) -> None:

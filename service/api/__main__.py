@@ -15,9 +15,10 @@ from uvicorn.config import STARTUP_FAILURE
 from service.api.app import create_app
 from service.api.logconfig import configure as configure_logging
 from service.api.serving import serve
+from service.levers import LEVERS
 from service.errors import BundleError, SettingError
 from service.runtime import check_settings
-from service.settings import Settings
+from service.settings import Settings, moved_levers
 
 # What to do about a busy port, in the terms of both ways of starting the server (the variable, or make's).
 PORT_HINTS = {
@@ -31,8 +32,12 @@ def main() -> None:
         settings = Settings()
     except ValidationError as e:  # one line per bad setting, no traceback
         for err in e.errors():
-            name = "TTS_" + "_".join(str(x) for x in err["loc"]).upper()
-            print(f"error: {name}: {err['msg']}", file=sys.stderr)
+            print(f"error: {_variable(err['loc'])}: {err['msg']}", file=sys.stderr)
+        sys.exit(2)
+    moved = moved_levers(os.environ)
+    for line in moved:
+        print(f"error: {line}", file=sys.stderr)
+    if moved:
         sys.exit(2)
     for name, port in (("TTS_PORT", settings.port), ("TTS_GRPC_PORT", settings.grpc_port)):
         problem = _unavailable(settings.host, port) if port else None
@@ -41,13 +46,21 @@ def main() -> None:
     try:
         check_settings(settings)  # what the model's family cannot honour, before uvicorn and the slow load
     except SettingError as e:
-        _refuse(f"TTS_{(e.param or '').upper()}", e.message)
+        _refuse(_variable((e.param or "",)), e.message)
     except BundleError as e:
         _refuse("TTS_MODEL_DIR", e.message)
     log_config = configure_logging(settings.log_level)
     app = create_app(settings, load_in_background=True, on_load_failure=exit_after_failed_load)
     if not serve(app, settings, log_config):
         sys.exit(STARTUP_FAILURE)
+
+
+def _variable(loc: tuple[int | str, ...]) -> str:
+    """How an operator sets the field at `loc`: `TTS_MAX_CHARS`, or `TTS_ENGINE_PROFILE lever first_hop_tokens`."""
+    parts = [str(x) for x in loc if str(x) != "engine_profile"]
+    if loc and (str(loc[0]) == "engine_profile" or (parts and parts[0] in LEVERS)):
+        return f"TTS_ENGINE_PROFILE lever {'.'.join(parts)}" if parts else "TTS_ENGINE_PROFILE"
+    return "TTS_" + "_".join(parts).upper()
 
 
 def exit_after_failed_load() -> NoReturn:

@@ -55,7 +55,7 @@ class _BudgetCollector(Collector):
         used, limit, waiting = (b.used, b.limit or 0, b.waiting) if b is not None else (0, 0, 0)
         for name, doc, value in (
             ("tts_flow_cache_bytes", "Bytes streamed sentences' flow caches hold now (CosyVoice2)", used),
-            ("tts_flow_cache_limit_bytes", "Bound on tts_flow_cache_bytes (TTS_FLOW_CACHE_MB; 0: none)", limit),
+            ("tts_flow_cache_limit_bytes", "Bound on tts_flow_cache_bytes (the engine lever flow_cache_mb; 0: none)", limit),
             ("tts_flow_cache_waiting", "Streams waiting for flow cache memory before their next chunk", waiting),
         ):
             family = GaugeMetricFamily(name, doc)

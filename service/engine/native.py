@@ -5,7 +5,7 @@ The library holds ONNX Runtime custom operators (native/README.md): cosyvoice_li
 (the kit's) and EstimatorBlock and Qwen2Layer (fused layers), used by the native twins of quantized bundles
 (service.bundle GROUP_NATIVE). Its one CPU probe (native/cpu.c) answers for C and for this module; each operator has a
 table of variants (portable, AVX-512 ..., AMX) and says which one it takes under a ceiling (`KernelsCeiling`, from
-TTS_NATIVE_KERNELS), which reaches the kernels as a session config entry (`session_config`). A twin runs where its
+the engine lever native_kernels), which reaches the kernels as a session config entry (`session_config`). A twin runs where its
 deciding kernels have a fast variant here (`KERNELS_OF_GRAPH`), or everywhere with the portable C when asked;
 elsewhere, and where the library is not built or the installed ONNX Runtime is too old for it, the core graph runs.
 """
@@ -126,7 +126,7 @@ def probe(
     if variant is None:
         return NativeKernels(None, f"{path.name} has no operator {kernel}")
     if variant == b"portable" and kernels != "portable":
-        why = "this CPU lacks" if kernels == "auto" else f"TTS_NATIVE_KERNELS={kernels} leaves out"
+        why = "this CPU lacks" if kernels == "auto" else f"TTS_ENGINE_PROFILE=native_kernels={kernels} leaves out"
         return NativeKernels(None, f"{why} {_missing(lib, kernel, have)}")
     return NativeKernels(path, "", variant.decode())
 

@@ -1,8 +1,10 @@
-"""The engine's runtime options (RuntimeOptions): threads, ONNX Runtime session settings, which runtime runs the
-acoustic graphs, and how the stages share the cores; and which stage a graph belongs to."""
+"""The engine's runtime options, in two parts: how ONNX Runtime runs the graphs (SessionOptions: threads, arenas,
+optimization) and the engine's levers (EngineLevers: batching, the acoustic gate, the chunk schedule, runtimes and
+kernels); RuntimeOptions is both. And which stage a graph belongs to."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -32,19 +34,15 @@ def graph_stage(name: str) -> Stage:
 
 
 @dataclass(frozen=True)
-class RuntimeOptions:
-    """Runtime settings of one engine: ONNX Runtime session options and how its two stages share the cores.
+class SessionOptions:
+    """How ONNX Runtime runs a graph call: threads per stage, execution mode, optimization, arenas, spinning, logging.
 
-    Thread budget rule: the threads that run graphs at the same time must not exceed the cores. With the
-    batching scheduler (`max_batch > 0`) one LLM thread decodes every request while at most
-    `acoustic_slots` flow/HiFT calls run beside it, so `llm_threads + acoustic_slots * acoustic_threads`
-    is what competes for the cores. Without it every concurrent request runs its own sessions:
-    `concurrent requests * intra_op_threads <= cores`.
-    ORT pins one pool per session call; two spinning pools on one core fight for it, so spinning is only
-    worth it when a single graph runs at a time (`allow_spinning`, default off).
-    `acoustic_nice` > 0 lowers the OS priority of the threads that run flow/HiFT (their ORT pools and the
-    calling threads), so a decode step never waits for a vocoder call: the LLM takes the cores when it
-    needs them and the acoustic work fills the rest. Linux only; ignored elsewhere.
+    Thread budget rule: the threads that run graphs at the same time must not exceed the cores. With the batching
+    scheduler (`max_batch > 0`) one LLM thread decodes every request while at most `acoustic_slots` flow/HiFT calls run
+    beside it, so `llm_threads + acoustic_slots * acoustic_threads` is what competes for the cores. Without it every
+    concurrent request runs its own sessions: `concurrent requests * intra_op_threads <= cores`. ORT pins one pool per
+    session call; two spinning pools on one core fight for it, so spinning is only worth it when a single graph runs
+    at a time (`allow_spinning`, default off).
     """
 
     intra_op_threads: int = 2
@@ -59,6 +57,49 @@ class RuntimeOptions:
     # the machine, wasted CPU (and a slower neighbour) when stages or other processes share the cores.
     allow_spinning: bool = False
     log_severity: int = 3  # 0 verbose .. 4 fatal
+    # Return a flow/HiFT session's unused arena memory after each call: their activation peaks (HiFT ~120 MB
+    # for 5 s of audio) then do not stay resident side by side; measured at no cost in speed.
+    shrink_acoustic_arenas: bool = True
+    # glibc malloc arenas for the whole process (see limit_malloc_arenas); 0 keeps glibc's default.
+    malloc_arenas: int = 2
+    # Where OpenVINO keeps compiled graphs (imported at every start after the first: faster, and 0.19 GB less resident
+    # for the full-size estimator); None: compile in this process at every start.
+    compiled_cache_dir: Path | None = None
+
+    def _check_sessions(self) -> None:
+        stage_threads = [t for t in (self.llm_threads, self.acoustic_threads) if t is not None]
+        if min(self.intra_op_threads, self.inter_op_threads, *stage_threads) < 1:
+            raise ValueError("intra_op_threads, inter_op_threads, llm_threads and acoustic_threads must be >= 1")
+        if self.execution_mode not in EXECUTION_MODES:
+            raise ValueError(f"execution_mode must be one of {sorted(EXECUTION_MODES)}")
+        if self.graph_optimization not in GRAPH_OPTIMIZATION:
+            raise ValueError(f"graph_optimization must be one of {sorted(GRAPH_OPTIMIZATION)}")
+        if not 0 <= self.log_severity <= 4:
+            raise ValueError("log_severity must be in 0..4")
+        if self.malloc_arenas < 0:
+            raise ValueError("malloc_arenas must be >= 0")
+
+    def threads_for(self, stage: Stage) -> int:
+        """Intra-op threads of the sessions of one stage."""
+        chosen = self.llm_threads if stage == "llm" else self.acoustic_threads
+        return chosen or self.intra_op_threads
+
+    def max_workers(self, cores: int) -> int:
+        """Largest worker count that keeps `workers * intra_op_threads <= cores` (at least 1)."""
+        return max(1, cores // self.intra_op_threads)
+
+
+@dataclass(frozen=True)
+class EngineLevers:
+    """How an engine schedules its stages and streams: batching, the acoustic gate, the chunk schedule, the prompt
+    window, the budget of growing state, and which runtime and kernels run the graphs (the service reads them from its
+    engine profile, service.levers).
+
+    `acoustic_nice` > 0 lowers the OS priority of the threads that run flow/HiFT (their ORT pools and the calling
+    threads), so a decode step never waits for a vocoder call: the LLM takes the cores when it needs them and the
+    acoustic work fills the rest. Linux only; ignored elsewhere.
+    """
+
     max_batch: int = 16  # LLM rows per batched decode step; 0 = no scheduler thread
     acoustic_slots: int = 1  # flow/HiFT calls running at once; 0 = unlimited
     acoustic_nice: int = 0  # OS niceness added to acoustic threads (0 = same priority as the LLM)
@@ -68,11 +109,6 @@ class RuntimeOptions:
     # While acoustic calls run, the scheduler pauses decoding once every stream has this many tokens decoded ahead of
     # its flow (families whose engine asks for it); None: the chunk schedule's largest hop, 0: never.
     decode_lead_tokens: int | None = None
-    # Return a flow/HiFT session's unused arena memory after each call: their activation peaks (HiFT ~120 MB
-    # for 5 s of audio) then do not stay resident side by side; measured at no cost in speed.
-    shrink_acoustic_arenas: bool = True
-    # glibc malloc arenas for the whole process (see limit_malloc_arenas); 0 keeps glibc's default.
-    malloc_arenas: int = 2
     # How streamed sentences are cut into chunks: the family's default schedule, or "official" (the official code's
     # chunk boundaries, for parity).
     stream_schedule: StreamSchedule = "adaptive"
@@ -85,27 +121,13 @@ class RuntimeOptions:
     # AMX) and the openvino package is installed, else ORT; "ort"; "openvino" (bf16 where native, else f32).
     # The engine's own default is ORT (parity checks, tools); the service's setting defaults to "auto".
     acoustic_backend: AcousticBackend = "ort"
-    # Where OpenVINO keeps compiled graphs (imported at every start after the first: faster, and 0.19 GB less resident
-    # for the full-size estimator); None: compile in this process at every start.
-    compiled_cache_dir: Path | None = None
     # Native twins (a quantized bundle's graphs with kernels of ours: an estimator's attention, the LLM step's int8
     # products): "auto" runs a twin where the bundle has one and our library's kernel for it has a fast variant here
     # (service.engine.native), "no-amx" the same without AMX tiles, "portable" every twin with the kernels' portable C
     # (comparisons, tests), "off" the core graphs.
     native_kernels: NativeKernelsMode = "auto"
 
-    def __post_init__(self) -> None:
-        stage_threads = [t for t in (self.llm_threads, self.acoustic_threads) if t is not None]
-        if min(self.intra_op_threads, self.inter_op_threads, *stage_threads) < 1:
-            raise ValueError("intra_op_threads, inter_op_threads, llm_threads and acoustic_threads must be >= 1")
-        if self.execution_mode not in EXECUTION_MODES:
-            raise ValueError(f"execution_mode must be one of {sorted(EXECUTION_MODES)}")
-        if self.graph_optimization not in GRAPH_OPTIMIZATION:
-            raise ValueError(f"graph_optimization must be one of {sorted(GRAPH_OPTIMIZATION)}")
-        if not 0 <= self.log_severity <= 4:
-            raise ValueError("log_severity must be in 0..4")
-        if self.malloc_arenas < 0:
-            raise ValueError("malloc_arenas must be >= 0")
+    def _check_levers(self) -> None:
         if self.decode_lead_tokens is not None and self.decode_lead_tokens < 0:
             raise ValueError("decode_lead_tokens must be >= 0")
         if self.max_batch < 0 or self.acoustic_slots < 0 or not 0 <= self.acoustic_nice <= 19:
@@ -121,11 +143,16 @@ class RuntimeOptions:
         if self.native_kernels not in ("auto", "no-amx", "portable", "off"):
             raise ValueError("native_kernels must be 'auto', 'no-amx', 'portable' or 'off'")
 
-    def threads_for(self, stage: Stage) -> int:
-        """Intra-op threads of the sessions of one stage."""
-        chosen = self.llm_threads if stage == "llm" else self.acoustic_threads
-        return chosen or self.intra_op_threads
 
-    def max_workers(self, cores: int) -> int:
-        """Largest worker count that keeps `workers * intra_op_threads <= cores` (at least 1)."""
-        return max(1, cores // self.intra_op_threads)
+@dataclass(frozen=True)
+class RuntimeOptions(SessionOptions, EngineLevers):
+    """What one engine runs with: its ONNX Runtime sessions' options (SessionOptions) and its levers (EngineLevers)."""
+
+    def __post_init__(self) -> None:
+        self._check_sessions()
+        self._check_levers()
+
+    @classmethod
+    def of(cls, sessions: SessionOptions, levers: EngineLevers) -> RuntimeOptions:
+        """The two parts as one."""
+        return cls(**{**dataclasses.asdict(sessions), **dataclasses.asdict(levers)})

@@ -46,7 +46,7 @@ def graph_runtime(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> Graph
     if opts.acoustic_backend == "auto" and not bf16:
         return ort_runtime
     if not ov_session.available():
-        raise BundleError("TTS_ACOUSTIC_BACKEND=openvino needs the openvino package (pip install openvino)")
+        raise BundleError("TTS_ENGINE_PROFILE=acoustic_backend=openvino needs the openvino package (pip install openvino)")
     path = bundle.float_graph_path(name)
     if path is None:
         return ort_runtime
@@ -74,7 +74,7 @@ def native_kernels_note(bundle: ModelBundle, opts: RuntimeOptions) -> str | None
         return None
     ceiling = opts.native_kernels
     if ceiling == "off":
-        return f"native kernels off (TTS_NATIVE_KERNELS=off): ONNX Runtime's graphs run {', '.join(twins)}"
+        return f"native kernels off (TTS_ENGINE_PROFILE=native_kernels=off): ONNX Runtime's graphs run {', '.join(twins)}"
     parts = []
     for name in twins:
         kernels = _native_kernels(name, ceiling)

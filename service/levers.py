@@ -1,0 +1,153 @@
+"""The engine profile: the engine's levers (threads per stage, batching, the acoustic gate, the chunk schedule, the
+prompt window, cache budgets, runtimes and kernels, flow steps), apart from the operator settings. One setting,
+TTS_ENGINE_PROFILE, holds them: `lever=value` pairs separated by commas, or `@path` to a TOML file of `lever = value`
+lines. The defaults are what the benchmarks measured best on two cores; docs/engine-profile.md says what each does.
+An unknown lever is refused at start."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class EngineProfile(BaseModel):
+    """Every engine lever, bounded; None means the engine's or the bundle's own choice."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    inter_op_threads: int = Field(default=1, ge=1, le=64, description="ONNX Runtime inter-op threads per session.")
+    llm_threads: int | None = Field(
+        default=None, ge=1, le=64, description="Intra-op threads of the LLM sessions; empty = TTS_INTRA_OP_THREADS."
+    )
+    acoustic_threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Intra-op threads of the flow/HiFT sessions; empty = TTS_INTRA_OP_THREADS (CosyVoice2: "
+        "one-thread calls, a lone estimator call splits its two guidance rows over two threads and the vocoder calls "
+        "the chunk schedule picks run on a two-thread HiFT session; 2 = off).",
+    )
+    max_batch: int = Field(
+        default=16,
+        ge=0,
+        le=256,
+        description="Rows the LLM scheduler thread decodes together (continuous batching); 0 = each request decodes alone.",
+    )
+    acoustic_slots: int = Field(
+        default=1, ge=0, le=64, description="Flow/HiFT calls allowed at once (earliest deadline first); 0 = unlimited."
+    )
+    acoustic_nice: int = Field(
+        default=0, ge=0, le=19, description="OS niceness of flow/HiFT threads so LLM steps never wait behind them; 0 = off."
+    )
+    first_audio_priority: bool = Field(
+        default=True,
+        description="Pause LLM decoding while a request's first chunk is vocoded, unless a request waits for tokens.",
+    )
+    decode_lead_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        description="CosyVoice2: while a flow call that takes both cores runs, pause LLM decoding once every stream has "
+        "this many tokens decoded ahead of its flow (one-core vocoder and small-chunk calls never pause it); empty = the "
+        "schedule's (adaptive: 1, official: its largest hop, 100), 0 = never.",
+    )
+    acoustic_backend: Literal["auto", "ort", "openvino"] = Field(
+        default="auto",
+        description="Runtime of the flow estimator and HiFT: 'auto' = OpenVINO in bf16 where the CPU computes bf16 "
+        "natively (AVX-512 BF16 or AMX), else ONNX Runtime; 'ort'; 'openvino' (bf16 where native, else f32).",
+    )
+    native_kernels: Literal["auto", "no-amx", "portable", "off"] = Field(
+        default="auto",
+        description="Our own kernels (built by `make native`): 'auto' runs a quantized bundle's native twins where the "
+        "CPU has what their kernels need: the CosyVoice2 flow estimator's attention in bf16 (AVX-512 BF16) and int8 "
+        "products, the LLM decode step's int8 products (AVX-512 VNNI), AMX tiles where present; else ONNX Runtime's "
+        "graphs run; 'no-amx' the same without AMX tiles; 'portable' runs the twins with the kernels' portable C on "
+        "any CPU (comparisons, tests); 'off' always runs ONNX Runtime's graphs.",
+    )
+    stream_schedule: Literal["adaptive", "official"] = Field(
+        default="adaptive",
+        description="How streamed sentences are cut into chunks: 'adaptive' (a small first chunk, then each chunk "
+        "large enough to cover making the next, from the measured rates; CosyVoice2: a 10-token first chunk, then "
+        "one 25-token attention chunk per hop) or 'official' (v1: every hop 100 tokens; CosyVoice2: 25 + pad, 50, 100).",
+    )
+    first_hop_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=400,
+        description="Speech tokens the first streamed chunk consumes; empty = the schedule's own (v1: 21 adaptive, "
+        "100 official; CosyVoice2: 10 adaptive, 25 + pad official). The family's minimum is checked at start: v1 "
+        "needs more than its 20-token overlap (>= 21), CosyVoice2 any value >= 1 (the official schedule pads it).",
+    )
+    prompt_window_s: float | None = Field(
+        default=1.0,
+        ge=0.0,
+        le=60.0,
+        description="Seconds of a cloned voice's recording (the last ones, with their speech tokens) the flow sees "
+        "with each streamed chunk, in both families; 'all' = the whole recording (the official computation). "
+        "Non-streamed sentences always see all of it.",
+    )
+    flow_cache_mb: int | None = Field(
+        default=None,
+        ge=0,
+        le=1 << 20,
+        description="Megabytes that streamed sentences' flow caches may hold at once (CosyVoice2: every frame's keys "
+        "and values, 2.3 MB per mel frame at full size, ~0.7 GB for a 5 s sentence); a sentence that would go over "
+        "waits until others end (the oldest always goes on). Empty = auto: half of what the memory limit (the "
+        "container's, else the machine's RAM) leaves after the model is loaded; 0 = no bound.",
+    )
+    ort_spinning: bool = Field(
+        default=False, description="Let idle ONNX Runtime threads spin (only worth it when one graph owns the cores)."
+    )
+    n_timesteps: int | None = Field(
+        default=None, ge=1, le=50, description="Flow-matching Euler steps; empty = the bundle's value."
+    )
+    prompt_mel_variant: Literal["trained", "official-24k"] = Field(
+        default="trained",
+        description="Prompt mel of voice cloning: `trained` = from 22,050 Hz audio, the rate the flow was trained on; "
+        "`official-24k` = from 24 kHz audio as the official code does since Dec 2025 (frames 9% too fast).",
+    )
+
+    @field_validator("prompt_window_s", mode="before")
+    @classmethod
+    def _all_is_none(cls, value: object) -> object:
+        return None if isinstance(value, str) and value.strip().lower() in ("all", "none", "") else value
+
+    @field_validator(
+        "n_timesteps", "llm_threads", "acoustic_threads", "flow_cache_mb", "first_hop_tokens", "decode_lead_tokens", mode="before"
+    )
+    @classmethod
+    def _empty_is_default(cls, value: object) -> object:
+        return None if value == "" else value
+
+
+LEVERS: tuple[str, ...] = tuple(EngineProfile.model_fields)
+
+
+def parse_profile(value: object) -> object:
+    """TTS_ENGINE_PROFILE as the settings read it: `lever=value,lever=value`, `@path/to/profile.toml`, or (from code) a
+    mapping or an EngineProfile; lever names are case-insensitive. ValueError for a malformed pair or an unreadable file."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("@"):
+        return _read_file(Path(text[1:]).expanduser())
+    pairs: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, lever_value = (x.strip() for x in part.partition("="))
+        if not sep or not name:
+            raise ValueError(f"{part!r} is not a lever=value pair (e.g. first_hop_tokens=10)")
+        if name.lower() in pairs:
+            raise ValueError(f"the lever {name!r} is given twice")
+        pairs[name.lower()] = lever_value
+    return pairs
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ValueError(f"the engine profile {path} cannot be read: {e}") from e
+    return {str(k).lower(): v for k, v in data.items()}
