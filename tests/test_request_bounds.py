@@ -26,7 +26,8 @@ from service.engine.speech_budget import SpeechBudget
 from service.engine.types import SynthesisOptions
 from service.errors import TextTooLongError
 from service.families.cosyvoice1.engine import Synthesizer
-from service.families.cosyvoice2.assembly import one_thread_calls, open_engine_sessions
+from service.families.cosyvoice1.llm import CosyVoice1LLM
+from service.families.cosyvoice2.assembly import extra_constants, one_thread_calls, open_engine_sessions
 from service.families.cosyvoice2.engine import CosyVoice2Engine
 from service.families.cosyvoice2.voice import Voice2
 from service.layers.qwen2 import Qwen2Runner
@@ -90,7 +91,7 @@ class Babbler:
 def v1(tiny_bundle: Path) -> tuple[Synthesizer, Babbler, Any]:
     bundle = ModelBundle.load(tiny_bundle)
     sessions = open_sessions(bundle, RuntimeOptions(intra_op_threads=1))
-    babbler = Babbler(LLMRunner(sessions, bundle.constants))
+    babbler = Babbler(CosyVoice1LLM(sessions, bundle.constants))
     synth = Synthesizer(bundle, sessions, llm=babbler)
     return synth, babbler, "中文女"
 
@@ -100,9 +101,7 @@ def v2(tiny_v2_bundle: Path) -> Iterator[tuple[CosyVoice2Engine, Babbler, Voice2
     bundle = ModelBundle.load(tiny_v2_bundle)
     runtime = one_thread_calls(RuntimeOptions(intra_op_threads=1, max_batch=0, acoustic_slots=0))
     sessions = open_engine_sessions(bundle, runtime, wide=False)
-    extra = bundle.manifest.cosyvoice2
-    assert extra is not None
-    babbler = Babbler(Qwen2Runner(sessions, bundle.constants, extra))
+    babbler = Babbler(Qwen2Runner(sessions, bundle.constants, extra_constants(bundle).text_vocab_size))
     engine = CosyVoice2Engine(bundle, sessions, llm=babbler)  # official schedule, no gate: the LLM is all that differs
     rng = np.random.default_rng(3)
     tokens = tuple(int(t) for t in rng.integers(0, 6561, 10))
