@@ -173,11 +173,18 @@ class SpeechJob:
                     self.cancel_event.set()
 
     def close(self) -> None:
-        """Worker side: mark the end (never blocks)."""
-        try:
-            self._out.put_nowait(_END)
-        except queue.Full:
-            self.cancel_event.set()  # nobody is reading; the reader is gone
+        """Worker side: mark the end. A job that ran ahead of its reader (a WebSocket sentence synthesized while the one
+        before is sent) may have filled the queue: the mark waits, as `emit` does, so that it is never lost; a job
+        cancelled with its queue still full, or whose reader takes nothing for _READER_STALL_S, has no reader left."""
+        deadline = time.monotonic() + _READER_STALL_S
+        while True:
+            try:
+                self._out.put(_END, timeout=0.1)
+                return
+            except queue.Full:
+                if self.cancel_event.is_set() or time.monotonic() > deadline:
+                    self.cancel_event.set()
+                    return
 
 
 def with_pauses(
