@@ -27,6 +27,7 @@ class SpeechRequest:
     engine_stream: bool = False  # stream inside a sentence too (first audio after the engine's first hop)
     chunked: bool = False  # deliver the response in pieces (else one complete file)
     pcm_rate_hz: int | None = None  # output rate of raw PCM; None = the model's
+    rate_hz: int | None = None  # an output rate the client chose for PCM or MP3 (checked by its transport)
     bitrate_kbps: int = DEFAULT_BITRATE_KBPS  # MP3/Opus/AAC only
     max_chars: int = 4096
     timestamps: bool = False  # a SentenceMark after each sentence's audio (never served from the audio cache)

@@ -155,7 +155,7 @@ class TTSService:
         # read before the frontend runs: a lexicon write in between can only make the key older, never newer
         lexicon_version = self.frontend.lexicon_version
         sentences = self._sentences(request)
-        rate = output_sample_rate(request.fmt, self.sample_rate, request.pcm_rate_hz)
+        rate = output_sample_rate(request.fmt, self.sample_rate, request.pcm_rate_hz, request.rate_hz)
         # the "format" of the key names everything besides the audio parameters that changes the bytes
         variant = f"{request.fmt.value};{'chunked' if request.chunked else 'file'};engine_stream={request.engine_stream}"
         key = audio_cache_key(

@@ -22,7 +22,7 @@ from service.api.errors import STATUS, field_of
 from service.api.pipeline import SpeechPipeline, SpokenSentence, reraise_first
 from service.api.schemas import MAX_SEED
 from service.api.tracing import request_id_of
-from service.audio.encode import AudioFormat, output_sample_rate
+from service.audio.encode import MP3_RATES_HZ, OPUS_SAMPLE_RATE_HZ, AudioFormat, output_sample_rate
 from service.audio.timeline import sample_counter
 from service.errors import EngineError, InvalidInputError, TTSError, wire_name
 from service.families.model import ModelVoice, NamedVoice
@@ -41,6 +41,7 @@ KEY_PROTOCOL_PREFIX = "api-key."
 FRAME_HEADER = struct.Struct(">II")  # binary frame: sequence number, sentence index (uint32 big-endian), then audio
 CONFIG_TIMEOUT_S = 10.0  # the config message must come this soon after the connection opens
 PCM_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
+SAMPLE_RATES = {AudioFormat.PCM: PCM_RATES, AudioFormat.MP3: MP3_RATES_HZ, AudioFormat.OPUS: (OPUS_SAMPLE_RATE_HZ,)}
 INTERNAL_ERROR_CLOSE = 1011
 FIELDS: Mapping[str, str] = {}  # domain field -> this protocol's, for errors: its "text" and "voice" are the domain's
 
@@ -54,7 +55,9 @@ class StreamConfig(BaseModel):
         None, description="Built-in speaker, saved voice or OpenAI voice name; default TTS_DEFAULT_SPEAKER."
     )
     format: Literal["pcm", "mp3", "opus"] = "pcm"
-    sample_rate: int | None = Field(None, description="pcm only: one of 8000, 16000, 22050, 24000, 44100, 48000.")
+    sample_rate: int | None = Field(
+        None, description="pcm: 8000, 16000, 22050, 24000, 44100 or 48000; mp3: any MP3 rate; opus: 24000."
+    )
     speed: float = Field(1.0, ge=0.5, le=2.0, allow_inf_nan=False)
     language: Literal["auto", "zh", "en", "ja", "ko", "yue"] = "auto"
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
@@ -151,9 +154,9 @@ class SpeechStreamSession:
             raise InvalidInputError(f"no config message within {CONFIG_TIMEOUT_S:g} s", param="config")
         config = _parse(raw, CONFIG_MESSAGES)
         fmt = AudioFormat(config.format)
-        if config.sample_rate is not None and (fmt is not AudioFormat.PCM or config.sample_rate not in PCM_RATES):
-            rates = ", ".join(map(str, PCM_RATES))
-            raise InvalidInputError(f"sample_rate applies to pcm only, one of {rates}", param="sample_rate")
+        if config.sample_rate is not None and config.sample_rate not in SAMPLE_RATES[fmt]:
+            rates = ", ".join(map(str, SAMPLE_RATES[fmt]))  # the close reason (123 bytes) names them all
+            raise InvalidInputError(f"{fmt.value} sample_rate: {rates}", param="sample_rate")
         s = self.state.settings
         wanted = config.voice or s.default_speaker
         speaker = service.voice_name(wanted)  # an OpenAI name: what it speaks as (named in `ready`)
@@ -167,11 +170,11 @@ class SpeechStreamSession:
             seed=config.seed,
             engine_stream=True,
             chunked=True,
-            pcm_rate_hz=config.sample_rate,
+            rate_hz=config.sample_rate,
             bitrate_kbps=s.audio_bitrate_kbps,
             max_chars=s.max_chars,
         )
-        rate = output_sample_rate(fmt, service.sample_rate, config.sample_rate)
+        rate = output_sample_rate(fmt, service.sample_rate, rate_hz=config.sample_rate)
         ready = {
             "type": "ready",
             "format": fmt.value,
@@ -194,7 +197,7 @@ class SpeechStreamSession:
 
     # ---- reading, and framing what the pipeline produces ----------------------------------------
     async def _serve(self, service: TTSService, config: StreamConfig, template: SpeechRequest) -> None:
-        rate = output_sample_rate(template.fmt, service.sample_rate, template.pcm_rate_hz)
+        rate = output_sample_rate(template.fmt, service.sample_rate, rate_hz=template.rate_hz)
         pipeline = SpeechPipeline(self.state, service, template, self, lambda: sample_counter(template.fmt, rate), rate)
         segmenter = IncrementalSegmenter(max_chars=template.max_chars, language=config.language)
         try:
