@@ -170,6 +170,31 @@ def test_each_caption_says_where_its_sentence_lies_on_the_connection_timeline(
         if fmt == "mp3":  # the rate the frames declare (Opus decoders always give 48 kHz)
             with av.open(io.BytesIO(audio)) as container:
                 assert container.streams.audio[0].codec_context.sample_rate == rate
+        assert e["captions"] == [{"text": e["text"], "start": e["start"], "end": e["end"]}]  # one piece each
+
+
+# 93 characters: the frontend cuts it at the colon (over 60 before it, over 80 with what follows) into two pieces
+LONG_SENTENCE = (
+    "第一部分写得比较长，里面有很多很多的汉字，用来凑够六十多个字的长度，我们一直写下去，直到长度足够为止，还要再多写几个字才行："
+    "第二部分也要写得足够长，超过二十个字，这样才不会被并回前面去。"
+)
+LONG_PIECES = [LONG_SENTENCE[: LONG_SENTENCE.index("：") + 1], LONG_SENTENCE[LONG_SENTENCE.index("：") + 1 :]]
+
+
+def test_a_sentence_spoken_in_pieces_has_a_caption_per_piece_with_its_written_text(server: AppServer) -> None:
+    """The caption contract: a caption per synthesized piece (never spanning two), with the text as written (the
+    digit, not its reading 两), back to back on the timeline from the sentence's start to its end."""
+    ws, _ = open_stream(server, {"format": "pcm", "sample_rate": 16000})
+    send_text(ws, LONG_SENTENCE + "我有2个苹果。")
+    ws.send(json.dumps({"type": "close"}))
+    _, events = drain(ws)
+    long, short = (e for e in events if e["type"] == "sentence_end")
+    assert [c["text"] for c in long["captions"]] == LONG_PIECES and long["text"] == LONG_SENTENCE
+    first, second = long["captions"]
+    assert first["start"] == long["start"] < first["end"] == second["start"] < second["end"] == long["end"]
+    # the cut lies where the first piece's audio ends: its samples were sent before the second piece's
+    assert (first["end"] - long["start"]) * 16000 < long["audio_bytes"] / 2
+    assert short["captions"] == [{"text": "我有2个苹果。", "start": short["start"], "end": short["end"]}]
 
 
 def test_cancel_stops_speech_at_once_and_the_connection_takes_new_text(server: AppServer) -> None:

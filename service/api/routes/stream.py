@@ -19,7 +19,7 @@ from service.access import Caller, presented_key
 from service.api.admission import check_gate
 from service.api.deps import AppState
 from service.api.errors import STATUS, field_of
-from service.api.pipeline import SpeechPipeline, SpokenSentence, reraise_first
+from service.api.pipeline import Caption, SpeechPipeline, SpokenSentence, reraise_first
 from service.api.schemas import MAX_SEED
 from service.api.tracing import request_id_of
 from service.audio.encode import MP3_RATES_HZ, OPUS_SAMPLE_RATE_HZ, AudioFormat, output_sample_rate
@@ -173,6 +173,7 @@ class SpeechStreamSession:
             rate_hz=config.sample_rate,
             bitrate_kbps=s.audio_bitrate_kbps,
             max_chars=s.max_chars,
+            timestamps=True,  # a caption per synthesized piece (sentence_end `captions`)
         )
         rate = output_sample_rate(fmt, service.sample_rate, rate_hz=config.sample_rate)
         ready = {
@@ -232,17 +233,21 @@ class SpeechStreamSession:
         await pipeline.cancel()
         await self.ws.send_json({"type": "cancelled", "last_seq": pipeline.seq - 1, "sentence": cut, "time": pipeline.time_s})
 
-    async def begin(self, index: int, text: str, start_s: float) -> None:
+    async def begin(self, index: int, text: str, start_s: float, pieces: tuple[str, ...]) -> None:
         """Nothing is sent before a sentence's audio in this protocol."""
 
     async def audio(self, index: int, seq: int, piece: bytes) -> None:
         await self.ws.send_bytes(FRAME_HEADER.pack(seq, index) + piece)
 
+    async def caption(self, index: int, number: int, caption: Caption) -> None:
+        """A sentence's captions go out with its sentence_end."""
+
     async def end(self, sentence: SpokenSentence) -> None:
         s = sentence
         caption = {"type": "sentence_end", "sentence": s.index, "text": s.text, "first_seq": s.first_seq}
         timing = {"last_seq": s.last_seq, "audio_bytes": s.audio_bytes, "start": s.start_s, "end": s.end_s}
-        await self.ws.send_json(caption | timing | {"spoken": s.spoken})
+        captions = [{"text": c.text, "start": c.start_s, "end": c.end_s} for c in s.captions]
+        await self.ws.send_json(caption | timing | {"spoken": s.spoken, "captions": captions})
 
     async def _fail(self, error: TTSError) -> None:
         self.status = error.code.value
