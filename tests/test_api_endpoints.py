@@ -387,7 +387,8 @@ def test_openai_sse_events_carry_base64_audio_then_usage(client: TestClient) -> 
     assert usage["output_tokens"] == round(len(audio) / 2 / 24000 * 50)
 
 
-TIMED_TEXT = "[pause 200ms]今天天气很好。[pause 300ms]明天要下雨。记得带伞。"  # a lead pause, two sentences, a pause between
+# a lead pause, three sentences, a pause after the first; a number the caption shows as written ("2", not 两)
+TIMED_TEXT = "[pause 200ms]今天天气很好。[pause 300ms]明天要下雨。记得带2把伞。"
 
 
 def sse_events(resp: object) -> list[dict[str, object]]:
@@ -399,35 +400,48 @@ def sse_events(resp: object) -> list[dict[str, object]]:
 def test_openai_sse_timestamps_place_each_sentence_in_the_decoded_audio(
     client: TestClient, fmt: str, rate: int, delay: int
 ) -> None:
-    """`timestamps: true` adds a speech.audio.sentence event after each sentence's audio; its times are where the
-    sentence lies in what a decoder yields from the deltas (MP3: after LAME's 1105 priming samples)."""
+    """`timestamps: true` adds a speech.audio.sentence event after each sentence's audio: one per written sentence
+    (sentences are not merged for synthesis then), with the sentence as written (not its reading); its times are where
+    the sentence lies in what a decoder yields from the deltas (MP3: after LAME's 1105 priming samples)."""
     body = {"model": "tts-1", "input": TIMED_TEXT, "voice": "alloy", "response_format": fmt, "stream_format": "sse"}
     resp = client.post("/v1/audio/speech", json=body | {"timestamps": True})
     events = sse_events(resp)
     assert resp.status_code == 200 and events[-1]["type"] == "speech.audio.done"
     marks = [e for e in events if e["type"] == "speech.audio.sentence"]
-    assert [(m["sentence"], m["text"]) for m in marks] == [(0, "今天天气很好。"), (1, "明天要下雨。记得带伞。")]
-    first, second = (dict(m) for m in marks)
+    assert [(m["sentence"], m["text"]) for m in marks] == [(0, "今天天气很好。"), (1, "明天要下雨。"), (2, "记得带2把伞。")]
+    first, second, third = (dict(m) for m in marks)
     model_rate = 22050  # the marks count the model's samples; the pauses are whole samples at that rate
     assert first["start"] == pytest.approx(round(0.2 * model_rate) / model_rate + delay / rate, abs=1e-9)
     assert second["start"] - first["end"] == pytest.approx(round(0.3 * model_rate) / model_rate, abs=1e-9)
+    assert third["start"] == second["end"] and third["end"] > third["start"]  # no pause between them
     audio = b"".join(base64.b64decode(str(e["audio"])) for e in events if e["type"] == "speech.audio.delta")
     decoded = decoded_seconds(audio, fmt, rate)
     frame_s = 576 / rate if fmt == "mp3" else 1 / rate  # an MP3 stream ends on a whole frame
-    assert second["end"] <= decoded + 1 / rate and decoded - second["end"] < frame_s + 1 / rate
+    assert third["end"] <= decoded + 1 / rate and decoded - third["end"] < frame_s + 1 / rate
     before = [e for e in events[: events.index(marks[0])] if e["type"] == "speech.audio.delta"]
     if fmt == "pcm":  # the first mark comes after its audio, but for what the 22,050 -> 24,000 Hz resampler holds
         sent = sum(len(base64.b64decode(str(e["audio"]))) for e in before) / 2 / rate
         assert sent >= first["end"] - 2 * 147 / model_rate  # (it releases whole blocks of 147 inputs, one held back)
 
 
-def test_openai_sse_timestamps_are_never_served_from_the_cache_and_need_sse(client: TestClient) -> None:
-    body = {"model": "tts-1", "input": "缓存里的一句话。", "voice": "alloy", "response_format": "pcm", "stream_format": "sse"}
-    assert client.post("/v1/audio/speech", json=body).status_code == 200  # now the bytes are cached
-    again = client.post("/v1/audio/speech", json=body | {"timestamps": True})
+def test_openai_sse_timestamps_come_from_the_cache_only_for_one_piece_and_need_sse(client: TestClient) -> None:
+    """Stored bytes carry no marks: a text spoken in one piece is answered from the cache with the mark a synthesis
+    gives (its pauses left out); a text of several pieces is always synthesized."""
+    one = {"model": "tts-1", "input": "[pause 100ms]缓存里的1句话。[pause 200ms]", "voice": "alloy", "response_format": "pcm"}
+    one |= {"stream_format": "sse", "timestamps": True}
+    fresh = client.post("/v1/audio/speech", json=one)
+    cached = client.post("/v1/audio/speech", json=one)
+    assert (fresh.headers["x-cache"], cached.headers["x-cache"]) == ("miss", "hit")
+    marks = [[e for e in sse_events(r) if e["type"] == "speech.audio.sentence"] for r in (fresh, cached)]
+    assert len(marks[0]) == len(marks[1]) == 1 and marks[1][0]["text"] == marks[0][0]["text"] == "缓存里的1句话。"
+    assert marks[1][0]["start"] == pytest.approx(marks[0][0]["start"], abs=1e-9) == 0.1
+    assert marks[1][0]["end"] == pytest.approx(marks[0][0]["end"], abs=1e-9)
+    two = one | {"input": "缓存里的一句话。还有一句话。"}
+    assert client.post("/v1/audio/speech", json=two).headers["x-cache"] == "miss"
+    again = client.post("/v1/audio/speech", json=two)
     assert again.headers["x-cache"] == "miss"
-    assert [e["type"] for e in sse_events(again)].count("speech.audio.sentence") == 1
-    plain = client.post("/v1/audio/speech", json=body | {"stream_format": "audio", "timestamps": True})
+    assert [e["type"] for e in sse_events(again)].count("speech.audio.sentence") == 2
+    plain = client.post("/v1/audio/speech", json=one | {"stream_format": "audio"})
     assert plain.status_code == 400 and error_of(plain)["param"] == "timestamps"
 
 

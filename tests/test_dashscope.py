@@ -130,6 +130,33 @@ def test_streaming_call_gives_timed_sentences_on_the_audio_sent(server: AppServe
     assert abs(ends[-1]["sentence"]["end_time"] - len(recorder.audio) / 2 / 16000 * 1000) <= 1
 
 
+# 93 characters the frontend speaks in two pieces, cut at the colon (as in test_ws_stream.py)
+LONG_SENTENCE = (
+    "第一部分写得比较长，里面有很多很多的汉字，用来凑够六十多个字的长度，我们一直写下去，直到长度足够为止，还要再多写几个字才行："
+    "第二部分也要写得足够长，超过二十个字，这样才不会被并回前面去。"
+)
+
+
+def test_a_sentence_spoken_in_pieces_gets_a_sentence_begin_and_end_per_piece(server: AppServer) -> None:
+    """The caption contract: one sentence-begin/sentence-end pair per synthesized piece (a caption never spans two),
+    each with the text as written (the digit, not its reading), back to back on the audio received."""
+    recorder = Recorder()
+    tts = synthesizer(server, format=AudioFormat.PCM_16000HZ_MONO_16BIT, callback=recorder)
+    tts.streaming_call(LONG_SENTENCE + "我有2个苹果。")
+    tts.streaming_complete()
+    assert recorder.completed.is_set() and not recorder.errors
+    kinds = [(o["type"], o["sentence"]["index"]) for o in recorder.outputs]
+    assert kinds == [(k, i) for i in range(3) for k in ("sentence-begin", "sentence-end")]
+    cut = LONG_SENTENCE.index("：") + 1
+    ends = [o for o in recorder.outputs if o["type"] == "sentence-end"]
+    assert [e["original_text"] for e in ends] == [LONG_SENTENCE[:cut], LONG_SENTENCE[cut:], "我有2个苹果。"]
+    assert ends[0]["sentence"]["begin_time"] == 0
+    for before, after in itertools.pairwise(ends):
+        assert after["sentence"]["begin_time"] == before["sentence"]["end_time"] < after["sentence"]["end_time"]
+    assert abs(ends[-1]["sentence"]["end_time"] - len(recorder.audio) / 2 / 16000 * 1000) <= 1
+    assert tts.get_response()["payload"]["usage"]["characters"] == len(LONG_SENTENCE) + len("我有2个苹果。")
+
+
 def test_streaming_flush_speaks_text_without_an_end_before_the_task_finishes(server: AppServer) -> None:
     recorder = Recorder()
     tts = synthesizer(server, format=AudioFormat.PCM_16000HZ_MONO_16BIT, callback=recorder)

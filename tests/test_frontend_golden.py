@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import inflect
@@ -24,6 +25,8 @@ def _load(name: str) -> list[dict[str, str]]:
 
 ZH = _load("golden_zh.jsonl")
 EN = _load("golden_en.jsonl")
+# Chinese and English in one text: zh then en, en then zh, English inside a Chinese sentence, phone numbers.
+MIXED = _load("golden_mixed.jsonl")
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +57,20 @@ def test_golden_en(frontend: TextFrontend, case: dict[str, str]) -> None:
     assert frontend.normalize(case["text"], split=False) == [case["expected"]]
 
 
+@pytest.mark.parametrize("case", MIXED, ids=[f"mixed-{i}-{c['rule']}" for i, c in enumerate(MIXED)])
+def test_golden_mixed(frontend: TextFrontend, case: dict[str, str]) -> None:
+    """Each sentence (or English run of a Chinese sentence) is read by its own language's rules; a phone number is
+    never read as a subtraction (减) or a sum."""
+    assert frontend.normalize(case["text"], split=False) == [case["expected"]]
+
+
+def test_mixed_tables_cover_both_orders() -> None:
+    counts = Counter(c["rule"] for c in MIXED)
+    assert set(counts) == {"zh-en", "en-zh", "inside", "phone"} and min(counts.values()) >= 4
+
+
 def test_every_rule_fires_in_the_tables(frontend: TextFrontend) -> None:
-    fired = {name for case in ZH + EN for name in frontend.normalize_report(case["text"]).rules}
+    fired = {name for case in ZH + EN + MIXED for name in frontend.normalize_report(case["text"]).rules}
     names = {r.name for r in ZH_RULES} | {r.name for r in en_rules(inflect_number_words(inflect.engine()))}
     assert names - fired == set()
 

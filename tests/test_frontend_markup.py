@@ -9,7 +9,7 @@ import regex
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.errors import EmptyTextError
+from service.errors import EmptyTextError, InvalidInputError
 from service.frontend import Sentence, TextFrontend
 from service.frontend.markup import strip_markdown
 from service.frontend.pauses import MAX_PAUSE_S, MAX_TOTAL_PAUSE_S, mark_pauses
@@ -36,7 +36,7 @@ MARKDOWN = [
     ("Run `make_it_so` now.", "Run make_it_so now."),
     ("Before\n```python\nprint('x')\n```\nAfter", "Before.\nAfter."),
     ("> quoted words\n> - quoted item", "quoted words.\nquoted item."),
-    ("| name | age |\n|---|:--:|\n| Ann | 5 |", "name, age.Ann, five."),
+    ("| name | age |\n|---|:--:|\n| Ann | 5 |", "name, age.\nAnn, five."),  # each row is a sentence, read on its own
     ("Title\n=====\nbody\n\n---\n\n- [x] done", "Title.\nbody.\n\n\ndone."),
     ("<speak>Hello <emphasis>there</emphasis></speak>", "Hello there."),
     ("## 标题\n正文**加粗**，`代码`。\n- 苹果\n- 香蕉", "标题。正文加粗，代码。苹果。香蕉。"),
@@ -97,6 +97,79 @@ def test_plain_text_keeps_its_sentences(enhanced: TextFrontend) -> None:
     text = "Use a_b_c and 3 * 4 or #tag."
     assert strip_markdown(text) == text
     assert "".join(enhanced.normalize(text)) == "Use a underscore b underscore c and three times four or hash tag."
+
+
+# ---- markup that changes the reading: [pinyin], <sub>, <prosody rate>; what is refused -------------------------
+@pytest.mark.parametrize(
+    ("text", "said", "shown"),
+    [
+        ("重庆[chong2]到了。", "崇庆到了。", "重庆到了。"),  # 重 (zhong4/chong2) is the character that reads chong2
+        ("重庆[chong2 qing4]到了。", "崇庆到了。", "重庆到了。"),
+        ("银行[hang2]到了。", "银航到了。", "银行到了。"),  # hang2 goes to 行, not to the last character by position
+        ("银行[háng]到了。", "银航到了。", "银行到了。"),  # tone marks too
+        ("重[chong2]新开始。", "崇新开始。", "重新开始。"),
+    ],
+)
+def test_pinyin_markup_gives_the_reading_and_its_digits_are_never_numbers(
+    enhanced: TextFrontend, text: str, said: str, shown: str
+) -> None:
+    (sentence,) = enhanced.sentences(text, captions=True)
+    assert (sentence.text, sentence.source) == (said, shown)
+    assert not any(n in sentence.text for n in "一二"), "a tone number was read as a number"
+
+
+@pytest.mark.parametrize(
+    ("text", "named"), [("重庆[chong9]到了", "chong9"), ("重庆[xyz2]到了", "xyz2"), ("好[ni3 hao3]", "2 syllables")]
+)
+def test_pinyin_markup_that_is_no_pinyin_is_refused(enhanced: TextFrontend, text: str, named: str) -> None:
+    with pytest.raises(InvalidInputError, match=named):
+        enhanced.sentences(text)
+
+
+def test_brackets_that_are_no_pinyin_stay_text(enhanced: TextFrontend) -> None:
+    # capitals that fit no character before them are a code or a citation; capitals that fit one are pinyin
+    assert enhanced.normalize("见表[A1]，文献[1]，第[Q3]季度", split=False) == ["见表[A一]，文献[一]，第[Q三]季度"]
+    assert enhanced.normalize("重庆[Chong2]到了", split=False) == ["崇庆到了"]
+
+
+def test_sub_reads_the_alias_and_captions_show_the_written_text(enhanced: TextFrontend) -> None:
+    (zh,) = enhanced.sentences('<sub alias="世界贸易组织">WTO</sub>成立于1995年。', captions=True)
+    assert (zh.text, zh.source) == ("世界贸易组织成立于一九九五年。", "WTO成立于1995年。")
+    (en,) = enhanced.sentences("<speak><sub alias='World Health Organization'>WHO</sub> said so.</speak>")
+    assert (en.text, en.source) == ("World Health Organization said so.", "WHO said so.")
+
+
+@pytest.mark.parametrize(
+    ("text", "rate"),
+    [
+        ('<prosody rate="x-fast">你好。</prosody>', 2.0),
+        ("<speak><prosody rate='150%'>Hello.</prosody> <prosody rate='150%'>World.</prosody></speak>", 1.5),
+        ('<prosody rate="-20%">慢一点。</prosody>', 0.8),
+        ('<prosody rate="1.2">Hi.</prosody>', 1.2),
+        ("<prosody>Hi.</prosody>", 1.0),
+        ("Hi.", 1.0),
+    ],
+)
+def test_prosody_rate_covering_the_whole_text_sets_its_speed(enhanced: TextFrontend, text: str, rate: float) -> None:
+    sentences = enhanced.sentences(text)
+    assert [s.rate for s in sentences] == [rate] * len(sentences)
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ('Hi <prosody rate="slow">there</prosody>.', "<prosody rate> must cover all the text"),
+        ('<prosody rate="slow">Hi.</prosody><prosody rate="fast">There.</prosody>', "<prosody rate> must cover"),
+        ('<prosody pitch="high">Hi.</prosody>', "<prosody pitch>"),
+        ('<prosody rate="fast" volume="loud">Hi.</prosody>', "<prosody volume>"),
+        ('<prosody rate="9">Hi.</prosody>', "factor of 9"),
+        ('<prosody rate="quick">Hi.</prosody>', "is not a rate"),
+        ('<phoneme alphabet="py" ph="chong2">重</phoneme>庆', "<phoneme>"),
+    ],
+)
+def test_ssml_that_cannot_be_honoured_is_refused_naming_the_element(enhanced: TextFrontend, text: str, named: str) -> None:
+    with pytest.raises(InvalidInputError, match=regex.escape(named)):
+        enhanced.sentences(text)
 
 
 # ---- properties ---------------------------------------------------------------------------------

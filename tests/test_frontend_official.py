@@ -173,7 +173,7 @@ def test_punctuation_only_pieces() -> None:
 def test_bypass_and_empty(official: TextFrontend) -> None:
     tagged = "<|en|>Hello 2 world。 second. "
     assert official.normalize(tagged) == [tagged]
-    assert official.sentences(tagged) == [Sentence(tagged, tuple(official.encode(tagged)))]
+    assert official.sentences(tagged) == [Sentence(tagged, tuple(official.encode(tagged)), source=tagged)]
     assert official.normalize("") == [""]
     for empty in ["", "   ", "。。！", "……", "<|en|>", "<|en|> 。"]:
         with pytest.raises(EmptyTextError):
@@ -187,7 +187,8 @@ def test_sentences_carry_ids(official: TextFrontend) -> None:
     for s in got:
         assert s.ids == tuple(official.encode(s.text))
     en = official.sentences("I have 3 apples.")
-    assert en == [Sentence("I have three apples.", tuple(official.encode("I have three apples.")))]
+    # `source`: the written text a caption shows
+    assert en == [Sentence("I have three apples.", tuple(official.encode("I have three apples.")), source="I have 3 apples.")]
 
 
 def test_load_rejects_bad_tokenizer_file(tmp_path: Path) -> None:

@@ -12,7 +12,21 @@ from pathlib import Path
 import pytest
 import regex
 
-from service.frontend import TextFrontend, arithmetic, frontend, lexicon, markup, normalize, pauses, pipeline, roman, rules, steps
+from service.frontend import (
+    TextFrontend,
+    annotate,
+    arithmetic,
+    frontend,
+    lexicon,
+    markup,
+    mixed,
+    normalize,
+    pauses,
+    pipeline,
+    roman,
+    rules,
+    steps,
+)
 from service.frontend.normalize import OfficialNormalizer
 from service.frontend.rules_en import en_rules
 from service.frontend.rules_zh import ZH_LATE_RULES, ZH_RULES
@@ -26,6 +40,8 @@ SEEDS = (
     "[pause 1", "# ", "- ", "1. ", "> ", "| a ", "|-", "---", "```\n", "<https://a", "<speak ", "第I", "Ⅲ", "Henry I",
     "Chapter X", "1+1=", "1 + ", "-1-", "555-", "(555) ", "+1 5", "Dr. ", "A.", "Main St. ", "1 A B ",
     "1.5-", "1,000.5 ", "1,0", "1000.5k", "1 km/", "$1-$", "¥1,0-", "$1.5M-", "-1.5%", "1.5% ", "1.5-2.", "1-1.",
+    "好[", "好[a1 ", "好[a1]", "<sub alias='", "<sub a>", "<prosody rate='", "<prosody a='1' ", "a b ", "a'b ", "+1 2",
+    "+1 (2", "555 1",
 )  # fmt: skip
 EN_RULES = en_rules(OfficialNormalizer().number_words)  # with the memoized inflect the service uses
 BUDGET_S = 1.5  # a linear pass over 100 kB takes milliseconds; a quadratic one takes minutes
@@ -41,10 +57,12 @@ def _named_patterns() -> dict[str, Callable[[str], object]]:
     all_rules = ZH_RULES + ZH_LATE_RULES + EN_RULES
     for i, r in enumerate(all_rules):
         ops[f"rule:{i}:{r.name}"] = r.apply
-    for module in (steps, rules, normalize, pipeline, frontend, lexicon, markup, pauses, arithmetic, roman):
+    for module in (steps, rules, normalize, pipeline, frontend, lexicon, markup, pauses, arithmetic, roman, annotate, mixed):
         for name, value in vars(module).items():
             if isinstance(value, re.Pattern | regex.Pattern):
-                if name in {"_ONLY_PUNCT", "_HAN_WORD", "_SYLLABLE", "_TIME", "_VALID", "_RULE_LINE", "_TABLE_SEPARATOR"}:
+                fullmatched = {"_ONLY_PUNCT", "_HAN_WORD", "_SYLLABLE", "_TIME", "_VALID", "_RULE_LINE", "_TABLE_SEPARATOR",
+                               "_NUMBERED", "_RATE"}  # fmt: skip
+                if name in fullmatched:
                     ops[f"{module.__name__}.{name}"] = value.fullmatch
                 else:
                     ops[f"{module.__name__}.{name}"] = partial(value.sub, "")
@@ -57,7 +75,7 @@ PATTERNS = _named_patterns()
 def test_every_module_regex_is_covered() -> None:
     names = set(PATTERNS)
     for expected in ("steps._ONLY_PUNCT", "rules._EMOJI_BEFORE_PUNCT", "rules._CONTROL", "pipeline._SURROGATES", "markup._STARS",
-                     "pauses._MARKER", "arithmetic._TOKEN", "roman._VALID"):  # fmt: skip
+                     "pauses._MARKER", "arithmetic._TOKEN", "roman._VALID", "annotate._PINYIN", "mixed._TWO_WORDS"):  # fmt: skip
         assert f"service.frontend.{expected}" in names
     assert sum(n.startswith("rule:") for n in names) == len(ZH_RULES) + len(ZH_LATE_RULES) + len(EN_RULES)
 
@@ -81,7 +99,8 @@ def enhanced(ref_dir: Path) -> TextFrontend:
 
 # Inputs that wetext leaves alone (no digits survive the rules), so the whole 100 kB run stays cheap.
 PIPELINE_SEEDS = ("1", "好" + "1" * 13, "好，", "a ", "。", "😀", "，", "<", "儿", "a@b.", "重庆的行长", "好" * 7, "x" * 9,
-                  "**a ", "_a_ ", "- a\n", "# a\n", "| a |\n", "> ", "```\n", "[a](b) ", "a[pause 1s]", "好<break/>")  # fmt: skip
+                  "**a ", "_a_ ", "- a\n", "# a\n", "| a |\n", "> ", "```\n", "[a](b) ", "a[pause 1s]", "好<break/>",
+                  "好[hao3]", "<sub alias='x'>y</sub>", "好 a b ", "a. b. ", "好。a b.")  # fmt: skip
 
 
 @pytest.mark.parametrize("seed", PIPELINE_SEEDS)

@@ -215,6 +215,7 @@ def test_normalize_get_and_post_report_what_will_be_spoken(client: TestClient, r
     expected = reference_frontend.sentences(text)
     assert [s["text"] for s in g["sentences"]] == [s.text for s in expected]
     assert [s["ids"] for s in g["sentences"]] == [list(s.ids) for s in expected]
+    assert [s["source"] for s in g["sentences"]] == [text]  # the written text its caption shows, digits as typed
     assert g["token_counts"] == [len(s.ids) for s in expected] and g["total_tokens"] == sum(g["token_counts"])
     assert [(r["word"], r["replacement"]) for r in g["rewrites"]] == [("重庆", "崇庆"), ("行长", "航掌")]
     assert g["rules"] == ["code_after_keyword"] and g["language"] == "zh" and g["enhanced"] is True

@@ -144,13 +144,17 @@ def decoded_samples(audio: bytes, fmt: str) -> int:
         return samples * 24000 // stream.codec_context.sample_rate if fmt == "opus" else samples
 
 
-@pytest.mark.parametrize(("fmt", "rate"), [("pcm", 16000), ("mp3", 22050), ("opus", 24000)])
-def test_each_caption_says_where_its_sentence_lies_on_the_connection_timeline(server: AppServer, fmt: str, rate: int) -> None:
+@pytest.mark.parametrize(
+    ("fmt", "rate", "explicit"), [("pcm", 16000, True), ("mp3", 22050, False), ("mp3", 16000, True), ("opus", 24000, False)]
+)
+def test_each_caption_says_where_its_sentence_lies_on_the_connection_timeline(
+    server: AppServer, fmt: str, rate: int, explicit: bool
+) -> None:
     """`start` and `end` of a sentence_end are seconds of decoded audio from the connection's first frame: sentence i
     ends where i+1 starts, and end - start is exactly what a decoder yields for the sentence's frames (an MP3 stream
-    with its priming and its last frame's padding, Opus trimmed to its granule position)."""
-    config = {"format": fmt} | ({"sample_rate": rate} if fmt == "pcm" else {})
-    ws, ready = open_stream(server, config)
+    with its priming and its last frame's padding, Opus trimmed to its granule position). MP3 takes an explicit
+    `sample_rate` (16 kHz: MPEG-2 frames), which the decoder sees."""
+    ws, ready = open_stream(server, {"format": fmt} | ({"sample_rate": rate} if explicit else {}))
     assert ready["sample_rate"] == rate
     for piece in ("第一句话在这里。", "第二句话稍微长一点，", "还有一些内容。", "第三句"):
         send_text(ws, piece)
@@ -163,6 +167,34 @@ def test_each_caption_says_where_its_sentence_lies_on_the_connection_timeline(se
     for e in ends:
         audio = b"".join(f[HEADER.size :] for f in frames[e["first_seq"] : e["last_seq"] + 1])
         assert round((e["end"] - e["start"]) * rate) == decoded_samples(audio, fmt)
+        if fmt == "mp3":  # the rate the frames declare (Opus decoders always give 48 kHz)
+            with av.open(io.BytesIO(audio)) as container:
+                assert container.streams.audio[0].codec_context.sample_rate == rate
+        assert e["captions"] == [{"text": e["text"], "start": e["start"], "end": e["end"]}]  # one piece each
+
+
+# 93 characters: the frontend cuts it at the colon (over 60 before it, over 80 with what follows) into two pieces
+LONG_SENTENCE = (
+    "第一部分写得比较长，里面有很多很多的汉字，用来凑够六十多个字的长度，我们一直写下去，直到长度足够为止，还要再多写几个字才行："
+    "第二部分也要写得足够长，超过二十个字，这样才不会被并回前面去。"
+)
+LONG_PIECES = [LONG_SENTENCE[: LONG_SENTENCE.index("：") + 1], LONG_SENTENCE[LONG_SENTENCE.index("：") + 1 :]]
+
+
+def test_a_sentence_spoken_in_pieces_has_a_caption_per_piece_with_its_written_text(server: AppServer) -> None:
+    """The caption contract: a caption per synthesized piece (never spanning two), with the text as written (the
+    digit, not its reading 两), back to back on the timeline from the sentence's start to its end."""
+    ws, _ = open_stream(server, {"format": "pcm", "sample_rate": 16000})
+    send_text(ws, LONG_SENTENCE + "我有2个苹果。")
+    ws.send(json.dumps({"type": "close"}))
+    _, events = drain(ws)
+    long, short = (e for e in events if e["type"] == "sentence_end")
+    assert [c["text"] for c in long["captions"]] == LONG_PIECES and long["text"] == LONG_SENTENCE
+    first, second = long["captions"]
+    assert first["start"] == long["start"] < first["end"] == second["start"] < second["end"] == long["end"]
+    # the cut lies where the first piece's audio ends: its samples were sent before the second piece's
+    assert (first["end"] - long["start"]) * 16000 < long["audio_bytes"] / 2
+    assert short["captions"] == [{"text": "我有2个苹果。", "start": short["start"], "end": short["end"]}]
 
 
 def test_cancel_stops_speech_at_once_and_the_connection_takes_new_text(server: AppServer) -> None:
@@ -221,13 +253,24 @@ def test_flush_speaks_text_without_an_end_at_once(server: AppServer) -> None:
         ({"format": "wav"}, [], 4400, "invalid_input"),
         ({"voice": "无此人"}, [], 4400, "unknown_speaker"),
         ({"voice": "\ud800"}, [], 4400, "invalid_input"),  # json.dumps writes the lone surrogate as its escape
-        ({"format": "mp3", "sample_rate": 24000}, [], 4400, "invalid_input"),
+        ({"format": "mp3", "sample_rate": 11000}, [], 4400, "invalid_input"),
+        ({"format": "opus", "sample_rate": 16000}, [], 4400, "invalid_input"),
         ({"speed": 9}, [], 4400, "invalid_input"),
         ({}, ["not json"], 4400, "invalid_input"),
         ({}, [b"\x00\x01"], 4400, "invalid_input"),
         ({}, [json.dumps({"type": "text"})], 4400, "invalid_input"),
     ],
-    ids=["format", "voice", "voice-lone-surrogate", "rate-for-mp3", "speed", "not-json", "binary", "text-missing"],
+    ids=[
+        "format",
+        "voice",
+        "voice-lone-surrogate",
+        "rate-for-mp3",
+        "rate-for-opus",
+        "speed",
+        "not-json",
+        "binary",
+        "text-missing",
+    ],
 )
 def test_bad_input_closes_with_a_4xx_code_and_a_json_reason(
     server: AppServer, config: dict[str, Any], messages: list[Any], code: int, error: str
@@ -240,6 +283,17 @@ def test_bad_input_closes_with_a_4xx_code_and_a_json_reason(
             ws.send(m)
     got_code, reason = close_of(ws)
     assert (got_code, reason["code"]) == (code, error), reason
+
+
+@pytest.mark.parametrize(
+    ("fmt", "rates"),
+    [("mp3", "8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000"), ("pcm", "8000, 16000, 22050, 24000, 44100, 48000")],
+)
+def test_an_unsupported_sample_rate_is_refused_naming_the_supported_ones(server: AppServer, fmt: str, rates: str) -> None:
+    ws = connect(ws_url(server), open_timeout=30)
+    ws.send(json.dumps({"type": "config", "format": fmt, "sample_rate": 11000 if fmt == "pcm" else 11111}))
+    code, reason = close_of(ws)
+    assert (code, reason) == (4400, {"code": "invalid_input", "message": f"{fmt} sample_rate: {rates}"})  # not cut short
 
 
 def test_a_text_frame_that_is_not_utf8_fails_the_connection_without_a_traceback(server: AppServer) -> None:

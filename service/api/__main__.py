@@ -15,8 +15,8 @@ from uvicorn.config import STARTUP_FAILURE
 from service.api.app import create_app
 from service.api.logconfig import configure as configure_logging
 from service.api.serving import serve
-from service.levers import LEVERS
 from service.errors import BundleError, SettingError
+from service.levers import LEVERS
 from service.runtime import check_settings
 from service.settings import Settings, moved_levers
 

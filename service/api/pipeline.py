@@ -9,7 +9,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from contextlib import aclosing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import NoReturn, Protocol
 
 import anyio
@@ -21,7 +21,7 @@ from service.api.streaming import JobPieces
 from service.audio.timeline import SampleCounter
 from service.errors import EmptyTextError, OverloadedError, TTSError
 from service.runtime import Slot
-from service.speech.job import SpeechJob
+from service.speech.job import SentenceMark, SpeechJob
 from service.speech.request import SpeechRequest
 from service.speech.service import TTSService
 
@@ -30,8 +30,19 @@ Handoff = tuple[int, str, SpeechJob | None]
 
 
 @dataclass(frozen=True)
+class Caption:
+    """One synthesized piece of a sentence as its listener got it: the written text it was read from and where its
+    audio lies on the timeline. A sentence is one piece unless the frontend split it (a long sentence)."""
+
+    text: str
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
 class SpokenSentence:
-    """One sentence as its listener got it: its frames and where its audio lies on the connection's timeline."""
+    """One sentence as its listener got it: its frames, where its audio lies on the connection's timeline, and its
+    captions (one per synthesized piece, back to back from `start_s` to `end_s`; none when nothing was said)."""
 
     index: int
     text: str
@@ -41,20 +52,35 @@ class SpokenSentence:
     start_s: float
     end_s: float
     spoken: bool  # False: nothing to say (e.g. only an emoji); no frames
+    captions: tuple[Caption, ...] = ()
 
     @property
     def last_seq(self) -> int:
         return self.first_seq + self.frames - 1
 
 
+@dataclass
+class SentAudio:
+    """What one sentence has sent so far: its bytes and the captions of its pieces."""
+
+    start_s: float
+    texts: tuple[str, ...]
+    bytes: int = 0
+    captions: list[Caption] = field(default_factory=list)
+
+
 class AudioSink(Protocol):
     """How a transport frames what the pipeline produces (sent in this order for each sentence)."""
 
-    async def begin(self, index: int, text: str, start_s: float) -> None:
-        """Before the sentence's first audio, which will start at `start_s` on the timeline."""
+    async def begin(self, index: int, text: str, start_s: float, pieces: tuple[str, ...]) -> None:
+        """Before the sentence's first audio, which will start at `start_s` on the timeline; `pieces` are the written
+        texts of its synthesized pieces, in order (`text` alone when nothing is said)."""
 
     async def audio(self, index: int, seq: int, piece: bytes) -> None:
         """One piece of the sentence's audio; `seq` numbers the pieces of the whole pipeline from 0."""
+
+    async def caption(self, index: int, number: int, caption: Caption) -> None:
+        """After the audio of the sentence's synthesized piece `number` (the last one's comes after all its audio)."""
 
     async def end(self, sentence: SpokenSentence) -> None:
         """After the sentence's last audio (never for a sentence cut off by `cancel()`)."""
@@ -265,12 +291,14 @@ class SpeechPipeline:
                 await self._speak_one(index, text, job)
 
     async def _speak_one(self, index: int, text: str, job: SpeechJob | None) -> None:
-        first_seq, start, counter, sent = self.seq, self.samples, self.counter(), 0
+        first_seq, start, counter = self.seq, self.samples, self.counter()
+        texts = tuple(s.source or s.text for s in job.prepared.spoken) if job is not None else (text,)
         self.speaking, self._current = index, job
-        await self.sink.begin(index, text, start / self.rate_hz)
+        await self.sink.begin(index, text, start / self.rate_hz, texts)
+        sent = SentAudio(start / self.rate_hz, texts)
         try:
             if job is not None:
-                sent = await self._send_audio(index, job, counter)
+                await self._send_audio(index, job, counter, sent)
         finally:
             self.samples = start + counter.samples  # what was sent of a cut-off sentence stays on the timeline
             if job is not None:
@@ -278,23 +306,36 @@ class SpeechPipeline:
                 self._give_place_back()
             self._current = None
         self.speaking = None
-        frames = self.seq - first_seq
-        spoken = SpokenSentence(index, text, first_seq, frames, sent, start / self.rate_hz, self.time_s, job is not None)
-        await self.sink.end(spoken)
+        if job is not None:  # the last piece ends where the sentence's audio ends, its tail frames included
+            await self._caption(index, sent, self.time_s)
+        frames, start_s = self.seq - first_seq, start / self.rate_hz
+        spoken = SpokenSentence(index, text, first_seq, frames, sent.bytes, start_s, self.time_s, job is not None)
+        await self.sink.end(replace(spoken, captions=tuple(sent.captions)))
         self.sentences_done += 1
 
-    async def _send_audio(self, index: int, job: SpeechJob, counter: SampleCounter) -> int:
-        """The job's audio through the sink; leaving early (cancel, disconnect, failure) cancels its synthesis."""
-        pieces, sent = JobPieces(job, self.state), 0
+    async def _send_audio(self, index: int, job: SpeechJob, counter: SampleCounter, sent: SentAudio) -> None:
+        """The job's audio through the sink, and a caption after each of its pieces but the last (whose audio is not
+        all sent yet); leaving early (cancel, disconnect, failure) cancels its synthesis."""
+        pieces = JobPieces(job, self.state)
         await pieces.start()
-        async with aclosing(pieces.stream()) as audio:
-            async for piece in audio:
-                if piece:
-                    await self.sink.audio(index, self.seq, piece)  # a cancel lands before a frame is written, never inside
-                    counter.feed(piece)
+        async with aclosing(pieces.events()) as items:
+            async for item in items:
+                if isinstance(item, SentenceMark):
+                    if item.index + 1 < len(sent.texts):  # marks count in seconds of this sentence's decoded audio
+                        await self._caption(index, sent, sent.start_s + item.end_s)
+                elif item:
+                    await self.sink.audio(index, self.seq, item)  # a cancel lands before a frame is written, never inside
+                    counter.feed(item)
                     self.seq += 1
-                    sent += len(piece)
-        return sent
+                    sent.bytes += len(item)
+
+    async def _caption(self, index: int, sent: SentAudio, end_s: float) -> None:
+        """The next piece's caption: from where the one before ended to `end_s` on the timeline."""
+        number = len(sent.captions)
+        start_s = sent.captions[-1].end_s if sent.captions else sent.start_s
+        caption = Caption(sent.texts[min(number, len(sent.texts) - 1)], start_s, max(start_s, end_s))
+        sent.captions.append(caption)
+        await self.sink.caption(index, number, caption)
 
 
 def reraise_first(group_error: BaseExceptionGroup[BaseException]) -> NoReturn:

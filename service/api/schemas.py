@@ -229,6 +229,7 @@ class NormalizeBody(BaseModel):
 
 class NormalizedSentence(BaseModel):
     text: str = Field(description="The sentence as it will be spoken.")
+    source: str = Field(description="The text it was read from, as written (markup removed): what its caption shows.")
     ids: list[int] = Field(description="Whisper BPE token ids sent to the engine.")
     tokens: int
     pause_after_s: float = Field(description="Silence inserted after the sentence (SSML breaks, `[pause …]`), seconds.")

@@ -145,7 +145,7 @@ async def _sse_events(pieces: JobPieces) -> AsyncIterator[bytes]:
                 yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(item).decode("ascii")})
     prepared, timings = pieces.job.prepared, pieces.job.timings
     # speech tokens come at a fixed rate (50 Hz for v1), so audio seconds x speed give the token count
-    output_tokens = round(timings.audio_s * prepared.request.speed * pieces.token_rate_hz)
+    output_tokens = round(timings.audio_s * prepared.speed * pieces.token_rate_hz)
     usage = {"input_tokens": prepared.input_tokens, "output_tokens": output_tokens}
     yield _event({"type": "speech.audio.done", "usage": {**usage, "total_tokens": sum(usage.values())}})
 

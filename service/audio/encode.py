@@ -18,6 +18,7 @@ from service.errors import UnsupportedFormatError
 STREAM_SIZE_UNKNOWN = 0xFFFFFFFF  # RIFF/data size of a WAV whose length is not known yet (streaming)
 OPUS_SAMPLE_RATE_HZ = 24_000  # libopus accepts 8/12/16/24/48 kHz only; 24 kHz is the nearest to 22,050
 DEFAULT_BITRATE_KBPS = 64  # MP3/Opus/AAC when the caller names none
+MP3_RATES_HZ = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)  # MPEG-1, 2 and 2.5 Layer III
 
 
 class AudioFormat(StrEnum):
@@ -58,10 +59,13 @@ def parse_format(value: str, param: str = "format") -> AudioFormat:
         raise UnsupportedFormatError(f"unsupported format {value!r}; use one of {accepted}", param=param) from e
 
 
-def output_sample_rate(fmt: AudioFormat, model_rate_hz: int, pcm_rate_hz: int | None = None) -> int:
-    """Sample rate of the encoded output: the model's, except Opus (24 kHz) and PCM when a rate is asked for."""
+def output_sample_rate(fmt: AudioFormat, model_rate_hz: int, pcm_rate_hz: int | None = None, rate_hz: int | None = None) -> int:
+    """Sample rate of the encoded output: the model's, except Opus (24 kHz), and PCM or MP3 when a rate is asked for
+    (`rate_hz`, a rate the client chose, over `pcm_rate_hz`, the operator's rate for PCM; MP3 takes MP3_RATES_HZ)."""
     if fmt is AudioFormat.OPUS:
         return OPUS_SAMPLE_RATE_HZ
+    if rate_hz and fmt in (AudioFormat.PCM, AudioFormat.MP3):
+        return rate_hz
     if fmt is AudioFormat.PCM and pcm_rate_hz:
         return pcm_rate_hz
     return model_rate_hz

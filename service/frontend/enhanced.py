@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+from service.frontend.mixed import protect, restore
 from service.frontend.normalize import OfficialNormalizer
 from service.frontend.rules import apply_rules, clean_input
 from service.frontend.rules_en import en_rules
@@ -74,7 +75,19 @@ class EnhancedNormalizer:
         return clean_input(text)
 
     def zh(self, text: str) -> tuple[str, list[str]]:
-        """Chinese path: zh rules, wetext per chunk, digits wetext left read as numbers, the official clean-up."""
+        """Chinese path: English runs (mixed.py) read by the English path; the rest by the zh rules, wetext per chunk,
+        digits wetext left read as numbers, the official clean-up."""
+        protected, runs = protect(text)
+        if not runs:
+            return self._zh(text)
+        english = [self.en(run) for run in runs]
+        said, fired = self._zh(protected)
+        restored = restore(said, [read for read, _ in english])
+        if restored is None:  # a rule swallowed a slot: read the sentence as Chinese throughout
+            return self._zh(text)
+        return restored, fired + [name for _, names in english for name in names]
+
+    def _zh(self, text: str) -> tuple[str, list[str]]:
         text, fired = apply_rules(ZH_RULES, text)
         text, late = apply_rules(ZH_LATE_RULES, self._wetext(text, zh=True))
         return zh_cleanup(text), fired + late

@@ -25,15 +25,19 @@ OFFICIAL_LEXICON_VERSION = "off"
 
 @dataclass(frozen=True)
 class Sentence:
-    """One unit of synthesis: the text as it will be spoken, its whisper BPE ids, and the silence after its audio.
+    """One unit of synthesis: the text as it will be spoken, its BPE ids, and the silence after its audio.
 
-    Only a pause before any text (leading silence) gives a sentence with empty `text` and `ids`: it is always the
-    first one, and it must not be sent to the engine.
+    `source` is the written text it was read from (markup removed): what a caption shows. `rate` is the speed factor
+    SSML `<prosody rate>` asked for (the same for every sentence of one text). Only a pause before any text (leading
+    silence) gives a sentence with empty `text` and `ids`: it is always the first one, and it must not be sent to the
+    engine.
     """
 
     text: str
     ids: tuple[int, ...]
     pause_after_s: float = 0.0
+    source: str = ""
+    rate: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,8 @@ class NormalizeReport:
         """JSON-ready form (ids included per sentence)."""
         data = asdict(self)
         data["sentences"] = [
-            {"text": s.text, "ids": list(s.ids), "tokens": len(s.ids), "pause_after_s": s.pause_after_s} for s in self.sentences
+            {"text": s.text, "source": s.source, "ids": list(s.ids), "tokens": len(s.ids), "pause_after_s": s.pause_after_s}
+            for s in self.sentences
         ]
         data["token_counts"] = list(self.token_counts)
         data["total_tokens"] = sum(self.token_counts)
@@ -89,7 +94,7 @@ class TextFrontend:
         self._pipeline = pipeline
         self._options = options
         self._lexicon = lexicon
-        self._cache: LRUCache[tuple[str, str], tuple[Normalized, tuple[Sentence, ...]]] = LRUCache(options.cache_size)
+        self._cache: LRUCache[tuple[str, str, bool], tuple[Normalized, tuple[Sentence, ...]]] = LRUCache(options.cache_size)
 
     @classmethod
     def load(
@@ -149,17 +154,19 @@ class TextFrontend:
         normalized, _ = self._result(text)
         return list(normalized.pieces) if split else [normalized.joined]
 
-    def sentences(self, text: str) -> list[Sentence]:
-        """Sentences ready for the engine (a leading pause may come first); EmptyTextError when nothing is speakable."""
-        out = list(self.normalize_report(text).sentences)
+    def sentences(self, text: str, captions: bool = False) -> list[Sentence]:
+        """Sentences ready for the engine (a leading pause may come first); EmptyTextError when nothing is speakable.
+        With `captions` (timed captions) no sentence holds more than one written sentence; InvalidInputError for
+        markup that cannot be honoured."""
+        out = list(self.normalize_report(text, captions).sentences)
         if not any(s.ids for s in out):
             raise EmptyTextError("the text has nothing to speak after normalization", param="input")
         return out
 
-    def normalize_report(self, text: str) -> NormalizeReport:
+    def normalize_report(self, text: str, captions: bool = False) -> NormalizeReport:
         """Sentences, token counts, rules fired and lexicon rewrites for `text` (never raises on empty text)."""
         lexicon = self._lexicon.snapshot() if self._lexicon is not None else None
-        (normalized, sentences), hit, seconds = self._cached(text, lexicon)
+        (normalized, sentences), hit, seconds = self._cached(text, lexicon, captions)
         return NormalizeReport(
             text=text,
             language=normalized.language,
@@ -180,23 +187,26 @@ class TextFrontend:
         lexicon = self._lexicon.snapshot() if self._lexicon is not None else None
         return self._cached(text, lexicon)[0]
 
-    def _cached(self, text: str, lexicon: LexiconSnapshot | None) -> tuple[tuple[Normalized, tuple[Sentence, ...]], bool, float]:
+    def _cached(
+        self, text: str, lexicon: LexiconSnapshot | None, captions: bool = False
+    ) -> tuple[tuple[Normalized, tuple[Sentence, ...]], bool, float]:
         version = lexicon.version if lexicon is not None else OFFICIAL_LEXICON_VERSION
 
         def compute() -> tuple[Normalized, tuple[Sentence, ...]]:
-            normalized = self._pipeline.run(text, lexicon)
+            normalized = self._pipeline.run(text, lexicon, captions)
             return normalized, self._assemble(normalized)
 
-        return self._cache.get_or_compute((text, version), compute)
+        return self._cache.get_or_compute((text, version, captions), compute)
 
     def _assemble(self, normalized: Normalized) -> tuple[Sentence, ...]:
         """Speakable pieces with their ids; the pause after an unspeakable piece moves to the sentence before."""
         pauses = normalized.pauses or (0.0,) * len(normalized.pieces)
+        shown = normalized.shown or normalized.pieces
         out: list[Sentence] = []
         lead = normalized.lead_pause_s
-        for piece, pause in zip(normalized.pieces, pauses, strict=True):
+        for piece, pause, source in zip(normalized.pieces, pauses, shown, strict=True):
             if _speakable(piece):
-                out.append(Sentence(piece, tuple(self._tokenizer.encode(piece)), pause))
+                out.append(Sentence(piece, tuple(self._tokenizer.encode(piece)), pause, source, normalized.rate))
             elif out:
                 out[-1] = replace(out[-1], pause_after_s=out[-1].pause_after_s + pause)
             else:

@@ -18,7 +18,8 @@ CLOSERS = frozenset("\"'”’）)」』】")  # stay with the sentence they clo
 # fmt: off
 ABBREVIATIONS = frozenset((
     "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "etc", "e.g", "i.e", "a.m", "p.m", "fig", "approx", "dept",
-    "inc", "ltd", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec",
+    "inc", "ltd", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec", "mt", "ave", "rd",
+    "blvd",
 ))
 # fmt: on
 LANGUAGES = ("auto", "zh", "en", "ja", "ko", "yue")
@@ -89,18 +90,21 @@ class IncrementalSegmenter:
             return None  # nothing after it yet: the next delta may continue "3." into "3.5"
         nxt = text[j]
         if nxt.isspace():
-            return j if text[j - 1] != "." or j - i > 1 or not self._abbreviation(text[:i]) else None
-        if _is_cjk(nxt):
+            return j if text[j - 1] != "." or j - i > 1 or not is_abbreviation(text[:i], text[j : j + 4]) else None
+        if is_cjk(nxt):
             return j
-        wide = self.language in ("zh", "ja", "yue") and i > 0 and _is_cjk(text[i - 1]) and not nxt.isdigit()
+        wide = self.language in ("zh", "ja", "yue") and i > 0 and is_cjk(text[i - 1]) and not nxt.isdigit()
         return j if wide else None
 
-    @staticmethod
-    def _abbreviation(before: str) -> bool:
-        """Whether the word before a "." is an abbreviation or an initial ("Mr", "e.g", "J"), not a sentence end."""
-        words = before[-16:].split()  # abbreviations are short: a bounded tail keeps this linear in the buffer
-        word = words[-1].lstrip("\"'“‘([（「").lower() if words and before[-1:].strip() else ""
-        return (word.isalpha() and len(word) == 1) or word in ABBREVIATIONS
+
+def is_abbreviation(before: str, after: str = "") -> bool:
+    """Whether the word before a "." is an abbreviation or initials ("Mr", "e.g", "J", "U.S"), not a sentence end;
+    `after` (what follows the blank) makes "No." before a number one too."""
+    words = before[-16:].split()  # abbreviations are short: a bounded tail keeps this linear in the text
+    word = words[-1].lstrip("\"'“‘([（「").lower() if words and before[-1:].strip() else ""
+    initials = word.split(".")  # "j", "u.s", "e.g": single letters between dots
+    number_sign = word == "no" and after.lstrip()[:1].isdigit()
+    return all(len(w) == 1 and w.isalpha() for w in initials) or word in ABBREVIATIONS or number_sign
 
 
 def _past_closers(text: str, j: int) -> int:
@@ -109,6 +113,6 @@ def _past_closers(text: str, j: int) -> int:
     return j
 
 
-def _is_cjk(ch: str) -> bool:
+def is_cjk(ch: str) -> bool:
     code = ord(ch)
     return 0x3000 <= code <= 0x9FFF or 0xAC00 <= code <= 0xD7AF or 0xF900 <= code <= 0xFAFF or 0xFF00 <= code <= 0xFFEF

@@ -46,6 +46,7 @@ class LexiconRewriter:
 
     def __init__(self, table: HomophoneTable, segmenter: Segmenter) -> None:
         self._table = table
+        self._syllables = table.syllables  # computed over every character: once
         self._segmenter = segmenter
         self._lock = threading.Lock()
         self._version: str | None = None
@@ -59,8 +60,12 @@ class LexiconRewriter:
 
     @property
     def syllables(self) -> frozenset[str]:
-        """Every syllable the pinyin data knows (lexicon entries are checked against it)."""
-        return self._table.syllables
+        """Every syllable the pinyin data knows (lexicon entries and [pinyin] markup are checked against it)."""
+        return self._syllables
+
+    def readings(self, ch: str) -> tuple[str, ...]:
+        """The tone-numbered readings of one Han character (empty for any other character)."""
+        return tuple(self._table.readings.get(ch, ()))
 
     def rewrite(self, text: str, lexicon: LexiconSnapshot) -> tuple[str, list[Rewrite]]:
         """Replace every lexicon word the segmenter cuts out of `text` (as jieba would); the text keeps its length."""

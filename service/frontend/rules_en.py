@@ -2,8 +2,9 @@
 grouped and large decimals, decimal percentages and ranges.
 
 Phone numbers are read digit by digit in groups, zero as "oh" (555-0123 -> five five five, oh one two three):
-(555) 123-4567, 555-123-4567, 555.123.4567 and +1 555 123 4567, and a bare 555-0123 when its first digit
-is 2-9 (so 100-1000 stays a range; 4-digit pairs like 1990-1995 are never phones).
+(555) 123-4567, 555-123-4567, 555.123.4567 and +1 555 123 4567, other international numbers (+44 20 7946 0958:
+7 to 15 digits after the +), and a bare 555-0123 when its first digit is 2-9 (so 100-1000 stays a range; 4-digit
+pairs like 1990-1995 are never phones).
 """
 
 from __future__ import annotations
@@ -124,6 +125,15 @@ def _phone(m: regex.Match[str]) -> str:
     return ", ".join(spoken)
 
 
+def _international(m: regex.Match[str]) -> str:
+    """+44 20 7946 0958 -> plus four four, two oh, seven nine four six, oh nine five eight (7 to 15 digits)."""
+    groups = regex.findall(r"\d++", m.group())
+    if not 7 <= sum(map(len, groups)) <= 15:
+        return str(m.group())
+    spoken = [" ".join(_PHONE_DIGITS[int(d)] for d in g) for g in groups]
+    return "plus " + ", ".join(spoken)
+
+
 def _decade(m: regex.Match[str]) -> str:
     return en_decade(m.group("num"))
 
@@ -142,6 +152,11 @@ def en_rules(words: Callable[[str], str], unit_words: Callable[[str], str] = str
             _phone,
         ),
         rule("phone_local", r"(?<![\w+.-])(?P<cc>)(?P<area>)(?P<exchange>[2-9]\d{2})-(?P<line>\d{4})(?![\w]|[.-]\d)", _phone),
+        rule(
+            "phone_international",
+            r"(?<![\w+.-])\+\d{1,3}+(?:[ .-]\(?+\d{1,5}+\)?+){1,6}+(?![\w]|[.-]\d)",
+            _international,
+        ),
         *en_arithmetic_rules(words),
         *en_roman_rules(words),
         rule("long_digits", r"(?<![\d.])\d{12,}+(?!\.\d)", lambda m: en_digits(m.group())),

@@ -52,6 +52,15 @@ def _mobile(m: regex.Match[str]) -> str:
     return prefix + zh_digits(m.group("num"))
 
 
+def _phone(m: regex.Match[str]) -> str:
+    """A phone number read digit by digit (幺 for 1), a leading + as 加; fewer than 7 digits is no phone number."""
+    text = str(m.group())
+    digits = "".join(ch for ch in text if ch.isdigit())
+    if len(digits) < 7:
+        return text
+    return ("加" if text.startswith("+") else "") + zh_digits(digits)
+
+
 def _version(m: regex.Match[str]) -> str:
     parts = m.group("num").split(".")
     if _is_dotted_date(parts) and not m.group("v"):
@@ -95,6 +104,16 @@ ZH_RULES: tuple[Rule, ...] = (
         _code,
     ),
     rule("mobile", r"(?<![\d+])(?P<cc>\+?86[- ]?)?(?P<num>1[3-9]\d{9})(?!\d)", _mobile),
+    # Phone numbers never read as arithmetic (555-0123 is no subtraction): +1 555 012 3456, (555) 123-4567,
+    # 555-123-4567, 0755-1234567, and a bare 555-0123 unless Chinese text follows it (200-1000元 is a range).
+    rule(
+        "phone",
+        r"(?<![0-9A-Za-z+.-])(?:\+\d{1,3}+(?:[ .-]\(?+\d{1,5}+\)?+){2,6}+|\+\d{7,15}+"
+        r"|(?:\(\d{3}\)[ .]?+|\d{3}[ .-])\d{3}[ .-]\d{4}|0\d{2,3}+-\d{7,8}+"
+        r"|[2-9]\d{2}-\d{4}(?![\u4e00-\u9fff%])"
+        r")(?![0-9A-Za-z]|[.-]\d)",
+        _phone,
+    ),
     rule("long_digits", r"(?<![\d.])\d{12,}+(?!\.\d)", lambda m: zh_digits(m.group())),
     *ZH_ARITHMETIC_RULES,
     *ZH_ROMAN_RULES,

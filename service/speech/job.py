@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from service.audio.timeline import decoder_delay_s
 from service.engine.types import AudioChunk
 from service.speech.request import PreparedSpeech
 
@@ -81,7 +82,7 @@ class SentenceMark:
     """Where one spoken sentence lies in a job's audio, in seconds of what a decoder yields (priming included)."""
 
     index: int  # among the sentences the engine speaks, from 0
-    text: str  # as the frontend read it (normalized)
+    text: str  # as it was written (markup removed): the caption, not the reading
     start_s: float
     end_s: float
 
@@ -112,6 +113,17 @@ class SentenceClock:
         return samples / self.sample_rate + self.delay_s
 
 
+def whole_mark(prepared: PreparedSpeech, audio_s: float, sample_rate: int) -> SentenceMark:
+    """The mark of a one-piece text served from the cache: its `audio_s` of audio less the pauses before and after,
+    counted as a synthesis counts them (pauses are whole samples at the model's `sample_rate`)."""
+    (sentence,) = prepared.spoken
+    lead = sum(round(s.pause_after_s * sample_rate) for s in prepared.sentences if not s.ids)
+    speech_end = round(audio_s * sample_rate) - round(sentence.pause_after_s * sample_rate)
+    delay_s = decoder_delay_s(prepared.request.fmt, prepared.sample_rate_hz)
+    text = sentence.source or sentence.text
+    return SentenceMark(0, text, lead / sample_rate + delay_s, speech_end / sample_rate + delay_s)
+
+
 _END = object()
 
 
@@ -128,6 +140,7 @@ class SpeechJob:
     timings: SpeechTimings = field(default_factory=SpeechTimings)
     cancel_event: threading.Event = field(default_factory=threading.Event)
     admitted_at: float = 0.0
+    cached_marks: tuple[SentenceMark, ...] = ()  # after cached bytes, when the request asked for timestamps
     _out: queue.Queue[object] = field(default_factory=lambda: queue.Queue(_OUTPUT_QUEUE_ITEMS))
 
     @property
@@ -146,6 +159,7 @@ class SpeechJob:
         """The pieces, with a SentenceMark after each sentence's audio when the request asked for timestamps."""
         if self.cached is not None:
             yield self.cached
+            yield from self.cached_marks
             return
         while True:
             item = self._out.get()
@@ -173,11 +187,18 @@ class SpeechJob:
                     self.cancel_event.set()
 
     def close(self) -> None:
-        """Worker side: mark the end (never blocks)."""
-        try:
-            self._out.put_nowait(_END)
-        except queue.Full:
-            self.cancel_event.set()  # nobody is reading; the reader is gone
+        """Worker side: mark the end. A job that ran ahead of its reader (a WebSocket sentence synthesized while the one
+        before is sent) may have filled the queue: the mark waits, as `emit` does, so that it is never lost; a job
+        cancelled with its queue still full, or whose reader takes nothing for _READER_STALL_S, has no reader left."""
+        deadline = time.monotonic() + _READER_STALL_S
+        while True:
+            try:
+                self._out.put(_END, timeout=0.1)
+                return
+            except queue.Full:
+                if self.cancel_event.is_set() or time.monotonic() > deadline:
+                    self.cancel_event.set()
+                    return
 
 
 def with_pauses(

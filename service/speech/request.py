@@ -27,9 +27,10 @@ class SpeechRequest:
     engine_stream: bool = False  # stream inside a sentence too (first audio after the engine's first hop)
     chunked: bool = False  # deliver the response in pieces (else one complete file)
     pcm_rate_hz: int | None = None  # output rate of raw PCM; None = the model's
+    rate_hz: int | None = None  # an output rate the client chose for PCM or MP3 (checked by its transport)
     bitrate_kbps: int = DEFAULT_BITRATE_KBPS  # MP3/Opus/AAC only
     max_chars: int = 4096
-    timestamps: bool = False  # a SentenceMark after each sentence's audio (never served from the audio cache)
+    timestamps: bool = False  # a SentenceMark after each sentence's audio (from the cache only for a one-piece text)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,12 @@ class PreparedSpeech:
     started: float  # time.monotonic() when the request reached the service
     frontend_s: float
     voice: ModelVoice
+    speed: float = 1.0  # the request's speed times the text's SSML <prosody rate>
+
+    @property
+    def spoken(self) -> tuple[Sentence, ...]:
+        """The sentences the engine speaks (a leading pause alone is not one of them)."""
+        return tuple(s for s in self.sentences if s.ids)
 
     @property
     def input_tokens(self) -> int:
@@ -77,3 +84,20 @@ def check_text(text: str, max_chars: int, param: str = "text") -> None:
         category = unicodedata.category(ch)
         if category in ("Cc", "Cs"):
             raise InvalidInputError(f"text holds a disallowed character U+{ord(ch):04X} at position {i}", param=param)
+
+
+MIN_SPEED, MAX_SPEED = 0.25, 4.0  # the widest any transport accepts
+
+
+def effective_speed(requested: float, sentences: list[Sentence]) -> float:
+    """The request's speed times the SSML <prosody rate> of its text (the frontend makes it one rate per text);
+    InvalidInputError when the product leaves MIN_SPEED..MAX_SPEED."""
+    rate = next((s.rate for s in sentences if s.ids), 1.0)
+    speed = requested * rate
+    if rate != 1.0 and not MIN_SPEED <= speed <= MAX_SPEED:
+        raise InvalidInputError(
+            f"speed {requested:g} times the SSML <prosody rate> {rate:g} is {speed:g}; it must be within "
+            f"{MIN_SPEED:g}..{MAX_SPEED:g}",
+            param="text",
+        )
+    return speed

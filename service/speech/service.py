@@ -27,15 +27,17 @@ from service.errors import (
 )
 from service.families.model import Engine, InstructVoice, ModelVoice, NamedVoice, VoiceReference
 from service.frontend import Sentence
-from service.speech.job import SentenceClock, SpeechJob, SpeechTimings, SynthesisObserver, join_audio, with_pauses
-from service.speech.request import PreparedSpeech, SpeechRequest, check_text, key_text
+from service.speech.job import SentenceClock, SpeechJob, SpeechTimings, SynthesisObserver, join_audio, whole_mark, with_pauses
+from service.speech.request import PreparedSpeech, SpeechRequest, check_text, effective_speed, key_text
 from service.stores.audio_cache import AudioCache, audio_cache_key, pack_cached, unpack_cached
 
 log = logging.getLogger(__name__)
 
 
 class Frontend(Protocol):
-    def sentences(self, text: str) -> list[Sentence]: ...
+    def sentences(self, text: str, captions: bool = False) -> list[Sentence]:
+        """Sentences with their ids; `captions`: none holds more than one written sentence."""
+        ...
 
     @property
     def lexicon_version(self) -> str:
@@ -145,11 +147,14 @@ class TTSService:
     def submit(self, request: SpeechRequest) -> SpeechJob:
         """Prepare, look up the cache, else start a job. Raises the request's TTSError before any audio exists."""
         prepared = self.prepare(request)
-        # stored bytes carry no sentence marks: a timestamped request is always synthesized
-        entry = None if request.timestamps else unpack_cached(self.cache.get(prepared.cache_key))
+        # stored bytes carry no sentence marks: a timestamped text of several pieces is always synthesized
+        cacheable = not request.timestamps or len(prepared.spoken) == 1
+        entry = unpack_cached(self.cache.get(prepared.cache_key)) if cacheable else None
         if entry is not None:
             audio_s, data = entry  # the audio length comes with the bytes: SSE usage counts its tokens from it
-            return SpeechJob(prepared, cached=data, timings=SpeechTimings(frontend_s=prepared.frontend_s, audio_s=audio_s))
+            marks = (whole_mark(prepared, audio_s, self.sample_rate),) if request.timestamps else ()
+            timings = SpeechTimings(frontend_s=prepared.frontend_s, audio_s=audio_s)
+            return SpeechJob(prepared, cached=data, timings=timings, cached_marks=marks)
         job = SpeechJob(prepared, timings=SpeechTimings(frontend_s=prepared.frontend_s))
         self._admit(job)
         # the job thread runs in a copy of this context: its log lines carry the request's id (service.requestids)
@@ -164,21 +169,23 @@ class TTSService:
         # read before the frontend runs: a lexicon write in between can only make the key older, never newer
         lexicon_version = self.frontend.lexicon_version
         sentences = self._sentences(request)
-        rate = output_sample_rate(request.fmt, self.sample_rate, request.pcm_rate_hz)
+        speed = effective_speed(request.speed, sentences)
+        rate = output_sample_rate(request.fmt, self.sample_rate, request.pcm_rate_hz, request.rate_hz)
         # the "format" of the key names everything besides the audio parameters that changes the bytes
         variant = f"{request.fmt.value};{'chunked' if request.chunked else 'file'};engine_stream={request.engine_stream}"
         key = audio_cache_key(
             bundle_sha256=self.bundle_sha256,
             text="\n".join(key_text(s) for s in sentences),
             speaker=voice.fingerprint,  # the numbers the audio depends on, not a name that may be reused
-            speed=request.speed,
+            speed=speed,
             fmt=f"{variant};n_timesteps={self.n_timesteps};kbps={request.bitrate_kbps}",
             sample_rate=rate,
             seed=request.seed,
             lexicon_version=lexicon_version,
         )
         mtype = media_type(request.fmt, rate)
-        return PreparedSpeech(request, tuple(sentences), key, rate, mtype, started, time.monotonic() - started, voice)
+        elapsed = time.monotonic() - started
+        return PreparedSpeech(request, tuple(sentences), key, rate, mtype, started, elapsed, voice, speed)
 
     def voice_name(self, name: str) -> str:
         """The speaker or saved voice `name` speaks as: a built-in speaker as it is, an alias (an OpenAI voice name,
@@ -237,7 +244,7 @@ class TTSService:
                 return
             ids = [list(s.ids) for s in self.frontend.sentences(text) if s.ids]
             # the operator's warm-up text, not a client's: a babbling random test model must not fail readiness
-            options = dataclasses.replace(self._options(SpeechRequest(text, NamedVoice(speaker))), max_speech_s=None,
+            options = dataclasses.replace(self._options(SpeechRequest(text, NamedVoice(speaker)), 1.0), max_speech_s=None,
                                           max_sentence_speech_s=None)  # fmt: skip
             voice = self._probe_voice(speaker)
             try:
@@ -270,6 +277,8 @@ class TTSService:
 
     def _sentences(self, request: SpeechRequest) -> list[Sentence]:
         try:
+            if request.timestamps:  # a caption per written sentence: sentences are not merged
+                return self.frontend.sentences(request.text, captions=True)
             return self.frontend.sentences(request.text)
         except TTSError as e:
             e.param = "text"  # the frontend's errors are about the request's text
@@ -278,9 +287,9 @@ class TTSService:
             log.warning("text frontend failed on %d characters: %s: %s", len(request.text), type(e).__name__, e)
             raise InvalidInputError("the text could not be normalized", param="text") from e
 
-    def _options(self, request: SpeechRequest) -> SynthesisOptions:
+    def _options(self, request: SpeechRequest, speed: float) -> SynthesisOptions:
         return SynthesisOptions(
-            speed=request.speed,
+            speed=speed,
             seed=request.seed,
             stream=request.engine_stream,
             n_timesteps=self.n_timesteps,
@@ -335,9 +344,9 @@ class TTSService:
         encoder = make_encoder(req.fmt, self.sample_rate, p.sample_rate_hz, req.bitrate_kbps) if req.chunked else None
         pieces: list[bytes] = []
         audio: list[np.ndarray] = []
-        spoken = [s for s in p.sentences if s.ids]  # a pure pause (leading silence) is not for the engine
+        spoken = list(p.spoken)  # a pure pause (leading silence) is not for the engine
         lead_s = sum(s.pause_after_s for s in p.sentences if not s.ids)
-        chunks = self.engine.synthesize([list(s.ids) for s in spoken], p.voice, self._options(req), job.cancel_event)
+        chunks = self.engine.synthesize([list(s.ids) for s in spoken], p.voice, self._options(req, p.speed), job.cancel_event)
         clock = self._clock(p, spoken) if req.timestamps else None
         for chunk, samples in with_pauses(chunks, [s.pause_after_s for s in spoken], lead_s, self.sample_rate):
             if job.cancel_event.is_set():
@@ -368,9 +377,10 @@ class TTSService:
         return pieces
 
     def _clock(self, prepared: PreparedSpeech, spoken: list[Sentence]) -> SentenceClock:
-        """Sentence marks in seconds of the decoded output: the signal's time plus the format's decoder priming."""
+        """Sentence marks in seconds of the decoded output: the signal's time plus the format's decoder priming; each
+        mark carries the written text of its sentence (the caption), not its reading."""
         delay_s = decoder_delay_s(prepared.request.fmt, prepared.sample_rate_hz)
-        return SentenceClock([s.text for s in spoken], self.sample_rate, delay_s)
+        return SentenceClock([s.source or s.text for s in spoken], self.sample_rate, delay_s)
 
     def _hand_over(self, job: SpeechJob, data: bytes, pieces: list[bytes]) -> None:
         if job.timings.first_chunk_s is None:

@@ -22,7 +22,7 @@ from service.api.dashscope import event as server_event
 from service.api.dashscope import task_failed as failed_event
 from service.api.deps import AppState
 from service.api.drain import receive_unless_draining
-from service.api.pipeline import SpeechPipeline, SpokenSentence, reraise_first
+from service.api.pipeline import Caption, SpeechPipeline, SpokenSentence, reraise_first
 from service.api.routes.openai import openai_voice
 from service.api.routes.stream import GOING_AWAY_CLOSE, close_code, close_reason, going_away_reason
 from service.audio.encode import AudioFormat, Pcm16Transcoder
@@ -55,21 +55,43 @@ class TaskSink:
     def __init__(self, ws: WebSocket, task_id: str, transcoder: Pcm16Transcoder, delay_s: float, state: AppState) -> None:
         self.ws, self.task_id, self.transcoder, self.delay_s, self.state = ws, task_id, transcoder, delay_s, state
         self.characters = 0
+        self.sentences = 0  # the protocol's sentence index: one per synthesized piece (a caption)
+        self._pieces: tuple[str, ...] = ()
+        self._text = ""
+        self._characters_before = 0
 
-    async def begin(self, index: int, text: str, start_s: float) -> None:
-        times = {"begin_time": self._ms(start_s)}
-        await self.ws.send_json(sentence_event(self.task_id, "sentence-begin", index, text, times, None))
+    async def begin(self, index: int, text: str, start_s: float, pieces: tuple[str, ...]) -> None:
+        self._pieces, self._text, self._characters_before = pieces, text, self.characters
+        await self._begin(pieces[0], start_s)
 
     async def audio(self, index: int, seq: int, piece: bytes) -> None:
         data = await self._in_thread(self.transcoder.encode, piece)
         if data:
             await self.ws.send_bytes(data)
 
+    async def caption(self, index: int, number: int, caption: Caption) -> None:
+        """sentence-end for this piece, then sentence-begin for the next piece of the same written sentence; usage
+        counts the characters of the text sent (markup and emoji included) once the sentence's last piece ends."""
+        last = number + 1 >= len(self._pieces)
+        self.characters = self._characters_before + len(self._text) if last else self.characters + len(caption.text)
+        await self._end(caption.text, caption.start_s, caption.end_s)
+        if not last:
+            await self._begin(self._pieces[number + 1], caption.end_s)
+
     async def end(self, sentence: SpokenSentence) -> None:
-        self.characters += len(sentence.text)
-        times = {"begin_time": self._ms(sentence.start_s), "end_time": self._ms(sentence.end_s)}
-        end = sentence_event(self.task_id, "sentence-end", sentence.index, sentence.text, times, self.characters)
+        if not sentence.captions:  # nothing was said: its sentence-begin still gets its sentence-end
+            self.characters += len(sentence.text)
+            await self._end(sentence.text, sentence.start_s, sentence.end_s)
+
+    async def _begin(self, text: str, start_s: float) -> None:
+        times = {"begin_time": self._ms(start_s)}
+        await self.ws.send_json(sentence_event(self.task_id, "sentence-begin", self.sentences, text, times, None))
+
+    async def _end(self, text: str, start_s: float, end_s: float) -> None:
+        times = {"begin_time": self._ms(start_s), "end_time": self._ms(end_s)}
+        end = sentence_event(self.task_id, "sentence-end", self.sentences, text, times, self.characters)
         await self.ws.send_json(end)
+        self.sentences += 1
 
     async def finish(self) -> None:
         """The encoder's tail (the last MP3/Opus frames)."""
@@ -261,6 +283,7 @@ class DashScopeSession:
             engine_stream=True,
             chunked=True,
             max_chars=self.state.settings.max_chars,
+            timestamps=True,  # a sentence-begin/sentence-end pair per synthesized piece
         )
 
     async def _continue(self, task: Task, message: Message) -> None:

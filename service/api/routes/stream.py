@@ -21,10 +21,10 @@ from service.api.admission import check_gate
 from service.api.deps import AppState
 from service.api.drain import receive_unless_draining
 from service.api.errors import STATUS, field_of
-from service.api.pipeline import SpeechPipeline, SpokenSentence, reraise_first
+from service.api.pipeline import Caption, SpeechPipeline, SpokenSentence, reraise_first
 from service.api.schemas import MAX_SEED
 from service.api.tracing import request_id_of
-from service.audio.encode import AudioFormat, output_sample_rate
+from service.audio.encode import MP3_RATES_HZ, OPUS_SAMPLE_RATE_HZ, AudioFormat, output_sample_rate
 from service.audio.timeline import sample_counter
 from service.errors import EngineError, InvalidInputError, RequestTimeoutError, ShuttingDownError, TTSError, wire_name
 from service.families.model import ModelVoice, NamedVoice
@@ -42,6 +42,7 @@ KEY_PROTOCOL_PREFIX = "api-key."
 FRAME_HEADER = struct.Struct(">II")  # binary frame: sequence number, sentence index (uint32 big-endian), then audio
 CONFIG_TIMEOUT_S = 10.0  # the config message must come this soon after the connection opens
 PCM_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
+SAMPLE_RATES = {AudioFormat.PCM: PCM_RATES, AudioFormat.MP3: MP3_RATES_HZ, AudioFormat.OPUS: (OPUS_SAMPLE_RATE_HZ,)}
 INTERNAL_ERROR_CLOSE = 1011
 GOING_AWAY_CLOSE = 1001  # the server is shutting down (RFC 6455): after the sentence being spoken
 FIELDS: Mapping[str, str] = {}  # domain field -> this protocol's, for errors: its "text" and "voice" are the domain's
@@ -56,7 +57,9 @@ class StreamConfig(BaseModel):
         None, description="Built-in speaker, saved voice or OpenAI voice name; default TTS_DEFAULT_SPEAKER."
     )
     format: Literal["pcm", "mp3", "opus"] = "pcm"
-    sample_rate: int | None = Field(None, description="pcm only: one of 8000, 16000, 22050, 24000, 44100, 48000.")
+    sample_rate: int | None = Field(
+        None, description="pcm: 8000, 16000, 22050, 24000, 44100 or 48000; mp3: any MP3 rate; opus: 24000."
+    )
     speed: float = Field(1.0, ge=0.5, le=2.0, allow_inf_nan=False)
     language: Literal["auto", "zh", "en", "ja", "ko", "yue"] = "auto"
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
@@ -163,9 +166,9 @@ class SpeechStreamSession:
             return None
         config = _parse(raw, CONFIG_MESSAGES)
         fmt = AudioFormat(config.format)
-        if config.sample_rate is not None and (fmt is not AudioFormat.PCM or config.sample_rate not in PCM_RATES):
-            rates = ", ".join(map(str, PCM_RATES))
-            raise InvalidInputError(f"sample_rate applies to pcm only, one of {rates}", param="sample_rate")
+        if config.sample_rate is not None and config.sample_rate not in SAMPLE_RATES[fmt]:
+            rates = ", ".join(map(str, SAMPLE_RATES[fmt]))  # the close reason (123 bytes) names them all
+            raise InvalidInputError(f"{fmt.value} sample_rate: {rates}", param="sample_rate")
         s = self.state.settings
         wanted = config.voice or s.default_speaker
         speaker = service.voice_name(wanted)  # an OpenAI name: what it speaks as (named in `ready`)
@@ -179,11 +182,12 @@ class SpeechStreamSession:
             seed=config.seed,
             engine_stream=True,
             chunked=True,
-            pcm_rate_hz=config.sample_rate,
+            rate_hz=config.sample_rate,
             bitrate_kbps=s.audio_bitrate_kbps,
             max_chars=s.max_chars,
+            timestamps=True,  # a caption per synthesized piece (sentence_end `captions`)
         )
-        rate = output_sample_rate(fmt, service.sample_rate, config.sample_rate)
+        rate = output_sample_rate(fmt, service.sample_rate, rate_hz=config.sample_rate)
         ready = {
             "type": "ready",
             "format": fmt.value,
@@ -208,7 +212,7 @@ class SpeechStreamSession:
     # ---- reading, and framing what the pipeline produces ----------------------------------------
     async def _serve(self, service: TTSService, config: StreamConfig, template: SpeechRequest) -> bool:
         """Speak what the client sends until `close` (then `done` and 1000: True); False when the server drains."""
-        rate = output_sample_rate(template.fmt, service.sample_rate, template.pcm_rate_hz)
+        rate = output_sample_rate(template.fmt, service.sample_rate, rate_hz=template.rate_hz)
         pipeline = SpeechPipeline(self.state, service, template, self, lambda: sample_counter(template.fmt, rate), rate)
         segmenter = IncrementalSegmenter(max_chars=template.max_chars, language=config.language)
         drain, drained = self.state.drain, False
@@ -261,17 +265,21 @@ class SpeechStreamSession:
         await pipeline.cancel()
         await self.ws.send_json({"type": "cancelled", "last_seq": pipeline.seq - 1, "sentence": cut, "time": pipeline.time_s})
 
-    async def begin(self, index: int, text: str, start_s: float) -> None:
+    async def begin(self, index: int, text: str, start_s: float, pieces: tuple[str, ...]) -> None:
         """Nothing is sent before a sentence's audio in this protocol."""
 
     async def audio(self, index: int, seq: int, piece: bytes) -> None:
         await self.ws.send_bytes(FRAME_HEADER.pack(seq, index) + piece)
 
+    async def caption(self, index: int, number: int, caption: Caption) -> None:
+        """A sentence's captions go out with its sentence_end."""
+
     async def end(self, sentence: SpokenSentence) -> None:
         s = sentence
         caption = {"type": "sentence_end", "sentence": s.index, "text": s.text, "first_seq": s.first_seq}
         timing = {"last_seq": s.last_seq, "audio_bytes": s.audio_bytes, "start": s.start_s, "end": s.end_s}
-        await self.ws.send_json(caption | timing | {"spoken": s.spoken})
+        captions = [{"text": c.text, "start": c.start_s, "end": c.end_s} for c in s.captions]
+        await self.ws.send_json(caption | timing | {"spoken": s.spoken, "captions": captions})
 
     async def _go_away(self) -> None:
         """The server drains: close with 1001 and a JSON reason (after the sentence being spoken, if any)."""
