@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import unicodedata
 from dataclasses import dataclass
 
 from service.audio.encode import DEFAULT_BITRATE_KBPS, AudioFormat
 from service.errors import InvalidInputError, TextTooLongError
-from service.families.model import ModelVoice, VoiceReference
+from service.families.model import InstructVoice, ModelVoice, NamedVoice, VoiceReference
 from service.frontend import Sentence
 
 _ALLOWED_CONTROLS = frozenset("\t\n\r")
@@ -101,3 +102,19 @@ def effective_speed(requested: float, sentences: list[Sentence]) -> float:
             param="text",
         )
     return speed
+
+
+def name_of(reference: VoiceReference) -> str | None:
+    """The voice name a reference holds (a NamedVoice's, an InstructVoice's base), None for a prompt."""
+    if isinstance(reference, NamedVoice):
+        return reference.name
+    if isinstance(reference, InstructVoice) and isinstance(reference.base, str):
+        return reference.base
+    return None
+
+
+def named_as(reference: VoiceReference, name: str) -> VoiceReference:
+    """`reference` with its voice name replaced by `name` (what an alias speaks as)."""
+    if isinstance(reference, NamedVoice):
+        return NamedVoice(name)
+    return dataclasses.replace(reference, base=name) if isinstance(reference, InstructVoice) else reference

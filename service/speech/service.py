@@ -25,10 +25,10 @@ from service.errors import (
     UnknownSpeakerError,
     UnsupportedCapabilityError,
 )
-from service.families.model import Engine, InstructVoice, ModelVoice, NamedVoice, VoiceReference
+from service.families.model import Engine, ModelVoice, NamedVoice, VoiceReference
 from service.frontend import Sentence
 from service.speech.job import SentenceClock, SpeechJob, SpeechTimings, SynthesisObserver, join_audio, whole_mark, with_pauses
-from service.speech.request import PreparedSpeech, SpeechRequest, check_text, effective_speed, key_text
+from service.speech.request import PreparedSpeech, SpeechRequest, check_text, effective_speed, key_text, name_of, named_as
 from service.stores.audio_cache import AudioCache, audio_cache_key, pack_cached, unpack_cached
 
 log = logging.getLogger(__name__)
@@ -46,22 +46,6 @@ class Frontend(Protocol):
 
 
 VoiceResolver = Callable[[VoiceReference], ModelVoice]  # the model's resolve: names, prompts, instructions
-
-
-def _name_of(reference: VoiceReference) -> str | None:
-    """The voice name a reference holds (a NamedVoice's, an InstructVoice's base), None for a prompt."""
-    if isinstance(reference, NamedVoice):
-        return reference.name
-    if isinstance(reference, InstructVoice) and isinstance(reference.base, str):
-        return reference.base
-    return None
-
-
-def _named_as(reference: VoiceReference, name: str) -> VoiceReference:
-    """`reference` with its voice name replaced by `name` (what an alias speaks as)."""
-    if isinstance(reference, NamedVoice):
-        return NamedVoice(name)
-    return dataclasses.replace(reference, base=name) if isinstance(reference, InstructVoice) else reference
 
 
 class TTSService:
@@ -199,9 +183,9 @@ class TTSService:
         exists); an already resolved voice as it is. Reads the voice store: call it off the event loop."""
         if not isinstance(reference, VoiceReference):
             return reference
-        wanted = _name_of(reference)
+        wanted = name_of(reference)
         target = self.voice_name(wanted) if wanted is not None else None
-        aliased = _named_as(reference, target) if target is not None else reference
+        aliased = named_as(reference, target) if target is not None else reference
         try:
             return self.voices(aliased) if self.voices is not None else self._builtin(aliased)
         except UnknownSpeakerError as e:
