@@ -31,17 +31,17 @@ from export.cosyvoice2 import tokenizer as qwen_tokenizer
 from export.cosyvoice2.config import QWEN_CONFIG, QWEN_DIR, YAML_NAME, CosyVoice2Config, load_config
 from export.cosyvoice2.constants import cosyvoice2_constants, model_constants
 from export.cosyvoice2.graphs.flow import export_flow, verify_flow
-from export.cosyvoice2.graphs.llm import export_llm, verify_llm
 from export.cosyvoice2.modules.flow import CausalMaskedDiffWithXvec, flow_noise
 from export.cosyvoice2.modules.llm import Qwen2LM, drop_unused
 from export.graphs.hift import export_hift, verify_hift
+from export.graphs.qwen2 import export_llm, verify_llm
 from export.modules.hift import HiFTGenerator, normalize_hift_state_dict
 from export.native_twin import Rewrite, rewrite_cached_estimator, rewrite_qwen2_step, write_native_twin
 from export.onnx_io import ExportError
 from export.prompt_models import copy_into
 from export.quantize import Scheme, write_quantized_bundle
 from service.bundle import FORMAT_VERSION, MANIFEST_NAME, SPEAKERS_NAME, Manifest, ModelBundle, sha256_file, write_speakers
-from service.families.cosyvoice2.contract import FAMILY, NOISE_NAME, PROMPT_GRAPHS, TOKENIZER_NAME, constants_of
+from service.families.cosyvoice2.contract import FAMILY, GRAPH_IO, NOISE_NAME, PROMPT_GRAPHS, TOKENIZER_NAME, constants_of
 
 EXPORTER_VERSION = "1"
 MODEL_NAME = "CosyVoice2-0.5B"
@@ -152,7 +152,7 @@ class _Inputs:
 def _write_bundle(inputs: _Inputs, models: Models, opts: ExportOptions, tmp: Path) -> Manifest:
     cfg, plan = inputs.cfg, inputs.plan
     extra = cosyvoice2_constants(cfg)
-    graphs = export_llm(models.llm, tmp, extra) + export_flow(models.flow, tmp, extra) + export_hift(models.hift, tmp)
+    graphs = export_llm(models.llm, tmp, GRAPH_IO) + export_flow(models.flow, tmp, extra) + export_hift(models.hift, tmp)
     write_speakers(tmp / SPEAKERS_NAME, plan.speakers)
     qwen_tokenizer.write_tokenizer(inputs.tokenizer, tmp / TOKENIZER_NAME)
     _write_noise(tmp / NOISE_NAME)
