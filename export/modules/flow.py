@@ -22,6 +22,17 @@ CACHE_FRAMES = 34
 N_TIMESTEPS = 10
 
 
+# The chunk-causal flows (CosyVoice2 and later) draw their fixed noise buffer right after seeding every generator with 0.
+NOISE_SEED = 0
+NOISE_FRAMES = 50 * 300
+
+
+def flow_noise(n_mels: int = 80, frames: int = NOISE_FRAMES) -> Tensor:
+    """The official fixed noise buffer `rand_noise` (1, 80, 15000) of CausalConditionalCFM: torch.randn after seeding
+    with 0."""
+    return torch.randn(1, n_mels, frames, generator=torch.Generator().manual_seed(NOISE_SEED))
+
+
 def mel_frames(n_tokens: int, token_rate: int) -> int:
     """Mel frames produced for `n_tokens` speech tokens, with the official float arithmetic."""
     return int(n_tokens / token_rate * SAMPLE_RATE / MEL_HOP)
