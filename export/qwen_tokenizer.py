@@ -104,6 +104,15 @@ def usable(path: Path) -> bool:
     return (path / "tokenizer.json").is_file() or ((path / "vocab.json").is_file() and (path / "merges.txt").is_file())
 
 
+def find_source(explicit: Path | None, qwen_dir: Path, *, random_init: bool) -> Path:
+    """Where the text tokenizer comes from: `explicit` (a tokenizer.json, a qwen.tiktoken or a directory), else the
+    checkpoint's CosyVoice-BlankEN (`qwen_dir`), else (random_init only) dashscope's qwen.tiktoken when installed."""
+    for path in (explicit, qwen_dir, dashscope_ranks() if random_init else None):
+        if path is not None and usable(path):
+            return path
+    raise ExportError(f"no Qwen2 tokenizer files (tokenizer.json, or vocab.json + merges.txt) in {qwen_dir}; pass --tokenizer")
+
+
 def source_files(path: Path) -> list[Path]:
     """The files a tokenizer source reads (for the manifest's source hashes)."""
     if path.is_file():
