@@ -46,6 +46,7 @@ def runtime_options(s: Settings) -> RuntimeOptions:
         stream_schedule=s.stream_schedule,
         first_hop_tokens=s.first_hop_tokens,
         prompt_window_s=s.prompt_window_s,
+        flow_window_s=s.flow_window_s,
         flow_cache_mb=s.flow_cache_mb,
         acoustic_backend=s.acoustic_backend,
         native_kernels=s.native_kernels,

@@ -44,7 +44,7 @@ from export.onnx_io import ExportError
 from export.prompt_models import copy_into
 from export.qwen2_config import QWEN_CONFIG, QWEN_DIR
 from export.qwen_tokenizer import find_source, source_files, write_tokenizer
-from service.bundle import FORMAT_VERSION, MANIFEST_NAME, Manifest, ModelBundle, sha256_file
+from service.bundle import FORMAT_VERSION, MANIFEST_NAME, SPEAKERS_NAME, Manifest, ModelBundle, sha256_file, write_speakers
 from service.families.cosyvoice3.contract import FAMILY, GRAPH_IO, NOISE_NAME, PROMPT_GRAPHS, TOKENIZER_NAME, constants_of
 
 EXPORTER_VERSION = "1"
@@ -134,6 +134,7 @@ def _write_bundle(inputs: _Inputs, models: Models, opts: ExportOptions, tmp: Pat
     log(f"HiFT noise: mt19937 from draw {offset} reproduces SineGen2.sine_waves (sha256 {digest[:12]}...)")
     extra = cosyvoice3_constants(cfg, offset, digest)
     graphs = export_llm(models.llm, tmp, GRAPH_IO) + export_flow(models.flow, tmp, extra) + export_hift(models.hift, tmp)  # type: ignore[arg-type]
+    write_speakers(tmp / SPEAKERS_NAME, plan.speakers)
     write_tokenizer(inputs.tokenizer, tmp / TOKENIZER_NAME)
     write_flow_noise(tmp / NOISE_NAME)
     manifest = Manifest(
@@ -143,7 +144,7 @@ def _write_bundle(inputs: _Inputs, models: Models, opts: ExportOptions, tmp: Pat
         constants=model_constants(cfg),
         graphs=graph_entries(tmp, graphs) | copy_into(plan.prompt_models, tmp),
         source_files=_source_hashes(opts, plan, inputs.tokenizer_source),
-        files={n: sha256_file(tmp / n) for n in (TOKENIZER_NAME, NOISE_NAME)},
+        files={n: sha256_file(tmp / n) for n in (SPEAKERS_NAME, TOKENIZER_NAME, NOISE_NAME)},
         exporter=exporter_info(opts, EXPORTER_VERSION),
         random_weights=opts.random_weights,
         test_model=opts.test_model,

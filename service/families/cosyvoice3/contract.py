@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from service.bundle import FamilyLayout, Manifest
+from service.bundle import SPEAKERS_NAME, FamilyLayout, Manifest
 from service.errors import BundleError
 
 FAMILY = "cosyvoice3"  # Fun-CosyVoice3-0.5B
@@ -35,7 +35,9 @@ PROMPT_GRAPHS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "campplus": ("campplus.onnx", ("input",), ("output",)),
     "speech_tokenizer": ("speech_tokenizer_v3.onnx", ("feats", "feats_length"), ("indices",)),
 }
-LAYOUT = FamilyLayout(FAMILY, GRAPH_IO, PROMPT_GRAPHS, TOKENIZER_NAME, (NOISE_NAME,), native_graphs=("flow_estimator", "llm_step"))
+LAYOUT = FamilyLayout(
+    FAMILY, GRAPH_IO, PROMPT_GRAPHS, TOKENIZER_NAME, (SPEAKERS_NAME, NOISE_NAME), native_graphs=("flow_estimator", "llm_step")
+)
 
 # What the official examples put in front of every LLM text (example.py): the model was trained with it, and the
 # official CosyVoice3LM refuses a prompt text ++ text without END_OF_PROMPT (llm.py:477-479).
@@ -43,14 +45,25 @@ SYSTEM_PROMPT = "You are a helpful assistant."
 END_OF_PROMPT = "<|endofprompt|>"
 END_OF_PROMPT_ID = 151646
 # The official instruct_list (cosyvoice/utils/common.py:28-53): the instructions Fun-CosyVoice3 was trained with.
+DIALECTS = (
+    "广东",
+    "东北",
+    "甘肃",
+    "贵州",
+    "河南",
+    "湖北",
+    "湖南",
+    "江西",
+    "闽南",
+    "宁夏",
+    "山西",
+    "陕西",
+    "山东",
+    "上海",
+    "四川",
+)
 INSTRUCT_PRESETS: tuple[str, ...] = (
-    *(
-        f"请用{dialect}话表达。"
-        for dialect in (
-            "广东", "东北", "甘肃", "贵州", "河南", "湖北", "湖南", "江西", "闽南", "宁夏", "山西", "陕西", "山东", "上海", "四川",
-            "天津", "云南",
-        )  # fmt: skip
-    ),
+    *(f"请用{dialect}话表达。" for dialect in (*DIALECTS, "天津", "云南")),
     "Please say a sentence as loudly as possible.",
     "Please say a sentence in a very soft voice.",
     "请用尽可能慢地语速说一句话。",
