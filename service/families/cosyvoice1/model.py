@@ -52,6 +52,7 @@ class CosyVoice1Model:
     """One loaded CosyVoice-300M bundle; thread-safe (the engine and the voices lock what they share)."""
 
     family = contract.FAMILY
+    instruct_presets: tuple[str, ...] = ()
 
     def __init__(self, bundle: ModelBundle, frontend: TextFrontend, engine: V1Engine, voices: Voices) -> None:
         self.bundle = bundle

@@ -46,6 +46,7 @@ class CosyVoice2Model:
     """
 
     family = contract.FAMILY
+    instruct_presets: tuple[str, ...] = ()
 
     def __init__(self, bundle: ModelBundle, frontend: TextFrontend, engine: V2Engine, voices: Voices2) -> None:
         self.bundle = bundle

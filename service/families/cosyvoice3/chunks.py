@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,20 +99,22 @@ class FlowChunks:
                     left = len(job.speech) - job.offset - job.hop.tokens
                     if schedule.takes_tail(left) and ended(tokens, TAIL_WAIT_S if job.offset else 0.0):
                         break  # the stream has ended: this chunk is the last and takes its look-ahead along
-                    if not self.budget.reserve(owner, self._bytes_after(job, final=False), stop):
+                    if not self._reserve(owner, job, stop, final=False):
                         return
                     yield self._chunk(job, schedule, pace, final=False)
                     job.hop = schedule.next_hop(job.progress(pace.audio_s), None)
-            if not self.budget.reserve(owner, self._bytes_after(job, final=True), stop):
+            if not self._reserve(owner, job, stop, final=True):
                 return
             yield self._chunk(job, schedule, pace, final=True)
         finally:
             self.budget.release(owner)
 
-    def _bytes_after(self, job: Sentence[FlowState], *, final: bool) -> int:
-        """What the caches hold once the next chunk has run (the window's drop first): the bytes to reserve."""
+    def _reserve(self, owner: object, job: Sentence[FlowState], stop: Callable[[], bool] | None, *, final: bool) -> bool:
+        """Reserve what the state will hold once the next chunk has run (the window's drop first) beyond what this
+        sentence holds already (a sentence keeps its largest reservation until it ends)."""
         end = len(job.prompt.tokens) + (len(job.speech) if final else job.offset + job.hop.tokens)
-        return job.state.bytes_after(self.extra.token_mel_ratio * max(0, end - job.encoded), self.flow.chunk_frames)
+        after = job.state.bytes_after(self.extra.token_mel_ratio * max(0, end - job.encoded), self.flow.chunk_frames)
+        return self.budget.reserve(owner, max(0, after - self.budget.held(owner)), stop)
 
     def _chunk(self, job: Sentence[FlowState], schedule: HopSchedule, pace: Pacer, *, final: bool) -> MelChunk:
         """Flow for the next hop (or the rest): the new tokens after what is encoded, with their look-ahead."""
