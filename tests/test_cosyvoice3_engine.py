@@ -166,3 +166,20 @@ def test_synthesis_yields_24khz_chunks_streamed_and_whole(sessions: tuple[ModelB
         assert all(c.sample_rate == 24000 and np.isfinite(c.audio).all() for c in chunks)
         assert [c.is_final for c in chunks].count(True) == 1 and chunks[-1].is_final and chunks[-1].sentence_end
         assert sum(c.audio.shape[0] for c in chunks) % 480 == 0
+
+
+class NoTokens:
+    """An LLM that ends every sentence at once (the official CosyVoice3 sampler can draw a stop id at the first step:
+    its min_len masks sos, not eos)."""
+
+    def generate(self, *args: object, **kwargs: object) -> object:
+        return iter(())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_sentence_the_llm_ends_at_once_is_an_empty_chunk(sessions: tuple[ModelBundle, dict[str, object]], stream: bool) -> None:
+    eng = engine(sessions, llm=NoTokens())
+    voice = Voice3.builtin("n", np.full(192, 192**-0.5, np.float32), (2610, END_OF_PROMPT_ID))
+    chunks = list(eng.synthesize([[9707], [14990]], voice, SynthesisOptions(stream=stream), threading.Event()))
+    assert [c.audio.shape for c in chunks] == [(0,), (0,)]
+    assert [c.sentence_end for c in chunks] == [True, True] and chunks[-1].is_final

@@ -163,7 +163,9 @@ class FlowRunner3(GuidedEuler):
         `context`: the up to 3 tokens that follow (empty at the end). `full_attention` with a fresh state and the whole
         sequence is the official non-streaming flow; otherwise attention is chunk-causal over what the state's window
         keeps. A call nothing continues from (full attention, or `keep` False: the official recompute) keeps no keys or
-        values (1.8 MB a frame at full size)."""
+        values (1.8 MB a frame at full size). No tokens: no frames (a sentence the LLM ended at once)."""
+        if np.asarray(tokens).shape[0] == 0:
+            return np.zeros((self.constants.n_mels, 0), dtype=np.float32)
         mu = self.encode(tokens, context, state)
         start = state.frames
         cond = np.zeros_like(mu)

@@ -162,6 +162,8 @@ class OfficialStream:
         self.mel = np.concatenate([self.mel, _f32(mel)], axis=1)
         total = self.mel.shape[1]
         frames = total if final else total - v.f0_look_ahead
+        if frames <= 0:
+            return np.zeros(0, dtype=np.float32)
         source = v.source(self.mel, 0, frames, SineSource.start(v.constants, v.noise))
         audio = v.decode(self.mel[:, :frames], source)
         end = total * spf if final else (total - v.hold_back) * spf
