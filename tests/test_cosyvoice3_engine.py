@@ -183,3 +183,21 @@ def test_a_sentence_the_llm_ends_at_once_is_an_empty_chunk(sessions: tuple[Model
     chunks = list(eng.synthesize([[9707], [14990]], voice, SynthesisOptions(stream=stream), threading.Event()))
     assert [c.audio.shape for c in chunks] == [(0,), (0,)]
     assert [c.sentence_end for c in chunks] == [True, True] and chunks[-1].is_final
+
+
+def test_the_float64_f0_predictor_stays_on_onnx_runtime(monkeypatch: pytest.MonkeyPatch, tiny_v3_bundle: Path) -> None:
+    """OpenVINO would run it in bf16 on a bf16 CPU (TTS_ACOUSTIC_BACKEND=auto or openvino); the official runs it in
+    float64 because the causal source's phase sums its errors."""
+    from service.families.cosyvoice3 import assembly
+    from service.layers import acoustic_plan
+
+    backends: dict[str, str] = {}
+
+    def record(bundle: ModelBundle, runtime: RuntimeOptions, names: tuple[str, ...]) -> dict[str, object]:
+        backends.update(dict.fromkeys(names, runtime.acoustic_backend))
+        return dict.fromkeys(names)
+
+    monkeypatch.setattr(assembly, "open_sessions", record)
+    monkeypatch.setattr(acoustic_plan, "open_sessions", record)
+    assembly.open_engine_sessions(ModelBundle.load(tiny_v3_bundle), RuntimeOptions(acoustic_backend="openvino"), wide=False)
+    assert backends["hift_f0"] == "ort" and backends["hift_decode"] == "openvino" and set(backends) == set(GRAPH_IO)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 from service.bundle import ModelBundle
 from service.engine.options import RuntimeOptions
 from service.engine.scheduler import EndAware
+from service.engine.sessions import open_sessions
 from service.errors import BundleError
 from service.families.cosyvoice3.contract import GRAPH_IO, CosyVoice3Constants, constants_of
 from service.layers import acoustic_plan
@@ -23,9 +25,17 @@ def extra_constants(bundle: ModelBundle) -> CosyVoice3Constants:
         raise BundleError(f"{bundle.root}: {e}") from e
 
 
+# The causal f0 predictor computes in float64 (as the official code does: "precision is crucial for causal
+# inference"); OpenVINO would run it in bf16 where the CPU computes bf16, so it always runs on ONNX Runtime.
+FLOAT64_GRAPHS = ("hift_f0",)
+
+
 def open_engine_sessions(bundle: ModelBundle, runtime: RuntimeOptions, *, wide: bool) -> dict[str, Any]:
-    """The bundle's CosyVoice3 graphs as `runtime` asks (layers.acoustic_plan.open_engine_sessions)."""
-    return acoustic_plan.open_engine_sessions(bundle, runtime, tuple(GRAPH_IO), wide=wide)
+    """The bundle's CosyVoice3 graphs as `runtime` asks (layers.acoustic_plan.open_engine_sessions), the float64 ones
+    on ONNX Runtime whatever the acoustic backend."""
+    names = tuple(n for n in GRAPH_IO if n not in FLOAT64_GRAPHS)
+    sessions = acoustic_plan.open_engine_sessions(bundle, runtime, names, wide=wide)
+    return sessions | open_sessions(bundle, replace(runtime, acoustic_backend="ort"), names=FLOAT64_GRAPHS)
 
 
 def stream_schedule(bundle: ModelBundle, runtime: RuntimeOptions) -> HopSchedule:
