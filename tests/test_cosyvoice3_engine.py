@@ -201,3 +201,14 @@ def test_the_float64_f0_predictor_stays_on_onnx_runtime(monkeypatch: pytest.Monk
     monkeypatch.setattr(acoustic_plan, "open_sessions", record)
     assembly.open_engine_sessions(ModelBundle.load(tiny_v3_bundle), RuntimeOptions(acoustic_backend="openvino"), wide=False)
     assert backends["hift_f0"] == "ort" and backends["hift_decode"] == "openvino" and set(backends) == set(GRAPH_IO)
+
+
+def test_a_voices_prompt_state_is_solved_once_and_shared_by_its_streams(sessions: tuple[ModelBundle, dict[str, object]]) -> None:
+    eng = engine(sessions, schedule=HopSchedule.early(25, 3, sessions[0].constants), prompt_window_tokens=53)
+    p = prompt_of()
+    voice = Voice3.cloned("v", p.embedding, p.tokens, p.mel, (), (2610, END_OF_PROMPT_ID))
+    tokens = np.random.default_rng(8).integers(0, 6561, 40).tolist()
+    first = list(eng.synthesize_tokens(tokens, voice, SynthesisOptions(stream=True)))
+    second = list(eng.synthesize_tokens(tokens, voice, SynthesisOptions(stream=True)))
+    assert len(eng.chunks.prompt_states) == 1  # one state for the voice's 53-token window (two whole chunks)
+    assert all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
