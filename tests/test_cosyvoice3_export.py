@@ -107,3 +107,27 @@ def test_a_yaml_with_a_long_skip_dit_is_refused(tmp_path: Path) -> None:
     )
     proc = run_export("--model-dir", ckpt, "--out", tmp_path / "out")
     assert proc.returncode == 2 and "long_skip_connection" in proc.stderr
+
+
+def test_the_dit_twin_with_our_kernels_is_as_near_fp32_as_the_int8_graph(cv3_ref_bundle: Path, native_library: Path) -> None:
+    """One estimator call over cached frames: the native twin (CachedAttention, Int8MatMul quantizing each frame on its
+    own; portable C here) against the fp32 graph, no farther than ONNX Runtime's int8 graph is."""
+    from service.engine.options import RuntimeOptions
+    from service.engine.sessions import open_sessions
+
+    rng = np.random.default_rng(0)
+    frames = {n: rng.standard_normal((1, 80, 50)).astype(np.float32) for n in ("x", "mu", "cond")}
+    feeds = frames | {"t": np.array([0.3], np.float32), "spks": rng.standard_normal((1, 80)).astype(np.float32)}
+    feeds |= {"chunk": np.array([50], np.int64), "start": np.array([100], np.int64)}
+    feeds["tails"] = rng.standard_normal((1, 128, 30)).astype(np.float32)
+    feeds |= {f"past_{kv}_{i}": rng.standard_normal((1, 100, 4, 16)).astype(np.float32) for kv in "kv" for i in range(2)}
+    int8 = ModelBundle.load(cv3_ref_bundle.with_name(cv3_ref_bundle.name + "-int8"))
+
+    def velocity(bundle: ModelBundle, mode: str) -> np.ndarray:
+        session = open_sessions(bundle, RuntimeOptions(intra_op_threads=1, native_kernels=mode), names=("flow_estimator",))
+        half = {k: v.astype(np.float16) if k.startswith("past_") and bundle is int8 else v for k, v in feeds.items()}
+        return np.asarray(session["flow_estimator"].run(None, half)[0], np.float32)
+
+    want = velocity(ModelBundle.load(cv3_ref_bundle), "off")
+    core, native = (np.abs(velocity(int8, mode) - want).max() for mode in ("off", "portable"))
+    assert 0 < native <= 1.5 * core + 1e-3, (native, core)
