@@ -81,5 +81,15 @@ models/tiny-cosyvoice2: $(VENV)/.dev
 	rm -rf models/tiny-cosyvoice2 && mv models/.tiny-cosyvoice2.tmp/bundle-int8 models/tiny-cosyvoice2
 	rm -rf models/.tiny-cosyvoice2.tmp
 
+# The committed tiny Fun-CosyVoice3 bundle (`make run MODEL_DIR=models/tiny-cosyvoice3`): the int8 export of the reference
+# checkpoint tests/reference/tiny-cosyvoice3 (22 MB on disk), audio is noise.
+TINY3_NAME := Fun-CosyVoice3-0.5B-tiny-random
+models/tiny-cosyvoice3: $(VENV)/.dev
+	rm -rf models/.tiny-cosyvoice3.tmp
+	$(BIN)/python export/export_onnx.py --model-dir $(REF)/tiny-cosyvoice3 --out models/.tiny-cosyvoice3.tmp/bundle \
+		--verify --test-model --quantize int8 --model-name $(TINY3_NAME)
+	rm -rf models/tiny-cosyvoice3 && mv models/.tiny-cosyvoice3.tmp/bundle-int8 models/tiny-cosyvoice3
+	rm -rf models/.tiny-cosyvoice3.tmp
+
 # Fragments: benchmarks (mk/bench.mk) and deployment/load tests (mk/deploy.mk).
 -include mk/*.mk

@@ -14,8 +14,10 @@ import onnx
 import torch
 
 from export import checkpoint
+from export.native_twin import Rewrite, write_native_twin
 from export.onnx_io import OPSET, ExportedGraph, ExportError
-from service.bundle import GraphEntry, sha256_file
+from export.quantize import Scheme, write_quantized_bundle
+from service.bundle import GraphEntry, Manifest, sha256_file
 
 EXPORTER_VERSION = "1"
 
@@ -104,3 +106,43 @@ def log_errors(log: Callable[[str], None], title: str, errors: dict[str, float],
         flag = "" if tol is None else ("  ok" if err <= tol else "  FAIL")
         log(f"  {name:<28} {err:.3e}{flag}")
     sys.stdout.flush()
+
+
+@dataclass(frozen=True)
+class TwinPlan:
+    """How a family's quantized bundle is written from its fp32 one (export.quantize.write_quantized_bundle's
+    arguments): graph -> precision, graphs with int8 MatMuls, int8 tables, float16 K/V inputs and outputs, float twins."""
+
+    precisions: dict[str, str]
+    matmul_graphs: tuple[str, ...]
+    table_graphs: tuple[str, ...]
+    half_kv_graphs: tuple[str, ...]
+    half_output_graphs: tuple[str, ...] = ()
+    float_twin_graphs: tuple[str, ...] = ()
+
+
+def write_twin(
+    fp32_out: Path,
+    manifest: Manifest,
+    scheme: Scheme,
+    plan: TwinPlan,
+    rewrites: dict[str, Rewrite],
+    check: Callable[[Path], dict[str, float]],
+) -> tuple[Path, dict[str, float]]:
+    """Write OUT-`scheme` from the fp32 bundle with `plan` and its native twins (`rewrites`), staged and published only
+    when written and checked; returns its path and what `check` said of the staged bundle."""
+    out = fp32_out.with_name(f"{fp32_out.name}-{scheme}")
+    tmp = staging_dir(out, "partial")
+    try:
+        write_quantized_bundle(
+            fp32_out, tmp, manifest, scheme, plan=plan.precisions, matmul_graphs=plan.matmul_graphs,
+            table_graphs=plan.table_graphs, half_kv_graphs=plan.half_kv_graphs, half_output_graphs=plan.half_output_graphs,
+            float_twin_graphs=plan.float_twin_graphs,
+        )  # fmt: skip
+        write_native_twin(tmp, rewrites, log=lambda _: None)
+        result = check(tmp)
+        publish(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return out, result

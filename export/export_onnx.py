@@ -1,4 +1,5 @@
-"""CLI: export an official CosyVoice-300M (base, -SFT, -Instruct) or CosyVoice2-0.5B checkpoint to a verified ONNX bundle."""
+"""CLI: export an official CosyVoice-300M (base, -SFT, -Instruct), CosyVoice2-0.5B or Fun-CosyVoice3-0.5B checkpoint to a
+verified ONNX bundle."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="export_onnx.py",
         description=(
             "Export a CosyVoice-300M, -300M-SFT or -300M-Instruct checkpoint (cosyvoice.yaml, llm.pt, flow.pt, hift.pt; "
-            "optional spk2info.pt, campplus.onnx + speech_tokenizer_v1.onnx), or a CosyVoice2-0.5B one (cosyvoice2.yaml, "
-            "llm.pt, flow.pt, hift.pt, CosyVoice-BlankEN/; campplus.onnx + speech_tokenizer_v2.onnx) to an ONNX bundle."
+            "optional spk2info.pt, campplus.onnx + speech_tokenizer_v1.onnx), a CosyVoice2-0.5B one (cosyvoice2.yaml, "
+            "llm.pt, flow.pt, hift.pt, CosyVoice-BlankEN/; campplus.onnx + speech_tokenizer_v2.onnx) or a Fun-CosyVoice3-0.5B "
+            "one (cosyvoice3.yaml, the same files, speech_tokenizer_v3.onnx) to an ONNX bundle."
         ),
     )
     p.add_argument("--model-dir", required=True, type=Path, help="official checkpoint directory")
@@ -37,7 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--random-init",
         action="store_true",
-        help="seeded random weights from the config alone (cosyvoice.yaml; cosyvoice2.yaml + CosyVoice-BlankEN/config.json)",
+        help="seeded random weights from the config alone (cosyvoice.yaml; cosyvoice2.yaml or cosyvoice3.yaml + "
+        "CosyVoice-BlankEN/config.json)",
     )
     p.add_argument(
         "--test-model",

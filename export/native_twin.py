@@ -654,6 +654,21 @@ def rewrite_cached_estimator(blocks: int) -> Rewrite:
     return rewrite
 
 
+def rewrite_attention_estimator(blocks: int) -> Rewrite:
+    """The rewrite of a chunk-causal estimator whose blocks the fused EstimatorBlock does not cover (an AdaLN-modulated
+    DiT with rotary q and k): each of its `blocks` attention cores over cached frames as one CachedAttention, every int8
+    product as one Int8MatMul (RewriteError when the cores found are not `blocks`)."""
+
+    def rewrite(model: onnx.ModelProto, manifest: Manifest) -> tuple[int, str]:
+        cores = fuse_attention(model)
+        if cores != blocks:
+            raise RewriteError(f"rewrote {cores} attention cores, the estimator has {blocks}")
+        count = fuse_int8_matmuls(model)
+        return cores, f"attention cores as {NATIVE_DOMAIN}.{OP_NAME}, {count} {PRODUCTS}"
+
+    return rewrite
+
+
 def write_native_twin(bundle_dir: Path, rewrites: Mapping[str, Rewrite], log: Callable[[str], None] = print) -> tuple[str, ...]:
     """Add the native twins the quantized bundle in `bundle_dir` lacks (file and manifest entry), one per graph its
     family's `rewrites` name; returns the twins' graph names. An fp32 bundle takes none (the official computation stays

@@ -14,6 +14,7 @@ from export import checkpoint
 from export.bundle_writer import ExportOptions, ExportReport
 from export.cosyvoice1 import bundle_writer as cosyvoice1
 from export.cosyvoice2 import bundle_writer as cosyvoice2
+from export.cosyvoice3 import bundle_writer as cosyvoice3
 from export.native_twin import Rewrite
 from export.onnx_io import ExportError
 
@@ -37,6 +38,11 @@ EXPORTERS: tuple[FamilyExporter, ...] = (
         cosyvoice2.FAMILY, cosyvoice2.is_cosyvoice2_dir, lambda _: cosyvoice2.MODEL_NAME, lambda _: False,
         cosyvoice2.run_export, cosyvoice2.write_int4, cosyvoice2.NATIVE_REWRITES,
         {"flow_estimator": "EstimatorBlock", "llm_step": "Qwen2Layer"},
+    ),
+    FamilyExporter(
+        cosyvoice3.FAMILY, cosyvoice3.is_cosyvoice3_dir, lambda _: cosyvoice3.MODEL_NAME, lambda _: False,
+        cosyvoice3.run_export, cosyvoice3.write_int4, cosyvoice3.NATIVE_REWRITES,
+        {"flow_estimator": "CachedAttention", "llm_step": "Qwen2Layer"},
     ),
     FamilyExporter(
         cosyvoice1.FAMILY, cosyvoice1.is_cosyvoice1_dir, checkpoint.model_name_for, checkpoint.is_instruct_dir,

@@ -14,6 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 FULL_CONFIG = REPO / "export" / "configs" / "cosyvoice-300m-sft.yaml"
 V2_CONFIG = REPO / "export" / "configs" / "cosyvoice2-0.5b"  # cosyvoice2.yaml + CosyVoice-BlankEN/config.json
+V3_CONFIG = REPO / "export" / "configs" / "fun-cosyvoice3-0.5b"  # cosyvoice3.yaml + CosyVoice-BlankEN/config.json
 SCHEMES = ("int8", "int4")
 
 
@@ -116,11 +117,38 @@ def _v2_stale(int8: Path) -> bool:
     return not past.type.tensor_type.shape.dim[1].dim_param  # time-first caches: (B, C, H, DK)
 
 
+def ensure_v3_bundle(models: Path) -> Path:
+    """The full-size random-init Fun-CosyVoice3 int8 bundle (and its fp32 source), exported once under `models`."""
+    fp32, int8 = models / "full-random-cosyvoice3", models / "full-random-cosyvoice3-int8"
+    if (int8 / "manifest.json").is_file():
+        _refresh_native_twins(int8)
+        return int8
+    for old in (fp32, int8):
+        if old.exists():
+            shutil.rmtree(old)
+    cmd = [
+        PYTHON,
+        "export/export_onnx.py",
+        "--model-dir",
+        str(V3_CONFIG),
+        "--out",
+        str(fp32),
+        "--random-init",
+        "--quantize",
+        "int8",
+    ]
+    log(f"building the full-size random-init Fun-CosyVoice3 bundles: {' '.join(cmd)}")
+    subprocess.run(cmd, cwd=REPO, check=True)
+    return int8
+
+
 def _v1_int8(models: Path) -> Path:
     return ensure_bundles(models)["int8"]
 
 
 # family -> the int8 benchmark bundle of that family under a models directory (built the first time).
-BUILDERS: dict[str, Callable[[Path], Path]] = {"cosyvoice1": _v1_int8, "cosyvoice2": ensure_v2_bundle}
+BUILDERS: dict[str, Callable[[Path], Path]] = {
+    "cosyvoice1": _v1_int8, "cosyvoice2": ensure_v2_bundle, "cosyvoice3": ensure_v3_bundle,
+}  # fmt: skip
 # family -> the analysis variant its saved voices hold (PromptFeatures.mel_variant), for voices the benches store
-VOICE_VARIANTS: dict[str, str] = {"cosyvoice1": "trained", "cosyvoice2": "cosyvoice2"}
+VOICE_VARIANTS: dict[str, str] = {"cosyvoice1": "trained", "cosyvoice2": "cosyvoice2", "cosyvoice3": "cosyvoice3"}

@@ -89,6 +89,15 @@ class EngineProfile(BaseModel):
         "with each streamed chunk, in both families; 'all' = the whole recording (the official computation). "
         "Non-streamed sentences always see all of it.",
     )
+    flow_window_s: float | None = Field(
+        default=4.0,
+        ge=1.0,
+        le=300.0,
+        description="CosyVoice3: seconds of generated speech a streamed sentence's flow keeps attending to besides the "
+        "prompt (its DiT keys and values, 1.8 MB per mel frame at full size): past it the oldest whole attention chunks "
+        "are dropped down to half of it, so a stream's caches stay under (prompt + this + one chunk) x 1.8 MB; 'all' = "
+        "every frame (the official computation; the caches then grow with the sentence).",
+    )
     flow_cache_mb: int | None = Field(
         default=None,
         ge=0,
@@ -110,7 +119,7 @@ class EngineProfile(BaseModel):
         "`official-24k` = from 24 kHz audio as the official code does since Dec 2025 (frames 9% too fast).",
     )
 
-    @field_validator("prompt_window_s", mode="before")
+    @field_validator("prompt_window_s", "flow_window_s", mode="before")
     @classmethod
     def _all_is_none(cls, value: object) -> object:
         return None if isinstance(value, str) and value.strip().lower() in ("all", "none", "") else value

@@ -20,6 +20,7 @@ TINY_COSYVOICE3_REF = REFERENCE / "tiny-cosyvoice3"  # generated here by scripts
 TINY_BUNDLE = REPO / "models" / "tiny"
 TINY_V2_REF = REFERENCE / "tiny-cosyvoice2"
 TINY_V2_BUNDLE = REPO / "models" / "tiny-cosyvoice2"
+TINY_V3_BUNDLE = REPO / "models" / "tiny-cosyvoice3"
 # Apps built by tests listen for gRPC only where a test asks for it (tests/test_grpc.py): every app on the default
 # port 50000 would collide with the others and with a `make run` on this machine.
 os.environ.setdefault("TTS_GRPC_PORT", "0")
@@ -94,6 +95,28 @@ def cv2_ref_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     proc = run_export("--model-dir", TINY_V2_REF, "--out", out, "--verify", "--test-model")
     if proc.returncode != 0:
         pytest.fail(f"export of {TINY_V2_REF} failed:\n{proc.stderr}")
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_v3_bundle() -> Path:
+    """The committed tiny Fun-CosyVoice3 bundle (models/tiny-cosyvoice3: int8, random weights, 24 kHz, no built-in
+    speakers; prompt analysis and instruct2)."""
+    if not (TINY_V3_BUNDLE / "manifest.json").is_file():
+        pytest.fail(f"{TINY_V3_BUNDLE} is missing: run `make models/tiny-cosyvoice3`")
+    return TINY_V3_BUNDLE
+
+
+@pytest.fixture(scope="session")
+def cv3_ref_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The official-layout tiny Fun-CosyVoice3 checkpoint (tests/reference/tiny-cosyvoice3) exported (fp32, --verify,
+    with its int8 twin beside it, `-int8`)."""
+    from cosyvoice2_checkpoint import run_export
+
+    out = tmp_path_factory.mktemp("cv3-ref") / "tiny-cosyvoice3"
+    proc = run_export("--model-dir", TINY_COSYVOICE3_REF, "--out", out, "--verify", "--test-model", "--quantize", "int8")
+    if proc.returncode != 0:
+        pytest.fail(f"export of {TINY_COSYVOICE3_REF} failed:\n{proc.stderr}")
     return out
 
 

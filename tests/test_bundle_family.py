@@ -44,7 +44,7 @@ def test_an_unknown_family_loads_as_a_bundle_and_the_registry_names_the_known_on
         data["family"] = "fun-cosyvoice3"
 
     bundle = ModelBundle.load(clone(tiny_bundle, tmp_path / "b", family))
-    with pytest.raises(BundleError, match=r"family 'fun-cosyvoice3' is not known \(known: cosyvoice1, cosyvoice2\)"):
+    with pytest.raises(BundleError, match=r"family 'fun-cosyvoice3' is not known \(known: cosyvoice1, cosyvoice2, cosyvoice3\)"):
         registry.load_model(bundle)
 
 
@@ -92,4 +92,4 @@ def test_template_names_expand_per_family_count() -> None:
     counts = CosyVoice2Constants(encoder_blocks=2, up_blocks=1, estimator_blocks=3).graph_counts()
     names = expand_io_names(("x", "enc_k_{e}", "up_k_{u}", "past_k_{b}", "k_{i}"), 2, counts)
     assert names == ["x", "enc_k_0", "enc_k_1", "up_k_0", "past_k_0", "past_k_1", "past_k_2", "k_0", "k_1"]
-    assert set(registry.FAMILIES) == {FAMILY_V1, FAMILY_V2}
+    assert set(registry.FAMILIES) == {FAMILY_V1, FAMILY_V2, "cosyvoice3"}

@@ -29,7 +29,7 @@ from service.stores.voices import DirectoryVoiceStore, PromptFeatures, SavedVoic
 
 
 def test_the_registry_knows_both_families_by_their_manifest_names() -> None:
-    assert set(registry.FAMILIES) == {FAMILY_V1, FAMILY_V2}
+    assert set(registry.FAMILIES) == {FAMILY_V1, FAMILY_V2, "cosyvoice3"}
     assert registry.family(FAMILY_V1).load is not None
 
 
@@ -42,7 +42,7 @@ def test_a_verified_but_unserved_family_is_refused_plainly(monkeypatch: pytest.M
     verify_only = Family("cosyvoice9", registry.family(FAMILY_V2).layout, verify=registry.family(FAMILY_V2).verify)
     monkeypatch.setitem(registry.FAMILIES, verify_only.name, verify_only)
     bundle = cast(ModelBundle, SimpleNamespace(family="cosyvoice9", root=Path("models/cv9")))
-    with pytest.raises(BundleError, match="'cosyvoice9' cannot be served yet \\(served: cosyvoice1, cosyvoice2\\)"):
+    with pytest.raises(BundleError, match="'cosyvoice9' cannot be served yet \\(served: cosyvoice1, cosyvoice2, cosyvoice3\\)"):
         registry.load_model(bundle)
 
 

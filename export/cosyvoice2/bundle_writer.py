@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import io
 import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import onnx
-import onnxruntime as ort
 import torch
 from tokenizers import Tokenizer
 
@@ -20,28 +17,31 @@ from export import checkpoint
 from export.bundle_writer import (
     ExportOptions,
     ExportReport,
+    TwinPlan,
     exporter_info,
     graph_entries,
     log_errors,
     publish,
     staging_dir,
+    write_twin,
 )
 from export.capabilities import VoicePlan, plan_voices
 from export.cosyvoice2 import tokenizer as qwen_tokenizer
 from export.cosyvoice2.config import QWEN_CONFIG, QWEN_DIR, YAML_NAME, CosyVoice2Config, load_config
 from export.cosyvoice2.constants import cosyvoice2_constants, model_constants
 from export.cosyvoice2.graphs.flow import export_flow, verify_flow
-from export.cosyvoice2.graphs.llm import export_llm, verify_llm
-from export.cosyvoice2.modules.flow import CausalMaskedDiffWithXvec, flow_noise
+from export.cosyvoice2.modules.flow import CausalMaskedDiffWithXvec
 from export.cosyvoice2.modules.llm import Qwen2LM, drop_unused
 from export.graphs.hift import export_hift, verify_hift
+from export.graphs.qwen2 import export_llm, step_deviation, verify_llm
+from export.modules.flow import write_flow_noise
 from export.modules.hift import HiFTGenerator, normalize_hift_state_dict
-from export.native_twin import Rewrite, rewrite_cached_estimator, rewrite_qwen2_step, write_native_twin
+from export.native_twin import Rewrite, rewrite_cached_estimator, rewrite_qwen2_step
 from export.onnx_io import ExportError
 from export.prompt_models import copy_into
-from export.quantize import Scheme, write_quantized_bundle
+from export.qwen_tokenizer import find_source
 from service.bundle import FORMAT_VERSION, MANIFEST_NAME, SPEAKERS_NAME, Manifest, ModelBundle, sha256_file, write_speakers
-from service.families.cosyvoice2.contract import FAMILY, NOISE_NAME, PROMPT_GRAPHS, TOKENIZER_NAME, constants_of
+from service.families.cosyvoice2.contract import FAMILY, GRAPH_IO, NOISE_NAME, PROMPT_GRAPHS, TOKENIZER_NAME, constants_of
 
 EXPORTER_VERSION = "1"
 MODEL_NAME = "CosyVoice2-0.5B"
@@ -108,25 +108,12 @@ def build_models(cfg: CosyVoice2Config, opts: ExportOptions) -> Models:
 
 
 def tokenizer_source(opts: ExportOptions) -> Path:
-    """Where the text tokenizer comes from: --tokenizer (a tokenizer.json, a qwen.tiktoken or a directory), else the
-    checkpoint's CosyVoice-BlankEN, else (--random-init only) dashscope's qwen.tiktoken when it is installed."""
-    candidates = [opts.tokenizer, opts.model_dir / QWEN_DIR, qwen_tokenizer.dashscope_ranks() if opts.random_init else None]
-    for path in candidates:
-        if path is not None and qwen_tokenizer.usable(path):
-            return path
-    raise ExportError(
-        f"no Qwen2 tokenizer files (tokenizer.json, or vocab.json + merges.txt) in {opts.model_dir / QWEN_DIR}; pass --tokenizer"
-    )
+    """Where the text tokenizer comes from (export.qwen_tokenizer.find_source)."""
+    return find_source(opts.tokenizer, opts.model_dir / QWEN_DIR, random_init=opts.random_init)
 
 
 def _verify(models: Models, out_dir: Path) -> dict[str, float]:
     return verify_llm(models.llm, out_dir) | verify_flow(models.flow, out_dir) | verify_hift(models.hift, out_dir)
-
-
-def _write_noise(path: Path) -> None:
-    buf = io.BytesIO()
-    np.save(buf, flow_noise()[0].numpy().astype(np.float32), allow_pickle=False)
-    path.write_bytes(buf.getvalue())
 
 
 def _source_hashes(opts: ExportOptions, plan: VoicePlan, tokenizer: Path) -> dict[str, str]:
@@ -152,10 +139,10 @@ class _Inputs:
 def _write_bundle(inputs: _Inputs, models: Models, opts: ExportOptions, tmp: Path) -> Manifest:
     cfg, plan = inputs.cfg, inputs.plan
     extra = cosyvoice2_constants(cfg)
-    graphs = export_llm(models.llm, tmp, extra) + export_flow(models.flow, tmp, extra) + export_hift(models.hift, tmp)
+    graphs = export_llm(models.llm, tmp, GRAPH_IO) + export_flow(models.flow, tmp, extra) + export_hift(models.hift, tmp)
     write_speakers(tmp / SPEAKERS_NAME, plan.speakers)
     qwen_tokenizer.write_tokenizer(inputs.tokenizer, tmp / TOKENIZER_NAME)
-    _write_noise(tmp / NOISE_NAME)
+    write_flow_noise(tmp / NOISE_NAME)
     manifest = Manifest(
         format_version=FORMAT_VERSION,
         model=opts.model_name + ("-random-init" if opts.random_init else ""),
@@ -232,53 +219,14 @@ def write_int4(fp32_out: Path) -> tuple[Path, dict[str, float]]:
     """Write OUT-int4 next to the fp32 bundle `fp32_out` (atomically); returns its path and the decode step's deviation
     from the fp32 step (`step_deviation`)."""
     manifest = ModelBundle.load(fp32_out).manifest
-    return _write_twin(
-        fp32_out, manifest, "int4", INT4_PLAN, lambda tmp: step_deviation(fp32_out / "llm_step.onnx", tmp / "llm_step.onnx")
-    )
+    return write_twin(
+        fp32_out, manifest, "int4", _twin_plan(INT4_PLAN), NATIVE_REWRITES,
+        lambda tmp: step_deviation(fp32_out / "llm_step.onnx", tmp / "llm_step.onnx"),
+    )  # fmt: skip
 
 
-def _write_twin(
-    fp32_out: Path, manifest: Manifest, scheme: Scheme, plan: dict[str, str], check: Callable[[Path], dict[str, float]]
-) -> tuple[Path, dict[str, float]]:
-    """Write OUT-`scheme` from the fp32 bundle with the CosyVoice2 graph plan (staged, published only when written and
-    checked); returns its path and what `check` said of the staged bundle."""
-    out = fp32_out.with_name(f"{fp32_out.name}-{scheme}")
-    tmp = staging_dir(out, "partial")
-    try:
-        write_quantized_bundle(
-            fp32_out, tmp, manifest, scheme, plan=plan, matmul_graphs=INT8_MATMUL_GRAPHS, table_graphs=INT8_TABLE_GRAPHS,
-            half_kv_graphs=HALF_KV_GRAPHS, half_output_graphs=HALF_OUTPUT_GRAPHS, float_twin_graphs=FLOAT_TWIN_GRAPHS,
-        )  # fmt: skip
-        write_native_twin(tmp, NATIVE_REWRITES, log=lambda _: None)
-        result = check(tmp)
-        publish(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-    return out, result
-
-
-def step_deviation(fp32_step: Path, quant_step: Path, *, rows: int = 8, past: int = 24, seed: int = 0) -> dict[str, float]:
-    """How far a quantized decode step is from the fp32 one: `rows` random hidden inputs after `past` random cached
-    positions (float16-exact, as the quantized step reads its cache), max and mean |log-prob difference| and the share
-    of rows whose most likely token is unchanged."""
-    outs = []
-    for path in (fp32_step, quant_step):
-        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        feeds: dict[str, np.ndarray] = {}
-        gen = np.random.default_rng(seed)
-        for i in sess.get_inputs():
-            if i.name == "past_len":
-                feeds[i.name] = np.full(rows, past, dtype=np.int64)
-                continue
-            shape = [rows if d == "B" else past if d == "C" else 1 if isinstance(d, str) else d for d in i.shape]
-            value = (gen.standard_normal(shape) * (1.0 if i.name == "x" else 0.5)).astype(np.float16)
-            feeds[i.name] = value if i.type == "tensor(float16)" else value.astype(np.float32)
-        outs.append(np.asarray(sess.run(["logp"], feeds)[0], dtype=np.float64).reshape(rows, -1))
-    want, got = outs
-    err = np.abs(got - want)
-    top1 = float(np.mean(got.argmax(-1) == want.argmax(-1)))
-    return {"logp_max_abs": float(err.max()), "logp_mean_abs": float(err.mean()), "top1_agreement": top1}
+def _twin_plan(precisions: dict[str, str]) -> TwinPlan:
+    return TwinPlan(precisions, INT8_MATMUL_GRAPHS, INT8_TABLE_GRAPHS, HALF_KV_GRAPHS, HALF_OUTPUT_GRAPHS, FLOAT_TWIN_GRAPHS)
 
 
 def _export_int8(
@@ -290,4 +238,4 @@ def _export_int8(
             log_errors(log, "int8 ONNX vs fp32 torch (deviation, not a failure)", errors, None)
         return errors
 
-    return _write_twin(opts.out, manifest, "int8", INT8_PLAN, check)
+    return write_twin(opts.out, manifest, "int8", _twin_plan(INT8_PLAN), NATIVE_REWRITES, check)

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from export.config import ConfigError, HiFTConfig, expect_class, hift_config, need, read_yaml
+from export.qwen2_config import QWEN_CONFIG, QWEN_DIR, QwenConfig, read_qwen_config
 
 YAML_NAME = "cosyvoice2.yaml"
-QWEN_DIR = "CosyVoice-BlankEN"
-QWEN_CONFIG = "config.json"
 # Fixed by the official classes, not by the yaml: UpsampleConformerEncoder builds 4 up-sampled conformer blocks,
 # a stride-2 Upsample1D and a PreLookaheadLayer of 512 channels; CausalConditionalCFM draws 50 * 300 noise frames.
 UP_BLOCKS = 4
@@ -19,24 +17,6 @@ UP_STRIDE = 2
 ENCODER_WIDTH = 512
 NOISE_FRAMES = 50 * 300
 LOOK_AHEAD = 3  # UpsampleConformerEncoder's PreLookaheadLayer is built with pre_lookahead_len=3 whatever the yaml says
-
-
-@dataclass(frozen=True)
-class QwenConfig:
-    """The Qwen2 body of the LLM (CosyVoice-BlankEN/config.json)."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    rope_theta: float
-    rms_norm_eps: float
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
 
 
 @dataclass(frozen=True)
@@ -115,29 +95,6 @@ class CosyVoice2Config:
     llm: LLMConfig
     flow: FlowConfig
     hift: HiFTConfig
-
-
-def _qwen(path: Path) -> QwenConfig:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{path}: cannot read the Qwen2 config: {e}") from e
-    if data.get("model_type", "qwen2") != "qwen2":
-        raise ConfigError(f"{path}: model_type {data.get('model_type')!r} is not qwen2")
-    if data.get("rope_scaling"):
-        raise ConfigError(f"{path}: rope_scaling {data['rope_scaling']!r} is not supported")
-    where = str(path)
-    heads = int(need(data, "num_attention_heads", where))
-    return QwenConfig(
-        vocab_size=int(need(data, "vocab_size", where)),
-        hidden_size=int(need(data, "hidden_size", where)),
-        intermediate_size=int(need(data, "intermediate_size", where)),
-        num_layers=int(need(data, "num_hidden_layers", where)),
-        num_heads=heads,
-        num_kv_heads=int(data.get("num_key_value_heads", heads)),
-        rope_theta=float(data.get("rope_theta", 10000.0)),
-        rms_norm_eps=float(data.get("rms_norm_eps", 1e-6)),
-    )
 
 
 def _llm(node: Any, qwen: QwenConfig) -> LLMConfig:
@@ -244,7 +201,7 @@ def load_config(model_dir: Path, qwen_config: Path | None = None) -> CosyVoice2C
     """
     path = model_dir / YAML_NAME
     root = read_yaml(path)
-    qwen = _qwen(qwen_config or model_dir / QWEN_DIR / QWEN_CONFIG)
+    qwen = read_qwen_config(qwen_config or model_dir / QWEN_DIR / QWEN_CONFIG)
     try:
         sample_rate = int(root.get("sample_rate", 24000))
         return CosyVoice2Config(

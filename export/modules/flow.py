@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -20,6 +23,24 @@ EDGE_TOKENS = 20
 # Frames of noise and mu carried to the next streaming call (= the mel overlap).
 CACHE_FRAMES = 34
 N_TIMESTEPS = 10
+
+
+# The chunk-causal flows (CosyVoice2 and later) draw their fixed noise buffer right after seeding every generator with 0.
+NOISE_SEED = 0
+NOISE_FRAMES = 50 * 300
+
+
+def flow_noise(n_mels: int = 80, frames: int = NOISE_FRAMES) -> Tensor:
+    """The official fixed noise buffer `rand_noise` (1, 80, 15000) of CausalConditionalCFM: torch.randn after seeding
+    with 0."""
+    return torch.randn(1, n_mels, frames, generator=torch.Generator().manual_seed(NOISE_SEED))
+
+
+def write_flow_noise(path: Path) -> None:
+    """The fixed noise buffer as a bundle file: (80, 15000) float32 .npy."""
+    buf = io.BytesIO()
+    np.save(buf, flow_noise()[0].numpy().astype(np.float32), allow_pickle=False)
+    path.write_bytes(buf.getvalue())
 
 
 def mel_frames(n_tokens: int, token_rate: int) -> int:

@@ -169,6 +169,11 @@ class ServiceInfo(ModelFacts):
         description="What the model can voice: `builtin_speakers`, `prompt_analysis` (voice cloning), `instruct`.",
     )
     max_upload_bytes: int = Field(default=0, description="Largest prompt recording upload (TTS_MAX_UPLOAD_BYTES).")
+    instruct_presets: list[str] = Field(
+        default_factory=list,
+        description="Instructions the model was trained with (Fun-CosyVoice3: its 26); any text is taken where the model "
+        "takes instructions (`instruct2`).",
+    )
 
 
 MAX_LEXICON_PINYIN_CHARS = 8 * MAX_WORD_CHARS  # the longest syllable (`zhuang1`) plus a separator, per character

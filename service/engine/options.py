@@ -115,6 +115,9 @@ class EngineLevers:
     first_hop_tokens: int | None = None  # the first streamed chunk's hop; None: the schedule's own
     # Seconds of a cloned voice's prompt the flow sees with each streamed chunk; None: all of it (official).
     prompt_window_s: float | None = None
+    # Seconds of generated speech a streamed flow keeps attending to besides its prompt (a family whose caches grow
+    # per frame drops the oldest beyond it); None: every frame (official).
+    flow_window_s: float | None = None
     # Megabytes streamed sentences' growing state may hold at once (service.engine.memory); None: auto, 0: no bound.
     flow_cache_mb: int | None = None
     # Runtime of the OPENVINO_GRAPHS: "auto" = OpenVINO in bf16 where the CPU computes bf16 natively (AVX-512 BF16,
@@ -136,6 +139,8 @@ class EngineLevers:
             raise ValueError("stream_schedule must be 'adaptive' or 'official'")
         if self.prompt_window_s is not None and self.prompt_window_s < 0:
             raise ValueError("prompt_window_s must be >= 0")
+        if self.flow_window_s is not None and self.flow_window_s <= 0:
+            raise ValueError("flow_window_s must be > 0")
         if self.flow_cache_mb is not None and self.flow_cache_mb < 0:
             raise ValueError("flow_cache_mb must be >= 0")
         if self.acoustic_backend not in ("auto", "ort", "openvino"):

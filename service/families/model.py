@@ -151,6 +151,12 @@ class Model(Engine, Protocol):
     @property
     def voices(self) -> VoiceLibrary: ...
 
+    @property
+    def instruct_presets(self) -> Sequence[str]:
+        """Instructions the model was trained with, for clients to offer (empty: none named; a model that takes
+        instructions takes any text)."""
+        ...
+
     def resolve(self, reference: VoiceReference) -> ModelVoice:
         """The family's voice for `reference` (UnknownSpeakerError for a name that is neither a built-in speaker nor a
         saved voice). Reads the voice store and may analyse a recording: blocking, call it off event loops."""

@@ -10,10 +10,11 @@ from service.engine.options import RuntimeOptions
 from service.errors import BundleError
 from service.families.cosyvoice1.family import FAMILY as COSYVOICE1
 from service.families.cosyvoice2.family import FAMILY as COSYVOICE2
+from service.families.cosyvoice3.family import FAMILY as COSYVOICE3
 from service.families.model import Family, Model, ModelContext
 from service.verify.checks import Check, VerifyReport
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (COSYVOICE1, COSYVOICE2)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (COSYVOICE1, COSYVOICE2, COSYVOICE3)}
 
 
 def family(name: str) -> Family:

@@ -20,10 +20,11 @@ Two schedules:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from service.bundle import ModelConstants
 from service.engine.chunking import Hop, Progress, Rates
+from service.engine.options import RuntimeOptions
 
 EARLY_FIRST_HOP = 10  # tokens of the first streamed chunk with early first audio (0.4 s of speech, 0.24 s heard)
 # Hops after the first attention chunk stay one chunk (25 tokens, 1 s): on 2 cores the stream is slower than real time
@@ -130,6 +131,15 @@ class HopSchedule:
 
     def _pad(self, end: int) -> int:
         return (-end) % self.chunk
+
+
+def runtime_schedule(runtime: RuntimeOptions, chunk: int, look_ahead: int, c: ModelConstants) -> HopSchedule:
+    """The schedule `runtime` asks for: "official" (CosyVoice2Model.tts) or the default early first audio; either with
+    `runtime.first_hop_tokens` as its first hop when that is set (the official one still pads it to a chunk boundary)."""
+    if runtime.stream_schedule == "official":
+        official = HopSchedule.official(chunk, look_ahead, c)
+        return official if runtime.first_hop_tokens is None else replace(official, first=runtime.first_hop_tokens)
+    return HopSchedule.early(chunk, look_ahead, c, runtime.first_hop_tokens)
 
 
 def window_tokens(seconds: float | None, schedule: HopSchedule, token_rate_hz: int) -> int | None:

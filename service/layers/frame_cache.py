@@ -50,6 +50,17 @@ class FrameCache:
         self.buffer[:, self.frames : self.frames + frames] = new[:, 0]
         self.frames += frames
 
+    def drop(self, start: int, count: int) -> None:
+        """Forget frames start..start+count-1: the later frames move down in place (a window that keeps its first
+        `start` frames, a prompt, and the latest ones)."""
+        end = self.frames
+        if count <= 0:
+            return
+        if not 0 <= start <= start + count <= end:
+            raise ValueError(f"cannot drop frames {start}..{start + count - 1} of {end}")
+        self.buffer[:, start : end - count] = self.buffer[:, start + count : end]
+        self.frames = end - count
+
     def copy(self, capacity: int) -> FrameCache:
         """An independent cache with the same frames and room for `capacity` (a request continuing from a voice's
         shared prompt state)."""

@@ -19,12 +19,13 @@ MEL_FMAX_HZ = 8000.0
 SPEECH_TOKENS = 6561
 
 
-def prompt_mel(x24k: np.ndarray) -> np.ndarray:
+def prompt_mel(x24k: np.ndarray, fmax_hz: float | None = MEL_FMAX_HZ) -> np.ndarray:
     """Matcha's `mel_spectrogram` with the CosyVoice2 yaml values, transposed: float32 (frames, 80), 50 frames/s.
 
     `x24k` (N,) float at 24 kHz, N > 720. Reflect padding of (1920 - 480) / 2 samples per side, periodic Hann(1920)
     STFT with hop 480 and no centring, magnitude sqrt(re^2 + im^2 + 1e-9), Slaney mel filters for 24 kHz / n_fft 1920
-    between 0 and 8000 Hz, natural log floored at 1e-5.
+    between 0 and `fmax_hz` (CosyVoice2: 8000 Hz; None: 12 kHz, Fun-CosyVoice3's `fmax: null`), natural log floored
+    at 1e-5.
     """
     x = np.asarray(x24k, dtype=np.float64).reshape(-1)
     pad = (MEL_NFFT - MEL_HOP) // 2
@@ -35,7 +36,7 @@ def prompt_mel(x24k: np.ndarray) -> np.ndarray:
     frames = np.lib.stride_tricks.sliding_window_view(padded, MEL_NFFT)[::MEL_HOP]
     spectrum = np.fft.rfft(frames * window, axis=1)
     magnitude = np.sqrt(spectrum.real**2 + spectrum.imag**2 + 1e-9)
-    filters = slaney_mel_filters(MEL_RATE_HZ, MEL_NFFT, MEL_BINS, 0.0, MEL_FMAX_HZ).astype(np.float64)
+    filters = slaney_mel_filters(MEL_RATE_HZ, MEL_NFFT, MEL_BINS, 0.0, fmax_hz).astype(np.float64)
     return np.log(np.maximum(magnitude @ filters.T, 1e-5)).astype(np.float32)
 
 
@@ -55,7 +56,10 @@ class PromptAnalysis2:
 
 
 class PromptAnalyzer2(PromptAnalyzer):
-    """The v1 analyzer's models and checks with the CosyVoice2 tokenizer (25 Hz) and prompt mel (24 kHz)."""
+    """The v1 analyzer's models and checks with the CosyVoice2 tokenizer (25 Hz) and prompt mel (24 kHz); a family
+    whose prompt mel reaches higher sets `mel_fmax_hz` (None: up to 12 kHz)."""
+
+    mel_fmax_hz: float | None = MEL_FMAX_HZ
 
     def speech_tokens(self, whisper_mel: np.ndarray) -> np.ndarray:
         """speech_tokenizer_v2 on a whisper log-mel (128, T) float32: tokens (about T / 4,) int32 in 0..6560."""
@@ -85,7 +89,7 @@ class PromptAnalyzer2(PromptAnalyzer):
         lap("embedding")
         tokens = self.speech_tokens(whisper_log_mel(speech_16k))
         lap("tokens")
-        mel = prompt_mel(resample(x, sample_rate, MEL_RATE_HZ))
+        mel = prompt_mel(resample(x, sample_rate, MEL_RATE_HZ), self.mel_fmax_hz)
         lap("mel")
         n = min(mel.shape[0] // 2, tokens.shape[0])
         seconds = speech_16k.shape[0] / PROMPT_RATE_HZ

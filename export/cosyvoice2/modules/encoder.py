@@ -7,25 +7,12 @@ from dataclasses import dataclass
 from typing import cast
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from export.config import EncoderConfig as LayerConfig
 from export.cosyvoice2.config import UP_BLOCKS, UP_STRIDE, EncoderConfig
+from export.modules.chunk_causal import CONV_TAIL, PreLookaheadLayer, chunk_allowed
 from export.modules.transformer import MASKED_SCORE, InputLayer, RelPosAttention, RelPosLayer, espnet_sinusoids
-
-CONV_TAIL = 2  # positions of left context the causal convolutions keep (conv2 of the look-ahead layer, the up conv)
-
-
-def chunk_allowed(n_past: int, n_new: int, chunk: Tensor) -> Tensor:
-    """(T, C+T) bool: new position C+i sees every cached position and new position C+j iff their chunks allow it.
-
-    A key is visible when its chunk index is not after the query's (official subsequent_chunk_mask with all left
-    chunks), counted from the start of the sequence; `chunk` (1,) int64 frames per chunk (a huge value = full attention).
-    """
-    pos = n_past + torch.arange(n_new)
-    new = torch.div(pos.view(1, -1), chunk, rounding_mode="floor") <= torch.div(pos.view(-1, 1), chunk, rounding_mode="floor")
-    return torch.cat((torch.ones(n_new, n_past, dtype=torch.bool), new), dim=1)
 
 
 class ChunkAttention(RelPosAttention):
@@ -63,24 +50,6 @@ class ChunkLayer(RelPosLayer):
         att, k, v = cast(ChunkAttention, self.self_attn).chunk_step(self._norm(0, x), past_k, past_v, chunk)
         x = x + att
         return x + self.feed_forward(self._norm(1, x)), k, v
-
-
-class PreLookaheadLayer(nn.Module):
-    """conv1 (kernel look_ahead+1) over the position and the next look_ahead ones, LeakyReLU, causal conv2 (k3), residual."""
-
-    def __init__(self, channels: int, look_ahead: int) -> None:
-        super().__init__()
-        self.look_ahead = look_ahead
-        self.conv1 = nn.Conv1d(channels, channels, look_ahead + 1)
-        self.conv2 = nn.Conv1d(channels, channels, CONV_TAIL + 1)
-
-    def chunk_step(self, x: Tensor, context: Tensor, cache: Tensor) -> tuple[Tensor, Tensor]:
-        """x (B,T,D) and its look-ahead context (B,K,D), K <= look_ahead (zeros stand in for the missing ones);
-        cache (B,D,2) holds conv1's outputs of the two positions before x. Returns (out (B,T,D), new cache)."""
-        seq = torch.cat((x, context), dim=1).transpose(1, 2)
-        seq = F.pad(seq, (0, self.look_ahead - context.shape[1]))
-        hidden = torch.cat((cache, F.leaky_relu(self.conv1(seq))), dim=2)
-        return self.conv2(hidden).transpose(1, 2) + x, hidden[:, :, -CONV_TAIL:]
 
 
 class Upsample(nn.Module):
@@ -131,7 +100,7 @@ class UpsampleConformerEncoder(nn.Module):
             causal=False,
         )
         self.embed = InputLayer(layer)
-        self.pre_lookahead_layer = PreLookaheadLayer(cfg.output_size, look_ahead)
+        self.pre_lookahead_layer = PreLookaheadLayer(cfg.output_size, cfg.output_size, look_ahead)
         self.encoders = nn.ModuleList(ChunkLayer(layer) for _ in range(cfg.num_blocks))
         self.up_layer = Upsample(cfg.output_size, UP_STRIDE)
         self.up_embed = InputLayer(layer)

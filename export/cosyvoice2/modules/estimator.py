@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from export.cosyvoice2.config import EstimatorConfig
-from export.cosyvoice2.modules.encoder import CONV_TAIL, chunk_allowed
+from export.modules.chunk_causal import CONV_TAIL, attend_cached, chunk_allowed
 from export.modules.estimator import Attention, BasicTransformerBlock, Mish, SinusoidalPosEmb, TimestepEmbedding
 
 _MASK_BIAS = -1.0e10  # the official mask_to_bias value for keys a query may not see
@@ -79,11 +79,7 @@ class CachedAttention(Attention):
     def chunk_step(self, x: Tensor, past_k: Tensor, past_v: Tensor, bias: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x (B,T,dim); past_k/past_v (B,H,C,DK); bias (T,C+T) additive -> (out (B,T,dim), k, v (B,H,T,DK))."""
         q, k, v = self._split(self.to_q(x)), self._split(self.to_k(x)), self._split(self.to_v(x))
-        scale = self.head_dim**-0.5
-        scores = torch.cat((torch.matmul(q, past_k.transpose(-1, -2)), torch.matmul(q, k.transpose(-1, -2))), dim=-1)
-        attn = torch.softmax(scores * scale + bias, dim=-1)
-        n_past = past_k.shape[2]
-        out = torch.matmul(attn[..., :n_past], past_v) + torch.matmul(attn[..., n_past:], v)
+        out = attend_cached(q, k, v, past_k, past_v, bias, self.head_dim**-0.5)
         out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.heads * self.head_dim)
         return self.to_out[0](out), k, v
 

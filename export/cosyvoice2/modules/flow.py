@@ -6,18 +6,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from export.cosyvoice2.config import NOISE_FRAMES, FlowConfig
+from export.cosyvoice2.config import FlowConfig
 from export.cosyvoice2.modules.encoder import UpsampleConformerEncoder
 from export.cosyvoice2.modules.estimator import CausalConditionalDecoder
-from export.modules.flow import time_span
+from export.modules.chunk_causal import FULL_ATTENTION
+from export.modules.flow import flow_noise, time_span
 
-FULL_ATTENTION = 1 << 30  # a chunk size no sequence reaches: one chunk, i.e. the non-streaming masks
-NOISE_SEED = 0  # CausalConditionalCFM seeds every generator with 0 right before drawing its noise buffer
-
-
-def flow_noise(n_mels: int = 80, frames: int = NOISE_FRAMES) -> Tensor:
-    """The official fixed noise buffer `rand_noise` (1, 80, 15000): torch.randn after seeding with 0."""
-    return torch.randn(1, n_mels, frames, generator=torch.Generator().manual_seed(NOISE_SEED))
+__all__ = ["FULL_ATTENTION", "CausalMaskedDiffWithXvec", "flow_noise"]
 
 
 class _CFM(nn.Module):

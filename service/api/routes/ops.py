@@ -76,6 +76,7 @@ async def info(state: StateDep, service: ServiceDep) -> ServiceInfo:
         normalizer=state.normalizer,
         capabilities=dataclasses.asdict(state.bundle.capabilities) if state.bundle else {},
         max_upload_bytes=state.settings.max_upload_bytes,
+        instruct_presets=list(state.runtime.model.instruct_presets),
         **model_facts(state).model_dump(),
     )
 

@@ -3,93 +3,39 @@ its chunk schedule, the flow caches' memory budget, the acoustic thread plan and
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from service.bundle import ModelBundle
-from service.engine import native
-from service.engine.acoustic_gate import AcousticGate
-from service.engine.memory import StateBudget, auto_budget
 from service.engine.options import RuntimeOptions
-from service.engine.runtimes import graph_runtime
-from service.engine.sessions import open_sessions
 from service.errors import BundleError
 from service.families.cosyvoice2.contract import GRAPH_IO, CosyVoice2Constants, constants_of
-from service.layers.chunk_schedule import HopSchedule
+from service.layers import acoustic_plan
+from service.layers.acoustic_plan import (
+    DECODE_SPREAD,
+    WIDE_HIFT_DECODE,
+    WIDE_THREADS,
+    decode_spread,
+    flow_budget,
+    one_thread_calls,
+)
+from service.layers.chunk_schedule import HopSchedule, runtime_schedule
 
-log = logging.getLogger(__name__)
-
-# The sessions key of the HiFT decode graph on WIDE_THREADS threads: what a vocoder call that takes the cores runs
-# (HopSchedule.vocoder_takes_cores); the wide width is the estimator's, its two guidance rows side by side.
-WIDE_HIFT_DECODE = "hift_decode/wide"
-WIDE_THREADS = 2
-# Tasks a decode step's int8 products are split into while the acoustic gate is idle (native.DecodeSpread):
-# full size, batch 1, two threads, 14.4-15.2 against 16.9-17.0 ms a step in a stream (2 tasks: 16.9-17.3 ms alone).
-DECODE_SPREAD = 4
+__all__ = [
+    "DECODE_SPREAD", "WIDE_HIFT_DECODE", "WIDE_THREADS", "decode_spread", "extra_constants", "flow_budget", "one_thread_calls",
+    "open_engine_sessions", "stream_schedule",
+]  # fmt: skip
 
 
 def open_engine_sessions(bundle: ModelBundle, runtime: RuntimeOptions, *, wide: bool) -> dict[str, Any]:
     """The bundle's CosyVoice2 graphs as `runtime` asks; `wide` adds the HiFT decode graph on WIDE_THREADS intra-op
     threads (WIDE_HIFT_DECODE) for the vocoder calls that take both cores."""
-    sessions = open_sessions(bundle, runtime, names=tuple(GRAPH_IO))
-    if wide:
-        two = replace(runtime, acoustic_threads=WIDE_THREADS)
-        sessions[WIDE_HIFT_DECODE] = open_sessions(bundle, two, names=("hift_decode",))["hift_decode"]
-    return sessions
-
-
-def decode_spread(
-    bundle: ModelBundle, runtime: RuntimeOptions, gate: AcousticGate | None, step: native.DecodeSpread | None
-) -> Callable[[], None] | None:
-    """What the scheduler calls before each decode step when the step runs our int8 kernel on more than one thread:
-    while no acoustic call runs or waits (`gate.idle`), the step's products are shared over its threads
-    (DECODE_SPREAD tasks, the step twin's spread input through `step`), else they stay on the scheduler's thread
-    beside the flow. None where that cannot apply (nor is `step` then used)."""
-    if gate is None or step is None or runtime.threads_for("llm") < 2:
-        return None
-    if graph_runtime(bundle, "llm_step", runtime).custom_ops is None or not native.takes_spread(step.session):
-        return None
-
-    def spread() -> None:
-        step.tasks = DECODE_SPREAD if gate.idle() else 1
-
-    return spread
-
-
-def one_thread_calls(runtime: RuntimeOptions) -> RuntimeOptions:
-    """The acoustic thread budget spent as one-thread calls: unless `acoustic_threads` is set, every flow/HiFT call runs
-    one intra-op thread and the gate admits as many calls at once as the budget had threads (slots x threads).
-
-    The full-size estimator runs ~3,300 small kernels per call and ONNX Runtime's second intra-op thread barely shortens a call
-    (100 frames: 190 ms -> 180 ms), while two one-thread calls on two cores run at full speed each (measured 208 ms
-    each side by side); a request alone gets both cores through the CFG lanes (FlowRunner2)."""
-    if runtime.acoustic_threads is not None or runtime.acoustic_slots == 0:
-        return runtime
-    return replace(runtime, acoustic_threads=1, acoustic_slots=runtime.acoustic_slots * runtime.intra_op_threads)
-
-
-def flow_budget(runtime: RuntimeOptions) -> StateBudget:
-    """The bound on streamed sentences' estimator caches that `runtime.flow_cache_mb` asks for: None sizes it from the
-    memory limit and what is resident now (call it with the sessions open), 0 leaves it unbounded."""
-    mb = runtime.flow_cache_mb
-    limit = auto_budget() if mb is None else (mb << 20 if mb > 0 else None)
-    if limit is None:
-        log.info("flow caches of streamed sentences: no bound")
-    else:
-        log.info("flow caches of streamed sentences: at most %d MB at once%s", limit >> 20, " (auto)" if mb is None else "")
-    return StateBudget(limit)
+    return acoustic_plan.open_engine_sessions(bundle, runtime, tuple(GRAPH_IO), wide=wide)
 
 
 def stream_schedule(bundle: ModelBundle, runtime: RuntimeOptions) -> HopSchedule:
-    """The schedule `runtime` asks for: "official" (CosyVoice2Model.tts) or the default early first audio; either with
-    `runtime.first_hop_tokens` as its first hop when that is set (the official one still pads it to a chunk boundary)."""
-    extra, c = extra_constants(bundle), bundle.constants
-    if runtime.stream_schedule == "official":
-        official = HopSchedule.official(extra.chunk_tokens, extra.pre_lookahead, c)
-        return official if runtime.first_hop_tokens is None else replace(official, first=runtime.first_hop_tokens)
-    return HopSchedule.early(extra.chunk_tokens, extra.pre_lookahead, c, runtime.first_hop_tokens)
+    """The schedule `runtime` asks for (layers.chunk_schedule.runtime_schedule) over CosyVoice2's attention chunks."""
+    extra = extra_constants(bundle)
+    return runtime_schedule(runtime, extra.chunk_tokens, extra.pre_lookahead, bundle.constants)
 
 
 def extra_constants(bundle: ModelBundle) -> CosyVoice2Constants:

@@ -9,9 +9,7 @@ attention and empty caches.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +19,7 @@ from service.bundle import ModelConstants, expand_io_names
 from service.errors import BundleError
 from service.families.cosyvoice2.contract import CosyVoice2Constants
 from service.families.cosyvoice2.voice import FlowPrompt2
-from service.layers.cfm import cosine_t_span
+from service.layers.cfm import GuidedEuler
 from service.layers.frame_cache import EstimatorState, FrameCache
 
 FULL_ATTENTION = 1 << 30  # chunk size of the non-streaming masks (one chunk covers any sequence)
@@ -80,6 +78,11 @@ class FlowState:
     steps: list[EstimatorState]  # one per Euler step
     frames: int = 0  # frames solved so far (prompt included)
 
+    @property
+    def tokens(self) -> int:
+        """Tokens (prompt included) the encoder has encoded so far."""
+        return self.encoder.tokens
+
     def nbytes(self) -> int:
         return self.encoder.nbytes() + sum(s.nbytes() for s in self.steps)
 
@@ -96,16 +99,13 @@ class FlowState:
         return FlowState(encoder, [s.copy(capacity) for s in self.steps], self.frames)
 
 
-class FlowRunner2:
+class FlowRunner2(GuidedEuler):
     """Runs flow_speaker, flow_encoder and flow_estimator of a CosyVoice2 bundle (batch 1, CFG rows 2).
 
-    The estimator runs each classifier-free-guidance row as its own batch-1 call on that row's caches (FrameCache,
-    appended in place). `cfg_lanes`: a call that runs alone (no other estimator call of this runner in flight) runs
-    the two rows side by side, the second on a lane thread. The full-size estimator runs ~3,300 small kernels: ONNX
-    Runtime's intra-op threads barely shorten a call (100 frames: 180 ms on 2 threads, 190 ms on 1), two calls on two
-    cores nearly halve it. Concurrent requests run their rows one after the other (each already has its core). The rows
-    are independent (fp32: the same numbers as one batch-2 call; int8: each row quantizes its activations with its
-    own scale instead of one scale for both).
+    The estimator's guidance rows are solved as GuidedEuler does (each row its own batch-1 call on its own caches,
+    side by side on the lane thread when `cfg_lanes` and no other call is in flight). The full-size estimator runs
+    ~3,300 small kernels: ONNX Runtime's intra-op threads barely shorten a call (100 frames: 180 ms on 2 threads,
+    190 ms on 1), two calls on two cores nearly halve it. Concurrent requests run their rows one after the other.
     """
 
     def __init__(
@@ -118,27 +118,17 @@ class FlowRunner2:
         cfg_lanes: bool = False,
         lane_init: Callable[[], None] | None = None,
     ) -> None:
-        if constants.t_scheduler != "cosine":
-            raise ValueError(f"unsupported t_scheduler {constants.t_scheduler!r} (only 'cosine')")
+        counts = extra.graph_counts()
+        estimator = sessions["flow_estimator"]
+        k_names = expand_io_names(("past_k_{b}",), 0, counts)
+        v_names = expand_io_names(("past_v_{b}",), 0, counts)
+        super().__init__(estimator, constants, noise, k_names, v_names, cfg_lanes=cfg_lanes, lane_init=lane_init)
         self._speaker = sessions["flow_speaker"]
         self._encoder = sessions["flow_encoder"]
-        self._estimator = sessions["flow_estimator"]
-        self.constants = constants
         self.extra = extra
-        self.noise = np.ascontiguousarray(noise, dtype=np.float32)  # (80, noise_frames)
-        self.est_dtype = input_type(self._estimator, "past_k_")
-        check_time_first(self._estimator, extra)
-        counts = extra.graph_counts()
+        self.est_dtype = input_type(estimator, "past_k_")
+        check_time_first(estimator, extra)
         self._enc_names = expand_io_names(("enc_k_{e}", "enc_v_{e}", "up_k_{u}", "up_v_{u}"), 0, counts)
-        self._k_names = expand_io_names(("past_k_{b}",), 0, counts)
-        self._v_names = expand_io_names(("past_v_{b}",), 0, counts)
-        self._lanes = ThreadPoolExecutor(2, thread_name_prefix="cfg-lane", initializer=lane_init) if cfg_lanes else None
-        self._in_flight = 0  # estimator calls running now (read and written under _count_lock)
-        self._count_lock = threading.Lock()
-
-    def close(self) -> None:
-        if self._lanes is not None:
-            self._lanes.shutdown(wait=False)
 
     # ---- state ------------------------------------------------------------------------------------
     def empty_state(self, n_timesteps: int, capacity: int | None = None) -> FlowState:
@@ -193,50 +183,6 @@ class FlowRunner2:
         state.tokens += int(np.asarray(tokens).shape[0])
         return np.ascontiguousarray(np.asarray(h[0], dtype=np.float32).T)
 
-    def estimate(
-        self, feeds: dict[str, np.ndarray], state: EstimatorState, keep: bool = True, *, wide: bool = True
-    ) -> np.ndarray:
-        """Velocity (2, 80, M) of the CFG rows for the new frames in `feeds`; extends `state` in place (its keys and
-        values only with `keep`: a call no later call continues from needs none of them).
-
-        Each guidance row is its own batch-1 call on its own caches: alone (no other estimator call of this runner
-        in flight) and `wide`, the two run side by side on the lane thread and this one, else one after the other
-        here (one batch-2 call was 6 % faster than two batch-1 calls, full size, but needs both rows' caches in one
-        array). `wide` False keeps the call on one core (the other left to the decode steps).
-        """
-        with self._count_lock:
-            self._in_flight += 1
-            lanes = self._lanes if self._in_flight == 1 and wide else None
-        try:
-            if lanes is None:
-                rows = [self._row(feeds, state, 0, keep), self._row(feeds, state, 1, keep)]
-            else:
-                other = lanes.submit(self._row, feeds, state, 1, keep)
-                try:
-                    mine = self._row(feeds, state, 0, keep)
-                finally:
-                    theirs = other.result()
-                rows = [mine, theirs]
-        finally:
-            with self._count_lock:
-                self._in_flight -= 1
-        return np.stack(rows)
-
-    def _row(self, feeds: Mapping[str, np.ndarray], state: EstimatorState, row: int, keep: bool = True) -> np.ndarray:
-        """The estimator on guidance row `row` alone: velocity (80, M); updates the row's tails and, with `keep`,
-        appends its keys/values."""
-        mine = {name: a if name == "chunk" else a[row : row + 1] for name, a in feeds.items()}
-        mine["tails"] = state.tails[row : row + 1]
-        k, v = state.k[row], state.v[row]
-        mine.update((name, k.view(b)) for b, name in enumerate(self._k_names))
-        mine.update((name, v.view(b)) for b, name in enumerate(self._v_names))
-        velocity, tails, new_k, new_v = self._estimator.run(None, mine)
-        if keep:
-            k.append(new_k)
-            v.append(new_v)
-        state.tails[row] = tails[0]
-        return np.asarray(velocity[0], dtype=np.float32)
-
     # ---- solving ----------------------------------------------------------------------------------
     def solve(
         self,
@@ -251,40 +197,12 @@ class FlowRunner2:
         *,
         wide: bool = True,
     ) -> np.ndarray:
-        """Euler CFM with classifier-free guidance for new frames start..start+M-1 -> mel (80, M).
-
-        mu, cond (80, M), spks (80,); the initial x is the fixed noise buffer's frames at the same positions.
-        Row 0 of each estimator call is conditioned, row 1 sees zeros for mu, spks and cond; the velocity is
-        (1 + cfg_rate) * v0 - cfg_rate * v1. Step s reads and extends `state.steps[s]` (its keys and values only with
-        `keep`). `wide`: the guidance rows may run side by side (`estimate`).
-        """
-        frames = mu.shape[1]
-        if start + frames > self.noise.shape[1]:
-            raise ValueError(f"the flow's noise covers {self.noise.shape[1]} frames; this sequence needs {start + frames}")
-        n_timesteps = len(state.steps)
-        cfg = np.float32(self.constants.cfg_rate)
-        zero = np.zeros_like(mu)
-        feeds = {
-            "mu": np.stack([mu, zero]),
-            "spks": np.stack([spks, np.zeros_like(spks)]),
-            "cond": np.stack([cond, zero]),
-            "chunk": np.array([chunk], dtype=np.int64),
-        }
-        x = self.noise[:, start : start + frames] * np.float32(self.constants.temperature)
-        t_span = cosine_t_span(n_timesteps)
-        t, dt = t_span[0], t_span[1] - t_span[0]
-        for step in range(1, n_timesteps + 1):
-            feeds["x"] = np.stack([x, x])
-            feeds["t"] = np.full(2, t, dtype=np.float32)
-            v = self.estimate(feeds, state.steps[step - 1], keep, wide=wide)
-            x = x + dt * ((np.float32(1.0) + cfg) * v[0] - cfg * v[1])
-            t = t + dt
-            if step < n_timesteps:
-                dt = t_span[step + 1] - t
-                if between_steps is not None:
-                    between_steps()
-        state.frames += frames
-        return np.asarray(x, dtype=np.float32)
+        """Euler CFM with classifier-free guidance for new frames start..start+M-1 -> mel (80, M) (GuidedEuler's
+        solve over the state's steps, attention chunks of `chunk` frames); the state counts the new frames."""
+        shared = {"chunk": np.array([chunk], dtype=np.int64)}
+        x = self.solve_steps(mu, spks, cond, start, state.steps, shared, between_steps, keep, wide=wide)
+        state.frames += mu.shape[1]
+        return x
 
     def advance(
         self,

@@ -1,59 +1,12 @@
-"""One streamed CosyVoice2 sentence as the flow sees it: its tokens, its flow state and schedule, and its mel chunks."""
+"""One streamed CosyVoice2 sentence as the flow sees it (the shared service.layers.mel_stream, over CosyVoice2's flow
+state)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
-
-import numpy as np
-
-from service.engine.chunking import Hop, Progress
-from service.engine.scheduler import EndAware
 from service.families.cosyvoice2.flow import FlowState
-from service.families.cosyvoice2.voice import FlowPrompt2
+from service.layers import mel_stream
+from service.layers.mel_stream import TAIL_WAIT_S, MelChunk, ended
 
-# How long a chunk's cut waits for its token stream's next delivery to learn whether the sentence has ended (one decode
-# step is in flight then: 14-27 ms at batch 1 on the 2-core hosts measured; a step that does not come in time only
-# leaves the look-ahead tokens to a last chunk of their own). A sentence's first chunk never waits (first audio).
-TAIL_WAIT_S = 0.05
+__all__ = ["TAIL_WAIT_S", "MelChunk", "Sentence", "ended"]
 
-
-@dataclass(frozen=True)
-class MelChunk:
-    """A piece of a sentence's mel (80, frames) from the flow, and the seconds the flow took for it."""
-
-    mel: np.ndarray
-    final: bool
-    flow_s: float
-    tokens: int  # speech tokens whose frames this chunk holds
-    first: bool = False  # it carries the request's first audio (chunking.first_audio): its vocoder call goes first
-
-
-@dataclass
-class Sentence:
-    """One sentence's streaming progress: speech tokens, flow tokens encoded, current hop."""
-
-    prompt: FlowPrompt2
-    state: FlowState
-    hop: Hop
-    speech: list[int]
-    offset: int = 0  # speech tokens whose audio is out
-    chunks: int = 0  # chunks cut so far
-
-    @property
-    def encoded(self) -> int:
-        return self.state.encoder.tokens
-
-    def progress(self, audio_s: float) -> Progress:
-        """Where the sentence stands for its schedule, the request having delivered `audio_s` seconds of audio."""
-        last = self.hop.tokens if self.chunks else 0
-        return Progress(
-            chunks=self.chunks, last_hop=last, buffered=len(self.speech) - self.offset, llm_done=False, audio_s=audio_s,
-            consumed=self.offset, prompt_tokens=len(self.prompt.tokens), carry=self.hop.carry,
-        )  # fmt: skip
-
-
-def ended(tokens: Iterator[int], wait_s: float) -> bool:
-    """Whether `tokens` will give no more, waiting up to `wait_s` to learn it (a scheduler's TokenStream can tell; a
-    plain iterator cannot, and its look-ahead tokens get a last chunk of their own)."""
-    return isinstance(tokens, EndAware) and tokens.ended(wait_s)
+Sentence = mel_stream.Sentence[FlowState]

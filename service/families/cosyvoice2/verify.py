@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from service.audio.decode import decode_audio
 from service.bundle import ModelBundle
 from service.engine.options import RuntimeOptions
 from service.engine.sessions import open_sessions
@@ -17,9 +15,8 @@ from service.engine.types import LLMPrompt, SynthesisOptions
 from service.families.cosyvoice2.contract import GRAPH_IO, TOKENIZER_NAME
 from service.families.cosyvoice2.engine import CosyVoice2Engine
 from service.families.cosyvoice2.voice import FlowPrompt2
-from service.layers.features import kaldi_fbank, resample, subtract_mean, whisper_log_mel
-from service.layers.prompt import MAX_PROMPT_S
-from service.layers.prompt24k import MEL_RATE_HZ, PromptAnalyzer2, prompt_mel
+from service.layers.prompt24k import PromptAnalyzer2
+from service.layers.prompt_checks import verify_prompts, verify_tokenizer
 from service.layers.qwen_tokenizer import Qwen2Tokenizer
 from service.layers.vocoder import VocoderStream, sine_excitation2
 from service.verify.checks import CASE, Check, VerifyReport, indices, max_abs, mismatches
@@ -29,10 +26,6 @@ STREAM_FILE, HIFT_FILE, PROMPTS_FILE, TOKENIZER_FILE = "stream.npz", "hift.npz",
 PROMPT_MODELS = ("campplus.onnx", "speech_tokenizer_v2.onnx")
 # Every model stage is held to 1e-4 (float32, recorded randomness injected); integer results must match exactly.
 TOL = 1e-4
-# Prompt features are numpy float64 against torch float32 (as for v1, service/verify_prompts.py): log-mel bins of
-# near-silent frames differ in the 4th decimal.
-TOL_RESAMPLE, TOL_FBANK, TOL_WHISPER_MEL, TOL_MEL80 = 1e-6, 2e-3, 1e-4, 1e-3
-SAFE_FSQ_MARGIN = 5e-3  # tokens whose FSQ values were closer to a rounding boundary may flip on our own whisper mel
 
 
 def run_verification2(
@@ -44,7 +37,7 @@ def run_verification2(
     report = VerifyReport()
     stages: list[tuple[str, Callable[[Path], Iterator[Check]]]] = [
         (TOKENIZER_FILE, lambda p: verify_tokenizer(Qwen2Tokenizer.load(bundle.file(TOKENIZER_NAME)), p)),
-        (PROMPTS_FILE, lambda p: verify_prompts(fixtures, runtime)),
+        (PROMPTS_FILE, lambda p: verify_prompts(fixtures, runtime, PromptAnalyzer2, PROMPT_MODELS)),
         *[(name, lambda p, n=name: verify_mode(engine, p, n.removesuffix(".npz"))) for name in MODE_FILES],
         (HIFT_FILE, lambda p: verify_hift(engine, p)),
         (STREAM_FILE, lambda p: verify_streams(engine, p)),
@@ -63,62 +56,6 @@ def run_verification2(
 
 def _graph_names(bundle: ModelBundle) -> tuple[str, ...]:
     return tuple(GRAPH_IO)
-
-
-# ---- text ---------------------------------------------------------------------------------------
-
-
-def verify_tokenizer(tokenizer: Qwen2Tokenizer, path: Path) -> Iterator[Check]:
-    """The serving tokenizer on every recorded normalized sentence and raw text: the official ids exactly."""
-    for i, case in enumerate(json.loads(path.read_text(encoding="utf-8"))["cases"]):
-        got = [tokenizer.encode(s) for s in case["normalized_sentences"]]
-        bad = sum(mismatches(g, w) > 0 for g, w in zip(got, case["ids"], strict=False)) + abs(len(got) - len(case["ids"]))
-        yield Check("tokenizer", f"case{i} ({case['name']}) ids", float(bad), 0.0)
-        if "raw_ids" in case:
-            yield Check(
-                "tokenizer", f"case{i} ({case['name']}) raw ids", mismatches(tokenizer.encode(case["text"]), case["raw_ids"]), 0.0
-            )
-
-
-# ---- prompt analysis ----------------------------------------------------------------------------
-
-
-def verify_prompts(fixtures: Path, runtime: RuntimeOptions | None) -> Iterator[Check]:
-    """Per prompt: each feature from its recorded input, then the whole analysis of the WAV file."""
-    if any(not (fixtures / m).is_file() for m in PROMPT_MODELS):
-        return
-    analyzer = PromptAnalyzer2.load(fixtures / PROMPT_MODELS[0], fixtures / PROMPT_MODELS[1], runtime)
-    with np.load(fixtures / PROMPTS_FILE) as npz:
-        names = sorted(k.removesuffix("_speech_16k") for k in npz.files if k.endswith("_speech_16k"))
-        for name in names:
-            want = {k.removeprefix(name + "_"): npz[k] for k in npz.files if k.startswith(name + "_")}
-            speech_16k = want["speech_16k"]
-            yield Check("prompt", f"{name} fbank", max_abs(subtract_mean(kaldi_fbank(speech_16k))[0], want["fbank"]), TOL_FBANK)
-            yield Check(
-                "prompt", f"{name} whisper mel", max_abs(whisper_log_mel(speech_16k), want["whisper_mel"]), TOL_WHISPER_MEL
-            )
-            yield Check("prompt", f"{name} mel80 (24 kHz)", max_abs(prompt_mel(want["speech_24k"]), want["mel80"]), TOL_MEL80)
-            yield Check("prompt", f"{name} embedding", max_abs(analyzer.embedding(want["fbank"]), want["embedding"]), TOL)
-            tokens = analyzer.speech_tokens(want["whisper_mel"])
-            yield Check("prompt", f"{name} tokens (recorded mel)", mismatches(tokens, want["speech_token"]), 0.0)
-            wav = fixtures / "prompts" / f"{name}.wav"
-            if wav.is_file():
-                yield from _file_checks(analyzer, name, wav, want)
-
-
-def _file_checks(analyzer: PromptAnalyzer2, name: str, wav: Path, want: dict[str, np.ndarray]) -> Iterator[Check]:
-    audio, rate = decode_audio(wav.read_bytes(), max_seconds=MAX_PROMPT_S)
-    for target, key in ((16_000, "speech_16k"), (MEL_RATE_HZ, "speech_24k")):
-        yield Check(
-            "prompt", f"{name} resample file->{target // 1000}k", max_abs(resample(audio, rate, target), want[key]), TOL_RESAMPLE
-        )
-    got = analyzer.analyze2(audio, rate)
-    n = got.speech_tokens.shape[0]
-    safe = want["fsq_margin"][:n] > SAFE_FSQ_MARGIN
-    tokens_ok = got.speech_tokens.shape[0] == min(want["speech_token"].shape[0], want["mel80"].shape[0] // 2)
-    error = mismatches(got.speech_tokens[safe], want["speech_token"][:n][safe]) if tokens_ok else float("inf")
-    yield Check("prompt", f"{name} trimmed tokens, own mel ({int(safe.sum())}/{safe.size})", error, 0.0)
-    yield Check("prompt", f"{name} trimmed mel80", max_abs(got.mel, want["mel80"][: 2 * n]), TOL_MEL80)
 
 
 # ---- model stages per mode ----------------------------------------------------------------------

@@ -3,42 +3,18 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
 from service.engine.types import LLMPrompt
+from service.layers.flow_prompt import FlowPrompt
 
 VoiceKind2 = Literal["sft", "zero_shot", "cross_lingual", "instruct2"]
 
 
-@dataclass(frozen=True, eq=False)
-class FlowPrompt2:
-    """The flow's side: prompt speech tokens (P,), prompt mel (2P, 80) at 50 frames/s, raw x-vector (192,).
-
-    A built-in (spk2info) speaker has no tokens and no mel. The official frontend cuts the mel to exactly
-    two frames per token; `Voice2.cloned` does the same.
-    """
-
-    embedding: np.ndarray
-    tokens: tuple[int, ...] = ()
-    mel: np.ndarray = field(default_factory=lambda: np.zeros((0, 80), dtype=np.float32))
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "embedding", np.ascontiguousarray(self.embedding, dtype=np.float32).reshape(-1))
-        object.__setattr__(self, "mel", np.ascontiguousarray(self.mel, dtype=np.float32))
-        if self.mel.ndim != 2 or self.mel.shape[0] != 2 * len(self.tokens):
-            n = len(self.tokens)
-            raise ValueError(f"a prompt of {n} tokens needs a ({2 * n}, 80) mel, got {self.mel.shape}")
-
-    def window(self, tokens: int | None) -> FlowPrompt2:
-        """The last `tokens` prompt tokens with their mel frames and the same x-vector (itself when the prompt is no
-        longer, or `tokens` is None)."""
-        if tokens is None or tokens >= len(self.tokens):
-            return self
-        cut = len(self.tokens) - tokens
-        return FlowPrompt2(self.embedding, self.tokens[cut:], self.mel[2 * cut :])
+FlowPrompt2 = FlowPrompt  # the shared type (service/layers/flow_prompt.py) under its CosyVoice2 name
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,0 +1,1 @@
+"""Fun-CosyVoice3 torch modules with the official key names (LLM, DiT flow, causal HiFT)."""
