@@ -43,6 +43,7 @@ class LoadedModel(ABC, Generic[V]):
     are the bundle's speaker table, made into the family's voices by `builtin_voice`."""
 
     family: str
+    instruct_presets: tuple[str, ...] = ()  # instructions the model was trained with (/info lists them; any text works)
 
     def __init__(self, bundle: ModelBundle, frontend: TextFrontend, engine: VoiceEngine[V], voices: VoiceResolver[V]) -> None:
         self.bundle = bundle

@@ -31,7 +31,6 @@ class CosyVoice1Model(LoadedModel[Voice]):
     """One loaded CosyVoice-300M bundle; thread-safe (the engine and the voices lock what they share)."""
 
     family = contract.FAMILY
-    instruct_presets: tuple[str, ...] = ()
 
     def builtin_voice(self, name: str, embedding: object) -> Voice:
         return Voice.builtin(name, np.asarray(embedding, dtype=np.float32))

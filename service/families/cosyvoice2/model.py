@@ -34,7 +34,6 @@ class CosyVoice2Model(LoadedModel[Voice2]):
     """
 
     family = contract.FAMILY
-    instruct_presets: tuple[str, ...] = ()
 
     def builtin_voice(self, name: str, embedding: object) -> Voice2:
         return Voice2.builtin(name, np.asarray(embedding, dtype=np.float32))
