@@ -4,7 +4,15 @@
 
 #include <stddef.h>
 
-enum { CVL_WORK_ATTENTION = 0, CVL_WORK_BLOCK = 1, CVL_WORK_QWEN = 2, CVL_WORK_QWEN_SCORES = 3, CVL_WORK_SLOTS = 4 };
+enum {
+    CVL_WORK_ATTENTION = 0,
+    CVL_WORK_BLOCK = 1,
+    CVL_WORK_QWEN = 2,
+    CVL_WORK_QWEN_SCORES = 3,
+    CVL_WORK_RELPOS = 4,
+    CVL_WORK_RELPOS_SCORES = 5,
+    CVL_WORK_SLOTS = 6
+};
 
 /* A 64-byte aligned buffer of at least `floats` floats for this thread and `slot` (its contents are not kept when it
  * grows); NULL when it cannot be allocated. */

@@ -1,0 +1,51 @@
+/* What the relative-position layer's code paths share (relpos_layer.c: portable and the driver; relpos_layer_avx2.c;
+ * relpos_layer_avx512.c): one attention row's inputs, and each path's passes. */
+#ifndef COSYVOICE_LITE_RELPOS_LAYER_PARTS_H
+#define COSYVOICE_LITE_RELPOS_LAYER_PARTS_H
+
+#include <stdint.h>
+
+#include "relpos_layer.h"
+
+/* One attention row: new position t of batch row b, head h (i = (b * heads + h) * T + t). */
+typedef struct {
+    int64_t t;
+    int64_t valid;            /* cache columns it attends: past_len clamped to [0, C] */
+    int64_t position;         /* past_len + t: the distance to cache column 0 (column j: position - j) */
+    const float* q;           /* (head_dim) */
+    const float *u, *bv;      /* (head_dim) pos_bias_u, pos_bias_v of head h */
+    const float* pos;         /* (R, head_dim) of head h */
+    const uint16_t *pk, *pv;  /* (C, head_dim) float16 */
+    const float *nk, *nv;     /* (T, head_dim): the new positions' keys and values */
+    float* out;               /* (head_dim) */
+} cvl_relpos_row;
+
+/* Row i of the attention; q and att are (B, T, heads, head_dim). */
+static inline cvl_relpos_row cvl_relpos_row_of(const cvl_relpos_problem* p, const float* q, float* att, int64_t i) {
+    const int64_t T = p->steps, C = p->cached, H = p->heads, dk = p->head_dim;
+    const int64_t t = i % T, h = (i / T) % H, b = i / (T * H), bh = b * H + h, r = b * T + t;
+    const int64_t past = p->past_len[b], valid = past < 0 ? 0 : (past > C ? C : past);
+    return (cvl_relpos_row){
+        .t = t, .valid = valid, .position = past + t, .q = q + (r * H + h) * dk, .u = p->bias_u + h * dk,
+        .bv = p->bias_v + h * dk, .pos = p->pos + h * p->pos_rows * dk,
+        .pk = valid ? p->past_k + bh * C * dk : NULL, .pv = valid ? p->past_v + bh * C * dk : NULL,
+        .nk = p->k_out + bh * T * dk, .nv = p->v_out + bh * T * dk, .out = att + (r * H + h) * dk,
+    };
+}
+
+/* Floats of one attention row's scratch: C + T scores, then q + u and q + v_bias, each padded to 16. */
+static inline int64_t cvl_relpos_scratch_floats(const cvl_relpos_problem* p) {
+    return (p->cached + p->steps + 15) / 16 * 16 + 2 * ((p->head_dim + 15) / 16 * 16) + 16;
+}
+
+/* The passes of one code path: LayerNorm over rows of n ((x - mean) / sqrt(var + eps) * w + b, two passes as the
+ * graph computes it), ReLU in place, and one attention row into row.out (s: cvl_relpos_scratch_floats). */
+typedef struct {
+    void (*layer_norm)(const float* x, int64_t rows, int64_t n, const float* w, const float* b, float eps, float* y);
+    void (*relu)(float* x, int64_t count);
+    void (*attention_row)(const cvl_relpos_problem* p, const cvl_relpos_row* row, float* s);
+} cvl_relpos_passes;
+
+extern const cvl_relpos_passes cvl_relpos_avx2_passes, cvl_relpos_avx512_passes;
+
+#endif
