@@ -11,9 +11,10 @@
   builds from slices (fuse_conv_windows).
 * The LLM step (either family): each int8 weight product as ONNX Runtime's dynamic quantization writes it
   (DynamicQuantizeLinear, MatMulInteger, Cast, Mul by the scales, and the bias Add) is one `cosyvoice_lite.Int8MatMul`
-  node over the same int8 weight, packed in the order the kernel reads it. Every node of ours in the step also reads
-  the graph input `decode_spread` (an initializer of value 1 a caller may override per run: how many tasks a decode
-  step's products split into over the session's threads; add_spread_input).
+  node over the same int8 weight, packed in the order the kernel reads it; then each decoder layer is one node
+  (`Qwen2Layer`: fuse_qwen2_layers; CosyVoice-300M's `RelPosLayer`: export/cosyvoice1/relpos_twin.py). Every node of
+  ours in the step also reads the graph input `decode_spread` (an initializer of value 1 a caller may override per
+  run: how many tasks a decode step's products split into over the session's threads; add_spread_input).
 
 `python -m export.native_twin BUNDLE` adds the twins a bundle exported before them lacks; the exporters write them
 into every quantized bundle.
@@ -535,13 +536,15 @@ def fuse_qwen2_layers(model: onnx.ModelProto) -> int:
     return len(fused)
 
 
+RELPOS_OP_NAME = "RelPosLayer"  # a CosyVoice-300M decoder layer (export/cosyvoice1/relpos_twin.py)
 SPREAD_INPUT = "decode_spread"  # service.engine.native.SPREAD_INPUT
-SPREAD_SLOT = {INT8_OP_NAME: 5, QWEN2_OP_NAME: 32}  # the optional input each operator reads it as
+SPREAD_SLOT = {INT8_OP_NAME: 5, QWEN2_OP_NAME: 32, RELPOS_OP_NAME: 35}  # the optional input each operator reads it as
 
 
 def add_spread_input(model: onnx.ModelProto) -> int:
-    """Let every Int8MatMul and Qwen2Layer node of a step read SPREAD_INPUT, a graph input backed by an initializer
-    of value 1 (overridable per run, so callers that never feed it run as before); returns how many nodes read it."""
+    """Let every Int8MatMul, Qwen2Layer and RelPosLayer node of a step read SPREAD_INPUT, a graph input backed by an
+    initializer of value 1 (overridable per run, so callers that never feed it run as before); returns how many nodes
+    read it."""
     graph = model.graph
     nodes = [n for n in graph.node if n.domain == NATIVE_DOMAIN and n.op_type in SPREAD_SLOT]
     for node in nodes:

@@ -19,10 +19,11 @@ from export.config import CosyVoiceConfig, load_config
 from export.cosyvoice1.graphs.flow import export_flow, verify_flow
 from export.cosyvoice1.graphs.llm import export_llm, verify_llm
 from export.cosyvoice1.modules.llm import TransformerLM
+from export.cosyvoice1.relpos_twin import rewrite_relpos_step
 from export.graphs.hift import export_hift, verify_hift
 from export.modules.flow import MaskedDiffWithXvec
 from export.modules.hift import HiFTGenerator, normalize_hift_state_dict
-from export.native_twin import Rewrite, rewrite_int8_products, write_native_twin
+from export.native_twin import Rewrite, write_native_twin
 from export.onnx_io import ExportError
 from export.quantize import step_deviation, write_int8_bundle, write_quantized_bundle
 from service.bundle import (
@@ -40,8 +41,9 @@ from service.families.cosyvoice1.contract import FAMILY, PROMPT_GRAPHS, TOKENIZE
 # sha256 of openai-whisper 20231117's assets/multilingual.tiktoken (the file the v1 config tokenizes with).
 WHISPER_MULTILINGUAL_SHA256 = "b34b360dbb493e781e479794586d661700670d65564001f23024971d1f2fa126"
 REPO_TINY_TOKENIZER = Path(__file__).resolve().parents[2] / "models" / "tiny" / TOKENIZER_NAME
-# Graphs with a native twin in a quantized bundle, and how each is rewritten (the LLM step's int8 products).
-NATIVE_REWRITES: dict[str, Rewrite] = {"llm_step": rewrite_int8_products}
+# Graphs with a native twin in a quantized bundle, and how each is rewritten (the LLM step: its decoder layers as
+# RelPosLayer nodes, its other int8 products as Int8MatMul).
+NATIVE_REWRITES: dict[str, Rewrite] = {"llm_step": rewrite_relpos_step}
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 what it says of this CPU, and which of its code paths run here.
 
 The library holds ONNX Runtime custom operators (native/README.md): cosyvoice_lite.Int8MatMul and CachedAttention
-(the kit's) and EstimatorBlock and Qwen2Layer (fused layers), used by the native twins of quantized bundles
+(the kit's) and EstimatorBlock, Qwen2Layer and RelPosLayer (fused layers), used by the native twins of quantized bundles
 (service.bundle GROUP_NATIVE). Its one CPU probe (native/cpu.c) answers for C and for this module; each operator has a
 table of variants (portable, AVX-512 ..., AMX) and says which one it takes under a ceiling (`KernelsCeiling`, from
 the engine lever native_kernels), which reaches the kernels as a session config entry (`session_config`). A twin runs where its
@@ -29,10 +29,11 @@ CEILING_CONFIG_KEY = "cosyvoice_lite.kernels"  # the session config entry the ke
 # initializer of value 1 the caller may override per run (DecodeSpread).
 SPREAD_INPUT = "decode_spread"
 # The operators whose fast variant decides whether a graph's twin pays here (service.bundle NATIVE_GRAPHS): the
-# estimator's attention (bf16) and its int8 products, the decode step's int8 products.
+# estimator's attention (bf16) and its int8 products; the decode step's int8 products and its relative-position
+# decoder layers (a step twin of Qwen2Layer nodes has none; every CPU with a fast Int8MatMul has a fast RelPosLayer).
 KERNELS_OF_GRAPH: dict[str, tuple[str, ...]] = {
     "flow_estimator": ("CachedAttention", "Int8MatMul"),
-    "llm_step": ("Int8MatMul",),
+    "llm_step": ("Int8MatMul", "RelPosLayer"),
 }
 
 

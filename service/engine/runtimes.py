@@ -83,7 +83,11 @@ def native_kernels_note(bundle: ModelBundle, opts: RuntimeOptions) -> str | None
     return f"native kernels ({native.LIBRARY_PATH.name}, {ceiling}): {'; '.join(parts)}"
 
 
-_OP_NOTE = {"CachedAttention": "its attention", "Int8MatMul": "its int8 products"}
+_OP_NOTE = {
+    "CachedAttention": "its attention",
+    "Int8MatMul": "its int8 products",
+    "RelPosLayer": "its relative-position layers (where it has them)",
+}
 
 
 def _kernel_note(op: str, ceiling: native.KernelsCeiling) -> str:
