@@ -194,7 +194,7 @@ class Runtime:
         log.info("model %s: graphs opened; warming up with a real synthesis", bundle.manifest.model)
         service.probe(s.warmup_text, s.default_speaker)
         # What is loaded now lives until shutdown: keep it out of the cyclic GC, whose full passes over the text
-        # frontend's dictionaries (~300k objects, 100-200 ms with the GIL held) otherwise stall an event loop.
+        # frontend's dictionaries (~300k objects, each pass with the GIL held) otherwise stall an event loop.
         gc.collect()
         gc.freeze()
         log.info("model %s loaded from %s: %d speakers, cache %s; ready", bundle.manifest.model, s.model_dir,
