@@ -166,3 +166,28 @@ def test_the_committed_report_is_what_the_generator_writes_from_the_committed_re
     readme = (repo / "README.md").read_text(encoding="utf-8")
     assert with_readme_tables(readme, results) == readme, "run: python loadtest/bench_report.py"
     assert readme.count("<!-- /bench -->") == 3
+
+
+def test_the_cosyvoice3_part_runs_the_listener_bench_with_real_levers(monkeypatch: Any, tmp_path: Path) -> None:
+    """`make bench`'s listen3 part: the default settings at 1, 2 and 4 clients (7 one-client requests), then each switch
+    at 1 client; every switch is a lever the engine profile accepts (as are listen2's)."""
+    import argparse
+
+    from loadtest import bench
+    from service.levers import LEVERS, parse_profile
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(bench, "ensure_v3_bundle", lambda models: tmp_path / "full-random-cosyvoice3-int8")
+    monkeypatch.setattr(bench, "run_json", lambda cmd, env=None: calls.append(cmd) or {"rows": []})
+    out = bench.part_listen3({}, argparse.Namespace(models=tmp_path, per_client=2))
+    assert "listen3" in bench.PARTS and bench.RUNNERS["listen3"] is bench.part_listen3
+    default, *compare = calls
+    assert default[1:3] == ["loadtest/bench_listen.py", str(tmp_path / "full-random-cosyvoice3-int8")]
+    assert default[-6:] == ["--levels", "1", "2", "4", "--one-client-requests", "7"] and "--per-client" in default
+    assert set(out["compare"]) == {label for label, _ in bench.LISTEN3_COMPARE} and len(compare) == len(bench.LISTEN3_COMPARE)
+    for _, env in (*bench.LISTEN2_COMPARE, *bench.LISTEN3_COMPARE):
+        for setting in env:
+            name, _, value = setting.partition("=")
+            assert name == "TTS_ENGINE_PROFILE", setting
+            profile = parse_profile(value)
+            assert isinstance(profile, dict) and set(profile) <= set(LEVERS), setting
