@@ -58,6 +58,18 @@ __attribute__((target(CVL_AVX2_MATH), unused)) static inline __m256i cvl_tail_ma
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+/* The next 8 floats at x of which `left` remain (the lanes past them 0), and their store. */
+__attribute__((target(CVL_AVX2_MATH), unused)) static inline __m256 cvl_load8(const float* x, int64_t left) {
+    return left >= 8 ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, cvl_tail_mask8(left));
+}
+
+__attribute__((target(CVL_AVX2_MATH), unused)) static inline void cvl_store8(float* y, int64_t left, __m256 v) {
+    if (left >= 8)
+        _mm256_storeu_ps(y, v);
+    else
+        _mm256_maskstore_ps(y, cvl_tail_mask8(left), v);
+}
+
 /* The sum, and the largest, of an 8-float vector's lanes. */
 __attribute__((target(CVL_AVX2_MATH), unused)) static inline float cvl_sum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
