@@ -41,6 +41,7 @@ LAYERS: dict[str, int] = {
     "service.families.registry": 5,
     "service.speech": 6,
     "service.runtime": 7,
+    "service.served": 7,  # the runtime's served models
     "service.api": 8,
     "service.rpc": 8,
     "service.cli": 8,

@@ -1,7 +1,8 @@
 """The engine profile: the engine's levers (threads per stage, batching, the acoustic gate, the chunk schedule, the
 prompt window, cache budgets, runtimes and kernels, flow steps), apart from the operator settings. One setting,
 TTS_ENGINE_PROFILE, holds them: `lever=value` pairs separated by commas, or `@path` to a TOML file of `lever = value`
-lines. The defaults are what the benchmarks measured best on two cores; docs/engine-profile.md says what each does.
+lines. The defaults are the fastest settings `make bench` found on two cores (docs/perf-log.md); docs/engine-profile.md
+says what each does.
 An unknown lever is refused at start."""
 
 from __future__ import annotations

@@ -7,29 +7,31 @@ import dataclasses
 import gc
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from service.access import ApiKeys, ClientIdentity, Gate
 from service.bundle import ModelBundle
-from service.engine.memory import StateBudget
+from service.engine.memory import StateBudget, resident_bytes
 from service.engine.options import EngineLevers, RuntimeOptions, SessionOptions
-from service.engine.runtimes import native_kernels_note
-from service.errors import BundleError, NotReadyError, SettingError, ShuttingDownError, TTSError
+from service.errors import NotReadyError, SettingError, ShuttingDownError, TTSError
 from service.families.model import EngineLoader, Model, ModelContext, VoiceLibrary
-from service.families.registry import check_options, load_model, open_bundle
+from service.families.registry import check_options, open_bundle
 from service.frontend import TextFrontend
-from service.settings import OPENAI_VOICES, Settings
+from service.frontend.lexicon import InMemoryLexiconStore, LexiconStore
+from service.served import QueueTotals, ServedModel, ServedModels, check_distinct, load_served, no_such_voice
+from service.settings import Settings
 from service.speech.job import SynthesisObserver
 from service.speech.service import TTSService
 from service.stores.analysis_cache import AnalysisCache
-from service.stores.audio_cache import CacheStats, build_audio_cache
+from service.stores.audio_cache import AudioCache, CacheStats, build_audio_cache
 from service.stores.lexicon import RedisLexiconStore
 from service.stores.ratelimit import RateLimiter
 from service.stores.voices import DirectoryVoiceStore, RedisVoiceStore, VoiceStore
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+MiB = 1 << 20
 
 
 def runtime_options(s: Settings) -> RuntimeOptions:
@@ -50,13 +52,15 @@ def runtime_options(s: Settings) -> RuntimeOptions:
 
 
 def check_settings(settings: Settings) -> None:
-    """Refuse at once, before the slow load, settings the model in `settings.model_dir` cannot honour: SettingError
-    naming the field (e.g. a first hop under the family's minimum, a default speaker that is nowhere), BundleError for
-    a directory that is no bundle. Reads the manifest, the speakers and (for the default speaker) one saved voice;
-    hashes, graphs and whether a saved voice suits this model wait for `Runtime.load`."""
-    bundle = open_bundle(settings.model_dir)
-    check_options(bundle, runtime_options(settings))
-    _check_default_speaker_exists(settings, tuple(bundle.speakers))
+    """Refuse at once, before the slow load, settings the models in `settings.model_dirs` cannot honour: SettingError
+    naming the field (e.g. a first hop under a family's minimum, a default speaker that is nowhere, two bundles of one
+    model id), BundleError for a directory that is no bundle. Reads the manifests, the speakers and (for the default
+    speaker) one saved voice; hashes, graphs and whether a saved voice suits a model wait for `Runtime.load`."""
+    bundles = [open_bundle(path) for path in settings.model_dirs]
+    check_distinct(bundles)
+    for bundle in bundles:
+        check_options(bundle, runtime_options(settings))
+    _check_default_speaker_exists(settings, [name for bundle in bundles for name in bundle.speakers])
 
 
 def voice_store(s: Settings) -> VoiceStore:
@@ -80,20 +84,17 @@ def _check_default_speaker_exists(s: Settings, speakers: Sequence[str]) -> None:
     finally:
         store.close()
     if saved is None:
-        raise SettingError(_no_such_voice(name, speakers), param="default_speaker")
-
-
-def _no_such_voice(name: str, speakers: Sequence[str]) -> str:
-    """Why TTS_DEFAULT_SPEAKER `name` cannot be served by a model with built-in `speakers` (before or at the load)."""
-    return f"{name!r} is neither a built-in speaker nor a saved voice; the bundle has {', '.join(speakers)}"
+        raise SettingError(no_such_voice(name, speakers), param="default_speaker")
 
 
 class Runtime:
-    """One loaded model (its family's, from the registry) and everything around it. Built cheaply from settings;
-    `load()` does the heavy part.
+    """The served models (their families', from the registry) and everything around them: one audio cache, stores,
+    keys, rate limits and one count of in-flight places for all of them. Built cheaply from settings; `load()` does
+    the heavy part.
 
-    Thread-safe: transports call `admit`, `service`, `frontend` from any thread. `observer` receives what
-    the synthesis service measures (the HTTP app passes its Prometheus metrics).
+    Thread-safe: transports call `gate`, `claim`, `model_for` from any thread. `service`, `model`, `voices`,
+    `frontend` and `bundle` are the first (default) model's. `observer` receives what the synthesis services measure
+    (the HTTP app passes its Prometheus metrics).
     """
 
     def __init__(
@@ -118,8 +119,12 @@ class Runtime:
         self._frontend: TextFrontend | None = None
         self.lexicon_store: RedisLexiconStore | None = None  # None: the lexicon lives in this process
         self._model: Model | None = None
+        self._models: ServedModels | None = None
+        self.load_states: dict[str, str] = {}  # model id -> waiting, loading or loaded, in TTS_MODEL_DIR's order
+        self._totals: QueueTotals | None = None  # the queue gauges' sums over several models' services
+        self._budget_watched = False
         self.normalizer: dict[str, str] = {}
-        self.model_created = 0  # Unix time the bundle's manifest was written (OpenAI's `created`)
+        self.model_created = 0  # Unix time the first bundle's manifest was written (OpenAI's `created`)
         self.closing = False
         self.load_error: Exception | None = None  # why a background load failed (`start_loading`)
         self._loader: threading.Thread | None = None
@@ -134,10 +139,15 @@ class Runtime:
     def model_id(self) -> str:
         return self.bundle.manifest.model if self.bundle else ""
 
+    @property
+    def model_ids(self) -> tuple[str, ...]:
+        """The served models' ids in order (none while loading)."""
+        return self._models.ids if self._models is not None else ()
+
     # ---- lifecycle ---------------------------------------------------------------------------
     def start_loading(self, on_ready: Callable[[], None], on_failure: Callable[[], None]) -> None:
-        """Run `load()` on a thread of its own, so the transports answer (liveness, 503 not_ready) while the model
-        loads. `on_ready` runs on that thread once the model is ready; after a failure, logged and kept in
+        """Run `load()` on a thread of its own, so the transports answer (liveness, 503 not_ready) while the models
+        load. `on_ready` runs on that thread once every model is ready; after a failure, logged and kept in
         `load_error`, `on_failure` runs instead. `close()` waits for the load to end."""
 
         def run() -> None:
@@ -155,69 +165,83 @@ class Runtime:
         self._loader.start()
 
     def load(self) -> None:
-        """Load bundle, frontend, engine and cache, then warm up with a real synthesis (blocking; minutes at most)."""
+        """Load every bundle (frontend, engine, warm-up with a real synthesis) around one audio cache, in order;
+        blocking (minutes at most). The models serve once all of them are loaded; a failure closes those loaded."""
         s = self.settings
         log.info("%s", self.keys.describe(s.public_model_list))
-        log.info("loading the model from %s%s", s.model_dir, " (checking every file's sha256)" * s.verify_bundle_hashes)
-        bundle = open_bundle(s.model_dir, verify_hashes=s.verify_bundle_hashes)
-        log.info("%s (%s): building the text frontend, then opening the graphs", bundle.manifest.model, bundle.family)
-        model = load_model(bundle, self._model_context())
-        _check_default_speaker(s.default_speaker, model)
+        bundles = self._open_bundles()
         cache = build_audio_cache(self.redis_url, s.cache_max_bytes, s.cache_ttl_s)
         watch_cache: Callable[[CacheStats], None] | None = getattr(self.observer, "watch_cache", None)
         if watch_cache is not None:  # an observer that exports the cache's counters (the HTTP metrics)
             watch_cache(cache.stats)
-        watch_budget: Callable[[StateBudget], None] | None = getattr(self.observer, "watch_state_budget", None)
-        budget = model.state_budget()
-        if watch_budget is not None and budget is not None:  # the same for the streams' flow-cache bound
-            watch_budget(budget)
-        aliases = voice_aliases(s.voice_aliases, tuple(bundle.speakers))
-        _warn_unknown_targets(s.voice_aliases, tuple(bundle.speakers), model.voices)
-        service = TTSService(
-            model.frontend,
-            model,
-            cache,
-            voices=model.resolve,
-            aliases=aliases,
-            alias_names=tuple(OPENAI_VOICES),
-            bundle_sha256=bundle.manifest_sha256,
-            concurrency=s.concurrent_requests,
-            queue_max=s.queue_max,
-            retry_after_s=s.retry_after_s,
-            n_timesteps=s.engine_profile.n_timesteps,
-            observer=self.observer,
-            probe_voice=None if s.default_speaker in model.speakers else model.warmup_voice(),
-            default_voice=s.default_speaker,
-            max_speech_s=s.max_speech_s,
-            max_sentence_speech_s=s.max_sentence_speech_s,
-        )
-        log.info("model %s: graphs opened; warming up with a real synthesis", bundle.manifest.model)
-        service.probe(s.warmup_text, s.default_speaker)
+        # the lexicon entries every model reads: in Redis when it is configured (shared by replicas), else here
+        self.lexicon_store = RedisLexiconStore(self.redis_url) if self.redis_url else None
+        lexicon: LexiconStore = self.lexicon_store or InMemoryLexiconStore()
+        loaded: list[ServedModel] = []
+        try:
+            for bundle in bundles:
+                loaded.append(self._load_one(bundle, bundles, lexicon, cache, len(loaded)))
+        except BaseException:
+            for served in loaded:
+                served.service.close()
+            cache.close()
+            raise
         # What is loaded now lives until shutdown: keep it out of the cyclic GC, whose full passes over the text
-        # frontend's dictionaries (~300k objects, 100-200 ms with the GIL held) otherwise stall an event loop.
+        # frontend's dictionaries (~300k objects, each pass with the GIL held) otherwise stall an event loop.
         gc.collect()
         gc.freeze()
-        log.info("model %s loaded from %s: %d speakers, cache %s; ready", bundle.manifest.model, s.model_dir,
-                 len(bundle.speakers), cache.backend)  # fmt: skip
-        if bundle.manifest.warning:
-            log.warning("%s", bundle.manifest.warning)
-        native_note = native_kernels_note(bundle, runtime_options(s))
-        if native_note:
-            log.info("%s", native_note)
-        self.model_created = int((bundle.root / "manifest.json").stat().st_mtime)  # read here, not on an event loop
-        self.bundle, self.normalizer = bundle, model.frontend.normalizer_info
-        self._frontend, self._service, self._model = model.frontend, service, model
+        first = loaded[0]
+        self.model_created, self.normalizer = first.created, first.frontend.normalizer_info
+        self.bundle, self._frontend, self._service, self._model = first.bundle, first.frontend, first.service, first.model
+        self._models = ServedModels(loaded)
 
-    def _model_context(self) -> ModelContext:
-        """Options, shared stores and limits from the settings; the lexicon in Redis when it is configured."""
+    def _open_bundles(self) -> list[ModelBundle]:
+        """Every bundle TTS_MODEL_DIR names, checked against its family's layout (and hashes when asked); SettingError
+        for two of one model id."""
         s = self.settings
-        # lexicon entries live in Redis (shared by replicas) when it is configured, else in this process
-        self.lexicon_store = RedisLexiconStore(self.redis_url) if self.redis_url else None
-        store = voice_store(s)
+        bundles = []
+        for path in s.model_dirs:
+            log.info("loading the model from %s%s", path, " (checking every file's sha256)" * s.verify_bundle_hashes)
+            bundles.append(open_bundle(path, verify_hashes=s.verify_bundle_hashes))
+        check_distinct(bundles)
+        self.load_states = {b.manifest.model: "waiting" for b in bundles}
+        return bundles
+
+    def _load_one(
+        self, bundle: ModelBundle, bundles: Sequence[ModelBundle], lexicon: LexiconStore, cache: AudioCache, index: int
+    ) -> ServedModel:
+        """Load one bundle's model and say how much resident memory it added."""
+        s, model_id = self.settings, bundle.manifest.model
+        self.load_states[model_id] = "loading"
+        before = resident_bytes()
+        elsewhere = any(s.default_speaker in b.speakers for b in bundles if b is not bundle) or (
+            len(bundles) > 1 and _is_saved(s, s.default_speaker)
+        )
+        observer = self.observer if len(bundles) == 1 else self._queue_totals().observer_for(index)
+        served = load_served(bundle, self._model_context(lexicon), s, cache, observer, default_elsewhere=elsewhere)
+        watch_budget: Callable[[StateBudget], None] | None = getattr(self.observer, "watch_state_budget", None)
+        budget = served.model.state_budget()
+        if watch_budget is not None and budget is not None and not self._budget_watched:  # the first model's bound
+            watch_budget(budget)
+            self._budget_watched = True
+        after = resident_bytes()
+        self.load_states[model_id] = "loaded"
+        log.info("model %s loaded: %+d MB resident (%d MB in all)", model_id, round((after - before) / MiB), after // MiB)
+        return served
+
+    def _queue_totals(self) -> QueueTotals:
+        """The sum of every model's queue counts, for the observer's one queue gauge (several models only)."""
+        if self._totals is None:
+            self._totals = QueueTotals(self.observer)
+        return self._totals
+
+    def _model_context(self, lexicon: LexiconStore) -> ModelContext:
+        """Options, shared stores and limits from the settings; each model gets its own store clients (it closes them)."""
+        s = self.settings
         return ModelContext(
             options=runtime_options(s),
-            lexicon_store=self.lexicon_store,
-            voice_store=store,
+            lexicon_store=lexicon,
+            voice_store=voice_store(s),
             analysis_cache=AnalysisCache(self.redis_url, ttl_s=s.cache_ttl_s),
             mel_variant=s.engine_profile.prompt_mel_variant,
             max_voices=s.max_voices,
@@ -226,16 +250,18 @@ class Runtime:
         )
 
     def close(self) -> None:
-        """Refuse new work, cancel running jobs, stop the engine and close the stores (blocking; a background load
+        """Refuse new work, cancel running jobs, stop the engines and close the stores (blocking; a background load
         is waited for first, so what it loaded is closed too)."""
         self.closing = True
         if self._loader is not None:
             self._loader.join()
         gc.unfreeze()  # what this runtime held may now be collected
-        service = self._service
-        if service is not None:
-            service.close()  # its jobs cancelled, its workers stopped, then the model (engine and voice stores) closed
-            service.cache.close()
+        services = [m.service for m in self._models] if self._models is not None else [self._service]
+        for service in services:
+            if service is not None:
+                service.close()  # its jobs cancelled, its workers stopped, then the model (engine and voice stores) closed
+        if services and services[0] is not None:
+            services[0].cache.close()  # one cache for every model
         if self.lexicon_store is not None:
             self.lexicon_store.close()
 
@@ -249,8 +275,23 @@ class Runtime:
         return part
 
     @property
+    def models(self) -> ServedModels:
+        """The served models in order; NotReadyError while loading, ShuttingDownError once closing."""
+        return self._ready(self._models)
+
+    @property
+    def loaded_models(self) -> ServedModels | None:
+        """The served models once loaded (closing or not), for listings and status pages; None while loading."""
+        return self._models
+
+    def model_for(self, name: str | None) -> ServedModel:
+        """The served model a request names (`ServedModels.find`: our ids; an OpenAI model name or none means the
+        first); UnknownModelError naming the served ids, NotReadyError while loading, ShuttingDownError once closing."""
+        return self.models.find(name)
+
+    @property
     def service(self) -> TTSService:
-        """The synthesis service; NotReadyError while loading, ShuttingDownError once closing."""
+        """The first model's synthesis service; NotReadyError while loading, ShuttingDownError once closing."""
         return self._ready(self._service)
 
     @service.setter
@@ -259,17 +300,18 @@ class Runtime:
 
     @property
     def loaded_service(self) -> TTSService | None:
-        """The service if one is loaded (closing or not), for shutdown and status pages."""
+        """The first model's service if one is loaded (closing or not), for shutdown and status pages."""
         return self._service
 
     @property
     def model(self) -> Model:
-        """The loaded model; NotReadyError while loading, ShuttingDownError once closing."""
+        """The first loaded model; NotReadyError while loading, ShuttingDownError once closing."""
         return self._ready(self._model)
 
     @property
     def voices(self) -> VoiceLibrary:
-        """Prompt analysis and saved voices; NotReadyError while loading, ShuttingDownError once closing."""
+        """The first model's prompt analysis and saved voices; NotReadyError while loading, ShuttingDownError once
+        closing."""
         return self.model.voices
 
     @property
@@ -289,10 +331,10 @@ class Runtime:
 
     def claim(self) -> Slot:
         """One in-flight place for a synthesis request whose input has arrived; NotReadyError / ShuttingDownError, or
-        the service's OverloadedError (503 + Retry-After) while every place is taken or its queue is full.
+        the service's OverloadedError (503 + Retry-After) while every place is taken or the queues are full.
 
         Places count requests from the moment their input is in (an HTTP body read, a WebSocket sentence to speak) to
-        their end, across every transport of this runtime; a client still sending, or idle, holds none.
+        their end, across every transport and every model of this runtime; a client still sending, or idle, holds none.
         """
         service = self.service
         with self._lock:
@@ -301,7 +343,10 @@ class Runtime:
         return Slot(self)
 
     def _check_room(self, service: TTSService) -> None:
-        if self._in_flight >= service.capacity or service.queue_full():
+        """Every model's service takes `concurrent_requests + queue_max` jobs; the server as a whole takes that many."""
+        services = [m.service for m in self._models] if self._models is not None else [service]
+        jobs = sum(sum(s.queue_state()) for s in services)  # admitted: waiting and running
+        if self._in_flight >= service.capacity or jobs >= service.capacity:
             raise service.overloaded()
 
     def _release(self) -> None:
@@ -309,38 +354,15 @@ class Runtime:
             self._in_flight -= 1
 
 
-def _check_default_speaker(name: str, model: Model) -> None:
-    """TTS_DEFAULT_SPEAKER names a built-in speaker or a saved voice. A name that is neither stops a model with built-in
-    speakers (a typo); a model without any (CosyVoice2-0.5B as it ships) starts, with a warning: requests that name no
-    voice are refused until a voice of that name is saved."""
-    if name in model.speakers or model.voices.resolve(name) is not None:
-        return
-    if model.speakers:
-        model.close()
-        raise BundleError(f"TTS_DEFAULT_SPEAKER {_no_such_voice(name, model.speakers)}")
-    log.warning("the model has no built-in speakers and TTS_DEFAULT_SPEAKER %r is not a saved voice (yet): requests "
-                "that name no voice answer 400 until a voice of that name is saved (POST /v1/voices)", name)  # fmt: skip
-
-
-def voice_aliases(configured: Mapping[str, str], speakers: Sequence[str]) -> dict[str, str]:
-    """OpenAI voice name -> what it speaks as: TTS_VOICE_ALIASES over the defaults whose speaker the bundle has."""
-    defaults = {name: speaker for name, speaker in OPENAI_VOICES.items() if speaker in speakers}
-    return defaults | {name.lower(): target for name, target in configured.items()}
-
-
-def _warn_unknown_targets(configured: Mapping[str, str], speakers: Sequence[str], voices: VoiceLibrary) -> None:
-    """A warning per alias whose target is no built-in speaker and no saved voice yet (it may be saved later)."""
-    for name, target in configured.items():
-        if target in speakers:
-            continue
-        try:
-            found = voices.store.get(target) is not None
-        except TTSError:  # the store (Redis) is down at start: the alias is checked when it is used
-            continue
-        if not found:
-            log.warning("TTS_VOICE_ALIASES: %s=%s names neither a built-in speaker (%s) nor a saved voice; requests "
-                        "for %r answer unknown_speaker until a voice named %r is saved", name, target,
-                        ", ".join(speakers), name, target)  # fmt: skip
+def _is_saved(s: Settings, name: str) -> bool:
+    """Whether a saved voice `name` exists (for any model); False when the store cannot be read now."""
+    store = voice_store(s)
+    try:
+        return store.get(name) is not None
+    except TTSError:
+        return False
+    finally:
+        store.close()
 
 
 class Slot:

@@ -90,7 +90,12 @@ class Settings(BaseSettings):
         "runtimes and kernels, flow steps): `lever=value` pairs, e.g. `first_hop_tokens=10,stream_schedule=official`, "
         "or `@/path/profile.toml`; empty = the defaults. docs/engine-profile.md lists every lever.",
     )
-    model_dir: Path = Field(default=Path("models/tiny"), description="Model bundle directory (manifest.json, graphs, speakers).")
+    model_dir: Path = Field(
+        default=Path("models/tiny"),
+        description="Model bundle directory (manifest.json, graphs, speakers), or several separated by commas "
+        "(`models/a,models/b`: one server serves them all, each under its manifest's model id; the first is the default "
+        "model, the one the official endpoints and requests that name no model use).",
+    )
     verify_bundle_hashes: bool = Field(default=False, description="Check every bundle file's sha256 at start (slower start).")
     intra_op_threads: int = Field(
         default=2,
@@ -300,6 +305,18 @@ class Settings(BaseSettings):
         for item in value:
             ipaddress.ip_network(item, strict=False)  # raises ValueError with a clear message
         return value
+
+    @field_validator("model_dir")
+    @classmethod
+    def _bundle_list(cls, value: Path) -> Path:
+        if any(not part.strip() for part in str(value).split(",")):
+            raise ValueError("an empty bundle directory in the comma-separated list")
+        return value
+
+    @property
+    def model_dirs(self) -> tuple[Path, ...]:
+        """The bundle directories TTS_MODEL_DIR names, in its order (the first is the default model)."""
+        return tuple(Path(part.strip()) for part in str(self.model_dir).split(","))
 
     @field_validator("cache_dir", mode="before")
     @classmethod

@@ -93,7 +93,7 @@ def test_models_list_our_id_and_the_openai_aliases(client: TestClient, tiny_bund
     assert all(m["object"] == "model" and m["created"] > 0 for m in body["data"])
     assert client.get("/v1/models/tts-1").json()["id"] == "tts-1"
     missing = client.get("/v1/models/whisper-1")
-    assert missing.status_code == 404 and error_of(missing)["code"] == "unknown_model"
+    assert missing.status_code == 404 and error_of(missing)["code"] == "not_found"
 
 
 def test_audio_models_serve_open_webui_and_openai_list_shapes(client: TestClient) -> None:
@@ -488,7 +488,7 @@ def test_inference_sft_takes_form_fields_and_returns_raw_pcm(client: TestClient,
         ("/tts", {"text": "hi", "speed": 3}, 400, "invalid_input", "speed"),
         ("/tts", {"text": "hi", "voice": "alloy"}, 400, "invalid_input", "voice"),
         ("/v1/audio/speech", {"model": "tts-1", "input": "hi", "voice": "nobody"}, 400, "unknown_speaker", "voice"),
-        ("/v1/audio/speech", {"model": "tts-9", "input": "hi", "voice": "alloy"}, 404, "unknown_model", "model"),
+        ("/v1/audio/speech", {"model": "tts-9", "input": "hi", "voice": "alloy"}, 400, "unknown_model", "model"),
         ("/v1/audio/speech", {"model": "tts-1", "input": "", "voice": "alloy"}, 400, "empty_text", "input"),
         ("/v1/audio/speech", {"model": "tts-1", "input": "a" * 301, "voice": "alloy"}, 400, "text_too_long", "input"),
     ],

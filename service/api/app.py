@@ -127,7 +127,7 @@ def create_app(
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static")
     install_docs(app)
-    install_openapi(app, lambda: state.model_id)
+    install_openapi(app, lambda: ", ".join(state.runtime.model_ids))
     return app
 
 

@@ -15,9 +15,10 @@ from service.api.textfields import lone_surrogate
 from service.audio.encode import AudioFormat
 from service.errors import ErrorCode, InvalidInputError, TTSError, UnknownModelError, UnsupportedCapabilityError, wire_name
 from service.frontend.incremental import LANGUAGES
+from service.served import ServedModel, ServedModels
 
 PATH = "/api-ws/v1/inference"  # the SDK connects to dashscope.base_websocket_api_url itself, which ends so
-CLOUD_MODEL = re.compile(r"cosyvoice-v\d+(?:\.\d+)?(?:-[a-z0-9]+)*")  # cosyvoice-v1, -v2, -v3-flash, -v3-plus, ...
+CLOUD_MODEL = re.compile(r"cosyvoice-v(\d+)(?:\.\d+)?(?:-[a-z0-9]+)*")  # cosyvoice-v1, -v2, -v3-flash, -v3-plus, ...
 RATES_HZ = (8000, 16000, 22050, 24000, 44100, 48000)  # pcm, wav and mp3, as the SDK's AudioFormat offers them
 OPUS_RATES_HZ = (8000, 16000, 24000, 48000)  # libopus takes no 22,050 or 44,100 Hz
 DEFAULT_RATE_HZ = 22050  # the cloud's default (Opus: 24 kHz)
@@ -166,10 +167,22 @@ class TaskOptions:
     instruction: str | None
 
 
-def task_options(model: str | None, p: Parameters, our_model: str) -> TaskOptions:
-    """Check a run-task's model and parameters; raise the TTSError the client gets for the first that cannot be served."""
-    if model is None or not (model == our_model or CLOUD_MODEL.fullmatch(model)):
-        raise UnknownModelError(f"Model not exist: {model!r}; use a cosyvoice-v* name or {our_model!r}", param="model")
+def task_model(model: str | None, served: ServedModels) -> ServedModel:
+    """The served model a run-task's `model` names: one of our ids exactly; a cloud name (cosyvoice-vN...) the first
+    served model of the family cosyvoiceN, else the first served model; UnknownModelError for anything else."""
+    if model is not None:
+        chosen = next((m for m in served if m.id == model), None)
+        cloud = CLOUD_MODEL.fullmatch(model)
+        if chosen is None and cloud is not None:
+            chosen = served.of_family(f"cosyvoice{cloud.group(1)}") or served.first
+        if chosen is not None:
+            return chosen
+    ids = ", ".join(repr(i) for i in served.ids)
+    raise UnknownModelError(f"Model not exist: {model!r}; use a cosyvoice-v* name or one of {ids}", param="model")
+
+
+def task_options(p: Parameters) -> TaskOptions:
+    """Check a run-task's parameters; raise the TTSError the client gets for the first that cannot be served."""
     if p.pitch != 1.0:
         raise UnsupportedCapabilityError(
             "pitch is not supported by this server (CosyVoice has no pitch control); send 1.0", param="pitch"

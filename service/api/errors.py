@@ -39,7 +39,7 @@ STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.UNSUPPORTED_FORMAT: (400, "invalid_request_error"),
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: (415, "invalid_request_error"),
     ErrorCode.TEXT_TOO_LONG: (413, "invalid_request_error"),
-    ErrorCode.UNKNOWN_MODEL: (404, "invalid_request_error"),
+    ErrorCode.UNKNOWN_MODEL: (400, "invalid_request_error"),
     ErrorCode.NOT_FOUND: (404, "invalid_request_error"),
     ErrorCode.UNAUTHORIZED: (401, "invalid_request_error"),
     ErrorCode.FORBIDDEN: (403, "invalid_request_error"),
@@ -71,9 +71,9 @@ _HTTP_STATUS_CODES: dict[int, ErrorCode] = {401: ErrorCode.UNAUTHORIZED, 403: Er
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"description": description, "content": {"application/json": {}}}
     for status, description in {
-        400: "Invalid input (unknown speaker, bad format, bad speed, malformed body, ...)",
+        400: "Invalid input (unknown speaker or model, bad format, bad speed, malformed body, ...)",
         401: "Missing or wrong API key",
-        404: "Unknown model",
+        404: "Not found (a model or saved voice of that id)",
         408: "The body did not arrive within TTS_BODY_TIMEOUT_S",
         413: "Text or body too large (400 on /v1/audio/speech, as OpenAI answers)",
         415: "The body is not JSON: send `Content-Type: application/json`",

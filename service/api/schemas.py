@@ -8,13 +8,13 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 from service.audio.encode import AudioFormat
 from service.frontend.lexicon import MAX_WORD_CHARS
+from service.served import OPENAI_MODEL_ALIASES
 from service.settings import OPENAI_VOICES
 
 FORMATS = [f.value for f in AudioFormat]
 _FORMAT_ENUM: dict[str, JsonValue] = {"enum": list[JsonValue](FORMATS)}
 MAX_SEED = 2**32 - 1
 OPENAI_MAX_INPUT_CHARS = 4096
-OPENAI_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15")
 # What the released CosyVoice-300M speakers are (their names are Chinese: 中文女 = "Chinese woman"), for voice lists.
 SPEAKER_DESCRIPTIONS = {
     "中文女": "Chinese, female",
@@ -51,7 +51,9 @@ class SpeechBody(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    model: str = Field(description=f"{', '.join(OPENAI_MODEL_ALIASES)}, or this server's model id (GET /v1/models).")
+    model: str = Field(
+        description=f"A served model's id (GET /v1/models), or {', '.join(OPENAI_MODEL_ALIASES)}: the first served model."
+    )
     input: str = Field(description=f"Text to speak, at most {OPENAI_MAX_INPUT_CHARS} characters.")
     voice: str | VoiceRef = Field(
         description="A speaker name, a saved voice, or an OpenAI voice name; by default "
@@ -95,7 +97,7 @@ class SpeechBody(BaseModel):
 
 
 class ModelFacts(BaseModel):
-    """What the served bundle says about itself (its manifest); every model id is served by the same bundle."""
+    """What a served bundle says about itself (its manifest); an OpenAI alias has the first model's."""
 
     random_weights: bool = Field(default=False, description="The weights are random: the audio is noise, not speech.")
     test_model: bool = Field(default=False, description="A miniature model for tests and CI, not a released checkpoint.")
@@ -145,14 +147,38 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
+class ModelReadiness(BaseModel):
+    model: str
+    engine: str = Field(description="waiting, loading or loaded while the server loads; then ok or failed.")
+    detail: str | None = None
+
+
 class Readiness(BaseModel):
     status: Literal["ready", "degraded", "not_ready"]
     engine: str
     cache: str
     detail: str | None = None
+    models: list[ModelReadiness] | None = Field(
+        default=None, description="Each served model's state, when TTS_MODEL_DIR names several (absent otherwise)."
+    )
+
+
+class ModelInfo(ModelFacts):
+    """One served model, as GET /info describes it."""
+
+    model: str
+    family: str = Field(description="The model family (the manifest's `family`).")
+    sample_rate_hz: int
+    speakers: list[str]
+    openai_voices: dict[str, str]
+    capabilities: dict[str, bool]
+    instruct_presets: list[str] = Field(default_factory=list, description="Instructions the model was trained with.")
+    description: str = ""
 
 
 class ServiceInfo(ModelFacts):
+    """The first (default) model's facts at the top level, every served model in `models`, the server's limits."""
+
     model: str
     sample_rate_hz: int
     speakers: list[str]
@@ -174,6 +200,7 @@ class ServiceInfo(ModelFacts):
         description="Instructions the model was trained with (Fun-CosyVoice3: its 26); any text is taken where the model "
         "takes instructions (`instruct2`).",
     )
+    models: list[ModelInfo] = Field(default_factory=list, description="Every served model, the default (first) first.")
 
 
 MAX_LEXICON_PINYIN_CHARS = 8 * MAX_WORD_CHARS  # the longest syllable (`zhuang1`) plus a separator, per character

@@ -41,7 +41,6 @@ class JobPieces:
         self._state = state
         self._it = job.events()
         self._first: Item | None = None
-        self.token_rate_hz = 0
 
     async def start(self) -> None:
         """Wait for the first piece (raises the job's TTSError if it fails before producing audio). Leaving the wait
@@ -71,7 +70,6 @@ class JobPieces:
                 yield piece
                 piece = await self._read()
             finished = True
-            self.token_rate_hz = self._state.bundle.constants.token_rate_hz if self._state.bundle else 0
         finally:
             if not finished:
                 self.job.cancel()  # the client left (or sending failed): stop the synthesis
@@ -126,17 +124,21 @@ async def chunked_response(request: Request, job: SpeechJob, state: AppState, he
     return JobStreamingResponse(pieces.stream(), media_type=job.prepared.media_type, headers={**headers, **STREAM_HEADERS})
 
 
-async def sse_response(request: Request, job: SpeechJob, state: AppState, headers: Mapping[str, str]) -> Response:
-    """OpenAI `stream_format=sse`: speech.audio.delta events (base64 audio), then speech.audio.done with usage."""
+async def sse_response(
+    request: Request, job: SpeechJob, state: AppState, headers: Mapping[str, str], token_rate_hz: int
+) -> Response:
+    """OpenAI `stream_format=sse`: speech.audio.delta events (base64 audio), then speech.audio.done with usage (speech
+    tokens at the model's `token_rate_hz`)."""
     pieces = JobPieces(job, state)
     await _watching(request, job, pieces.start)
-    return JobStreamingResponse(_sse_events(pieces), media_type=SSE_MEDIA_TYPE, headers={**headers, **STREAM_HEADERS})
+    events = _sse_events(pieces, token_rate_hz)
+    return JobStreamingResponse(events, media_type=SSE_MEDIA_TYPE, headers={**headers, **STREAM_HEADERS})
 
 
 STREAM_HEADERS = {"X-Accel-Buffering": "no", "Cache-Control": "no-store"}
 
 
-async def _sse_events(pieces: JobPieces) -> AsyncIterator[bytes]:
+async def _sse_events(pieces: JobPieces, token_rate_hz: int) -> AsyncIterator[bytes]:
     async with aclosing(pieces.events()) as items:
         async for item in items:
             if isinstance(item, SentenceMark):
@@ -145,7 +147,7 @@ async def _sse_events(pieces: JobPieces) -> AsyncIterator[bytes]:
                 yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(item).decode("ascii")})
     prepared, timings = pieces.job.prepared, pieces.job.timings
     # speech tokens come at a fixed rate (50 Hz for v1), so audio seconds x speed give the token count
-    output_tokens = round(timings.audio_s * prepared.speed * pieces.token_rate_hz)
+    output_tokens = round(timings.audio_s * prepared.speed * token_rate_hz)
     usage = {"input_tokens": prepared.input_tokens, "output_tokens": output_tokens}
     yield _event({"type": "speech.audio.done", "usage": {**usage, "total_tokens": sum(usage.values())}})
 

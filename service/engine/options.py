@@ -22,8 +22,8 @@ GRAPH_OPTIMIZATION: tuple[str, ...] = ("all", "extended", "basic", "disabled")
 # the others run once per request or chunk, where the second copy of their weights (40-100 MB) is not
 # worth the few milliseconds it saves.
 PREPACKED_GRAPHS: frozenset[str] = frozenset({"llm_step", "flow_estimator", "hift_decode", "hift_f0"})
-# Graphs OpenVINO may run (acoustic_backend): measured faster in bf16 than ORT runs them (estimator int8: 1.5x,
-# HiFT decode fp32: 1.6x, on AVX-512 BF16). The LLM step stays on ORT (OpenVINO was 2x slower there).
+# Graphs OpenVINO may run (acoustic_backend): faster in bf16 than ORT runs them where the CPU computes bf16 natively;
+# the LLM step stays on ORT, which runs it faster (docs/perf-log.md).
 OPENVINO_GRAPHS: frozenset[str] = frozenset({"flow_estimator", "hift_decode", "hift_f0"})
 
 
@@ -58,7 +58,7 @@ class SessionOptions:
     allow_spinning: bool = False
     log_severity: int = 3  # 0 verbose .. 4 fatal
     # Return a flow/HiFT session's unused arena memory after each call: their activation peaks (HiFT ~120 MB
-    # for 5 s of audio) then do not stay resident side by side; measured at no cost in speed.
+    # for 5 s of audio) then do not stay resident side by side, at no cost in speed (docs/perf-log.md).
     shrink_acoustic_arenas: bool = True
     # glibc malloc arenas for the whole process (see limit_malloc_arenas); 0 keeps glibc's default.
     malloc_arenas: int = 2

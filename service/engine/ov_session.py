@@ -65,7 +65,7 @@ def compile_config(threads: int, precision: OVPrecision, cache_dir: Path | None 
     config: dict[str, Any] = {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": precision}
     config["PERFORMANCE_HINT"] = "LATENCY"
     # unpinned, its threads move to whichever core the LLM's ONNX Runtime threads leave free (pinned, a thread waits
-    # for its own core while another is idle; measured 5-10 % slower with the decode step running beside it)
+    # for its own core while another is idle, which is slower with the decode step running beside it)
     config["ENABLE_CPU_PINNING"] = False
     if cache_dir is not None:
         config["CACHE_DIR"] = str(cache_dir)

@@ -17,7 +17,7 @@ GRPC_STATUS: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.UNSUPPORTED_FORMAT: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorCode.TEXT_TOO_LONG: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorCode.UNKNOWN_MODEL: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.UNKNOWN_MODEL: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorCode.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     ErrorCode.UNAUTHORIZED: grpc.StatusCode.UNAUTHENTICATED,
     ErrorCode.FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,

@@ -29,6 +29,7 @@ SERVICE_NAME = cosyvoice_pb2.DESCRIPTOR.services_by_name["CosyVoice"].full_name 
 METHOD = f"/{SERVICE_NAME}/Inference"
 PROMPT_RATE_HZ = 16_000  # prompt_audio: raw int16 mono PCM at 16 kHz, as the official client sends it
 _KEY_HINT = "`authorization: Bearer <key>` or `x-api-key: <key>` metadata"
+MODEL_KEY = "x-model"  # metadata: the served model's id (GET /v1/models); without it the first served model
 
 
 def metadata_of(context: grpc.ServicerContext) -> dict[str, str]:
@@ -54,7 +55,8 @@ def _peer_host(peer: str) -> str:
 
 
 class CosyVoiceServicer(cosyvoice_pb2_grpc.CosyVoiceServicer):
-    """Inference: admission (key, rate limit, capacity) as HTTP, then one message per audio chunk (int16 PCM)."""
+    """Inference: admission (key, rate limit, capacity) as HTTP, the model the `x-model` metadata names (default the
+    first served), then one message per audio chunk (int16 PCM)."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
@@ -100,10 +102,12 @@ class CosyVoiceServicer(cosyvoice_pb2_grpc.CosyVoiceServicer):
         if kind is None:
             kinds = "sft_request, zero_shot_request, cross_lingual_request, instruct_request"
             raise InvalidInputError(f"the request sets none of {kinds}", param="RequestPayload")
+        with wire_fields({"model": MODEL_KEY}):
+            served = runtime.model_for(metadata_of(context).get(MODEL_KEY))
         slot = runtime.claim()
         try:
             with wire_fields(fields_of(kind)):
-                job = runtime.service.submit(self._speech(kind, getattr(request, kind)))
+                job = served.service.submit(self._speech(kind, getattr(request, kind)))
             context.add_callback(job.cancel)  # the client cancelled or went away: stop at the next chunk
             for piece in job:
                 if piece:  # an encoder's empty flush is no message

@@ -10,6 +10,7 @@ from fastapi import UploadFile
 from service.api.deps import AppState
 from service.api.schemas import OPENAI_MAX_INPUT_CHARS, ModelFacts
 from service.audio.encode import AudioFormat, media_type
+from service.bundle import ModelBundle
 from service.errors import PayloadTooLargeError, PromptAudioError, PromptAudioProblem
 from service.speech.job import SpeechJob
 from service.speech.request import SpeechRequest
@@ -51,8 +52,13 @@ def openai_max_chars(state: AppState) -> int:
 
 
 def model_facts(state: AppState) -> ModelFacts:
-    """The served bundle's random-weight / test-model flags, with the manifest's warning sentence when either is set."""
-    manifest = state.bundle.manifest if state.bundle else None
+    """The first served bundle's random-weight / test-model flags, with its manifest's warning sentence."""
+    return bundle_facts(state.bundle)
+
+
+def bundle_facts(bundle: ModelBundle | None) -> ModelFacts:
+    """A bundle's random-weight / test-model flags, with the manifest's warning sentence when either is set."""
+    manifest = bundle.manifest if bundle else None
     if manifest is None or manifest.warning is None:
         return ModelFacts()
     return ModelFacts(random_weights=manifest.random_weights, test_model=manifest.test_model, warning=manifest.warning)

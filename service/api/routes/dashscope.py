@@ -17,7 +17,16 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from service.access import Caller, presented_key
 from service.api.admission import check_gate
-from service.api.dashscope import PATH, Message, MessageError, TaskOptions, parse_message, sentence_event, task_options
+from service.api.dashscope import (
+    PATH,
+    Message,
+    MessageError,
+    TaskOptions,
+    parse_message,
+    sentence_event,
+    task_model,
+    task_options,
+)
 from service.api.dashscope import event as server_event
 from service.api.dashscope import task_failed as failed_event
 from service.api.deps import AppState
@@ -38,8 +47,8 @@ from service.errors import (
 )
 from service.families.model import NamedVoice, VoiceReference
 from service.frontend.incremental import IncrementalSegmenter
+from service.served import ServedModel
 from service.speech.request import SpeechRequest
-from service.speech.service import TTSService
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["dashscope"])
@@ -252,11 +261,13 @@ class DashScopeSession:
 
     async def _build(self, message: Message) -> Task:
         """The task's options, voice and pipeline; the TTSError the client gets when one cannot be served."""
-        service, settings = self.runtime.service, self.state.settings
+        settings = self.state.settings
         params = message.payload.parameters
         assert params is not None  # parse_message refused a run-task without them
-        options = task_options(message.payload.model, params, self.runtime.model_id)
-        template = await anyio.to_thread.run_sync(self._template, service, params.voice, options)
+        served = task_model(message.payload.model, self.runtime.models)
+        service = served.service
+        options = task_options(params)
+        template = await anyio.to_thread.run_sync(self._template, served, params.voice, options)
         bitrate = options.bitrate_kbps or settings.audio_bitrate_kbps
         transcoder = Pcm16Transcoder(options.fmt, service.sample_rate, options.sample_rate_hz, bitrate, options.gain)
         delay_s = decoder_delay_s(options.fmt, options.sample_rate_hz)
@@ -265,12 +276,13 @@ class DashScopeSession:
         segmenter = IncrementalSegmenter(max_chars=settings.max_chars, language=options.language)
         return Task(message.task_id, pipeline, segmenter, sink)
 
-    def _template(self, service: TTSService, voice: str, options: TaskOptions) -> SpeechRequest:
-        """Every sentence's request: the voice resolved once (a saved voice is read, an instruction encoded here: call
-        it in a worker thread), PCM at the model's rate."""
+    def _template(self, served: ServedModel, voice: str, options: TaskOptions) -> SpeechRequest:
+        """Every sentence's request to `served`: the voice resolved once (a saved voice is read, an instruction encoded
+        here: call it in a worker thread), PCM at the model's rate."""
+        service = served.service
         reference: VoiceReference = NamedVoice(voice)
         if options.instruction is not None:
-            if not self.runtime.voices.can_instruct:
+            if not served.voices.can_instruct:
                 message = "instruction needs a CosyVoice-300M-Instruct or CosyVoice2 model"
                 raise UnsupportedCapabilityError(message, param="instruction")
             reference = openai_voice(voice, options.instruction, can_instruct=True)

@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import anyio
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from service.api.deps import JSON_BODY, LISTING, SYNTHESIS_GUARDS, AppState, ServiceDep, StateDep, VoicesDep
+from service.api.deps import JSON_BODY, LISTING, SYNTHESIS_GUARDS, AppState, StateDep
 from service.api.errors import ERROR_RESPONSES, wire_fields_of
 from service.api.routes.common import (
     INSTRUCTIONS_WARNING,
     audio_headers,
     audio_responses,
+    bundle_facts,
     job_headers,
-    model_facts,
     openai_max_chars,
     submit,
 )
 from service.api.schemas import (
-    OPENAI_MODEL_ALIASES,
     SPEAKER_DESCRIPTIONS,
     AudioModel,
     AudioModelList,
@@ -31,8 +32,9 @@ from service.api.schemas import (
 from service.api.streaming import chunked_response, sse_response, whole_response
 from service.api.textfields import TextRoute
 from service.audio.encode import AudioFormat, parse_format
-from service.errors import InvalidInputError, UnknownModelError
+from service.errors import InvalidInputError, NotFoundError
 from service.families.model import InstructVoice, NamedVoice, VoiceReference
+from service.served import OPENAI_MODEL_ALIASES, ServedModel
 from service.speech.request import SpeechRequest
 
 FIELDS = {"text": "input", "voice": "voice", "instruction": "instructions"}  # domain field -> OpenAI's, for errors
@@ -49,8 +51,8 @@ def openai_voice(name: str, instructions: str | None, can_instruct: bool) -> Voi
     return InstructVoice(name, text)
 
 
-def model_ids(state: AppState) -> list[str]:
-    return [state.model_id, *OPENAI_MODEL_ALIASES]
+# `model` of the voice listings: which served model's voices (built-in speakers, usable saved voices, aliases)
+ListedModel = Annotated[str | None, Query(description="A served model's id (GET /v1/models); default the first served model.")]
 
 
 # Formats whose header states the length only when the whole file is written before it is sent (WAV's sizes, FLAC's
@@ -72,16 +74,15 @@ def streamed(body: SpeechBody, fmt: AudioFormat) -> bool:
     responses={**audio_responses(), **ERROR_RESPONSES},
     summary="OpenAI text-to-speech (streamed, except WAV and FLAC; `stream_format=sse` for events)",
 )
-async def speech(request: Request, body: SpeechBody, service: ServiceDep, state: StateDep, voices: VoicesDep) -> Response:
-    """OpenAI's contract. `pcm` is int16 mono at TTS_OPENAI_PCM_SAMPLE_RATE_HZ (24,000 Hz by default, as OpenAI
-    clients assume: CosyVoice-300M's 22,050 Hz resampled, CosyVoice2's 24,000 Hz as it is); `voice` may name a saved
-    voice; `instructions` drive instruct mode on an Instruct bundle and instruct2 on CosyVoice2, and are ignored
-    (with a Warning header) elsewhere.
+async def speech(request: Request, body: SpeechBody, state: StateDep) -> Response:
+    """OpenAI's contract; `model` chooses among the served models (an OpenAI model name means the first; another name
+    is a 400 `unknown_model` naming the served ones). `pcm` is int16 mono at TTS_OPENAI_PCM_SAMPLE_RATE_HZ (24,000 Hz
+    by default, as OpenAI clients assume: CosyVoice-300M's 22,050 Hz resampled, CosyVoice2's 24,000 Hz as it is);
+    `voice` may name a saved voice; `instructions` drive instruct mode on an Instruct bundle and instruct2 on
+    CosyVoice2, and are ignored (with a Warning header) elsewhere.
     Over-long `input` is a 400 `text_too_long`, as OpenAI answers."""
-    if body.model not in model_ids(state):
-        raise UnknownModelError(
-            f"the model {body.model!r} does not exist; use one of {', '.join(model_ids(state))}", param="model"
-        )
+    served = state.runtime.model_for(body.model)
+    service, voices = served.service, served.voices
     fmt = parse_format(body.response_format, "response_format")
     if body.timestamps and body.stream_format != "sse":
         raise InvalidInputError("timestamps need stream_format 'sse' (they are events beside the audio)", param="timestamps")
@@ -104,15 +105,16 @@ async def speech(request: Request, body: SpeechBody, service: ServiceDep, state:
     job = await submit(service, wanted)
     warning = {"Warning": INSTRUCTIONS_WARNING} if body.instructions and not instruct else {}
     if body.stream_format == "sse":
-        return await sse_response(request, job, state, job_headers(job) | warning)
+        rate = served.bundle.constants.token_rate_hz  # the usage's speech tokens
+        return await sse_response(request, job, state, job_headers(job) | warning, rate)
     respond = chunked_response if chunked else whole_response
     return await respond(request, job, state, audio_headers(job) | warning)
 
 
-@router.get("/models", dependencies=LISTING, response_model=ModelList, summary="Models (our id plus OpenAI aliases)")
+@router.get("/models", dependencies=LISTING, response_model=ModelList, summary="Models (our ids plus OpenAI aliases)")
 async def list_models(state: StateDep) -> ModelList:
-    """Readable without an API key while TTS_PUBLIC_MODEL_LIST is on. Every entry carries the served bundle's
-    `random_weights` / `test_model` flags (all ids are served by the same bundle)."""
+    """Readable without an API key while TTS_PUBLIC_MODEL_LIST is on. Every served model, then the OpenAI aliases
+    (which mean the first); each entry carries its bundle's `random_weights` / `test_model` flags."""
     return ModelList(data=model_cards(state))
 
 
@@ -121,7 +123,7 @@ async def get_model(model_id: str, state: StateDep) -> ModelCard:
     for card in model_cards(state):
         if card.id == model_id:
             return card
-    raise UnknownModelError(f"the model {model_id!r} does not exist", param="model")
+    raise NotFoundError(f"the model {model_id!r} does not exist", param="model")
 
 
 @router.get("/audio/models", dependencies=LISTING, response_model=AudioModelList, summary="TTS models (Open WebUI reads this)")
@@ -138,9 +140,12 @@ async def list_audio_models(state: StateDep) -> AudioModelList:
     response_model_exclude_none=True,
     summary="Speakers (Open WebUI reads this)",
 )
-async def list_voices(service: ServiceDep, voices: VoicesDep) -> VoiceList:
-    """Built-in speakers (named with their language and gender), saved voices this model can speak, then the OpenAI
-    voice names with what each speaks as (`alias_of`: the defaults and TTS_VOICE_ALIASES)."""
+async def list_voices(state: StateDep, model: ListedModel = None) -> VoiceList:
+    """Built-in speakers (named with their language and gender), saved voices this model (`model`, default the
+    first served) can speak, then the OpenAI voice names with what each speaks as (`alias_of`: the defaults and
+    TTS_VOICE_ALIASES)."""
+    served = state.runtime.model_for(model)
+    service, voices = served.service, served.voices
     saved = await anyio.to_thread.run_sync(voices.store.list)
     builtin = [Voice(id=s, name=f"{s} — {SPEAKER_DESCRIPTIONS[s]}" if s in SPEAKER_DESCRIPTIONS else s) for s in service.speakers]
     aliases = [Voice(id=a, name=f"{a} → {t}", alias_of=t) for a, t in service.aliases.items()]
@@ -149,8 +154,15 @@ async def list_voices(service: ServiceDep, voices: VoicesDep) -> VoiceList:
 
 
 def model_cards(state: AppState) -> list[ModelCard]:
-    """Our model id, then the OpenAI aliases, each with the bundle's facts."""
-    facts = model_facts(state).model_dump()
-    description = state.bundle.manifest.description if state.bundle else ""
-    created = state.runtime.model_created
-    return [ModelCard(id=m, created=created, owned_by=OWNER, description=description, **facts) for m in model_ids(state) if m]
+    """Every served model, then the OpenAI aliases with the first model's facts (only the aliases while loading)."""
+    models = state.runtime.loaded_models
+    cards = [_card(m.id, m) for m in models or ()]
+    return cards + [_card(alias, models.first if models else None) for alias in OPENAI_MODEL_ALIASES]
+
+
+def _card(model_id: str, served: ServedModel | None) -> ModelCard:
+    """The model object of `model_id`, served by `served` (None: no model is loaded yet)."""
+    facts = bundle_facts(served.bundle if served else None).model_dump()
+    description = served.bundle.manifest.description if served else ""
+    created = served.created if served else 0
+    return ModelCard(id=model_id, created=created, owned_by=OWNER, description=description, **facts)

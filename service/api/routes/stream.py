@@ -63,6 +63,9 @@ class StreamConfig(BaseModel):
     speed: float = Field(1.0, ge=0.5, le=2.0, allow_inf_nan=False)
     language: Literal["auto", "zh", "en", "ja", "ko", "yue"] = "auto"
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    model: str | None = Field(
+        None, max_length=256, description="A served model's id (GET /v1/models); default (or an OpenAI name) the first."
+    )
 
 
 def _message_types(model: type[BaseModel]) -> tuple[str, ...]:
@@ -112,7 +115,7 @@ def going_away_reason() -> str:
 
 class SpeechStreamSession:
     """One connection: admission, config, then a reader (text -> sentences) feeding a SpeechPipeline (sentences ->
-    jobs, at most two at a time -> frames), which this session frames as the protocol says (it is the pipeline's sink).
+    jobs, at most two at a time -> frames), which this connection frames as the protocol says (it is the pipeline's sink).
 
     The connection holds a place of capacity only while its pipeline has a job; one that sends nothing for
     TTS_WS_IDLE_TIMEOUT_S while nothing is being spoken is closed (4408). When the server drains, the session stops
@@ -131,9 +134,8 @@ class SpeechStreamSession:
         try:
             await check_gate(self.runtime, self._caller(offered))  # Redis counters: off the event loop
             self.runtime.check_room()  # busy or loading: refused now; a place is taken per sentence (the pipeline)
-            service = self.runtime.service
-            configured = await self._configure(service)
-            if configured is None or not await self._serve(service, *configured):
+            configured = await self._configure()
+            if configured is None or not await self._serve(*configured):
                 await self._go_away()
         except TTSError as error:
             await self._fail(error)
@@ -155,9 +157,9 @@ class SpeechStreamSession:
         hint = "an `Authorization: Bearer <key>` header, `X-API-Key`, or the subprotocol `api-key.<key>`"
         return Caller(key=key, peer=peer, forwarded_for=headers.get("x-forwarded-for", ""), key_hint=hint)
 
-    async def _configure(self, service: TTSService) -> tuple[StreamConfig, SpeechRequest] | None:
-        """Read and check the config message; answer `ready` with what the audio frames will hold. None: the server
-        began to drain first."""
+    async def _configure(self) -> tuple[TTSService, StreamConfig, SpeechRequest] | None:
+        """Read and check the config message (its `model` chooses the service); answer `ready` with what the audio
+        frames will hold. None: the server began to drain first."""
         try:
             raw = await self._receive_text(CONFIG_TIMEOUT_S)
         except TimeoutError:
@@ -165,6 +167,8 @@ class SpeechStreamSession:
         if raw is None:
             return None
         config = _parse(raw, CONFIG_MESSAGES)
+        served = self.runtime.model_for(config.model)
+        service = served.service
         fmt = AudioFormat(config.format)
         if config.sample_rate is not None and config.sample_rate not in SAMPLE_RATES[fmt]:
             rates = ", ".join(map(str, SAMPLE_RATES[fmt]))  # the close reason (123 bytes) names them all
@@ -195,9 +199,9 @@ class SpeechStreamSession:
             "voice": speaker,
             "frame_header": "seq:u32be,sentence:u32be",
         }
-        limits = {"max_pending_chars": s.max_chars, "model": self.runtime.model_id, "request_id": request_id_of(self.ws.scope)}
+        limits = {"max_pending_chars": s.max_chars, "model": served.id, "request_id": request_id_of(self.ws.scope)}
         await self.ws.send_json(ready | limits)
-        return config, template
+        return service, config, template
 
     async def _receive_text(self, timeout_s: float) -> str | None:
         """The next client message, which must be a text frame; None once the server drains, TimeoutError when none

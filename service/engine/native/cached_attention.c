@@ -2,9 +2,9 @@
  * kernel: attention_avx2.c, AMX tiles: attention_amx.c).
  *
  * Why a kernel of our own: in ONNX Runtime one such attention (8 heads of 64, 50 new frames over 200 cached) runs as
- * ~20 nodes (casts, transposes, two score products, concat, softmax, slices, two value products) and costs 0.55 ms
- * on one Zen 4 core, half of an estimator call; this kernel reads the float16 cache in place and takes the products
- * with AVX512_BF16 dot products (0.21 ms). Layout: the query lanes of the score product are the frames (16 per
+ * ~20 nodes (casts, transposes, two score products, concat, softmax, slices, two value products) and was half of an
+ * estimator call; this kernel reads the float16 cache in place and takes the products with AVX512_BF16 dot products,
+ * in under half the time (docs/perf-log.md). Layout: the query lanes of the score product are the frames (16 per
  * vector, 64 at a time), so the softmax runs down the key axis with vector max/exp/sum and no horizontal reductions;
  * the value product has the head's dims as lanes and takes the probabilities in key pairs. */
 

@@ -257,9 +257,8 @@ static int quantize_rows(cvl_int8_job* jb, const cvl_int8_problem* p, const cvl_
     *jb = (cvl_int8_job){.p = p, .kq = (p->k + 3) / 4, .fast = fast, .spread = spread};
     jb->avx2 = !fast && cvl_has(ex->have, CVL_NEEDS_AVX2);
     /* A tile product of 16 rows costs what one of a few rows costs, and a decode step's few rows are bound by reading
-     * the weights, which VNNI streams faster than tile loads do: AMX from 8 rows on (measured, weights not in cache,
-     * one thread, AMX against VNNI: 896 x 4864 at 1 / 4 / 6 / 8 rows 1.46 / 1.15 / 1.08 / 0.78 of the time; 256 x 768
-     * at 4 / 8 / 16 rows 0.76 / 0.67 / 0.92). */
+     * the weights, which VNNI streams faster than tile loads do: AMX from 8 rows on, where tiles started to pay
+     * (docs/perf-log.md). */
     jb->amx = jb->fast && p->rows >= AMX_MIN_ROWS && cvl_has(ex->have, CVL_NEEDS_AMX_INT8);
     jb->kp = jb->amx ? (jb->kq * 4 + 63) / 64 * 64 : jb->kq * 4;
     const int64_t padded_rows = jb->amx ? (p->rows + 15) / 16 * 16 : p->rows;
@@ -285,7 +284,7 @@ static void products(cvl_int8_job* jb, const cvl_int8_problem* p, const cvl_exec
     jb->panels = (p->n + PANEL - 1) / PANEL;
     for (int64_t r = 0; r < p->rows; r++) jb->xs[r] = p->w_scales ? jb->xr[r] : jb->xr[r] * p->w_scale;
     /* One row tile (a decode step's few rows) is bound by memory bandwidth, and one core already streams most of
-     * it (full size, one thread: 14.9 ms of products a step, two: 12.9 ms): it runs on the calling thread and
+     * it (a second thread saves little; docs/perf-log.md): it runs on the calling thread and
      * leaves the other cores to the flow, unless the caller spreads it (cvl_exec.spread: the other cores are
      * idle). More rows are compute-bound: enough tasks to share the work when it is worth a wake-up, by weight bytes
      * times the row tiles that read them. */

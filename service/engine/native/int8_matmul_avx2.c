@@ -7,8 +7,7 @@
  * and (row 2, row 3) pairs gathered into two vectors of one column per lane. The integer sums are the portable C's, and
  * so is the float epilogue (the same operations in the same order, no FMA), so the results are bit for bit the same.
  * Tiles: up to 4 rows x 16 columns (8 accumulators, the 4 weight vectors shared by the rows), or one row (a decode
- * step) x the whole 64-column panel, read front to back. vpmaddwd's rate bounds it (measured on one Zen 3 core: ~10x
- * the portable C; 3 rows a tile instead of 4 made no difference). */
+ * step) x the whole 64-column panel, read front to back. vpmaddwd's rate bounds it (docs/perf-log.md). */
 
 #include "int8_matmul_parts.h"
 

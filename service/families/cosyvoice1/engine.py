@@ -275,7 +275,7 @@ def _trimmed(chunks: Iterator[AudioChunk]) -> Iterator[AudioChunk]:
     """The chunks until the request ends (done, failed, cancelled or dropped); then freed heap goes back to the OS.
 
     Without it glibc keeps the pages of each request's freed activations and the resident size creeps
-    up by 20-40 MB per request; the trim costs ~5 ms, after the last chunk has been handed over.
+    up with every request; the trim runs after the last chunk has been handed over (docs/perf-log.md).
     """
     try:
         yield from until_cancelled(chunks)

@@ -3,8 +3,8 @@
  * Why: in ONNX Runtime a block is ~45 nodes (two LayerNorm patterns, three q/k/v products that each quantize the same
  * input, the attention, GELU, residual adds, the reshapes that stack its keys/values for the caches); an estimator
  * call runs 56 blocks per guidance row, 10 Euler steps per chunk, on chunks of 6-50 frames. The products and the
- * attention run near their instruction rates, and what was around them cost 7-12 % of a full-size call on 24-50 new
- * frames and a quarter on 6 (measured: docs/benchmarks.md). Here the block's intermediates stay in one per-thread
+ * attention run near their instruction rates, and what was around them cost a tenth of a full-size call on 24-50 new
+ * frames and a quarter on 6 (docs/perf-log.md). Here the block's intermediates stay in one per-thread
  * buffer, q, k and v come from one product over the quantized input (per-column scales keep each one's result
  * unchanged) written where the attention reads them, the LayerNorms, GELU and residuals are single passes, and the
  * new keys/values leave in float16, as the caches keep them. */

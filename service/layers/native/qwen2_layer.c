@@ -1,12 +1,12 @@
 /* A CosyVoice2 LLM decoder layer (Qwen2) in one call (qwen2_layer.h).
  *
  * Why: a decode step reads every weight once and its int8 products stream them at about one core's memory bandwidth
- * (full size: 13.7 ms of a 17.7 ms step, one thread), but in ONNX Runtime each layer is ~75 nodes around its 7
+ * (most of a full-size step; docs/perf-log.md), but in ONNX Runtime each layer is ~75 nodes around its 7
  * products (the RMSNorm pattern twice, rotary halves, reshapes and transposes of q, k and v and the shape arithmetic
  * behind them, the casts of the float16 cache, the attention's matmuls, softmax and slices, SiLU): ~1,800 small
- * kernels a step, the other 4 ms. Here a layer is its products, with the rest as single passes over one per-thread
+ * kernels a step, the rest of its time. Here a layer is its products, with the rest as single passes over one per-thread
  * buffer; the attention reads the float16 cache in place. A prefill's attention (16 new tokens or more) takes AMX
- * tiles where the CPU has them (attention_amx.c: a quarter of a 285-position prefill on one Emerald Rapids thread).
+ * tiles where the CPU has them (attention_amx.c; it was a quarter of a 285-position prefill on one thread).
  * The AVX2 code of the passes and the attention: qwen2_layer_avx2.c. */
 
 #include "qwen2_layer.h"
