@@ -129,6 +129,9 @@ class EngineLevers:
     # (service.engine.native), "no-amx" the same without AMX tiles, "portable" every twin with the kernels' portable C
     # (comparisons, tests), "off" the core graphs.
     native_kernels: NativeKernelsMode = "auto"
+    # Whether "auto" and "no-amx" count a kernel's AVX2 code (no AVX-512) as a fast variant; False: such hosts run the
+    # core graphs, as before the AVX2 kernels existed.
+    native_on_avx2: bool = True
 
     def _check_levers(self) -> None:
         if self.decode_lead_tokens is not None and self.decode_lead_tokens < 0:
