@@ -43,6 +43,7 @@ def runtime_options(s: Settings) -> RuntimeOptions:
         llm_threads=e.llm_threads,
         acoustic_threads=e.acoustic_threads,
         allow_spinning=e.ort_spinning,
+        openvino_shape_cache_entries=s.openvino_shape_cache_entries,
         compiled_cache_dir=s.cache_dir.expanduser() if s.cache_dir is not None else None,
     )
     levers = EngineLevers(

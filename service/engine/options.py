@@ -65,6 +65,9 @@ class SessionOptions:
     # Where OpenVINO keeps compiled graphs (imported at every start after the first: faster, and 0.19 GB less resident
     # for the full-size estimator); None: compile in this process at every start.
     compiled_cache_dir: Path | None = None
+    # Executors OpenVINO keeps per acoustic graph for input shapes seen before (ov_session.SHAPE_CACHE_ENTRIES): its
+    # own default, 5000, grows the process by gigabytes as chunk lengths vary; 0 rebuilds them at every new shape.
+    openvino_shape_cache_entries: int = 256
 
     def _check_sessions(self) -> None:
         stage_threads = [t for t in (self.llm_threads, self.acoustic_threads) if t is not None]
@@ -76,8 +79,8 @@ class SessionOptions:
             raise ValueError(f"graph_optimization must be one of {sorted(GRAPH_OPTIMIZATION)}")
         if not 0 <= self.log_severity <= 4:
             raise ValueError("log_severity must be in 0..4")
-        if self.malloc_arenas < 0:
-            raise ValueError("malloc_arenas must be >= 0")
+        if self.malloc_arenas < 0 or self.openvino_shape_cache_entries < 0:
+            raise ValueError("malloc_arenas and openvino_shape_cache_entries must be >= 0")
 
     def threads_for(self, stage: Stage) -> int:
         """Intra-op threads of the sessions of one stage."""

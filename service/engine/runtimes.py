@@ -108,14 +108,15 @@ def open_openvino(runtime: GraphRuntime, opts: RuntimeOptions, name: str) -> Any
     cache = opts.compiled_cache_dir
     if cache is not None:
         cache = warm_cache(runtime.path, runtime.fingerprint, threads, precision, cache)
+    entries = opts.openvino_shape_cache_entries
     if opts.acoustic_nice <= 0:
-        return OpenVINOSession(runtime.path, threads, precision, cache)
+        return OpenVINOSession(runtime.path, threads, precision, cache, entries)
     result: dict[str, Any] = {}
 
     def target() -> None:  # compiled at lower priority: OpenVINO's worker threads inherit it
         lower_thread_priority(opts.acoustic_nice)
         try:
-            result["session"] = OpenVINOSession(runtime.path, threads, precision, cache)
+            result["session"] = OpenVINOSession(runtime.path, threads, precision, cache, entries)
         except BundleError as e:
             result["error"] = e
 

@@ -1,0 +1,87 @@
+"""Memory that stays put: what the acoustic runtime keeps for the chunk lengths it has seen is bounded (issue 40)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from service.engine import ov_session
+from service.engine.sessions import RuntimeOptions
+from service.runtime import runtime_options
+from service.settings import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Vocodes mel chunks of many lengths with HiFT's decode graph on OpenVINO in a fresh process and prints its RSS (MiB,
+# freed heap returned first) after a warm-up of 40 lengths and again after 48 more of the same range. Each length adds
+# an entry per distinct convolution of the graph (~25 here), so the warm-up fills a 256-entry cache; what still grows
+# in the second phase is what is kept per length beyond it (OpenVINO's own default, 5000 entries, fills at ~200).
+HIFT_SCRIPT = r"""
+import json, sys
+from pathlib import Path
+import numpy as np
+from service.bundle import ModelBundle
+from service.engine.hift import HiFTRunner, draw_hift_noise
+from service.engine.ov_session import OpenVINOSession
+from service.engine.sessions import RuntimeOptions, open_sessions, release_free_memory
+
+def rss_mib():
+    release_free_memory()
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+bundle = ModelBundle.load(sys.argv[1])
+sessions = open_sessions(bundle, RuntimeOptions(), names=("hift_f0", "hift_source"))
+openvino = RuntimeOptions(acoustic_backend="openvino", acoustic_threads=1)
+sessions |= open_sessions(bundle, openvino, names=("hift_decode",))
+assert isinstance(sessions["hift_decode"], OpenVINOSession)
+hift = HiFTRunner(sessions, bundle.constants)
+rng = np.random.default_rng(0)
+lengths = [int(n) for n in rng.permutation(np.arange(20, 120))]
+
+def vocode(frames):
+    mel = rng.standard_normal((bundle.constants.n_mels, frames), dtype=np.float32)
+    hift.inference(mel, np.zeros(0, np.float32), draw_hift_noise(rng, hift.n_harmonics, hift.n_samples(frames)))
+
+for frames in [120, *lengths[:40]]:  # the longest first: later calls need no larger buffers
+    vocode(frames)
+warm = rss_mib()
+for frames in lengths[40:88]:
+    vocode(frames)
+print(json.dumps({"warm_mib": warm, "after_mib": rss_mib(), "lengths": 48}))
+"""
+
+
+@pytest.mark.skipif(not ov_session.available(), reason="the openvino package is not installed")
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads RSS from /proc")
+def test_openvino_keeps_a_bounded_amount_per_chunk_length(tiny_bundle: Path) -> None:
+    # oneDNN's own primitive cache (1,024 kernels per process, its own bound) is turned off in the child, so that what
+    # grows between the two readings is only what the compiled graphs keep per input shape.
+    env = {**os.environ, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", HIFT_SCRIPT, str(tiny_bundle)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    result = json.loads(out.stdout)
+    grown = result["after_mib"] - result["warm_mib"]
+    # OpenVINO's default runtime cache (5000 entries) kept ~5 MB per length of this graph: ~250 MB over 48 lengths
+    assert grown < 24, result
+
+
+def test_the_shape_cache_is_a_setting_with_a_bound(tiny_bundle: Path) -> None:
+    settings = Settings(_env_file=None, model_dir=tiny_bundle, openvino_shape_cache_entries=7)  # type: ignore[call-arg]
+    assert runtime_options(settings).openvino_shape_cache_entries == 7
+    assert ov_session.compile_config(1, "f32", None, 7)["CPU_RUNTIME_CACHE_CAPACITY"] == 7
+    assert RuntimeOptions().openvino_shape_cache_entries == ov_session.SHAPE_CACHE_ENTRIES
+    with pytest.raises(ValueError, match="openvino_shape_cache_entries"):
+        RuntimeOptions(openvino_shape_cache_entries=-1)
