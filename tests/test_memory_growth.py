@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from soak import Sample, parse_args, summarize
 
 from service.engine import ov_session
 from service.engine.options import RuntimeOptions
@@ -143,3 +144,22 @@ def test_the_shape_cache_is_a_setting_with_a_bound(tiny_bundle: Path) -> None:
     assert RuntimeOptions().openvino_shape_cache_entries == ov_session.SHAPE_CACHE_ENTRIES
     with pytest.raises(ValueError, match="openvino_shape_cache_entries"):
         RuntimeOptions(openvino_shape_cache_entries=-1)
+
+
+def soak_samples(loaded_final_mib: float, idle_final_mib: float) -> list[Sample]:
+    """A 180 s soak: loaded samples every 2 s, idle ones every 15 s; both flat at first, then at the given levels, and
+    one idle reading in each window 30 MB higher (heap freed since the engine's last trim)."""
+    loaded = [Sample(t, 400.0 if t < 120 else loaded_final_mib, t, 0) for t in range(0, 180, 2)]
+    idle = [Sample(t, 200.0 if t < 120 else idle_final_mib, t, 0, idle=True) for t in range(15, 181, 15)]
+    for spike in (idle[3], idle[9]):  # at 60 s and 150 s
+        spike.rss_mib += 30
+    return sorted(loaded + idle, key=lambda s: s.t_s)
+
+
+def test_the_soak_verdict_is_the_idle_rss_growth() -> None:
+    args = parse_args(["--duration-s", "180", "--warmup-s", "30", "--window-s", "60", "--max-growth", "0.05"])
+    kept = summarize(args, soak_samples(520.0, 209.0), alive=True)  # requests in flight swing the loaded RSS
+    assert kept["passed"] and kept["growth"] == 0.045 and kept["rss_loaded_final_mib"] == 520.0
+    grown = summarize(args, soak_samples(400.0, 212.0), alive=True)
+    assert not grown["passed"] and grown["growth"] == 0.06
+    assert not summarize(args, soak_samples(400.0, 200.0), alive=False)["passed"]
