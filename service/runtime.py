@@ -44,6 +44,7 @@ def runtime_options(s: Settings) -> RuntimeOptions:
         llm_threads=e.llm_threads,
         acoustic_threads=e.acoustic_threads,
         allow_spinning=e.ort_spinning,
+        openvino_shape_cache_entries=s.openvino_shape_cache_entries,
         compiled_cache_dir=s.cache_dir.expanduser() if s.cache_dir is not None else None,
         memory_limit_bytes=s.memory_limit if s.memory_limit is not None else cgroup_limit_bytes(),
     )
@@ -190,7 +191,7 @@ class Runtime:
             cache.close()
             raise
         # What is loaded now lives until shutdown: keep it out of the cyclic GC, whose full passes over the text
-        # frontend's dictionaries (~300k objects, 100-200 ms with the GIL held) otherwise stall an event loop.
+        # frontend's dictionaries (~300k objects, each pass with the GIL held) otherwise stall an event loop.
         gc.collect()
         gc.freeze()
         self.memory.loaded([(m.id, m.model) for m in loaded], resident_bytes())

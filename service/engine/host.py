@@ -7,7 +7,10 @@ import ctypes.util
 import functools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def lower_thread_priority(nice: int) -> None:
@@ -78,3 +81,15 @@ def _cpu_quota(root: str) -> int | None:
         if len(fields) >= 2 and fields[0].lstrip("-").isdigit() and int(fields[0]) > 0 and fields[1].isdigit():
             return max(1, int(fields[0]) // max(1, int(fields[1])))
     return None
+
+
+def released_after(chunks: Iterator[T]) -> Iterator[T]:
+    """The chunks of one request; once it ends (done, failed, cancelled or dropped), freed heap goes back to the OS.
+
+    Without it glibc keeps the pages of each request's freed activations: the resident size stays 20-100 MB per
+    finished request higher (tiny bundles) and creeps up. The trim (~5 ms) runs after the last chunk was handed over.
+    """
+    try:
+        yield from chunks
+    finally:
+        release_free_memory()

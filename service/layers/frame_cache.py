@@ -38,11 +38,12 @@ class FrameCache:
     (blocks, capacity, H, DK) whose first `frames` frames are filled, in the graph's type `graph_dtype` or narrower.
 
     Kept in the graph's type, a block's filled part `view(b)` (1,C,H,DK) is contiguous and fed to the graph as it is
-    (no copy per call); a narrower cache widens the block's frames for each call (int8: times its `scales`, (blocks,
-    capacity, H)). The buffer is an anonymous mapping sized for the whole sequence (`capacity` frames): its pages take
-    memory only once a frame is written, it is unmapped when the cache is dropped, and it is kept out of transparent
-    huge pages (numpy asks for them for its large arrays; compacting memory for them stalled an allocation for
-    seconds). A sequence longer than `capacity` moves to a buffer twice as large.
+    (no copy per call: a cache concatenated anew per call spent most of an Euler step's copying on page faults of
+    freshly allocated arrays, docs/perf-log.md); a narrower cache widens the block's frames for each call (int8: times
+    its `scales`, (blocks, capacity, H)). The buffer is an anonymous mapping sized for the whole sequence (`capacity`
+    frames): its pages take memory only once a frame is written, it is unmapped when the cache is dropped, and it is
+    kept out of transparent huge pages (numpy asks for them for its large arrays; compacting memory for them stalled
+    an allocation for seconds). A sequence longer than `capacity` moves to a buffer twice as large.
     """
 
     def __init__(
