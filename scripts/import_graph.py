@@ -42,6 +42,7 @@ LAYERS: dict[str, int] = {
     "service.speech": 6,
     "service.runtime": 7,
     "service.served": 7,  # the runtime's served models
+    "service.memory_plan": 7,  # the runtime's memory budget
     "service.api": 8,
     "service.rpc": 8,
     "service.cli": 8,

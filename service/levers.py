@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -97,14 +97,27 @@ class EngineProfile(BaseModel):
         "with each streamed chunk, in both families; 'all' = the whole recording (the official computation). "
         "Non-streamed sentences always see all of it.",
     )
-    flow_window_s: float | None = Field(
-        default=4.0,
-        ge=1.0,
-        le=300.0,
-        description="CosyVoice3: seconds of generated speech a streamed sentence's flow keeps attending to besides the "
-        "prompt (its DiT keys and values, 1.8 MB per mel frame at full size): past it the oldest whole attention chunks "
-        "are dropped down to half of it, so a stream's caches stay under (prompt + this + one chunk) x 1.8 MB; 'all' = "
-        "every frame (the official computation; the caches then grow with the sentence).",
+    flow_window_s: Annotated[float, Field(ge=1.0, le=300.0)] | Literal["auto"] | None = Field(
+        default="auto",
+        description="CosyVoice2 and CosyVoice3: seconds of generated speech a streamed sentence's flow keeps attending "
+        "to besides the prompt (its estimator's keys and values per Euler step and guidance row: 2.3 MB per mel frame "
+        "for CosyVoice2, 1.8 MB for CosyVoice3 at full size, float16): past it the oldest whole attention chunks are "
+        "dropped down to half of it, so a stream's caches stay under (prompt + this + one chunk) x that; 'auto' = the "
+        "family's default (CosyVoice2 2 s, CosyVoice3 4 s); 'all' = every frame (the official computation; the caches "
+        "then grow with the sentence).",
+    )
+    flow_cache_precision: Literal["graph", "float16", "int8"] = Field(
+        default="graph",
+        description="How streamed sentences' flow caches keep their frames: 'graph' = as the estimator reads them "
+        "(float16 in quantized bundles, float32 in fp32 ones; the official computation), 'float16', or 'int8' with a "
+        "scale per frame and head (half of float16's bytes; each call widens the frames it reads, which costs time). "
+        "docs/memory.md gives the error of each against fp32.",
+    )
+    acoustic_arena: Literal["shrink", "keep", "off"] = Field(
+        default="shrink",
+        description="ONNX Runtime's memory arena of the flow and HiFT sessions: 'shrink' gives its free chunks back "
+        "after every call, 'keep' holds them for the next call (ONNX Runtime's default: the peaks of calls of every "
+        "length stay resident), 'off' takes each call's tensors from the heap.",
     )
     flow_cache_mb: int | None = Field(
         default=None,
@@ -130,6 +143,8 @@ class EngineProfile(BaseModel):
     @field_validator("prompt_window_s", "flow_window_s", mode="before")
     @classmethod
     def _all_is_none(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
         return None if isinstance(value, str) and value.strip().lower() in ("all", "none", "") else value
 
     @field_validator(

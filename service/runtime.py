@@ -12,13 +12,14 @@ from typing import TypeVar
 
 from service.access import ApiKeys, ClientIdentity, Gate
 from service.bundle import ModelBundle
-from service.engine.memory import StateBudget, resident_bytes
+from service.engine.memory import StateBudget, cgroup_limit_bytes, resident_bytes
 from service.engine.options import EngineLevers, RuntimeOptions, SessionOptions
 from service.errors import NotReadyError, SettingError, ShuttingDownError, TTSError
 from service.families.model import EngineLoader, Model, ModelContext, VoiceLibrary
 from service.families.registry import check_options, open_bundle
 from service.frontend import TextFrontend
 from service.frontend.lexicon import InMemoryLexiconStore, LexiconStore
+from service.memory_plan import MemoryPlan
 from service.served import QueueTotals, ServedModel, ServedModels, check_distinct, load_served, no_such_voice
 from service.settings import Settings
 from service.speech.job import SynthesisObserver
@@ -45,6 +46,7 @@ def runtime_options(s: Settings) -> RuntimeOptions:
         allow_spinning=e.ort_spinning,
         openvino_shape_cache_entries=s.openvino_shape_cache_entries,
         compiled_cache_dir=s.cache_dir.expanduser() if s.cache_dir is not None else None,
+        memory_limit_bytes=s.memory_limit if s.memory_limit is not None else cgroup_limit_bytes(),
     )
     levers = EngineLevers(
         **{f.name: getattr(e, f.name) for f in dataclasses.fields(EngineLevers)},
@@ -131,6 +133,7 @@ class Runtime:
         self._loader: threading.Thread | None = None
         self._in_flight = 0
         self._lock = threading.Lock()
+        self.memory = MemoryPlan(settings)  # the one memory budget of every model's requests
 
     @property
     def redis_url(self) -> str | None:
@@ -191,6 +194,10 @@ class Runtime:
         # frontend's dictionaries (~300k objects, each pass with the GIL held) otherwise stall an event loop.
         gc.collect()
         gc.freeze()
+        self.memory.loaded([(m.id, m.model) for m in loaded], resident_bytes())
+        watch_memory: Callable[[MemoryPlan, Sequence[ServedModel]], None] | None = getattr(self.observer, "watch_memory", None)
+        if watch_memory is not None:
+            watch_memory(self.memory, loaded)
         first = loaded[0]
         self.model_created, self.normalizer = first.created, first.frontend.normalizer_info
         self.bundle, self._frontend, self._service, self._model = first.bundle, first.frontend, first.service, first.model
@@ -219,7 +226,8 @@ class Runtime:
             len(bundles) > 1 and _is_saved(s, s.default_speaker)
         )
         observer = self.observer if len(bundles) == 1 else self._queue_totals().observer_for(index)
-        served = load_served(bundle, self._model_context(lexicon), s, cache, observer, default_elsewhere=elsewhere)
+        context = self._model_context(lexicon)
+        served = load_served(bundle, context, s, cache, observer, default_elsewhere=elsewhere, budget=self.memory.budget)
         watch_budget: Callable[[StateBudget], None] | None = getattr(self.observer, "watch_state_budget", None)
         budget = served.model.state_budget()
         if watch_budget is not None and budget is not None and not self._budget_watched:  # the first model's bound
@@ -347,7 +355,8 @@ class Runtime:
         """Every model's service takes `concurrent_requests + queue_max` jobs; the server as a whole takes that many."""
         services = [m.service for m in self._models] if self._models is not None else [service]
         jobs = sum(sum(s.queue_state()) for s in services)  # admitted: waiting and running
-        if self._in_flight >= service.capacity or jobs >= service.capacity:
+        one_model_full = len(services) == 1 and service.queue_full()  # several: the request's model decides later
+        if self._in_flight >= service.capacity or jobs >= service.capacity or one_model_full:
             raise service.overloaded()
 
     def _release(self) -> None:

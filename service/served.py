@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from service.bundle import Capabilities, ModelBundle
+from service.engine.memory import StreamBudget
 from service.engine.runtimes import native_kernels_note
 from service.errors import BundleError, SettingError, TTSError, UnknownModelError
 from service.families.model import Model, ModelContext, VoiceLibrary
@@ -128,10 +129,11 @@ def load_served(
     observer: SynthesisObserver,
     *,
     default_elsewhere: bool = False,
+    budget: StreamBudget | None = None,
 ) -> ServedModel:
     """Load `bundle`'s model and its synthesis service, then warm it up with a real synthesis (blocking; minutes at
     most). `default_elsewhere`: TTS_DEFAULT_SPEAKER is a voice of another served model, so one that is not this
-    model's is a warning, not an error."""
+    model's is a warning, not an error. `budget`: the process's memory budget its requests reserve in."""
     s = settings
     log.info("%s (%s): building the text frontend, then opening the graphs", bundle.manifest.model, bundle.family)
     model = load_model(bundle, context)
@@ -155,6 +157,8 @@ def load_served(
         default_voice=s.default_speaker,
         max_speech_s=s.max_speech_s,
         max_sentence_speech_s=s.max_sentence_speech_s,
+        admission=s.admission,
+        budget=budget,
     )
     log.info("model %s: graphs opened; warming up with a real synthesis", bundle.manifest.model)
     try:

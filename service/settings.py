@@ -42,6 +42,20 @@ def _split_csv(value: object) -> object:
     return value
 
 
+def parse_bytes(text: str) -> int | None:
+    """`2G`, `512M`, `64K` or a plain number of bytes (binary multiples); empty: None. ValueError for anything else."""
+    cleaned = text.strip().upper().removesuffix("B").removesuffix("I")
+    if not cleaned:
+        return None
+    scale = 1 << (10 * "KMGT".index(cleaned[-1]) + 10) if cleaned[-1] in "KMGT" else 1
+    number = cleaned[:-1] if scale > 1 else cleaned
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size (bytes, or a number with K, M or G: 2G, 512M)") from None
+    return int(value * scale)
+
+
 def _split_pairs(value: object) -> object:
     """Accept `a=x,b=y` from the environment (and plain dicts from code); names are case-insensitive."""
     if not isinstance(value, str):
@@ -141,6 +155,23 @@ class Settings(BaseSettings):
         default=8, ge=0, le=1024, description="Requests allowed to wait for a synthesis slot; beyond this: 503 at once."
     )
     retry_after_s: int = Field(default=2, ge=1, le=3600, description="Retry-After sent with 503 when the queue is full.")
+    admission: Literal["realtime", "count"] = Field(
+        default="realtime",
+        description="When a synthesis request starts: 'realtime' = only while the engine's measured speed (audio seconds "
+        "it makes per second) covers every running stream and one more with a margin, so streams already playing never "
+        "stall for a new one (the new one waits in the queue: its first audio comes later); before anything is measured "
+        "as 'count'; 'count' = while fewer than TTS_CONCURRENT_REQUESTS run. Either way within the memory budget "
+        "(TTS_MEMORY_LIMIT) and, when the queue is full, 503 overloaded with Retry-After.",
+    )
+    memory_limit: Annotated[int | None, NoDecode] = Field(
+        default=None,
+        ge=1,
+        description="Memory the server may use, in bytes or with a K, M or G suffix (`2G`); empty = its cgroup's limit "
+        "(a container's), else none. The server admits a request only while what it may hold (its worst case: "
+        "docs/memory.md) fits in what this leaves after the loaded models and a headroom; the others wait in the queue "
+        "or get 503 with Retry-After, never an out-of-memory kill. The start-up log states each model's per-stream worst "
+        "case and how many streams fit.",
+    )
     max_speech_s: float = Field(
         default=1200.0,
         ge=1.0,
@@ -330,6 +361,11 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_dir_is_none(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("memory_limit", mode="before")
+    @classmethod
+    def _bytes(cls, value: object) -> object:
+        return parse_bytes(value) if isinstance(value, str) else value
 
     @field_validator("redis_url", mode="before")
     @classmethod

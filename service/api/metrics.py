@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -63,6 +63,78 @@ class _BudgetCollector(Collector):
             yield family
 
 
+class ReservedView(Protocol):
+    """The requests' memory budget (service.engine.memory.StreamBudget)."""
+
+    used: int
+    limit: int | None
+
+
+class MemoryView(Protocol):
+    """What the metrics read of the process's memory plan (service.memory_plan.MemoryPlan)."""
+
+    limit: int | None
+    budget: ReservedView
+    models: Sequence[ModelMemoryView]
+
+
+class ModelMemoryView(Protocol):
+    model_id: str
+    stream_bytes: int | None
+    streams: int | None
+
+
+class CachesView(Protocol):
+    """A served model: its id and what its caches hold now."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def model(self) -> CacheHolder: ...
+
+
+class CacheHolder(Protocol):
+    def cache_bytes(self) -> dict[str, int]: ...
+
+
+class _MemoryCollector(Collector):
+    """Exports the memory budget, each model's per-stream worst case and streams that fit, and the bytes its caches
+    hold now, at scrape time (nothing before the models are loaded)."""
+
+    def __init__(self) -> None:
+        self.plan: MemoryView | None = None
+        self.models: Sequence[CachesView] = ()
+
+    def collect(self) -> Iterator[Metric]:
+        plan = self.plan
+        if plan is None:
+            return
+        for name, doc, value in (
+            ("tts_memory_limit_bytes", "Memory the server may use (TTS_MEMORY_LIMIT or the cgroup's; 0: none)", plan.limit or 0),
+            ("tts_memory_budget_bytes", "What the limit leaves for requests after the models and a headroom (0: no bound)",
+             plan.budget.limit or 0),
+            ("tts_memory_reserved_bytes", "Bytes the running requests reserved (their worst cases)", plan.budget.used),
+        ):  # fmt: skip
+            gauge = GaugeMetricFamily(name, doc)
+            gauge.add_metric([], value)
+            yield gauge
+        worst = GaugeMetricFamily("tts_stream_worst_case_bytes", "The most one stream of a model may hold", labels=["model"])
+        fit = GaugeMetricFamily(
+            "tts_streams_fit", "Worst-case streams of a model the memory budget holds at once", labels=["model"]
+        )
+        for m in plan.models:
+            if m.stream_bytes is not None:
+                worst.add_metric([m.model_id], m.stream_bytes)
+            if m.streams is not None:
+                fit.add_metric([m.model_id], m.streams)
+        caches = GaugeMetricFamily("tts_cache_bytes", "Bytes a model's caches hold now, by kind", labels=["model", "kind"])
+        for served in self.models:
+            for kind, nbytes in served.model.cache_bytes().items():
+                caches.add_metric([served.id, kind], nbytes)
+        yield from (worst, fit, caches)
+
+
 class Metrics(SynthesisObserver):
     """All metrics of one app; two apps in one process never share a registry."""
 
@@ -104,12 +176,17 @@ class Metrics(SynthesisObserver):
         r.register(self._cache)
         self._budget = _BudgetCollector()
         r.register(self._budget)
+        self._memory = _MemoryCollector()
+        r.register(self._memory)
 
     def watch_cache(self, stats: CacheStats) -> None:
         self._cache.stats = stats
 
     def watch_state_budget(self, budget: BudgetView) -> None:
         self._budget.budget = budget
+
+    def watch_memory(self, plan: MemoryView, models: Sequence[CachesView]) -> None:
+        self._memory.plan, self._memory.models = plan, models
 
     # SynthesisObserver overrides
     def queue_changed(self, waiting: int, running: int) -> None:

@@ -59,6 +59,30 @@ def release_free_memory() -> None:
         trim(0)
 
 
+def usable_cores(cgroup_root: str = "/sys/fs/cgroup") -> int:
+    """CPU cores this process may use: its affinity, or fewer under a cgroup CPU quota (cpu.max, or in cgroup v1
+    cpu.cfs_quota_us / cpu.cfs_period_us); at least 1."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = _cpu_quota(cgroup_root)
+    return max(1, min(cores, quota) if quota is not None else cores)
+
+
+def _cpu_quota(root: str) -> int | None:
+    """Whole cores of the root cgroup's CPU quota (a container's), None without one."""
+    for path, period_path in ((f"{root}/cpu.max", None), (f"{root}/cpu/cpu.cfs_quota_us", f"{root}/cpu/cpu.cfs_period_us")):
+        try:
+            with open(path, encoding="ascii") as f:
+                fields = f.read().split()
+            if period_path is not None:
+                with open(period_path, encoding="ascii") as f:
+                    fields.append(f.read().strip())
+        except OSError:
+            continue
+        if len(fields) >= 2 and fields[0].lstrip("-").isdigit() and int(fields[0]) > 0 and fields[1].isdigit():
+            return max(1, int(fields[0]) // max(1, int(fields[1])))
+    return None
+
+
 def released_after(chunks: Iterator[T]) -> Iterator[T]:
     """The chunks of one request; once it ends (done, failed, cancelled or dropped), freed heap goes back to the OS.
 

@@ -15,6 +15,8 @@ Stage = Literal["llm", "acoustic"]
 StreamSchedule = Literal["adaptive", "official"]
 AcousticBackend = Literal["auto", "ort", "openvino"]
 NativeKernelsMode = Literal["auto", "no-amx", "portable", "off"]
+CachePrecision = Literal["graph", "float16", "int8"]
+AcousticArena = Literal["shrink", "keep", "off"]
 
 EXECUTION_MODES: tuple[str, ...] = ("sequential", "parallel")
 GRAPH_OPTIMIZATION: tuple[str, ...] = ("all", "extended", "basic", "disabled")
@@ -68,6 +70,8 @@ class SessionOptions:
     # Executors OpenVINO keeps per acoustic graph for input shapes seen before (ov_session.SHAPE_CACHE_ENTRIES): its
     # own default, 5000, grows the process by gigabytes as chunk lengths vary; 0 rebuilds them at every new shape.
     openvino_shape_cache_entries: int = 256
+    # The memory this process may use (TTS_MEMORY_LIMIT, or its cgroup's); None: not bounded. Automatic budgets read it.
+    memory_limit_bytes: int | None = None
 
     def _check_sessions(self) -> None:
         stage_threads = [t for t in (self.llm_threads, self.acoustic_threads) if t is not None]
@@ -81,6 +85,8 @@ class SessionOptions:
             raise ValueError("log_severity must be in 0..4")
         if self.malloc_arenas < 0 or self.openvino_shape_cache_entries < 0:
             raise ValueError("malloc_arenas and openvino_shape_cache_entries must be >= 0")
+        if self.memory_limit_bytes is not None and self.memory_limit_bytes <= 0:
+            raise ValueError("memory_limit_bytes must be > 0 (or None)")
 
     def threads_for(self, stage: Stage) -> int:
         """Intra-op threads of the sessions of one stage."""
@@ -119,8 +125,14 @@ class EngineLevers:
     # Seconds of a cloned voice's prompt the flow sees with each streamed chunk; None: all of it (official).
     prompt_window_s: float | None = None
     # Seconds of generated speech a streamed flow keeps attending to besides its prompt (a family whose caches grow
-    # per frame drops the oldest beyond it); None: every frame (official).
-    flow_window_s: float | None = None
+    # per frame drops the oldest beyond it); None: every frame (official); "auto": the family's own default.
+    flow_window_s: float | Literal["auto"] | None = None
+    # How those caches keep their frames: as the estimator graph reads them, float16, or int8 with per-frame, per-head
+    # scales (widened for each call); "graph" is the official computation.
+    flow_cache_precision: CachePrecision = "graph"
+    # The flow/HiFT sessions' ONNX Runtime arena: "shrink" gives its free chunks back after every call, "keep" keeps
+    # them (ONNX Runtime's default), "off" allocates each call's tensors from the heap.
+    acoustic_arena: AcousticArena = "shrink"
     # Megabytes streamed sentences' growing state may hold at once (service.engine.memory); None: auto, 0: no bound.
     flow_cache_mb: int | None = None
     # Runtime of the OPENVINO_GRAPHS: "auto" = OpenVINO in bf16 where the CPU computes bf16 natively (AVX-512 BF16,
@@ -145,8 +157,14 @@ class EngineLevers:
             raise ValueError("stream_schedule must be 'adaptive' or 'official'")
         if self.prompt_window_s is not None and self.prompt_window_s < 0:
             raise ValueError("prompt_window_s must be >= 0")
-        if self.flow_window_s is not None and self.flow_window_s <= 0:
-            raise ValueError("flow_window_s must be > 0")
+        if self.flow_window_s not in (None, "auto") and not (
+            isinstance(self.flow_window_s, float | int) and self.flow_window_s > 0
+        ):
+            raise ValueError("flow_window_s must be > 0, 'auto' or None")
+        if self.flow_cache_precision not in ("graph", "float16", "int8"):
+            raise ValueError("flow_cache_precision must be 'graph', 'float16' or 'int8'")
+        if self.acoustic_arena not in ("shrink", "keep", "off"):
+            raise ValueError("acoustic_arena must be 'shrink', 'keep' or 'off'")
         if self.flow_cache_mb is not None and self.flow_cache_mb < 0:
             raise ValueError("flow_cache_mb must be >= 0")
         if self.acoustic_backend not in ("auto", "ort", "openvino"):

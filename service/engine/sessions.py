@@ -39,14 +39,16 @@ def make_session_options(opts: RuntimeOptions, graph: str | None = None) -> ort.
 
     With a `graph` name the options are specialised for it: its stage's thread count; memory patterns
     only for the LLM (flow/HiFT see a new length every chunk, so a cached pattern is never reused but
-    its buffer stays allocated); pre-packed weights only for PREPACKED_GRAPHS.
+    its buffer stays allocated); pre-packed weights only for PREPACKED_GRAPHS; no arena for the acoustic graphs
+    with `acoustic_arena="off"` (each call's tensors from the heap, given back when it ends).
     """
     so = ort.SessionOptions()
     so.intra_op_num_threads = opts.threads_for(graph_stage(graph)) if graph else opts.intra_op_threads
     so.inter_op_num_threads = opts.inter_op_threads
     so.execution_mode = _ORT_EXECUTION_MODES[opts.execution_mode]
     so.graph_optimization_level = _ORT_GRAPH_OPTIMIZATION[opts.graph_optimization]
-    so.enable_cpu_mem_arena = opts.enable_cpu_mem_arena
+    arena_off = graph is not None and graph_stage(graph) == "acoustic" and opts.acoustic_arena == "off"
+    so.enable_cpu_mem_arena = opts.enable_cpu_mem_arena and not arena_off
     so.enable_mem_pattern = opts.enable_mem_pattern and (graph is None or graph_stage(graph) == "llm")
     so.log_severity_level = opts.log_severity
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if opts.allow_spinning else "0")
@@ -176,7 +178,7 @@ def _open_runtime(bundle: ModelBundle, name: str, runtime: GraphRuntime, opts: R
     entry = bundle.manifest.graphs[name]
     if entry.group == GROUP_PROMPT:
         _check_io(path, session, entry)
-    shrink = acoustic and opts.shrink_acoustic_arenas and opts.enable_cpu_mem_arena
+    shrink = acoustic and opts.acoustic_arena == "shrink" and opts.shrink_acoustic_arenas and opts.enable_cpu_mem_arena
     return ShrinkingSession(session) if shrink else session
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Generic, Protocol, TypeVar
 
 from service.bundle import Capabilities, ModelBundle
+from service.engine.footprint import Footprint
 from service.engine.memory import StateBudget
 from service.engine.types import AudioChunk, SynthesisOptions
 from service.families.model import ModelVoice, VoiceLibrary, VoiceReference
@@ -105,6 +106,24 @@ class LoadedModel(ABC, Generic[V]):
         self, sentences: list[list[int]], voice: ModelVoice, options: SynthesisOptions, cancel: threading.Event
     ) -> Iterator[AudioChunk]:
         return self.engine.synthesize(sentences, self.own(voice), options, cancel)
+
+    def footprint(self, sentences: Sequence[Sequence[int]], voice: ModelVoice, options: SynthesisOptions) -> Footprint | None:
+        """The most a request of `sentences` (text ids) in `voice` holds at once; None for an engine that states none."""
+        bound = getattr(self.engine, "footprint", None)
+        if bound is None:
+            return None
+        found: Footprint = bound(self.own(voice), [len(s) for s in sentences], options)
+        return found
+
+    def worst_footprint(self, options: SynthesisOptions) -> Footprint | None:
+        """What one request may hold at the bounds `options` set; None for an engine that states none."""
+        worst = getattr(self.engine, "worst_footprint", None)
+        return None if worst is None else worst(options)
+
+    def cache_bytes(self) -> dict[str, int]:
+        """Bytes the engine's caches hold now, by kind (flow, prompt, llm_kv); empty for an engine that says none."""
+        held = getattr(self.engine, "cache_bytes", None)
+        return {} if held is None else dict(held())
 
     def state_budget(self) -> StateBudget | None:
         """The engine's bound on its streams' growing state (None for an engine that keeps none)."""

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Protocol
 
 from service.bundle import Capabilities, FamilyLayout, ModelBundle
+from service.engine.footprint import Footprint
 from service.engine.memory import StateBudget
 from service.engine.options import RuntimeOptions
 from service.engine.types import AudioChunk, SynthesisOptions
@@ -170,6 +171,20 @@ class Model(Engine, Protocol):
     def state_budget(self) -> StateBudget | None:
         """The bound on what its streams' growing state holds at once (CosyVoice2: the flow caches), for the
         metrics; None for a model whose streams keep no such state."""
+        ...
+
+    def footprint(self, sentences: Sequence[Sequence[int]], voice: ModelVoice, options: SynthesisOptions) -> Footprint | None:
+        """The most a request of `sentences` (text ids) in `voice` holds in memory at once, by part (what admission
+        reserves); None for a model that states none."""
+        ...
+
+    def worst_footprint(self, options: SynthesisOptions) -> Footprint | None:
+        """What one request may hold at the bounds `options` set (the longest prompt and sentence): the per-stream
+        worst case the start-up log states; None for a model that states none."""
+        ...
+
+    def cache_bytes(self) -> dict[str, int]:
+        """Bytes its caches hold now, by kind (flow, prompt, llm_kv), for /metrics."""
         ...
 
     def close(self) -> None:

@@ -72,7 +72,7 @@ def flow_budget(runtime: RuntimeOptions) -> StateBudget:
     """The bound on streamed sentences' estimator caches that `runtime.flow_cache_mb` asks for: None sizes it from the
     memory limit and what is resident now (call it with the sessions open), 0 leaves it unbounded."""
     mb = runtime.flow_cache_mb
-    limit = auto_budget() if mb is None else (mb << 20 if mb > 0 else None)
+    limit = auto_budget(runtime.memory_limit_bytes) if mb is None else (mb << 20 if mb > 0 else None)
     if limit is None:
         log.info("flow caches of streamed sentences: no bound")
     else:

@@ -15,6 +15,9 @@ import numpy as np
 
 from service.audio.encode import encode_complete, make_encoder, media_type, output_sample_rate
 from service.audio.timeline import decoder_delay_s
+from service.engine.admission import AdmissionMode, CapacityMeter
+from service.engine.host import usable_cores
+from service.engine.memory import StreamBudget
 from service.engine.types import SynthesisOptions
 from service.errors import (
     EngineError,
@@ -27,6 +30,7 @@ from service.errors import (
 )
 from service.families.model import Engine, ModelVoice, NamedVoice, VoiceReference
 from service.frontend import Sentence
+from service.speech.admission import StreamGate, request_bytes
 from service.speech.job import SentenceClock, SpeechJob, SpeechTimings, SynthesisObserver, join_audio, whole_mark, with_pauses
 from service.speech.request import PreparedSpeech, SpeechRequest, check_text, effective_speed, key_text, name_of, named_as
 from service.stores.audio_cache import AudioCache, audio_cache_key, pack_cached, unpack_cached
@@ -74,9 +78,12 @@ class TTSService:
         default_voice: str | None = None,
         max_speech_s: float | None = None,
         max_sentence_speech_s: float | None = None,
+        admission: AdmissionMode = "count",
+        budget: StreamBudget | None = None,
     ) -> None:
         """`max_speech_s`, `max_sentence_speech_s`: seconds of speech a request and each of its sentences may make
-        (SynthesisOptions; None: only the model's own bound)."""
+        (SynthesisOptions; None: only the model's own bound). `admission`: when a job starts (StreamGate); `budget`:
+        the process's memory budget every job reserves its footprint in (None: one of its own without a bound)."""
         self.frontend = frontend
         self.max_speech_s = max_speech_s
         self.max_sentence_speech_s = max_sentence_speech_s
@@ -96,8 +103,9 @@ class TTSService:
         self.observer = observer or SynthesisObserver()
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="tts-worker")
         self._lock = threading.Lock()
-        self._admitted = 0
-        self._running = 0
+        meter = CapacityMeter(usable_cores())
+        self.gate = StreamGate(concurrency=concurrency, queue_max=queue_max, mode=admission,
+                               budget=budget or StreamBudget(), meter=meter, observer=self.observer)  # fmt: skip
         self._closing = False
         self._jobs: set[SpeechJob] = set()
         self._probe_lock = threading.Lock()
@@ -113,20 +121,20 @@ class TTSService:
 
     def queue_state(self) -> tuple[int, int]:
         """(waiting, running) jobs right now."""
-        with self._lock:
-            return self._admitted - self._running, self._running
+        return self.gate.counts()
 
     def queue_full(self) -> bool:
-        """True while one more job would be refused (every slot busy, queue full). Cheap; any thread may call it."""
-        with self._lock:
-            return self._admitted >= self.capacity
+        """True while one more job would be refused (no stream may start now, queue full). Cheap; any thread."""
+        return self.gate.full()
 
     def overloaded(self) -> OverloadedError:
         """The error a request gets while the queue is full (Retry-After: `retry_after_s`)."""
-        return OverloadedError(
-            f"all {self.concurrency} synthesis slots are busy and the queue is full; retry shortly",
-            retry_after_s=self.retry_after_s,
-        )
+        _, running = self.queue_state()
+        if running >= self.concurrency:
+            why = f"all {self.concurrency} synthesis slots are busy"
+        else:
+            why = f"the {running} streams running take what the engine keeps up with in real time or in memory"
+        return OverloadedError(f"{why} and the queue is full; retry shortly", retry_after_s=self.retry_after_s)
 
     def submit(self, request: SpeechRequest) -> SpeechJob:
         """Prepare, look up the cache, else start a job. Raises the request's TTSError before any audio exists."""
@@ -140,9 +148,8 @@ class TTSService:
             timings = SpeechTimings(frontend_s=prepared.frontend_s, audio_s=audio_s)
             return SpeechJob(prepared, cached=data, timings=timings, cached_marks=marks)
         job = SpeechJob(prepared, timings=SpeechTimings(frontend_s=prepared.frontend_s))
-        self._admit(job)
-        # the job thread runs in a copy of this context: its log lines carry the request's id (service.requestids)
-        self._pool.submit(contextvars.copy_context().run, self._run, job)
+        options = self._options(request, prepared.speed)
+        self._admit(job, request_bytes(self.engine, prepared, options, self.sample_rate, self.gate.budget.limit))
         return job
 
     def prepare(self, request: SpeechRequest) -> PreparedSpeech:
@@ -254,6 +261,7 @@ class TTSService:
             jobs = list(self._jobs)
         for job in jobs:
             job.cancel()
+        self.gate.dispatch()  # queued jobs, cancelled now, end on a worker at once
         self._pool.shutdown(wait=True, cancel_futures=False)
         close_engine = getattr(self.engine, "close", None)  # stops the engine's scheduler thread, if it has one
         if callable(close_engine):
@@ -281,32 +289,34 @@ class TTSService:
             max_sentence_speech_s=self.max_sentence_speech_s,
         )
 
-    def _admit(self, job: SpeechJob) -> None:
+    def _admit(self, job: SpeechJob, nbytes: int) -> None:
+        """Start the job on a worker or queue it (StreamGate); OverloadedError when the queue is full."""
+        # the job thread runs in a copy of this context: its log lines carry the request's id (service.requestids)
+        context = contextvars.copy_context()
+
+        def start() -> None:
+            try:
+                self._pool.submit(context.run, self._run, job)
+            except RuntimeError:  # the workers stopped (closing): the job ends without running
+                job.cancel()
+                job.close()
+                self.gate.finished(job)
+
         with self._lock:
             if self._closing:
                 raise ShuttingDownError("the service is shutting down")
-            if self._admitted >= self.capacity:
-                raise self.overloaded()
-            self._admitted += 1
             self._jobs.add(job)
             job.admitted_at = time.monotonic()
-            waiting, running = self._admitted - self._running, self._running
-        self.observer.queue_changed(waiting, running)
-
-    def _set_running(self, job: SpeechJob, delta: int, done: bool = False) -> None:
-        with self._lock:
-            self._running += delta
-            if done:
-                self._admitted -= 1
+        if not self.gate.offer(job, nbytes, start):
+            with self._lock:
                 self._jobs.discard(job)
-            waiting, running = self._admitted - self._running, self._running
-        self.observer.queue_changed(waiting, running)
+            raise self.overloaded()
 
     def _run(self, job: SpeechJob) -> None:
         """Worker thread: synthesize, encode, hand the pieces over, store complete responses in the cache."""
         t = job.timings
         t.queue_s = time.monotonic() - job.admitted_at
-        self._set_running(job, +1)
+        self.gate.on_worker(job)
         try:
             pieces = self._produce(job)
             if pieces is not None:
@@ -320,7 +330,9 @@ class TTSService:
             if job.cancel_event.is_set():
                 self.observer.cancelled()
             job.close()
-            self._set_running(job, -1, done=True)
+            with self._lock:
+                self._jobs.discard(job)
+            self.gate.finished(job)
 
     def _produce(self, job: SpeechJob) -> list[bytes] | None:
         """Run the engine; returns the encoded pieces, or None when cancelled."""
@@ -340,6 +352,7 @@ class TTSService:
             else:
                 t.add_chunk(chunk, self.sample_rate)
                 self.observer.chunk_done()
+            self.gate.produced(job, samples.size / self.sample_rate)
             mark = clock.advance(chunk, samples.size) if clock else None
             if encoder is None:
                 audio.append(samples)

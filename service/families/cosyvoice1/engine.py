@@ -14,13 +14,16 @@ import numpy as np
 from service.bundle import ModelBundle
 from service.engine.acoustic_gate import AcousticGate, Pacer, until_cancelled
 from service.engine.chunking import RateMeter
+from service.engine.footprint import Footprint
 from service.engine.host import limit_malloc_arenas, released_after
+from service.engine.llm import kv_cache_dtype
 from service.engine.options import RuntimeOptions
 from service.engine.scheduler import BatchScheduler
 from service.engine.sessions import open_sessions
 from service.engine.speech_budget import SpeechBudget
 from service.engine.types import AudioChunk, StageTimings, SynthesisOptions, TokenGenerator
 from service.errors import EmptyTextError, InvalidInputError, UnknownSpeakerError
+from service.families.cosyvoice1 import footprint
 from service.families.cosyvoice1.flow import FlowRunner
 from service.families.cosyvoice1.llm import TRANSIENT_GRAPHS, CosyVoice1LLM, position_table
 from service.families.cosyvoice1.schedule import ScheduleConfig
@@ -91,6 +94,7 @@ class Synthesizer:
         self.meter = meter if meter is not None else RateMeter()
         self.gate = gate
         self.scheduler = llm if isinstance(llm, BatchScheduler) else None
+        self.kv_itemsize = np.dtype(kv_cache_dtype(sessions["llm_step"])).itemsize
 
     @property
     def first_hop_tokens(self) -> int:
@@ -135,6 +139,18 @@ class Synthesizer:
             prompt_window_s=runtime.prompt_window_s,
             meter=meter,
         )
+
+    def footprint(self, voice: Voice, texts: Sequence[int], options: SynthesisOptions) -> Footprint:
+        """The most a request of sentences of `texts` text tokens in `voice` holds at once (cosyvoice1.footprint)."""
+        return footprint.footprint(self.bundle.constants, self.kv_itemsize, voice, texts, options)
+
+    def worst_footprint(self, options: SynthesisOptions) -> Footprint:
+        """What one request may hold at the bounds `options` set (the longest prompt and sentence)."""
+        return footprint.worst_footprint(self.bundle.constants, self.kv_itemsize, options)
+
+    def cache_bytes(self) -> dict[str, int]:
+        """Bytes its caches hold now: the decode batch's K/V (a streamed sentence keeps no growing flow state)."""
+        return {"llm_kv": self.scheduler.kv_cache_bytes if self.scheduler is not None else 0}
 
     def close(self) -> None:
         """Stop the scheduler thread, if this synthesizer has one (requests still decoding fail)."""

@@ -22,7 +22,8 @@ import numpy as np
 from service.bundle import ModelBundle
 from service.engine import native
 from service.engine.acoustic_gate import AcousticGate, Pacer, until_cancelled
-from service.engine.chunking import Hop, Progress, first_audio
+from service.engine.chunking import Progress, first_audio
+from service.engine.footprint import Footprint
 from service.engine.host import limit_malloc_arenas, released_after
 from service.engine.memory import StateBudget
 from service.engine.options import RuntimeOptions
@@ -30,6 +31,7 @@ from service.engine.scheduler import BatchScheduler
 from service.engine.speech_budget import SpeechBudget
 from service.engine.types import AudioChunk, StageTimings, SynthesisOptions, TokenGenerator
 from service.errors import EmptyTextError, InvalidInputError
+from service.families.cosyvoice2 import footprint
 from service.families.cosyvoice2.assembly import (
     WIDE_HIFT_DECODE,
     decode_spread,
@@ -39,13 +41,15 @@ from service.families.cosyvoice2.assembly import (
     open_engine_sessions,
     stream_schedule,
 )
+from service.families.cosyvoice2.chunks import FlowChunks2, PromptKey
 from service.families.cosyvoice2.contract import NOISE_NAME
 from service.families.cosyvoice2.flow import FlowRunner2, FlowState
-from service.families.cosyvoice2.sentence import TAIL_WAIT_S, MelChunk, Sentence, ended
+from service.families.cosyvoice2.sentence import MelChunk
 from service.families.cosyvoice2.voice import FlowPrompt2, Voice2
 from service.layers.chunk_schedule import HopSchedule, window_tokens
 from service.layers.dsp import StreamingStretch
-from service.layers.frame_cache import PromptStates
+from service.layers.frame_cache import CachePrecision, PromptStates
+from service.layers.frame_window import family_window_s, window_frames
 from service.layers.hift import HiFTRunner
 from service.layers.qwen2 import Qwen2Runner
 from service.layers.vocoder import Vocoder, VocoderStream
@@ -54,7 +58,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_OPTIONS = SynthesisOptions()
 DEFAULT_PROMPT_CACHE_BYTES = 2 << 30  # prompt flow states kept for reuse (a 10 s prompt: ~1 GB fp16 full-size)
-PromptKey = tuple[str, int, int]  # voice fingerprint, Euler steps, prompt tokens the flow sees
+# Generated speech a streamed sentence's estimator caches keep (flow_window_s "auto"): 100 frames, 2.3 MB each at full
+# size (docs/memory.md: what a stream holds, and how many fit in 2, 4 and 8 GB).
+DEFAULT_WINDOW_S = 2.0
 
 
 class CosyVoice2Engine:
@@ -73,13 +79,17 @@ class CosyVoice2Engine:
         prompt_window_tokens: int | None = None,
         cfg_lanes: bool = False,
         state_budget: StateBudget | None = None,
+        window_s: float | None = None,
+        cache_precision: CachePrecision = "graph",
     ) -> None:
         """`official_final_chunk`: end every stream like the official code, with one full-attention flow pass over the
         whole sentence for the last chunk (exact official audio, at the cost of that pass before the last audio).
         `schedule`: how streamed sentences are cut (None: the official HopSchedule). `prompt_window_tokens`: the last
         prompt tokens (with their mel) a streamed flow sees (None: the whole prompt, as the official). `cfg_lanes`: the
         estimator's two guidance rows run as two concurrent calls (FlowRunner2). `state_budget`: what the streamed
-        sentences' estimator caches may hold at once (None: no bound; `load` sizes it from `flow_cache_mb`).
+        sentences' estimator caches may hold at once (None: no bound; `load` sizes it from `flow_cache_mb`). `window_s`:
+        seconds of generated speech a stream's estimator caches keep (None: all, official). `cache_precision`: how they
+        keep their frames (frame_cache.CachePrecision).
         `sessions` may hold a WIDE_HIFT_DECODE session (`open_engine_sessions`): with a gate, a vocoder call the
         schedule gives the cores to runs on it, decoding paused, when no other acoustic call runs or waits."""
         extra = extra_constants(bundle)
@@ -90,7 +100,7 @@ class CosyVoice2Engine:
         self.llm: TokenGenerator = llm if llm is not None else self.runner
         self.scheduler = llm if isinstance(llm, BatchScheduler) else None
         noise = np.load(bundle.file(NOISE_NAME), allow_pickle=False)
-        self.flow = FlowRunner2(sessions, c, extra, noise, cfg_lanes=cfg_lanes)
+        self.flow = FlowRunner2(sessions, c, extra, noise, cfg_lanes=cfg_lanes, precision=cache_precision)
         wide = sessions.get(WIDE_HIFT_DECODE)
         wide_runner = HiFTRunner({**sessions, "hift_decode": wide}, c) if wide is not None else None
         self.vocoder = Vocoder(HiFTRunner(sessions, c), wide_runner)
@@ -100,6 +110,8 @@ class CosyVoice2Engine:
         self.prompt_states: PromptStates[PromptKey, FlowState] = PromptStates(prompt_cache_bytes)
         self.official_final_chunk = official_final_chunk
         self.state_budget = state_budget or StateBudget(None)
+        window = window_frames(window_s, extra.chunk_tokens * extra.token_mel_ratio, c.token_rate_hz * extra.token_mel_ratio)
+        self.chunks = FlowChunks2(self.flow, extra, self.prompt_states, self.state_budget, window)
 
     @classmethod
     def load(cls, bundle: ModelBundle | str | Path, runtime: RuntimeOptions | None = None, **kwargs: Any) -> CosyVoice2Engine:
@@ -132,9 +144,25 @@ class CosyVoice2Engine:
             )  # fmt: skip
         window = window_tokens(runtime.prompt_window_s, schedule, bundle.constants.token_rate_hz)
         kwargs.setdefault("prompt_window_tokens", window)
+        kwargs.setdefault("window_s", family_window_s(runtime.flow_window_s, DEFAULT_WINDOW_S))
+        kwargs.setdefault("cache_precision", runtime.flow_cache_precision)
         if "state_budget" not in kwargs:
             kwargs["state_budget"] = flow_budget(runtime)  # after the sessions opened: auto counts the loaded model
         return cls(bundle, sessions, llm=llm, gate=gate, **kwargs)
+
+    def footprint(self, voice: Voice2, texts: Sequence[int], options: SynthesisOptions) -> Footprint:
+        """The most a request of sentences of `texts` text tokens in `voice` holds at once (cosyvoice2.footprint)."""
+        return footprint.footprint(self, voice, texts, options)
+
+    def worst_footprint(self, options: SynthesisOptions) -> Footprint:
+        """What one request may hold at the bounds `options` set (the longest prompt and sentence)."""
+        return footprint.worst_footprint(self, options)
+
+    def cache_bytes(self) -> dict[str, int]:
+        """Bytes its caches hold now: streamed sentences' flow caches (reserved), the voices' prompt states, the
+        decode batch's K/V."""
+        kv = self.scheduler.kv_cache_bytes if self.scheduler is not None else 0
+        return {"flow": self.state_budget.used, "prompt": self.prompt_states.nbytes(), "llm_kv": kv}
 
     def close(self) -> None:
         if self.scheduler is not None:
@@ -196,16 +224,6 @@ class CosyVoice2Engine:
     def flow_prompt(self, prompt: FlowPrompt2, options: SynthesisOptions) -> FlowPrompt2:
         """What the flow of a sentence sees of the voice's prompt: its window when streaming, else all of it."""
         return prompt.window(self.prompt_window_tokens) if options.stream else prompt
-
-    def prompt_state(self, prompt: FlowPrompt2, n_timesteps: int, fingerprint: str, capacity: int) -> FlowState:
-        """The voice's prompt-only flow state (cached by fingerprint and window), as a copy this request may extend to
-        `capacity` frames."""
-        key = (fingerprint, n_timesteps, len(prompt.tokens))
-        state = self.prompt_states.get(key)
-        if state is None:
-            state = self.flow.prompt_state(prompt, n_timesteps, capacity=0)  # kept: room for its own frames only
-            self.prompt_states.put(key, state)
-        return state.copy(capacity)
 
     # ---- internals --------------------------------------------------------------------------------
     def _check(self, voice: Voice2, options: SynthesisOptions) -> None:
@@ -279,47 +297,14 @@ class CosyVoice2Engine:
         if not options.stream:
             speech = list(tokens)
             first = first_audio(Progress(0, 0, len(speech), True, pace.audio_s))
-            mel, flow_s = self._whole(prompt, speech, steps, pace, first)
+            mel, flow_s = self.chunks.whole(prompt, speech, steps, pace, first)
             yield MelChunk(mel, True, flow_s, len(speech), first)
             return
-        prompt = self.flow_prompt(prompt, options)
-        if max_tokens is None:
-            capacity = self.flow.noise.shape[1]  # all the frames the flow can solve
-        else:
-            capacity = self.extra.token_mel_ratio * (len(prompt.tokens) + max_tokens + self.schedule.look_ahead)
-        if fingerprint:
-            state = self.prompt_state(prompt, steps, fingerprint, capacity)
-        else:
-            state = self.flow.prompt_state(prompt, steps, capacity)
-        schedule = self.schedule_for(options)
-        job = Sentence(prompt, state, Hop(0, 0), [])
-        job.hop = schedule.next_hop(job.progress(pace.audio_s), None)
-        budget, per_frame, owner = self.state_budget, state.bytes_per_frame(), object()  # owner: this sentence
-        stop = cancel.is_set if cancel is not None else None
-        try:
-            if not budget.reserve(owner, state.nbytes(), stop):
-                return
-            for token in tokens:
-                job.speech.append(int(token))
-                while len(job.speech) - job.offset >= job.hop.tokens + job.hop.look_ahead:
-                    left = len(job.speech) - job.offset - job.hop.tokens
-                    if schedule.takes_tail(left) and ended(tokens, TAIL_WAIT_S if job.offset else 0.0):
-                        break  # the stream has ended: this chunk is the last and takes its look-ahead along
-                    if not budget.reserve(owner, per_frame * self._new_frames(job, final=False), stop):
-                        return
-                    yield self._flow_chunk(job, pace, final=False)
-                    job.hop = schedule.next_hop(job.progress(pace.audio_s), None)
-            grows = 0 if exact_final else per_frame * self._new_frames(job, final=True)  # the exact pass keeps none
-            if not budget.reserve(owner, grows, stop):
-                return
-            yield self._flow_chunk(job, pace, final=True, exact=exact_final)
-        finally:
-            budget.release(owner)
-
-    def _new_frames(self, job: Sentence, *, final: bool) -> int:
-        """Mel frames the next chunk adds to the flow's caches (the final chunk: everything not yet encoded)."""
-        end = len(job.prompt.tokens) + (len(job.speech) if final else job.offset + job.hop.tokens)
-        return self.extra.token_mel_ratio * max(0, end - job.encoded)
+        prompt, schedule = self.flow_prompt(prompt, options), self.schedule_for(options)
+        yield from self.chunks.cached(
+            tokens, prompt, steps, schedule, fingerprint=fingerprint, pace=pace, max_tokens=max_tokens, cancel=cancel,
+            exact_final=exact_final,
+        )  # fmt: skip
 
     def _sentence(
         self,
@@ -360,34 +345,3 @@ class CosyVoice2Engine:
         if self.vocoder.wide is None or self.gate is None or not takes:
             return False
         return self.gate.idle()
-
-    def _flow_chunk(self, job: Sentence, pace: Pacer, *, final: bool, exact: bool = False) -> MelChunk:
-        """Flow for the next hop (or the rest): the new tokens after what is encoded, with their look-ahead."""
-        prompt_tokens = len(job.prompt.tokens)
-        seq = np.asarray([*job.prompt.tokens, *job.speech], dtype=np.int64)
-        end = len(seq) if final else prompt_tokens + job.offset + job.hop.tokens
-        start = job.encoded
-        tokens = end - prompt_tokens - job.offset  # this chunk's speech tokens
-        first = first_audio(job.progress(pace.audio_s))
-        clock = time.perf_counter()
-        if final and exact:
-            mel, _ = self._whole(job.prompt, job.speech, len(job.state.steps), pace, first)
-            mel = mel[:, 2 * job.offset :]
-        else:
-            wide = self.schedule.takes_cores(tokens, first=job.offset == 0, final=final)
-            with pace.turn(first=first, pauses_llm=wide) as step_aside:
-                context = seq[end : end + self.schedule.look_ahead]
-                mel = self.flow.advance(seq[start:end], context, job.prompt, job.state, between_steps=step_aside, wide=wide)
-            mel = mel[:, max(0, 2 * (prompt_tokens - start)) :]
-        job.offset, job.chunks = end - prompt_tokens, job.chunks + 1
-        return MelChunk(mel, final, time.perf_counter() - clock, tokens, first)
-
-    def _whole(self, prompt: FlowPrompt2, speech: list[int], steps: int, pace: Pacer, first: bool) -> tuple[np.ndarray, float]:
-        """The official non-streaming flow: prompt + all tokens in one call, full attention -> mel (80, 2N), seconds.
-        `first`: it carries the request's first audio."""
-        clock = time.perf_counter()
-        seq = np.asarray([*prompt.tokens, *speech], dtype=np.int64)
-        state = self.flow.empty_state(steps)
-        with pace.turn(first=first) as step_aside:
-            mel = self.flow.advance(seq, seq[:0], prompt, state, full_attention=True, between_steps=step_aside)
-        return mel[:, 2 * len(prompt.tokens) :], time.perf_counter() - clock

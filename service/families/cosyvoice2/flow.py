@@ -20,7 +20,8 @@ from service.errors import BundleError
 from service.families.cosyvoice2.contract import CosyVoice2Constants
 from service.families.cosyvoice2.voice import FlowPrompt2
 from service.layers.cfm import GuidedEuler
-from service.layers.frame_cache import EstimatorState, FrameCache
+from service.layers.frame_cache import CachePrecision, EstimatorState, FrameCache, share_steps
+from service.layers.frame_window import WindowedFrames
 
 FULL_ATTENTION = 1 << 30  # chunk size of the non-streaming masks (one chunk covers any sequence)
 
@@ -71,12 +72,16 @@ class EncoderState:
 
 
 @dataclass
-class FlowState:
-    """Everything a streaming sequence keeps between flow calls."""
+class FlowState(WindowedFrames):
+    """Everything a streaming sequence keeps between flow calls. `window`: the most generated frames the estimator's
+    caches keep besides the first `prompt_frames` (None: all, the official computation), as
+    layers.frame_window.WindowedFrames keeps them; the encoder keeps every token (its relative positions would shift)."""
 
     encoder: EncoderState
     steps: list[EstimatorState]  # one per Euler step
     frames: int = 0  # frames solved so far (prompt included)
+    prompt_frames: int = 0
+    window: int | None = None
 
     @property
     def tokens(self) -> int:
@@ -86,17 +91,18 @@ class FlowState:
     def nbytes(self) -> int:
         return self.encoder.nbytes() + sum(s.nbytes() for s in self.steps)
 
-    def bytes_per_frame(self) -> int:
-        """What one more solved frame adds to the estimator's caches (every step's rows, keys and values)."""
-        return sum(c.bytes_per_frame() for s in self.steps for c in (*s.k, *s.v))
-
-    def copy(self, capacity: int) -> FlowState:
-        """A copy to continue for up to `capacity` frames in all (a voice's prompt state serves many requests). The
-        encoder's arrays are shared (encoder calls replace them, never write into them); the estimator's caches,
-        appended in place, are copied."""
+    def copy(self, capacity: int, window: int | None = None, prompt_frames: int = 0) -> FlowState:
+        """A copy to continue for up to `capacity` cached frames with `window` (a voice's prompt state serves many
+        requests). The encoder's arrays are shared (encoder calls replace them, never write into them); the
+        estimator's caches, appended in place, are copied (or viewed copy-on-write: `shared`)."""
         e = self.encoder
         encoder = EncoderState(e.look_ahead, e.up_tail, list(e.enc_k), list(e.enc_v), list(e.up_k), list(e.up_v), e.tokens)
-        return FlowState(encoder, [s.copy(capacity) for s in self.steps], self.frames)
+        return FlowState(encoder, [s.copy(capacity) for s in self.steps], self.frames, prompt_frames, window)
+
+    def shared(self) -> FlowState:
+        """This state with its estimator caches kept once in a memory file, for the copies of every request of a voice
+        (frame_cache.share_steps)."""
+        return FlowState(self.encoder, share_steps(self.steps), self.frames, self.prompt_frames, self.window)
 
 
 class FlowRunner2(GuidedEuler):
@@ -117,7 +123,9 @@ class FlowRunner2(GuidedEuler):
         *,
         cfg_lanes: bool = False,
         lane_init: Callable[[], None] | None = None,
+        precision: CachePrecision = "graph",
     ) -> None:
+        """`precision`: how the estimator's caches keep their frames (frame_cache.CachePrecision)."""
         counts = extra.graph_counts()
         estimator = sessions["flow_estimator"]
         k_names = expand_io_names(("past_k_{b}",), 0, counts)
@@ -127,6 +135,7 @@ class FlowRunner2(GuidedEuler):
         self._encoder = sessions["flow_encoder"]
         self.extra = extra
         self.est_dtype = input_type(estimator, "past_k_")
+        self.precision = precision
         check_time_first(estimator, extra)
         self._enc_names = expand_io_names(("enc_k_{e}", "enc_v_{e}", "up_k_{u}", "up_v_{u}"), 0, counts)
 
@@ -152,7 +161,7 @@ class FlowRunner2(GuidedEuler):
         def step() -> EstimatorState:
             def rows() -> list[FrameCache]:
                 shape = (e.estimator_blocks, e.estimator_heads, e.estimator_head_dim)
-                return [FrameCache.empty(*shape, self.est_dtype, frames) for _ in (0, 1)]
+                return [FrameCache.empty(*shape, self.est_dtype, frames, self.precision) for _ in (0, 1)]
 
             return EstimatorState(np.zeros((2, e.estimator_tail_channels, e.conv_tail), dtype=np.float32), rows(), rows())
 
@@ -232,6 +241,8 @@ class FlowRunner2(GuidedEuler):
         overlap = max(0, min(prompt.mel.shape[0] - start, mu.shape[1]))
         if overlap:
             cond[:, :overlap] = prompt.mel[start : start + overlap].T
+        if not full_attention:
+            state.make_room(e.chunk_tokens * e.token_mel_ratio)
         spks = self.speaker(prompt.embedding)
         return self.solve(mu, spks, cond, start, state, chunk_frames, between_steps, keep=not full_attention, wide=wide)
 

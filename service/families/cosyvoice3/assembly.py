@@ -3,7 +3,6 @@ schedule, the DiT caches' window, and the silent-token filter between the LLM an
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -14,7 +13,7 @@ from service.engine.scheduler import EndAware
 from service.engine.sessions import open_sessions
 from service.errors import BundleError
 from service.families.cosyvoice3.contract import GRAPH_IO, CosyVoice3Constants, constants_of
-from service.layers import acoustic_plan
+from service.layers import acoustic_plan, frame_window
 from service.layers.chunk_schedule import HopSchedule, runtime_schedule
 
 
@@ -48,10 +47,7 @@ def stream_schedule(bundle: ModelBundle, runtime: RuntimeOptions) -> HopSchedule
 def window_frames(seconds: float | None, extra: CosyVoice3Constants, frame_rate_hz: float) -> int | None:
     """Generated mel frames a streamed flow keeps attending to for `seconds` (None: all), in whole attention chunks and
     at least two of them (the window drops half of itself at a time)."""
-    if seconds is None:
-        return None
-    chunk = extra.chunk_tokens * extra.token_mel_ratio
-    return max(2, math.ceil(seconds * frame_rate_hz / chunk)) * chunk
+    return frame_window.window_frames(seconds, extra.chunk_tokens * extra.token_mel_ratio, frame_rate_hz)
 
 
 class SilenceFilter:

@@ -48,12 +48,14 @@ from service.layers.chunk_schedule import HopSchedule, window_tokens
 from service.layers.dsp import StreamingStretch, interpolate_linear
 from service.layers.flow_prompt import FlowPrompt
 from service.layers.frame_cache import PromptStates
+from service.layers.frame_window import family_window_s
 from service.layers.hift import HiFTRunner
 from service.layers.mel_stream import MelChunk
 from service.layers.qwen2 import Qwen2Runner
 
 DEFAULT_OPTIONS = SynthesisOptions()
 DEFAULT_PROMPT_CACHE_BYTES = 1 << 30  # prompt flow states kept for reuse (a 1 s window at full size: ~0.1 GB each)
+DEFAULT_WINDOW_S = 4.0  # generated speech a streamed DiT keeps attending to (flow_window_s "auto")
 
 
 class CosyVoice3Engine:
@@ -137,7 +139,7 @@ class CosyVoice3Engine:
         if not official:  # the official stream conditions on the whole prompt and attends to every frame
             window = window_tokens(runtime.prompt_window_s, schedule, bundle.constants.token_rate_hz)
             kwargs.setdefault("prompt_window_tokens", window)
-            kwargs.setdefault("window_s", runtime.flow_window_s)
+            kwargs.setdefault("window_s", family_window_s(runtime.flow_window_s, DEFAULT_WINDOW_S))
         if "state_budget" not in kwargs:
             kwargs["state_budget"] = flow_budget(runtime)  # after the sessions opened: auto counts the loaded model
         return cls(bundle, sessions, llm=llm, gate=gate, **kwargs)

@@ -21,6 +21,7 @@ from service.families.cosyvoice3.contract import CosyVoice3Constants
 from service.layers.cfm import GuidedEuler
 from service.layers.flow_prompt import FlowPrompt
 from service.layers.frame_cache import EstimatorState, FrameCache
+from service.layers.frame_window import WindowedFrames
 
 FULL_ATTENTION = 1 << 30  # chunk size of the non-streaming masks (one chunk covers any sequence)
 LOOKAHEAD_TAIL = 2  # conv1 outputs the look-ahead layer's causal conv2 reads before a chunk
@@ -35,13 +36,12 @@ def input_type(session: Any, prefix: str) -> type[np.floating]:
 
 
 @dataclass
-class FlowState:
+class FlowState(WindowedFrames):
     """Everything a streamed sentence keeps between flow calls: the look-ahead layer's tail, each Euler step's DiT
     context (EstimatorState: position-embedding tails, each guidance row's keys/values), where the sequence stands.
 
     `window`: the most generated frames the caches keep besides the first `prompt_frames` (None: all, the official
-    computation); when a call would exceed it, the oldest generated frames go, in whole attention chunks, down to half
-    of it, so a frame keeps seeing the prompt and between window / 2 and window frames before its chunk."""
+    computation), as layers.frame_window.WindowedFrames keeps them."""
 
     tail: np.ndarray
     steps: list[EstimatorState]
@@ -50,38 +50,8 @@ class FlowState:
     prompt_frames: int = 0
     window: int | None = None
 
-    @property
-    def cached(self) -> int:
-        """Frames the caches hold now."""
-        return self.steps[0].k[0].frames if self.steps else 0
-
     def nbytes(self) -> int:
         return int(self.tail.nbytes + sum(s.nbytes() for s in self.steps))
-
-    def bytes_per_frame(self) -> int:
-        """What one more cached frame adds (every step's rows, keys and values)."""
-        return sum(c.bytes_per_frame() for s in self.steps for c in (*s.k, *s.v))
-
-    def bytes_after(self, new: int, chunk_frames: int) -> int:
-        """What the state holds once a call of `new` frames has run (the window's drop first)."""
-        fixed = self.nbytes() - self.cached * self.bytes_per_frame()
-        return fixed + (self.cached - self._drop(chunk_frames) + new) * self.bytes_per_frame()
-
-    def make_room(self, chunk_frames: int) -> None:
-        """Drop what the window says must go before the next call (whole chunks of `chunk_frames` frames, so a frame's
-        chunk is counted the same from the caches as from the sequence's start)."""
-        count = self._drop(chunk_frames)
-        if count:
-            for step in self.steps:
-                for cache in (*step.k, *step.v):
-                    cache.drop(self.prompt_frames, count)
-
-    def _drop(self, chunk_frames: int) -> int:
-        generated = self.cached - self.prompt_frames
-        if self.window is None or generated <= self.window:
-            return 0
-        excess = generated - self.window // 2
-        return -(-excess // chunk_frames) * chunk_frames
 
     def copy(self, capacity: int, window: int | None) -> FlowState:
         """A copy to continue for up to `capacity` cached frames (a voice's prompt state serves many requests)."""

@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol, cast
 
 from service.bundle import Capabilities, ModelBundle
+from service.engine.footprint import Footprint
 from service.engine.memory import StateBudget
 from service.engine.options import RuntimeOptions
 from service.engine.types import AudioChunk, SynthesisOptions
@@ -94,6 +95,18 @@ class CosyVoice3Model:
         """The engine's bound on the streams' DiT caches (None for a test's engine without one)."""
         budget = getattr(self.engine, "state_budget", None)
         return budget if isinstance(budget, StateBudget) else None
+
+    def footprint(self, sentences: Sequence[Sequence[int]], voice: ModelVoice, options: SynthesisOptions) -> Footprint | None:
+        """None: this family states no per-request bound yet (admission reserves nothing for its requests)."""
+        return None
+
+    def worst_footprint(self, options: SynthesisOptions) -> Footprint | None:
+        return None
+
+    def cache_bytes(self) -> dict[str, int]:
+        """Bytes the streams' DiT caches hold now (reserved in the engine's budget)."""
+        budget = self.state_budget()
+        return {"flow": budget.used} if budget is not None else {}
 
     def warmup_voice(self) -> Voice3:
         """The first built-in speaker; without any (the official checkpoint), a neutral voice: a unit x-vector and no

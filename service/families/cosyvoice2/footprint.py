@@ -1,0 +1,98 @@
+"""What one CosyVoice2 request may hold in memory at most (service.engine.footprint), from its voice, its sentences'
+text tokens and the engine's levers: the estimator's and encoder's caches of a streamed sentence (or the attention of a
+whole one) and the LLM's K/V row. docs/memory.md has the formulas and the full-size figures."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from service.bundle import ModelConstants
+from service.engine.footprint import (
+    LONGEST_SENTENCE_TOKENS,
+    Footprint,
+    attention_bytes,
+    request_speech_s,
+    speech_tokens,
+)
+from service.engine.types import SynthesisOptions
+from service.families.cosyvoice2.chunks import FlowChunks2
+from service.families.cosyvoice2.contract import CosyVoice2Constants
+from service.families.cosyvoice2.voice import FlowPrompt2, Voice2
+from service.layers.chunk_schedule import HopSchedule
+from service.layers.frame_cache import frame_bytes
+from service.layers.frame_window import most_cached
+from service.layers.prompt import MAX_PROMPT_S
+
+
+class CosyVoice2Engine(Protocol):
+    """What the bound reads of the engine (service.families.cosyvoice2.engine.CosyVoice2Engine)."""
+
+    constants: ModelConstants
+    extra: CosyVoice2Constants
+    runner: Any  # its `kv_dtype`
+    chunks: FlowChunks2
+
+    def flow_prompt(self, prompt: FlowPrompt2, options: SynthesisOptions) -> FlowPrompt2: ...
+
+    def schedule_for(self, options: SynthesisOptions) -> HopSchedule: ...
+
+
+LLM_SPECIAL_POSITIONS = 3  # sos, task and the first decoded position beyond the prompt, text and speech
+BATCH_ROWS_SLACK = 2  # the decode batch's K/V rows grow in powers of two: a row may take up to twice its own
+
+
+def footprint(engine: CosyVoice2Engine, voice: Voice2, texts: Sequence[int], options: SynthesisOptions) -> Footprint:
+    """The most a request of sentences of `texts` text tokens in `voice` holds at once (its largest sentence's)."""
+    largest = max(
+        (
+            _sentence(engine, voice, t, s, options)
+            for t, s in zip(texts, speech_tokens(texts, engine.constants, options), strict=True)
+        ),
+        key=lambda parts: sum(n for _, n in parts),
+    )
+    return Footprint(tuple(largest), request_speech_s(texts, engine.constants, options))
+
+
+def worst_footprint(engine: CosyVoice2Engine, options: SynthesisOptions) -> Footprint:
+    """What one request may hold at the bounds: a recording of the longest prompt, its transcript as long as a
+    sentence, and a sentence of the most text tokens making the most speech the caps allow."""
+    rate = engine.constants.token_rate_hz
+    tokens = tuple(range(int(MAX_PROMPT_S * rate)))
+    mel = np.zeros((2 * len(tokens), engine.constants.n_mels), dtype=np.float32)
+    voice = Voice2.cloned("worst", np.zeros(engine.constants.spk_embed_dim, dtype=np.float32), tokens, mel,
+                          tuple(range(LONGEST_SENTENCE_TOKENS)))  # fmt: skip
+    return footprint(engine, voice, [LONGEST_SENTENCE_TOKENS], options)
+
+
+def _sentence(
+    engine: CosyVoice2Engine, voice: Voice2, text: int, speech: int, options: SynthesisOptions
+) -> list[tuple[str, int]]:
+    c, e = engine.constants, engine.extra
+    llm = voice.llm
+    positions = len(llm.prompt_text_ids) + text + len(llm.speech_tokens) + speech + LLM_SPECIAL_POSITIONS
+    per_position = 2 * c.llm_num_layers * c.llm_num_heads * c.llm_head_dim * np.dtype(engine.runner.kv_dtype).itemsize
+    parts = [("LLM K/V", BATCH_ROWS_SLACK * per_position * positions)]
+    if not options.stream:
+        frames = e.token_mel_ratio * (len(voice.flow.tokens) + speech)
+        return [*parts, ("flow attention", attention_bytes(e.estimator_heads, frames))]
+    prompt = engine.flow_prompt(voice.flow, options)
+    return [*parts, *_stream(engine, prompt, speech, options)]
+
+
+def _stream(engine: CosyVoice2Engine, prompt: FlowPrompt2, speech: int, options: SynthesisOptions) -> list[tuple[str, int]]:
+    """A streamed sentence's flow caches: the estimator's frames (prompt, window and one call) in every Euler step and
+    guidance row, and the encoder's per token (with the copy a call makes while it grows them)."""
+    e = engine.extra
+    schedule = engine.schedule_for(options)
+    steps = options.n_timesteps or engine.constants.n_timesteps
+    ratio, look_ahead = e.token_mel_ratio, schedule.look_ahead
+    call = ratio * engine.chunks.call_tokens(len(prompt.tokens), schedule)
+    frames = most_cached(ratio * len(prompt.tokens), engine.chunks.window, call, ratio * (speech + look_ahead))
+    shape = (e.estimator_blocks, e.estimator_heads, e.estimator_head_dim)
+    per_frame = steps * 2 * 2 * frame_bytes(*shape, engine.chunks.flow.est_dtype, engine.chunks.flow.precision)
+    per_token = (e.encoder_blocks + ratio * e.up_blocks) * 2 * e.encoder_heads * e.encoder_head_dim * 4
+    tokens = len(prompt.tokens) + speech + look_ahead
+    return [("estimator caches", frames * per_frame), ("encoder caches", 2 * per_token * tokens)]
