@@ -182,8 +182,9 @@ def part_listen(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
     """What a listener hears (first audio, TTCA, stall) over HTTP: the default settings at 1, 2 and 4 clients for a
     built-in speaker and saved voices from 3 s and 10 s recordings, then each lever's setting at 1 client."""
     cmd = [PYTHON, "loadtest/bench_listen.py", str(dirs["int8"]), "--per-client", str(args.per_client + 1)]
-    out: dict[str, Any] = {"default": run_json([*cmd, "--levels", "1", "2", "4"])}
+    out: dict[str, Any] = {"default": run_json([*cmd, "--levels", "1", "2", "4", "8"])}
     out["compare"] = {label: run_json([*cmd, "--levels", "1", "--env", *env]) for label, env in LISTEN_COMPARE}
+    out["memory_limit"] = run_json(memory_limit_row(cmd))
     return out
 
 
@@ -211,10 +212,17 @@ def part_listen2(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
     and 4 clients for a built-in speaker and saved voices from 3 s and 10 s recordings, then each lever off at 1 client."""
     bundle = ensure_v2_bundle(args.models)
     cmd = [PYTHON, "loadtest/bench_listen.py", str(bundle), "--per-client", str(args.per_client + 1)]
-    default = [*cmd, "--levels", "1", "2", "4", "--one-client-requests", str(ONE_CLIENT_REQUESTS)]
+    default = [*cmd, "--levels", "1", "2", "4", "8", "--one-client-requests", str(ONE_CLIENT_REQUESTS)]
     out: dict[str, Any] = {"default": run_json(default)}
     out["compare"] = {label: run_json([*cmd, "--levels", "1", "--env", *env]) for label, env in LISTEN2_COMPARE}
+    out["memory_limit"] = run_json(memory_limit_row(cmd))
     return out
+
+
+def memory_limit_row(cmd: list[str]) -> list[str]:
+    """8 clients of the 10 s saved voice under TTS_MEMORY_LIMIT=2G: every answer must be audio or a 503 with
+    Retry-After (`refused`), never a failure, and the server's peak RSS within the limit."""
+    return [*cmd, "--levels", "8", "--prompt-seconds", "10", "--env", "TTS_MEMORY_LIMIT=2G"]
 
 
 LISTEN3_COMPARE = (  # (label, server settings): each Fun-CosyVoice3 departure switched back to the official computation
