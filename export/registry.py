@@ -46,7 +46,7 @@ EXPORTERS: tuple[FamilyExporter, ...] = (
     ),
     FamilyExporter(
         cosyvoice1.FAMILY, cosyvoice1.is_cosyvoice1_dir, checkpoint.model_name_for, checkpoint.is_instruct_dir,
-        cosyvoice1.run_export, cosyvoice1.write_int4, cosyvoice1.NATIVE_REWRITES,
+        cosyvoice1.run_export, cosyvoice1.write_int4, cosyvoice1.NATIVE_REWRITES, {"flow_estimator": "EstimatorBlock"},
     ),
 )  # fmt: skip
 

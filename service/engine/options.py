@@ -112,6 +112,9 @@ class EngineLevers:
     # How streamed sentences are cut into chunks: the family's default schedule, or "official" (the official code's
     # chunk boundaries, for parity).
     stream_schedule: StreamSchedule = "adaptive"
+    # A streamed chunk whose sentence ends within its schedule's tail takes the rest along as the sentence's last
+    # (schedules with a tail); False: a last call of their own.
+    look_ahead_tail: bool = True
     first_hop_tokens: int | None = None  # the first streamed chunk's hop; None: the schedule's own
     # Seconds of a cloned voice's prompt the flow sees with each streamed chunk; None: all of it (official).
     prompt_window_s: float | None = None
@@ -129,6 +132,8 @@ class EngineLevers:
     # (service.engine.native), "no-amx" the same without AMX tiles, "portable" every twin with the kernels' portable C
     # (comparisons, tests), "off" the core graphs.
     native_kernels: NativeKernelsMode = "auto"
+    # The flow estimator's native twin where native_kernels runs twins; False: its core graph (or OpenVINO).
+    native_estimator: bool = True
 
     def _check_levers(self) -> None:
         if self.decode_lead_tokens is not None and self.decode_lead_tokens < 0:

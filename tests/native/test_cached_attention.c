@@ -1,8 +1,9 @@
 /* Cached chunk-masked attention (cached_attention.h): the portable C against a float64 reference of the contract
  * (new frame i at position C+i sees every cached position and new position C+j iff floor((C+j)/chunk) <=
  * floor((C+i)/chunk)), then every other variant the run may take against the portable C within the bf16 products'
- * tolerance, on edge shapes: no cache, one frame, chunk 1 and chunks longer than the call, frame counts around the
- * 16-lane and 64-frame tiles, odd cache lengths, head sizes the fast kernels hold (16, 32, 64) and others. */
+ * tolerance, on edge shapes: no cache, one frame, chunk 1 and chunks longer than the call (INT64_MAX: full attention,
+ * the mode a non-causal estimator's twin runs in), frame counts around the 16-lane and 64-frame tiles, odd cache
+ * lengths, head sizes the fast kernels hold (16, 32, 64) and others. */
 
 #include "cached_attention.h"
 #include "check.h"
@@ -15,6 +16,7 @@ typedef struct {
 static const shape SHAPES[] = {
     {1, 1, 0, 1, 16, 1},  {1, 5, 0, 2, 16, 2},  {2, 7, 3, 2, 32, 3},    {1, 50, 200, 8, 64, 25}, {1, 64, 10, 1, 64, 100},
     {1, 65, 31, 2, 32, 4}, {2, 70, 17, 2, 16, 7}, {1, 3, 5, 2, 8, 2},   {1, 6, 0, 1, 24, 1000},  {1, 17, 1, 3, 64, 1},
+    {2, 70, 0, 2, 64, INT64_MAX}, {1, 9, 0, 3, 32, INT64_MAX}, /* full attention, no cache: the v1 estimator's */
 };
 
 /* A finite float16 of magnitude 2^-5 .. 2^3, as bits, and its value. */
