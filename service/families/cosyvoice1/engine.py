@@ -124,7 +124,8 @@ class Synthesizer:
             yield_to = gate.first_audio_running if gate is not None and runtime.first_audio_priority else None
             llm = BatchScheduler(runner, max_batch=runtime.max_batch, yield_to=yield_to, meter=meter)
         official = runtime.stream_schedule == "official"
-        schedule = ScheduleConfig.official(loaded.constants) if official else None
+        c = loaded.constants
+        schedule = ScheduleConfig.official(c) if official else ScheduleConfig.default(c, tail=runtime.look_ahead_tail)
         return cls(
             loaded,
             sessions,

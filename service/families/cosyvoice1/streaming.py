@@ -33,10 +33,12 @@ import numpy as np
 from service.bundle import ModelConstants
 from service.engine.acoustic_gate import Pacer
 from service.engine.chunking import Progress, RateMeter, first_audio
+from service.engine.scheduler import EndAware
 from service.families.cosyvoice1.schedule import ScheduleConfig
 from service.families.cosyvoice1.token2wav import ChunkJob, NoiseSource, SentenceState, Token2Wav, WavChunk
 from service.families.cosyvoice1.voice import FlowPrompt, as_flow_prompt
 from service.layers.dsp import StreamingStretch
+from service.layers.mel_stream import TAIL_WAIT_S
 
 MIN_FIRST_AUDIO_FRAMES = 8  # mel frames (93 ms) a streamed first chunk must yield after a tempo change
 
@@ -146,6 +148,18 @@ class _TokenPipe:
             for _ in range(int(self._ready())):
                 self._pull()
 
+    def ended(self, wait_s: float) -> bool:
+        """Whether the LLM will give no more tokens, waiting up to `wait_s` for its next delivery to learn it (a
+        scheduler's stream can tell without taking a token; a plain iterator only once it has run out)."""
+        if self.done:
+            return True
+        if not isinstance(self._it, EndAware):
+            return False
+        t0 = time.perf_counter()
+        over = self._it.ended(wait_s)
+        self.waited_s += time.perf_counter() - t0
+        return over
+
     def take_wait(self) -> float:
         s, self.waited_s = self.waited_s, 0.0
         return s
@@ -173,7 +187,9 @@ def stream_sentence(
     tokens: Iterable[int], prompt: FlowPrompt | np.ndarray, t2w: Token2Wav, ctx: RequestContext
 ) -> Iterator[SpeechChunk]:
     """Stream one sentence: pull tokens, vocode a chunk whenever the schedule's `hop + overlap` are buffered,
-    finalize with the rest once the LLM ends.
+    finalize with the rest once the LLM ends. A chunk whose sentence ends within the schedule's tail after its hop
+    is that last call (`takes_tail`; the end is learned within one decode step, TAIL_WAIT_S, except at a sentence's
+    first chunk, which never waits).
 
     `ctx.speed` != 1 changes the tempo chunk by chunk (StreamingStretch between the flow and the vocoder's mel
     cache); the first hop of `ctx.schedule` must come from `first_hop_for_speed` so that the first chunk still
@@ -191,6 +207,8 @@ def stream_sentence(
             hop = ctx.schedule.next_hop(progress, ctx.meter.rates() if ctx.meter else None).tokens
             if not pipe.fill(hop + ctx.schedule.overlap):
                 break
+            if ctx.schedule.takes_tail(len(pipe.buf) - hop) and pipe.ended(TAIL_WAIT_S if chunks else 0.0):
+                break  # the sentence ends within the tail: this chunk is its last and takes the rest along
             wav = _chunk(tuple(pipe.buf[: hop + ctx.schedule.overlap]), flow_prompt, t2w, state, ctx, first_audio(progress))
             yield SpeechChunk(wav.audio, False, pipe.take_wait(), wav.flow_s, wav.hift_s, hop)
             del pipe.buf[:hop]
