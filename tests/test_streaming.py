@@ -162,6 +162,7 @@ class FakeT2W(Token2Wav):
         speed: float = 1.0,
         n_timesteps: int | None = None,
         between_steps: Any = None,
+        **cores: Any,
     ) -> WavChunk:
         self.windows.append(list(tokens))
         return WavChunk(np.asarray(tokens, dtype=np.float32), 0.0, 0.0)
