@@ -9,7 +9,9 @@ Parts (each in its own process, so peak RSS is per configuration):
   http         the same through a real uvicorn server on a free loopback port, with the default settings
   cloning      a saved voice (10 s prompt) vs a built-in speaker at 1 and 8 clients; prompt analysis time
   listen2      CosyVoice2-0.5B (full-size random-init int8) over HTTP: what a listener hears, defaults and each lever
-Results go to docs/benchmarks/results.json, docs/benchmarks/summary.png and the generated part of docs/benchmarks.md.
+  listen3      Fun-CosyVoice3-0.5B (full-size random-init int8) over HTTP: the same, defaults and its official switches
+Results go to docs/benchmarks/results.json; loadtest/bench_report.py then writes docs/benchmarks.md, its plots and the
+README's per-family tables from that file alone.
 """
 
 from __future__ import annotations
@@ -32,11 +34,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from loadtest.bench_report import write_report  # noqa: E402
-from loadtest.bundles import SCHEMES, bundle_dirs, ensure_bundles, ensure_v2_bundle  # noqa: E402
+from loadtest.bundles import SCHEMES, bundle_dirs, ensure_bundles, ensure_v2_bundle, ensure_v3_bundle  # noqa: E402
 
 PYTHON = sys.executable
 PARTS = (
     "parity", "listen", "quality", "single", "reference", "latency", "concurrency", "http", "cloning", "websocket", "listen2",
+    "listen3",
 )  # fmt: skip
 
 
@@ -184,9 +187,9 @@ def part_listen(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
     return out
 
 
-V2_PARTS = ("listen2",)
-# Requests of listen2's one-client rows with the default settings, where the issue's targets are read: their p50 rested
-# on 3 until session 14 (whose 10 s recording's three TTCAs were 1.51, 1.52 and 1.94 s); the lever rows keep 3.
+V2_PARTS = ("listen2", "listen3")  # parts that build their own bundle (not the v1 ones)
+# Requests of the one-client rows with the default settings, where the targets are read: a p50 of 3 let one slow request
+# decide a headline (docs/perf-log.md); the lever rows keep 3.
 ONE_CLIENT_REQUESTS = 7
 LISTEN2_COMPARE = (  # (label, server settings): each CosyVoice2 lever switched back to the official computation
     ("official schedule: first hop 25 + pad, then 50, 100", ("TTS_ENGINE_PROFILE=stream_schedule=official",)),
@@ -211,6 +214,24 @@ def part_listen2(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
     default = [*cmd, "--levels", "1", "2", "4", "--one-client-requests", str(ONE_CLIENT_REQUESTS)]
     out: dict[str, Any] = {"default": run_json(default)}
     out["compare"] = {label: run_json([*cmd, "--levels", "1", "--env", *env]) for label, env in LISTEN2_COMPARE}
+    return out
+
+
+LISTEN3_COMPARE = (  # (label, server settings): each Fun-CosyVoice3 departure switched back to the official computation
+    ("official schedule and recompute stream", ("TTS_ENGINE_PROFILE=stream_schedule=official",)),
+    ("the whole prompt in the flow (prompt_window_s=all)", ("TTS_ENGINE_PROFILE=prompt_window_s=all",)),
+    ("every generated frame attended to (flow_window_s=all)", ("TTS_ENGINE_PROFILE=flow_window_s=all",)),
+)
+
+
+def part_listen3(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
+    """Fun-CosyVoice3-0.5B over HTTP (full-size random-init int8, 125 forced tokens = 5 s), as listen2: the default
+    settings at 1, 2 and 4 clients for a built-in speaker and saved voices, then each official switch at 1 client."""
+    bundle = ensure_v3_bundle(args.models)
+    cmd = [PYTHON, "loadtest/bench_listen.py", str(bundle), "--per-client", str(args.per_client + 1)]
+    default = [*cmd, "--levels", "1", "2", "4", "--one-client-requests", str(ONE_CLIENT_REQUESTS)]
+    out: dict[str, Any] = {"default": run_json(default)}
+    out["compare"] = {label: run_json([*cmd, "--levels", "1", "--env", *env]) for label, env in LISTEN3_COMPARE}
     return out
 
 
@@ -239,6 +260,7 @@ RUNNERS = {
     "cloning": part_cloning,
     "websocket": part_websocket,
     "listen2": part_listen2,
+    "listen3": part_listen3,
 }
 
 
@@ -278,8 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         runs[part] = {"started": results["machine"]["started"], "cpu": results["machine"]["cpu"]}
         results["machine"]["after_" + part] = machine_state()
         results_path.write_text(json.dumps(results, indent=1) + "\n")  # after every part: a later failure keeps it
-    write_report(results, args.out / "summary.png", args.doc)
-    log(f"wrote {results_path}, {args.out / 'summary.png'} and {args.doc}")
+    write_report(results, args.out, args.doc, REPO / "README.md")
+    log(f"wrote {results_path}, the plots in {args.out}, {args.doc} and the README's tables")
     return 0
 
 

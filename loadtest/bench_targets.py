@@ -1,9 +1,12 @@
-"""The speed issue's targets and the listener's tables (first audio, TTCA, stall) of docs/benchmarks.md."""
+"""The speed targets and the listener tables (first audio, TTCA, stall) of docs/benchmarks.md, from results.json."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
+
+from service.levers import LEVERS
 
 MB_PER_GB = 1000.0
 NOT_RUN = ("not measured in this run", None)
@@ -15,6 +18,10 @@ TTCA_MEANS = (
     "TTCA (time to continuous audio) is the earliest moment a player can start and never have to wait: the largest "
     "(arrival time − seconds of audio received before it) over the pieces of the stream."
 )
+STALL_MEANS = "Stall: seconds a player that starts at the first audio sits silent."
+# Settings some recorded runs were made with, before they became engine levers: what each is called now.
+LEGACY_SETTINGS = {"COSYVOICE_LITE_AMX=0": "native_kernels=no-amx"}
+_RECORDED_SETTING = re.compile(r"\s*\((?:TTS_|COSYVOICE_LITE_)[^)]*\)")
 
 
 def _f(x: float, digits: int = 2) -> str:
@@ -27,14 +34,38 @@ def _table(head: list[str], rows: Iterable[list[str]]) -> list[str]:
     return [*out, ""]
 
 
-def listen_row(results: dict[str, Any], voice: str, clients: int) -> dict[str, Any] | None:
-    """The default-settings listener row of one voice and client count (the listen part), or None."""
-    rows = (results.get("listen") or {}).get("default", {}).get("rows", [])
+def current_setting(env: dict[str, str]) -> str:
+    """The server settings of a recorded run as they are spelled now: levers gathered into one TTS_ENGINE_PROFILE."""
+    levers, others = [], []
+    for name, value in env.items():
+        lever = name.removeprefix("TTS_").lower()
+        if name == "TTS_ENGINE_PROFILE":
+            levers.append(value)
+        elif f"{name}={value}" in LEGACY_SETTINGS:
+            levers.append(LEGACY_SETTINGS[f"{name}={value}"])
+        elif name.startswith("TTS_") and lever in LEVERS:
+            levers.append(f"{lever}={value}")
+        else:
+            others.append(f"{name}={value}")
+    profile = [f"TTS_ENGINE_PROFILE={','.join(levers)}"] if levers else []
+    return " ".join(others + profile)
+
+
+def setup_label(label: str, env: dict[str, str]) -> str:
+    """A comparison row's label without the setting names it was recorded with, then the setting as spelled now."""
+    setting = current_setting(env)
+    plain = _RECORDED_SETTING.sub("", label)
+    return f"{plain} (`{setting}`)" if setting else plain
+
+
+def listen_row(results: dict[str, Any], voice: str, clients: int, part: str = "listen") -> dict[str, Any] | None:
+    """The default-settings listener row of one voice and client count of a listener part, or None."""
+    rows = (results.get(part) or {}).get("default", {}).get("rows", [])
     return next((r for r in rows if r["voice"] == voice and r["clients"] == clients), None)
 
 
 def targets(results: dict[str, Any]) -> list[Target]:
-    """(target, measured, met) for each goal of the speed issue "Speech that plays without gaps", always all of them
+    """(target, measured, met) for each goal of the v1 speed issue "Speech that plays without gaps", always all of them
     (met is None when the part that measures it did not run). Full-size int8 bundle, default settings, HTTP."""
     http = results.get("http") or {}
     levels = {lv["clients"]: lv for lv in http.get("levels", [])}
@@ -82,9 +113,14 @@ def _parity(results: dict[str, Any]) -> tuple[str, bool | None]:
     return (parity["summary"], parity["passed"]) if parity else NOT_RUN
 
 
+def status_lines(title: str, rows: list[Target]) -> list[str]:
+    """A targets table: each target, what was measured, and met / not met / – (not measured)."""
+    table = [[t, m, "**met**" if ok else ("not met" if ok is False else "–")] for t, m, ok in rows]
+    return [title, "", *_table(["target", "measured", "status"], table)]
+
+
 def target_lines(results: dict[str, Any]) -> list[str]:
-    rows = [[t, m, "**met**" if ok else ("not met" if ok is False else "–")] for t, m, ok in targets(results)]
-    return ["### Targets", "", *_table(["target", "measured", "status"], rows)]
+    return status_lines("### Targets", targets(results))
 
 
 def _listen_rows(label: str, run: dict[str, Any]) -> list[list[str]]:
@@ -98,20 +134,16 @@ def _listen_rows(label: str, run: dict[str, Any]) -> list[list[str]]:
     return out
 
 
-def listen_lines(results: dict[str, Any]) -> list[str]:
-    """The headline tables: what a listener hears, default settings first, then the comparison setups."""
-    listen = results.get("listen")
-    if not listen:
+def listener_lines(part: dict[str, Any] | None, title: str) -> list[str]:
+    """What a listener hears: the default settings first, then each comparison setup (with its setting)."""
+    if not part:
         return []
     head = ["setup", "voice", "clients", "requests", "first audio s p50 / max", "TTCA s p50 / max", "stall s p50 / max"]
     head += ["streamed RTF p50", "audio s / wall s"]
-    rows = _listen_rows("default settings", listen["default"])
-    for label, run in listen.get("compare", {}).items():
-        rows += _listen_rows(label, run)
-    tokens = listen["default"].get("tokens", 250)
-    title = f"### What a listener hears: streamed `POST /tts` pcm, a 5 s sentence ({tokens} forced tokens)"
-    stall = "Stall: seconds a player that starts at the first audio sits silent."
-    return [title, "", f"{TTCA_MEANS} {stall}", "", *_table(head, rows)]
+    rows = _listen_rows("default settings", part["default"])
+    for label, run in part.get("compare", {}).items():
+        rows += _listen_rows(setup_label(label, run.get("env") or {}), run)
+    return [title, "", *_table(head, rows)]
 
 
 def v2_targets(results: dict[str, Any]) -> list[Target]:
@@ -139,25 +171,3 @@ def v2_targets(results: dict[str, Any]) -> list[Target]:
         apw = four["audio_per_wall"]
         out.append(("saved voice, 10 s recording, 4 clients: ≥ 1.0 audio s per wall s", f"{_f(apw)} audio s/s", apw >= 1.0))
     return out
-
-
-def listen2_lines(results: dict[str, Any]) -> list[str]:
-    """CosyVoice2-0.5B: the targets of its speed item and what a listener hears, default settings first, then each lever."""
-    listen2 = results.get("listen2")
-    if not listen2:
-        return []
-    status = [[t, m, "**met**" if ok else ("not met" if ok is False else "–")] for t, m, ok in v2_targets(results)]
-    head = ["setup", "voice", "clients", "requests", "first audio s p50 / max", "TTCA s p50 / max", "stall s p50 / max"]
-    head += ["streamed RTF p50", "audio s / wall s"]
-    rows = _listen_rows("default settings", listen2["default"])
-    for label, run in listen2.get("compare", {}).items():
-        rows += _listen_rows(label, run)
-    tokens = listen2["default"].get("tokens", 125)
-    return [
-        "### CosyVoice2-0.5B targets (full-size random-init int8, default settings, HTTP)",
-        "",
-        *_table(["target", "measured", "status"], status),
-        f"### CosyVoice2-0.5B: what a listener hears, streamed `POST /tts` pcm (24 kHz), a 5 s sentence ({tokens} tokens)",
-        "",
-        *_table(head, rows),
-    ]

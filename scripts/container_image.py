@@ -238,7 +238,7 @@ def run_argv(
     ports: tuple[str, str] = ("8000", "50000"),
     user: str | None = None,
 ) -> list[str]:
-    """How the image is meant to run (the README's command): detached, HTTP and gRPC published, read-only root with
+    """How the image is meant to run (docs/deployment.md's command): detached, HTTP and gRPC published, read-only root with
     a tmpfs /tmp (jieba's dictionary cache) and saved voices on a volume. `ports` are host ports or host:port."""
     argv = [engine, "run", "-d", "--name", name, "-p", f"{ports[0]}:8000", "-p", f"{ports[1]}:50000"]
     argv += ["--read-only", "--tmpfs", "/tmp"]  # noqa: S108 (a tmpfs inside the container)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-# Before torch loads OpenMP: spinning workers make torch many times slower on a shared host (docs/benchmarks.md).
+# Before torch loads OpenMP: spinning workers make torch many times slower on a shared host (docs/perf-log.md).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from cv2_reference import environment as env

@@ -1,5 +1,8 @@
-"""Print the settings tables (markdown) from the models: the README's operator settings (Settings) and the engine
-profile's levers (EngineProfile, docs/engine-profile.md): name, type, default, bounds, meaning."""
+"""The settings tables (markdown) from the models: the operator settings (Settings, docs/settings.md) and the engine
+profile's levers (EngineProfile, docs/engine-profile.md): name, type, default, bounds, meaning.
+
+`python scripts/settings_table.py --write` rewrites the table of every page in PAGES; without `--write` it prints the
+operator table."""
 
 from __future__ import annotations
 
@@ -71,14 +74,24 @@ def with_table(text: str, model: type[BaseModel] = Settings) -> str:
     return f"{head}{START}\n{settings_table(model)}\n{END}{tail}"
 
 
-PAGES: dict[str, type[BaseModel]] = {"README.md": Settings, "docs/engine-profile.md": EngineProfile}
+PAGES: dict[str, type[BaseModel]] = {"docs/settings.md": Settings, "docs/engine-profile.md": EngineProfile}
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_pages(named: list[str]) -> None:
+    """Rewrite the tables of the named pages, or of every page in PAGES when none (or none of them) is one of PAGES
+    (the operator table left README.md for docs/settings.md: `--write README.md` now writes every page)."""
+    pages = [page for page in named if page in PAGES] or list(PAGES)
+    for page in named:
+        if page not in PAGES:
+            print(f"{page} has no settings table; writing {', '.join(pages)}", file=sys.stderr)
+    for page in pages:
+        path = REPO / page
+        path.write_text(with_table(path.read_text(encoding="utf-8"), PAGES[page]), encoding="utf-8")
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--write"]:
-        pages = sys.argv[2:] or list(PAGES)
-        for page in pages:
-            path = Path(page)
-            path.write_text(with_table(path.read_text(encoding="utf-8"), PAGES[path.as_posix()]), encoding="utf-8")
+        write_pages(sys.argv[2:])
     else:
         print(settings_table())

@@ -1,7 +1,8 @@
 """The engine profile: the engine's levers (threads per stage, batching, the acoustic gate, the chunk schedule, the
 prompt window, cache budgets, runtimes and kernels, flow steps), apart from the operator settings. One setting,
 TTS_ENGINE_PROFILE, holds them: `lever=value` pairs separated by commas, or `@path` to a TOML file of `lever = value`
-lines. The defaults are what the benchmarks measured best on two cores; docs/engine-profile.md says what each does.
+lines. The defaults are the fastest settings `make bench` found on two cores (docs/perf-log.md); docs/engine-profile.md
+says what each does.
 An unknown lever is refused at start."""
 
 from __future__ import annotations
@@ -63,10 +64,17 @@ class EngineProfile(BaseModel):
     native_kernels: Literal["auto", "no-amx", "portable", "off"] = Field(
         default="auto",
         description="Our own kernels (built by `make native`): 'auto' runs a quantized bundle's native twins where the "
-        "CPU has what their kernels need: the CosyVoice2 flow estimator's attention in bf16 (AVX-512 BF16) and int8 "
-        "products, the LLM decode step's int8 products (AVX-512 VNNI), AMX tiles where present; else ONNX Runtime's "
-        "graphs run; 'no-amx' the same without AMX tiles; 'portable' runs the twins with the kernels' portable C on "
-        "any CPU (comparisons, tests); 'off' always runs ONNX Runtime's graphs.",
+        "CPU has what their kernels need: the CosyVoice2 flow estimator's attention (AVX-512 BF16, else float32 on "
+        "AVX2) and int8 products, the LLM decode step's int8 products (AVX-512 VNNI, else AVX2), AMX tiles where "
+        "present; else ONNX Runtime's graphs run; 'no-amx' the same without AMX tiles; 'portable' runs the twins with "
+        "the kernels' portable C on any CPU (comparisons, tests); 'off' always runs ONNX Runtime's graphs.",
+    )
+    native_on_avx2: bool = Field(
+        default=True,
+        description="Whether 'auto' and 'no-amx' count our kernels' AVX2 code (AVX2 + FMA + F16C: CPUs without "
+        "AVX-512, e.g. AMD Zen 2/3; the attention also on AVX-512 CPUs without BF16) as fast: true runs the native twins "
+        "there; false keeps ONNX Runtime's graphs wherever a twin's deciding kernel would take its AVX2 code (as before "
+        "that code existed).",
     )
     native_estimator: bool = Field(
         default=True,

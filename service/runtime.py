@@ -43,6 +43,7 @@ def runtime_options(s: Settings) -> RuntimeOptions:
         llm_threads=e.llm_threads,
         acoustic_threads=e.acoustic_threads,
         allow_spinning=e.ort_spinning,
+        openvino_shape_cache_entries=s.openvino_shape_cache_entries,
         compiled_cache_dir=s.cache_dir.expanduser() if s.cache_dir is not None else None,
     )
     levers = EngineLevers(
@@ -187,7 +188,7 @@ class Runtime:
             cache.close()
             raise
         # What is loaded now lives until shutdown: keep it out of the cyclic GC, whose full passes over the text
-        # frontend's dictionaries (~300k objects, 100-200 ms with the GIL held) otherwise stall an event loop.
+        # frontend's dictionaries (~300k objects, each pass with the GIL held) otherwise stall an event loop.
         gc.collect()
         gc.freeze()
         first = loaded[0]

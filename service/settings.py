@@ -221,6 +221,14 @@ class Settings(BaseSettings):
         description="Where compiled graphs are kept between starts (OpenVINO's model cache: faster starts, less "
         "memory); `~` is the user's home; empty = none. Unwritable: a warning at start, and no cache.",
     )
+    openvino_shape_cache_entries: int = Field(
+        default=256,
+        ge=0,
+        le=100_000,
+        description="Executors OpenVINO keeps per acoustic graph for input shapes it has seen (least recently used "
+        "dropped first); every chunk length is a shape, so OpenVINO's own default (5000) grew the process by gigabytes; "
+        "0 = rebuild them at every new shape (less memory, slower chunks).",
+    )
     voices_dir: Path = Field(
         default=Path("data/voices"),
         description="Directory of saved voices when TTS_REDIS_URL is empty (created if missing; survives restarts). "

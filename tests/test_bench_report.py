@@ -1,11 +1,13 @@
-"""The benchmark report: every target of the speed issue appears (met / not met / not measured), listener rows first."""
+"""The benchmark report: docs/benchmarks.md and the README's tables come from results.json alone, every target appears
+(met / not met / not measured), listener rows first, a family without rows says it was not measured."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
-from loadtest.bench_report import markdown
+from loadtest.bench_report import NOT_MEASURED, main, markdown, with_readme_tables
 from loadtest.bench_targets import BUILTIN, SAVED_3S, SAVED_10S, targets, v2_targets
 
 
@@ -57,14 +59,14 @@ def test_each_target_fails_on_its_own_figure() -> None:
 def test_unmeasured_targets_are_listed_as_not_measured() -> None:
     rows = targets({})
     assert len(rows) == 7 and all(ok is None for _, _, ok in rows)
-    doc = markdown({}, "summary.png")
+    doc = markdown({})
     assert doc.count("not measured in this run") == 7
 
 
 def test_the_listener_table_leads_and_says_what_ttca_means() -> None:
-    doc = markdown(_results(first=0.65, ttca=1.1, p95=2.9, rss_mb=900, saved_ttca=2.4), "summary.png")
+    doc = markdown(_results(first=0.65, ttca=1.1, p95=2.9, rss_mb=900, saved_ttca=2.4))
     assert doc.index("What a listener hears") < doc.index("Concurrent streams")
-    assert "earliest moment a player can start and never have to wait" in doc
+    assert "earliest moment a player can start and never have to wait" in " ".join(doc.split())  # the method
     assert "| default settings | built-in speaker | 1 | 3 | 0.65 / 0.75 | 1.10 / 1.20 |" in doc
     assert "| ORT | built-in speaker | 1 |" in doc
 
@@ -81,11 +83,12 @@ def test_cosyvoice2_targets_have_their_own_table() -> None:
     missed = v2_targets(_v2(first_10s=1.2, first_3s=0.7, ttca=1.6, four_clients=0.9))
     assert all(ok is False for _, _, ok in missed), missed
     assert all(ok is None for _, _, ok in v2_targets({}))
-    doc = markdown(_v2(first_10s=0.9, first_3s=0.6, ttca=1.4, four_clients=1.1), "summary.png")
-    assert "CosyVoice2-0.5B targets" in doc and "| official | saved voice, 3 s recording | 1 |" in doc
+    doc = markdown(_v2(first_10s=0.9, first_3s=0.6, ttca=1.4, four_clients=1.1))
+    v2 = doc.split("## CosyVoice2-0.5B")[1]
+    assert "### Targets" in v2 and "| official | saved voice, 3 s recording | 1 |" in v2
 
 
-def test_the_header_names_the_cpu_and_which_tables_an_earlier_run_measured(tmp_path: Path) -> None:
+def test_each_family_names_the_run_and_cpu_that_measured_it(tmp_path: Path) -> None:
     from loadtest.bench import cpu_summary
 
     cpuinfo = tmp_path / "cpuinfo"
@@ -94,12 +97,97 @@ def test_the_header_names_the_cpu_and_which_tables_an_earlier_run_measured(tmp_p
     cpu = cpu_summary(cpuinfo, frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}))
     assert cpu == "AMD EPYC (family 26 model 2); avx2 avx512f avx512_vnni avx512_bf16, no amx_tile"
     now, before = "2026-11-29 01:43:47 UTC", "2026-11-20 10:00:00 UTC"
-    results = _results(first=0.65, ttca=1.1, p95=2.9, rss_mb=900, saved_ttca=2.4)
+    results = _results(first=0.65, ttca=1.1, p95=2.9, rss_mb=900, saved_ttca=2.4) | _v2(0.9, 0.6, 1.4, 1.1)
     results["machine"] = {"started": now, "platform": "Linux", "cpu_count": 2, "cpu": cpu}
     results["part_runs"] = {"listen": {"started": now, "cpu": cpu}, "http": {"started": before, "cpu": "Intel Xeon; avx2"}}
-    header = markdown(results, "summary.png").split("### Targets")[0]
-    assert f"2 CPUs ({cpu})" in header
-    assert "Measured in this run: listen." in header
-    assert f"http ({before}, Intel Xeon; avx2)" in header and "parity (before runs were recorded)" in header
-    results["part_runs"] |= {p: {"started": now, "cpu": cpu} for p in ("http", "parity")}
-    assert "Kept from earlier runs" not in markdown(results, "summary.png")
+    doc = markdown(results)
+    assert f"2 CPUs ({cpu})" in doc.split("## CosyVoice-300M")[0]
+    v1 = doc.split("## CosyVoice-300M (v1)")[1].split("### Targets")[0]
+    assert f"Measured by the run started {now} on {cpu} (the latest): listen." in v1
+    assert f"Measured by the run started {before} on Intel Xeon; avx2: http." in v1
+    assert "Measured by a run before runs were recorded: parity." in v1
+    v2 = doc.split("## CosyVoice2-0.5B")[1].split("### Targets")[0]
+    assert "a run before runs were recorded: listen2." in v2
+
+
+def _v3() -> dict[str, Any]:
+    rows = [_heard(BUILTIN, 1, 0.4, 0.7), _heard(SAVED_10S, 1, 0.6, 0.9)]
+    env = {"TTS_ENGINE_PROFILE": "flow_window_s=all"}
+    return {"listen3": {"default": {"rows": rows, "tokens": 125}, "compare": {"all frames": {"rows": rows[1:], "env": env}}}}
+
+
+def test_cosyvoice3_is_not_measured_until_its_rows_exist_then_filled() -> None:
+    before = markdown(_results(first=0.65, ttca=1.1, p95=2.9, rss_mb=900, saved_ttca=2.4))
+    v3 = before.split("## Fun-CosyVoice3-0.5B")[1]
+    assert NOT_MEASURED.format(part="listen3") in v3 and "|" not in v3
+    after = markdown(_v3()).split("## Fun-CosyVoice3-0.5B")[1]
+    assert "| default settings | saved voice, 10 s recording | 1 | 3 | 0.60 / 0.70 | 0.90 / 1.00 |" in after
+    assert "| all frames (`TTS_ENGINE_PROFILE=flow_window_s=all`) | saved voice, 10 s recording |" in after
+    assert "![Fun-CosyVoice3-0.5B](benchmarks/cosyvoice3.png)" in after
+
+
+def test_settings_recorded_under_old_names_are_shown_as_they_are_spelled_now() -> None:
+    part = {"default": {"rows": []}, "compare": {}}
+    for label, env in (
+        ("ORT (TTS_ACOUSTIC_BACKEND=ort)", {"TTS_ACOUSTIC_BACKEND": "ort"}),
+        ("no tiles (COSYVOICE_LITE_AMX=0; the default without AMX)", {"COSYVOICE_LITE_AMX": "0"}),
+    ):
+        part["compare"][label] = {"rows": [_heard(BUILTIN, 1, 0.5, 1.0)], "env": env}
+    doc = markdown({"listen2": part})
+    assert "| ORT (`TTS_ENGINE_PROFILE=acoustic_backend=ort`) | built-in speaker |" in doc
+    assert "| no tiles (`TTS_ENGINE_PROFILE=native_kernels=no-amx`) | built-in speaker |" in doc
+    assert "TTS_ACOUSTIC_BACKEND" not in doc and "COSYVOICE_LITE_AMX" not in doc
+
+
+def test_the_generator_writes_the_same_files_from_a_results_fixture(tmp_path: Path) -> None:
+    """`python loadtest/bench_report.py` on a small results.json: the whole doc and each README block, twice the same."""
+    results = _results(first=0.65, ttca=1.1, p95=2.9, rss_mb=900, saved_ttca=2.4) | _v2(0.9, 0.6, 1.4, 1.1)
+    results["part_runs"] = {p: {"started": "2026-11-29 01:58:23 UTC", "cpu": "AMD EPYC; avx512_vnni"} for p in results}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    readme = tmp_path / "README.md"
+    blocks = "".join(f"<!-- bench:cosyvoice{n} -->\nstale\n<!-- /bench -->\n" for n in (1, 2, 3))
+    readme.write_text("# x\n" + blocks)
+    argv = ["--results", str(tmp_path / "results.json"), "--doc", str(tmp_path / "b.md"), "--readme", str(readme)]
+    assert main([*argv, "--no-plots"]) == 0
+    doc, text = (tmp_path / "b.md").read_text(), readme.read_text()
+    assert main([*argv, "--no-plots"]) == 0
+    assert (tmp_path / "b.md").read_text() == doc and readme.read_text() == text
+    assert doc == markdown(results) and "stale" not in text
+    assert "| built-in speaker | 1 | 0.65 s | 1.10 s | 0.45 s | 1.00 |" in text.split("<!-- bench:cosyvoice1 -->")[1]
+    assert "`make bench`, 2026-11-29, on AMD EPYC with avx512_vnni." in text
+    assert NOT_MEASURED.format(part="listen3") in text.split("<!-- bench:cosyvoice3 -->")[1]
+    assert doc.index("## Method") < doc.index("## CosyVoice-300M") < doc.index("## CosyVoice2") < doc.index("## Fun-CosyVoice3")
+
+
+def test_the_committed_report_is_what_the_generator_writes_from_the_committed_results() -> None:
+    repo = Path(__file__).resolve().parents[1]
+    results = json.loads((repo / "docs" / "benchmarks" / "results.json").read_text(encoding="utf-8"))
+    assert (repo / "docs" / "benchmarks.md").read_text(encoding="utf-8") == markdown(results), "run loadtest/bench_report.py"
+    readme = (repo / "README.md").read_text(encoding="utf-8")
+    assert with_readme_tables(readme, results) == readme, "run: python loadtest/bench_report.py"
+    assert readme.count("<!-- /bench -->") == 3
+
+
+def test_the_cosyvoice3_part_runs_the_listener_bench_with_real_levers(monkeypatch: Any, tmp_path: Path) -> None:
+    """`make bench`'s listen3 part: the default settings at 1, 2 and 4 clients (7 one-client requests), then each switch
+    at 1 client; every switch is a lever the engine profile accepts (as are listen2's)."""
+    import argparse
+
+    from loadtest import bench
+    from service.levers import LEVERS, parse_profile
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(bench, "ensure_v3_bundle", lambda models: tmp_path / "full-random-cosyvoice3-int8")
+    monkeypatch.setattr(bench, "run_json", lambda cmd, env=None: calls.append(cmd) or {"rows": []})
+    out = bench.part_listen3({}, argparse.Namespace(models=tmp_path, per_client=2))
+    assert "listen3" in bench.PARTS and bench.RUNNERS["listen3"] is bench.part_listen3
+    default, *compare = calls
+    assert default[1:3] == ["loadtest/bench_listen.py", str(tmp_path / "full-random-cosyvoice3-int8")]
+    assert default[-6:] == ["--levels", "1", "2", "4", "--one-client-requests", "7"] and "--per-client" in default
+    assert set(out["compare"]) == {label for label, _ in bench.LISTEN3_COMPARE} and len(compare) == len(bench.LISTEN3_COMPARE)
+    for _, env in (*bench.LISTEN2_COMPARE, *bench.LISTEN3_COMPARE):
+        for setting in env:
+            name, _, value = setting.partition("=")
+            assert name == "TTS_ENGINE_PROFILE", setting
+            profile = parse_profile(value)
+            assert isinstance(profile, dict) and set(profile) <= set(LEVERS), setting

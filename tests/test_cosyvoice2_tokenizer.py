@@ -163,7 +163,7 @@ class NoHF:
         return None
 
 sys.meta_path.insert(0, NoHF())
-from service.families.cosyvoice2.tokenizer import Qwen2Tokenizer
+from service.layers.qwen_tokenizer import Qwen2Tokenizer
 from service.families.cosyvoice2.verify import verify_tokenizer
 
 checks = list(verify_tokenizer(Qwen2Tokenizer.load(sys.argv[1]), Path(sys.argv[2])))

@@ -1,4 +1,4 @@
-"""docker/Dockerfile without a Docker engine: its install steps are the README's, and replaying the runtime stage works."""
+"""docker/Dockerfile without a Docker engine: its install steps are docs/install.md's, and replaying the runtime stage works."""
 
 from __future__ import annotations
 
@@ -109,15 +109,19 @@ def install_commands(stage: Stage) -> list[str]:
     return [c for c in run_commands(stage) if INSTALL_COMMAND.match(c)]
 
 
-def readme_install_commands() -> list[str]:
-    """Install commands of the README code block that installs requirements-lite.txt."""
-    blocks = re.findall(r"```[a-z]*\n(.*?)```", (REPO / "README.md").read_text(encoding="utf-8"), re.S)
+INSTALL_PAGE = REPO / "docs" / "install.md"  # prerequisites, install without make, export
+DEPLOYMENT_PAGE = REPO / "docs" / "deployment.md"  # the container commands
+
+
+def documented_install_commands() -> list[str]:
+    """Install commands of the docs/install.md code block that installs requirements-lite.txt."""
+    blocks = re.findall(r"```[a-z]*\n(.*?)```", INSTALL_PAGE.read_text(encoding="utf-8"), re.S)
     found = [
         [line.strip() for line in block.splitlines() if INSTALL_COMMAND.match(line.strip())]
         for block in blocks
         if "-r requirements-lite.txt" in block
     ]
-    assert len(found) == 1, "the README should document the install commands in one code block (see its deployment section)"
+    assert len(found) == 1, "docs/install.md should document the install commands in one code block (install without make)"
     return found[0]
 
 
@@ -176,10 +180,10 @@ def copy_pairs(copy_args: str) -> list[tuple[str, str]]:
     return [(source, dest) for source, made_at in made if made_at.rstrip("/") == stage_path]
 
 
-def test_runtime_install_steps_are_exactly_the_readme_install_steps() -> None:
+def test_runtime_install_steps_are_exactly_the_documented_install_steps() -> None:
     docker = install_commands(DOCKER.runtime)
     assert any("-r requirements-lite.txt" in c for c in docker), "the runtime stage does not install requirements-lite.txt"
-    assert docker == readme_install_commands(), "docker/Dockerfile and the README install differently"
+    assert docker == documented_install_commands(), "docker/Dockerfile and docs/install.md install differently"
     assert docker == make_install_commands(), "docker/Dockerfile and `make run` install differently"
 
 
@@ -219,9 +223,9 @@ def test_the_runtime_user_shares_group_0_with_arbitrary_uids() -> None:
     assert DOCKER.global_args["PYTHON_IMAGE"] == container_image.OFFICIAL_BASE
 
 
-def test_the_readme_container_commands_are_the_ones_the_image_test_runs() -> None:
+def test_the_documented_container_commands_are_the_ones_the_image_test_runs() -> None:
     """tests/test_image.py builds with container_image.build_argv, runs with run_argv and stops with stop_argv."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    page = DEPLOYMENT_PAGE.read_text(encoding="utf-8")
     for engine in ("docker", "podman"):
         commands = [
             container_image.build_argv(engine, container_image.IMAGE),
@@ -230,8 +234,8 @@ def test_the_readme_container_commands_are_the_ones_the_image_test_runs() -> Non
             container_image.stop_argv(engine),
         ]
         for argv in commands:
-            assert shlex.join(argv) in readme, f"the README does not give: {shlex.join(argv)}"
-    assert "podman healthcheck run tts" in readme
+            assert shlex.join(argv) in page, f"docs/deployment.md does not give: {shlex.join(argv)}"
+    assert "podman healthcheck run tts" in page
 
 
 def makefile_default(name: str) -> str:
@@ -240,7 +244,7 @@ def makefile_default(name: str) -> str:
     return found[0]
 
 
-def test_torch_index_is_one_variable_shared_by_makefile_dockerfile_and_readme() -> None:
+def test_torch_index_is_one_variable_shared_by_makefile_dockerfile_and_docs() -> None:
     url = makefile_default("TORCH_INDEX_URL")
     assert re.fullmatch(r"https://\S+/cpu", url), f"TORCH_INDEX_URL should default to a CPU wheel index, not {url}"
 
@@ -255,9 +259,9 @@ def test_torch_index_is_one_variable_shared_by_makefile_dockerfile_and_readme() 
     assert len(dev_install) == 1 and other in dev_install[0], "the install that brings torch does not use TORCH_INDEX_URL"
     assert not any(url in line for line in make_dry_run(".venv/.lite")), "`make run` should not need the torch index"
 
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert f"TORCH_INDEX_URL ?= {url}" in readme or f"TORCH_INDEX_URL={url}" in readme, "the README should give the default"
-    assert "--build-arg TORCH_INDEX_URL=" in readme and "make export TORCH_INDEX_URL=" in readme
+    page = INSTALL_PAGE.read_text(encoding="utf-8")
+    assert f"TORCH_INDEX_URL ?= {url}" in page or f"TORCH_INDEX_URL={url}" in page, "docs/install.md should give the default"
+    assert "--build-arg TORCH_INDEX_URL=" in page and "make export TORCH_INDEX_URL=" in page
 
 
 def test_every_copied_path_exists_and_is_in_the_build_context() -> None:
@@ -385,4 +389,4 @@ def test_make_run_passes_the_grpc_port_as_it_passes_the_http_port() -> None:
     assert "TTS_PORT=8000 TTS_GRPC_PORT=50000 " in make_run_command()
     assert "TTS_PORT=9000 TTS_GRPC_PORT=50001 " in make_run_command("PORT=9000", "GRPC_PORT=50001")
     assert "TTS_GRPC_PORT=0 " in make_run_command("GRPC_PORT=0")
-    assert "TTS_GRPC_PORT=0 " in make_run_command(TTS_GRPC_PORT="0"), "the README's `TTS_GRPC_PORT=0 make run` still works"
+    assert "TTS_GRPC_PORT=0 " in make_run_command(TTS_GRPC_PORT="0"), "`TTS_GRPC_PORT=0 make run` still works"

@@ -1,5 +1,6 @@
-"""examples/stream_client.py and examples/dashscope_client.py as the README runs them (no --voice), against both
-model families: they ask the server for a voice, and on CosyVoice2 (no built-in speakers) say how to save one."""
+"""examples/stream_client.py and examples/dashscope_client.py as docs/websocket.md and docs/dashscope.md run them (no
+--voice), against both model families: they ask the server for a voice, and on CosyVoice2 (no built-in speakers) say
+how to save one."""
 
 from __future__ import annotations
 

@@ -84,7 +84,7 @@ class Engine:
 
 
 class Container:
-    """A container of the image, run as the README runs it (ci.run_argv) on free loopback ports; removed by its name."""
+    """A container of the image, run as docs/deployment.md runs it (ci.run_argv) on free loopback ports; removed by its name."""
 
     def __init__(self, engine: Engine, image: str, volume: str, user: str | None = None) -> None:
         self.engine, self.image, self.volume, self.user = engine, image, volume, user
@@ -183,7 +183,7 @@ def volume_name() -> str:
 
 @pytest.fixture(scope="module")
 def server(engine: Engine, image: str, measured: dict[str, Any]) -> Iterator[Container]:
-    """One container as the README runs it, shared by the checks that do not stop it."""
+    """One container as docs/deployment.md runs it, shared by the checks that do not stop it."""
     container = Container(engine, image, volume_name())
     try:
         measured["ready_s"] = round(container.run(), 1)

@@ -208,8 +208,16 @@ def test_the_probe_reports_the_int8_kernel(native_library: Path) -> None:
     flags = native.cpu_features(native_library)
     assert flags is not None
     has_vnni = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags
-    assert probe.usable == has_vnni
-    assert probe.variant in ("avx512_vnni", "amx_int8") if has_vnni else "avx512_vnni" in probe.reason
+    has_avx2 = {"avx2", "fma", "f16c"} <= flags
+    assert probe.usable == (has_vnni or has_avx2)
+    if has_vnni:
+        assert probe.variant in ("avx512_vnni", "amx_int8")
+    elif has_avx2:  # no AVX-512 VNNI: the AVX2 code (this host's, AMD Zen 3)
+        assert probe.variant == "avx2"
+        off = native.probe(native_library, kernel="Int8MatMul", avx2=False)  # native_on_avx2=false
+        assert not off.usable and "native_on_avx2=false" in off.reason and "avx512_vnni" in off.reason
+    else:
+        assert "avx2, fma, f16c (Int8MatMul's avx2)" in probe.reason
     forced = native.probe(native_library, kernel="Int8MatMul", kernels="portable")
     assert forced.usable and forced.variant == "portable"  # asked for: the twins then run the portable C
 

@@ -60,7 +60,7 @@ def create_app(
     """
     settings = settings or Settings()
     for name in unknown_env_vars(os.environ):
-        log.warning("ignoring unknown setting %s (not a TTS_* setting; see the README settings table)", name)
+        log.warning("ignoring unknown setting %s (not a TTS_* setting; see docs/settings.md)", name)
     for old, new in RENAMED.items():
         if old in os.environ:
             log.warning("%s is the old name of %s; it is still read, but rename it", old, new)

@@ -15,7 +15,7 @@ from typing import Protocol
 
 @dataclass(frozen=True)
 class Rates:
-    """What this engine costs on this host, as measured (see RateMeter): seconds per unit of work.
+    """What this engine costs where it runs, as measured while serving (see RateMeter): seconds per unit of work.
 
     token_s: interval between two tokens of one stream (decode step under the current load, pauses included).
     solver_frame_s: flow seconds per solver frame of a chunk (all Euler steps; prompt frames count).

@@ -7,7 +7,10 @@ import ctypes.util
 import functools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def lower_thread_priority(nice: int) -> None:
@@ -54,3 +57,15 @@ def release_free_memory() -> None:
     trim = _glibc_function("malloc_trim")
     if trim is not None:
         trim(0)
+
+
+def released_after(chunks: Iterator[T]) -> Iterator[T]:
+    """The chunks of one request; once it ends (done, failed, cancelled or dropped), freed heap goes back to the OS.
+
+    Without it glibc keeps the pages of each request's freed activations: the resident size stays 20-100 MB per
+    finished request higher (tiny bundles) and creeps up. The trim (~5 ms) runs after the last chunk was handed over.
+    """
+    try:
+        yield from chunks
+    finally:
+        release_free_memory()

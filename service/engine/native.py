@@ -4,10 +4,11 @@ what it says of this CPU, and which of its code paths run here.
 The library holds ONNX Runtime custom operators (native/README.md): cosyvoice_lite.Int8MatMul and CachedAttention
 (the kit's) and EstimatorBlock and Qwen2Layer (fused layers), used by the native twins of quantized bundles
 (service.bundle GROUP_NATIVE). Its one CPU probe (native/cpu.c) answers for C and for this module; each operator has a
-table of variants (portable, AVX-512 ..., AMX) and says which one it takes under a ceiling (`KernelsCeiling`, from
+table of variants (portable, AVX2, AVX-512 ..., AMX) and says which one it takes under a ceiling (`KernelsCeiling`, from
 the engine lever native_kernels), which reaches the kernels as a session config entry (`session_config`). A twin runs where its
-deciding kernels have a fast variant here (`KERNELS_OF_GRAPH`), or everywhere with the portable C when asked;
-elsewhere, and where the library is not built or the installed ONNX Runtime is too old for it, the core graph runs.
+deciding kernels have a fast variant here (`KERNELS_OF_GRAPH`: any but the portable C; the AVX2 ones unless the engine
+lever native_on_avx2 is off), or everywhere with the portable C when asked; elsewhere, and where the library is not
+built or the installed ONNX Runtime is too old for it, the core graph runs.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ CEILING_CONFIG_KEY = "cosyvoice_lite.kernels"  # the session config entry the ke
 # The graph input of a step twin that splits a decode step's int8 products into tasks (export/native_twin.py): an
 # initializer of value 1 the caller may override per run (DecodeSpread).
 SPREAD_INPUT = "decode_spread"
+# The variant name of the kernels' AVX2 code (AVX2, FMA, F16C: the fast variant of CPUs without AVX-512).
+AVX2_VARIANT = "avx2"
 # The operators whose fast variant decides whether a graph's twin pays here (service.bundle NATIVE_GRAPHS): the
-# estimator's attention (bf16) and its int8 products, the decode step's int8 products.
+# estimator's attention (bf16, or float32 on AVX2) and its int8 products, the decode step's int8 products.
 KERNELS_OF_GRAPH: dict[str, tuple[str, ...]] = {
     "flow_estimator": ("CachedAttention", "Int8MatMul"),
     "llm_step": ("Int8MatMul",),
@@ -96,10 +99,11 @@ def runtime_refusal(path: Path = LIBRARY_PATH) -> str:
     return ""
 
 
-def _missing(lib: Any, op: str, have: int) -> str:
-    """The features the first fast variant of `op` needs and `have` lacks ("avx512_vnni, ..."; its name after)."""
+def _missing(lib: Any, op: str, have: int, first: int = 1) -> str:
+    """The features variant `first` of `op` (1: its first fast one) needs and `have` lacks ("avx2, ..."; its name
+    after)."""
     needs = ctypes.c_uint32()
-    name = lib.cvl_op_variant_at(op.encode(), 1, ctypes.byref(needs))
+    name = lib.cvl_op_variant_at(op.encode(), first, ctypes.byref(needs))
     if name is None:
         return "a fast variant"
     return f"{', '.join(_names(lib, needs.value & ~have))} ({op}'s {name.decode()})"
@@ -107,10 +111,15 @@ def _missing(lib: Any, op: str, have: int) -> str:
 
 @functools.lru_cache(maxsize=32)
 def probe(
-    path: Path = LIBRARY_PATH, head_dim: int = 64, kernel: str = "CachedAttention", kernels: KernelsCeiling = "auto"
+    path: Path = LIBRARY_PATH,
+    head_dim: int = 64,
+    kernel: str = "CachedAttention",
+    kernels: KernelsCeiling = "auto",
+    avx2: bool = True,
 ) -> NativeKernels:
     """Load the library once and ask which variant operator `kernel` takes here under the ceiling `kernels` (for a
-    head size `head_dim` where that matters): usable where it is a fast one, or the portable C when that was asked."""
+    head size `head_dim` where that matters): usable where it is a fast one (its AVX2 code only with `avx2`: the engine
+    lever native_on_avx2), or the portable C when that was asked."""
     if not path.is_file():
         return NativeKernels(None, f"{path.name} is not built ({BUILD_HINT})")
     try:
@@ -128,6 +137,9 @@ def probe(
     if variant == b"portable" and kernels != "portable":
         why = "this CPU lacks" if kernels == "auto" else f"TTS_ENGINE_PROFILE=native_kernels={kernels} leaves out"
         return NativeKernels(None, f"{why} {_missing(lib, kernel, have)}")
+    if variant.decode() == AVX2_VARIANT and not avx2:
+        lever = "TTS_ENGINE_PROFILE=native_on_avx2=false"
+        return NativeKernels(None, f"{lever} leaves out {kernel}'s avx2 and this CPU lacks {_missing(lib, kernel, have, 2)}")
     return NativeKernels(path, "", variant.decode())
 
 

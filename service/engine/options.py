@@ -22,8 +22,8 @@ GRAPH_OPTIMIZATION: tuple[str, ...] = ("all", "extended", "basic", "disabled")
 # the others run once per request or chunk, where the second copy of their weights (40-100 MB) is not
 # worth the few milliseconds it saves.
 PREPACKED_GRAPHS: frozenset[str] = frozenset({"llm_step", "flow_estimator", "hift_decode", "hift_f0"})
-# Graphs OpenVINO may run (acoustic_backend): measured faster in bf16 than ORT runs them (estimator int8: 1.5x,
-# HiFT decode fp32: 1.6x, on AVX-512 BF16). The LLM step stays on ORT (OpenVINO was 2x slower there).
+# Graphs OpenVINO may run (acoustic_backend): faster in bf16 than ORT runs them where the CPU computes bf16 natively;
+# the LLM step stays on ORT, which runs it faster (docs/perf-log.md).
 OPENVINO_GRAPHS: frozenset[str] = frozenset({"flow_estimator", "hift_decode", "hift_f0"})
 
 
@@ -58,13 +58,16 @@ class SessionOptions:
     allow_spinning: bool = False
     log_severity: int = 3  # 0 verbose .. 4 fatal
     # Return a flow/HiFT session's unused arena memory after each call: their activation peaks (HiFT ~120 MB
-    # for 5 s of audio) then do not stay resident side by side; measured at no cost in speed.
+    # for 5 s of audio) then do not stay resident side by side, at no cost in speed (docs/perf-log.md).
     shrink_acoustic_arenas: bool = True
     # glibc malloc arenas for the whole process (see limit_malloc_arenas); 0 keeps glibc's default.
     malloc_arenas: int = 2
     # Where OpenVINO keeps compiled graphs (imported at every start after the first: faster, and 0.19 GB less resident
     # for the full-size estimator); None: compile in this process at every start.
     compiled_cache_dir: Path | None = None
+    # Executors OpenVINO keeps per acoustic graph for input shapes seen before (ov_session.SHAPE_CACHE_ENTRIES): its
+    # own default, 5000, grows the process by gigabytes as chunk lengths vary; 0 rebuilds them at every new shape.
+    openvino_shape_cache_entries: int = 256
 
     def _check_sessions(self) -> None:
         stage_threads = [t for t in (self.llm_threads, self.acoustic_threads) if t is not None]
@@ -76,8 +79,8 @@ class SessionOptions:
             raise ValueError(f"graph_optimization must be one of {sorted(GRAPH_OPTIMIZATION)}")
         if not 0 <= self.log_severity <= 4:
             raise ValueError("log_severity must be in 0..4")
-        if self.malloc_arenas < 0:
-            raise ValueError("malloc_arenas must be >= 0")
+        if self.malloc_arenas < 0 or self.openvino_shape_cache_entries < 0:
+            raise ValueError("malloc_arenas and openvino_shape_cache_entries must be >= 0")
 
     def threads_for(self, stage: Stage) -> int:
         """Intra-op threads of the sessions of one stage."""
@@ -134,6 +137,9 @@ class EngineLevers:
     native_kernels: NativeKernelsMode = "auto"
     # The flow estimator's native twin where native_kernels runs twins; False: its core graph (or OpenVINO).
     native_estimator: bool = True
+    # Whether "auto" and "no-amx" count a kernel's AVX2 code (no AVX-512) as a fast variant; False: such hosts run the
+    # core graphs, as before the AVX2 kernels existed.
+    native_on_avx2: bool = True
 
     def _check_levers(self) -> None:
         if self.decode_lead_tokens is not None and self.decode_lead_tokens < 0:

@@ -22,6 +22,12 @@ from service.errors import BundleError
 
 OVPrecision = Literal["bf16", "f32"]
 COMPILE_TIMEOUT_S = 600
+# Entries of OpenVINO's CPU runtime cache per compiled graph: the executors it built for each input shape, least
+# recently used dropped first. The acoustic graphs see a new length at almost every chunk, and OpenVINO's own default
+# (5000 entries, ~200 lengths of a HiFT graph) let one tiny-bundle HiFT graph grow the process by 1.3 GB over 200
+# lengths; with 256, by 0.22 GB, most of it oneDNN's primitive cache (1,024 kernels per process, bounded by oneDNN),
+# which keeps rebuilding an executor for a length seen before cheap.
+SHAPE_CACHE_ENTRIES = 256
 log = logging.getLogger(__name__)
 
 
@@ -61,11 +67,15 @@ def native_bf16() -> bool:
     return "BF16" in {str(c).upper() for c in capabilities}
 
 
-def compile_config(threads: int, precision: OVPrecision, cache_dir: Path | None = None) -> dict[str, Any]:
+def compile_config(
+    threads: int, precision: OVPrecision, cache_dir: Path | None = None, shape_cache_entries: int = SHAPE_CACHE_ENTRIES
+) -> dict[str, Any]:
+    """The CPU plugin's options for one acoustic graph (the model cache's key does not depend on `shape_cache_entries`)."""
     config: dict[str, Any] = {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": precision}
+    config["CPU_RUNTIME_CACHE_CAPACITY"] = shape_cache_entries
     config["PERFORMANCE_HINT"] = "LATENCY"
     # unpinned, its threads move to whichever core the LLM's ONNX Runtime threads leave free (pinned, a thread waits
-    # for its own core while another is idle; measured 5-10 % slower with the decode step running beside it)
+    # for its own core while another is idle, which is slower with the decode step running beside it)
     config["ENABLE_CPU_PINNING"] = False
     if cache_dir is not None:
         config["CACHE_DIR"] = str(cache_dir)
@@ -103,12 +113,21 @@ class OpenVINOSession:
     """A graph compiled by OpenVINO's CPU plugin, called like an onnxruntime InferenceSession (`run`).
 
     Thread-safe: each concurrent call takes its own infer request from a pool (one is created per extra caller).
-    With a `cache_dir` (see warm_cache) the compiled graph is imported from OpenVINO's model cache.
+    With a `cache_dir` (see warm_cache) the compiled graph is imported from OpenVINO's model cache. What it keeps for
+    input shapes seen before is bounded by `shape_cache_entries` (see SHAPE_CACHE_ENTRIES).
     """
 
-    def __init__(self, path: Path, threads: int, precision: OVPrecision, cache_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        threads: int,
+        precision: OVPrecision,
+        cache_dir: Path | None = None,
+        shape_cache_entries: int = SHAPE_CACHE_ENTRIES,
+    ) -> None:
+        config = compile_config(threads, precision, cache_dir, shape_cache_entries)
         try:
-            self._compiled = _core().compile_model(str(path), "CPU", compile_config(threads, precision, cache_dir))
+            self._compiled = _core().compile_model(str(path), "CPU", config)
         except RuntimeError as e:
             raise BundleError(f"{path}: OpenVINO cannot compile this graph: {e}") from e
         self.path = path

@@ -30,7 +30,8 @@ def graph_runtime(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> Graph
 
     A graph runs as its native twin on ORT with our kernels when the bundle has the twin, native_kernels is not "off"
     (nor native_estimator False, for the estimator) and the library has a fast variant of the twin's deciding kernels
-    here under that ceiling (native.KERNELS_OF_GRAPH), or the ceiling is "portable". Else OpenVINO runs
+    here under that ceiling (native.KERNELS_OF_GRAPH; their AVX2 code counts unless native_on_avx2 is off), or the
+    ceiling is "portable". Else OpenVINO runs
     OPENVINO_GRAPHS when asked (or on "auto" where bf16 is native), from floating-point weights: the graph itself, or
     the float twin of a quantized graph; a quantized graph without a twin stays on ORT.
     """
@@ -60,7 +61,7 @@ def native_twin(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> GraphRu
     path = bundle.native_graph_path(name)
     if path is None or ceiling == "off" or (name == "flow_estimator" and not opts.native_estimator):
         return None
-    kernels = _native_kernels(name, ceiling)
+    kernels = _native_kernels(name, ceiling, opts.native_on_avx2)
     if not kernels.usable:
         return None
     entry = bundle.manifest.graphs[name + NATIVE_SUFFIX]
@@ -80,7 +81,7 @@ def native_kernels_note(bundle: ModelBundle, opts: RuntimeOptions) -> str | None
         if name == "flow_estimator" and not opts.native_estimator:
             parts.append(f"{name} on its core graph (TTS_ENGINE_PROFILE=native_estimator=false)")
             continue
-        kernels = _native_kernels(name, ceiling)
+        kernels = _native_kernels(name, ceiling, opts.native_on_avx2)
         what = ", ".join(_kernel_note(op, ceiling) for op in native.KERNELS_OF_GRAPH[name])
         parts.append(f"{name} runs {what}" if kernels.usable else f"{name} on ONNX Runtime's graph ({kernels.reason})")
     return f"native kernels ({native.LIBRARY_PATH.name}, {ceiling}): {'; '.join(parts)}"
@@ -94,11 +95,12 @@ def _kernel_note(op: str, ceiling: native.KernelsCeiling) -> str:
     return f"{_OP_NOTE.get(op, op)}: {native.probe(kernel=op, kernels=ceiling).variant}"
 
 
-def _native_kernels(name: str, ceiling: native.KernelsCeiling) -> native.NativeKernels:
+def _native_kernels(name: str, ceiling: native.KernelsCeiling, avx2: bool = True) -> native.NativeKernels:
     """Whether our library has a fast variant of every deciding kernel of graph `name`'s twin here under `ceiling` (any
-    variant under "portable"): the first one that has not, or the library. (The attention's fast variants take the
-    head sizes our families use; another size runs its portable code, with the same results.)"""
-    probes = [native.probe(kernel=k, kernels=ceiling) for k in native.KERNELS_OF_GRAPH[name]]
+    variant under "portable"; the AVX2 ones only with `avx2`): the first one that has not, or the library. (The
+    attention's fast variants take the head sizes our families use; another size runs its portable code, with the same
+    results.)"""
+    probes = [native.probe(kernel=k, kernels=ceiling, avx2=avx2) for k in native.KERNELS_OF_GRAPH[name]]
     return next((p for p in probes if not p.usable), probes[0])
 
 
@@ -110,14 +112,15 @@ def open_openvino(runtime: GraphRuntime, opts: RuntimeOptions, name: str) -> Any
     cache = opts.compiled_cache_dir
     if cache is not None:
         cache = warm_cache(runtime.path, runtime.fingerprint, threads, precision, cache)
+    entries = opts.openvino_shape_cache_entries
     if opts.acoustic_nice <= 0:
-        return OpenVINOSession(runtime.path, threads, precision, cache)
+        return OpenVINOSession(runtime.path, threads, precision, cache, entries)
     result: dict[str, Any] = {}
 
     def target() -> None:  # compiled at lower priority: OpenVINO's worker threads inherit it
         lower_thread_priority(opts.acoustic_nice)
         try:
-            result["session"] = OpenVINOSession(runtime.path, threads, precision, cache)
+            result["session"] = OpenVINOSession(runtime.path, threads, precision, cache, entries)
         except BundleError as e:
             result["error"] = e
 

@@ -11,7 +11,7 @@ from service.frontend.rules_en import en_rules
 from service.frontend.rules_zh import ZH_LATE_RULES, ZH_RULES
 from service.frontend.steps import spell_out_number, zh_cleanup
 
-WETEXT_CHUNK_CHARS = 200  # wetext costs ~0.1 ms per character; bounded chunks keep it linear in the text length
+WETEXT_CHUNK_CHARS = 200  # wetext is slow per character; bounded chunks keep its cost linear in the text length
 _BOUNDARIES = frozenset("。！？；!?;\n")
 _SOFT_CUTS = frozenset(" ，,、：:")
 _MIN_RETRY_CHARS = 8

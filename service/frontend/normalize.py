@@ -40,7 +40,7 @@ class OfficialNormalizer:
         self._words = inflect_number_words(self._inflect)
         self._wetext_lock = threading.Lock()
         self._inflect_lock = threading.Lock()
-        # inflect is slow (~0.1 ms a call) and texts repeat small numbers; a bounded memo keeps long inputs cheap.
+        # inflect is slow and texts repeat small numbers; a bounded memo keeps long inputs cheap (docs/perf-log.md).
         self._memo_words = functools.lru_cache(maxsize=4096)(self._locked_words)
 
     def wetext(self, text: str, zh: bool) -> str:

@@ -38,8 +38,8 @@ def jieba_dictionary() -> Path:
 def _anonymous(n: int, dtype: type[np.generic]) -> np.ndarray[Any, Any]:
     """A zeroed array in its own private anonymous mapping, outside the malloc heap.
 
-    Allocated by numpy (malloc), the table lands between the build's temporaries on the heap and keeps ~15 MB of
-    them resident after they are freed (measured: the build adds 21 MB instead of 5 MB).
+    Allocated by numpy (malloc), the table lands between the build's temporaries on the heap and keeps pages of
+    them resident after they are freed; in a mapping of its own it does not (docs/perf-log.md).
     """
     size = n * np.dtype(dtype).itemsize
     return np.frombuffer(mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE), dtype=dtype, count=n)

@@ -24,8 +24,8 @@ log = logging.getLogger(__name__)
 # (HopSchedule.vocoder_takes_cores); the wide width is the estimator's, its two guidance rows side by side.
 WIDE_HIFT_DECODE = "hift_decode/wide"
 WIDE_THREADS = 2
-# Tasks a decode step's int8 products are split into while the acoustic gate is idle (native.DecodeSpread):
-# full size, batch 1, two threads, 14.4-15.2 against 16.9-17.0 ms a step in a stream (2 tasks: 16.9-17.3 ms alone).
+# Tasks a decode step's int8 products are split into while the acoustic gate is idle (native.DecodeSpread): more
+# tasks than threads even out the two threads' share: 4 gave the shortest steps (docs/perf-log.md).
 DECODE_SPREAD = 4
 
 
@@ -66,8 +66,8 @@ def one_thread_calls(runtime: RuntimeOptions) -> RuntimeOptions:
     one intra-op thread and the gate admits as many calls at once as the budget had threads (slots x threads).
 
     The full-size CosyVoice2 estimator runs ~3,300 small kernels per call and ONNX Runtime's second intra-op thread barely
-    shortens a call (100 frames: 190 ms -> 180 ms), while two one-thread calls on two cores run at full speed each
-    (measured 208 ms each side by side); a request alone gets both cores through the CFG lanes (GuidedEuler)."""
+    shortens a call, while two one-thread calls on two cores run at full speed each (docs/perf-log.md); a request
+    alone gets both cores through the CFG lanes (GuidedEuler)."""
     if runtime.acoustic_threads is not None or runtime.acoustic_slots == 0:
         return runtime
     return replace(runtime, acoustic_threads=1, acoustic_slots=runtime.acoustic_slots * runtime.intra_op_threads)

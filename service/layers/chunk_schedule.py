@@ -27,9 +27,9 @@ from service.engine.chunking import Hop, Progress, Rates
 from service.engine.options import RuntimeOptions
 
 EARLY_FIRST_HOP = 10  # tokens of the first streamed chunk with early first audio (0.4 s of speech, 0.24 s heard)
-# Hops after the first attention chunk stay one chunk (25 tokens, 1 s): on 2 cores the stream is slower than real time
-# (streamed RTF ~1.6 full-size), and a listener then waits least when audio comes in small steps (TTCA 4.0 s vs 4.5 s
-# with the official doubling to 100, same run; docs/benchmarks.md).
+# Hops after the first attention chunk stay one chunk (25 tokens, 1 s): where the stream is slower than real time, a
+# listener waits least when audio comes in small steps (a lower TTCA than the official doubling to 100 gives;
+# docs/perf-log.md).
 EARLY_SCALE = 1
 
 
@@ -91,8 +91,8 @@ class HopSchedule:
         """Tokens the decode steps keep ahead of a stream's flow before they pause for a chunk that takes the cores
         (BatchScheduler.lead_tokens). Hops that stay one attention chunk: 1, the chunk a listener waits for gets both
         cores as soon as its tokens exist, and the decode steps catch up beside the one-core calls (vocoder, the rest
-        of an early first attention chunk): TTCA 1.70 s against 1.80-1.95 s with a lead of 25, the same 4-client
-        throughput (docs/benchmarks.md, session 10). Growing hops (official): the largest hop, since the next chunk
+        of an early first attention chunk), which gave a lower TTCA than a lead of 25 at the same 4-client throughput
+        (docs/perf-log.md). Growing hops (official): the largest hop, since the next chunk
         needs up to twice this one's tokens and pausing would leave it waiting for all of them."""
         return self.most if self.scale > 1 else 1
 
@@ -109,11 +109,10 @@ class HopSchedule:
         both cores while the decode steps pause: a sentence's last chunk (nothing left to decode) and, with hops that
         stay one attention chunk, its first chunk of a whole attention chunk. With the early schedule that is the chunk
         after the first attention chunk, the one a listener waits for longest (0.72 s heard before it, 1.0 s in it):
-        on two threads its vocoder call takes about half the time (full size, 58 frames: 124-148 against 236-279 ms),
-        and the next chunk's tokens, which the paused decode steps make, are needed a second later (docs/benchmarks.md,
-        session 11). The calls between stay on one thread beside the decode steps. Growing hops (official) need twice
-        the tokens for the next chunk: pausing the decode steps for the first chunk's vocoder call brought first audio
-        0.13-0.19 s earlier and TTCA 0.23-0.28 s later (10 s recording: 2.67 / 2.76 s against 2.39 / 2.53 s)."""
+        on two threads its vocoder call takes about half the time, and the next chunk's tokens, which the paused decode
+        steps make, are needed a second later. The calls between stay on one thread beside the decode steps. Growing
+        hops (official) need twice the tokens for the next chunk: pausing the decode steps for the first chunk's
+        vocoder call there brought first audio earlier and TTCA later (docs/perf-log.md)."""
         return final or (self.scale == 1 and tokens >= self.chunk and before < self.chunk)
 
     def takes_tail(self, left: int) -> bool:

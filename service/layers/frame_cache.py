@@ -23,8 +23,8 @@ class FrameCache:
     (blocks, capacity, H, DK) whose first `frames` frames are filled.
 
     A block's filled part `view(b)` (1,C,H,DK) is contiguous, so it is fed to the graph as it is, and appending a
-    chunk writes only its frames. (The cache used to be concatenated anew per call: 57 ms of copying per Euler step
-    for two rows at 500 frames, full size, most of it page faults of freshly allocated arrays.) The buffer is an
+    chunk writes only its frames, where a cache concatenated anew per call spent most of an Euler step's copying on page
+    faults of freshly allocated arrays (docs/perf-log.md). The buffer is an
     anonymous mapping sized for the whole sequence (`capacity` frames): its pages are not reserved and take memory
     only once a frame is written, it is unmapped when the cache is dropped, and it is kept out of transparent huge
     pages (numpy asks for them for its large arrays; compacting memory for them stalled an allocation for seconds).

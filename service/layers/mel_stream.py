@@ -14,8 +14,8 @@ from service.engine.scheduler import EndAware
 from service.layers.flow_prompt import FlowPrompt
 
 # How long a chunk's cut waits for its token stream's next delivery to learn whether the sentence has ended (one decode
-# step is in flight then: 14-27 ms at batch 1 on the 2-core hosts measured; a step that does not come in time only
-# leaves the look-ahead tokens to a last chunk of their own). A sentence's first chunk never waits (first audio).
+# step is in flight then, a few tens of ms at batch 1; a step that does not come in time only leaves the look-ahead
+# tokens to a last chunk of their own). A sentence's first chunk never waits (first audio).
 TAIL_WAIT_S = 0.05
 
 

@@ -1,9 +1,10 @@
 /* Cached chunk-masked attention (cached_attention.h): the portable C against a float64 reference of the contract
  * (new frame i at position C+i sees every cached position and new position C+j iff floor((C+j)/chunk) <=
- * floor((C+i)/chunk)), then every other variant the run may take against the portable C within the bf16 products'
- * tolerance, on edge shapes: no cache, one frame, chunk 1 and chunks longer than the call (INT64_MAX: full attention,
- * the mode a non-causal estimator's twin runs in), frame counts around the 16-lane and 64-frame tiles, odd cache
- * lengths, head sizes the fast kernels hold (16, 32, 64) and others. */
+ * floor((C+i)/chunk)), then every other variant the run may take against the portable C (within the bf16 products'
+ * tolerance; the float32 AVX2 kernel within 1e-5), on edge shapes: no cache, one frame, chunk 1 and chunks longer than
+ * the call (INT64_MAX: full attention, the mode a non-causal estimator's twin runs in), frame counts around the
+ * 8/16-lane and 32/64-frame tiles, odd and long cache lengths, head sizes the fast kernels hold (16, 32, 64; AVX2:
+ * multiples of 8 up to 64) and others. */
 
 #include "cached_attention.h"
 #include "check.h"
@@ -16,6 +17,7 @@ typedef struct {
 static const shape SHAPES[] = {
     {1, 1, 0, 1, 16, 1},  {1, 5, 0, 2, 16, 2},  {2, 7, 3, 2, 32, 3},    {1, 50, 200, 8, 64, 25}, {1, 64, 10, 1, 64, 100},
     {1, 65, 31, 2, 32, 4}, {2, 70, 17, 2, 16, 7}, {1, 3, 5, 2, 8, 2},   {1, 6, 0, 1, 24, 1000},  {1, 17, 1, 3, 64, 1},
+    {1, 1, 900, 2, 64, 50}, {2, 33, 601, 2, 32, 25}, {1, 9, 0, 2, 64, 4}, {1, 13, 40, 1, 48, 5}, {1, 4, 7, 2, 12, 3},
     {2, 70, 0, 2, 64, INT64_MAX}, {1, 9, 0, 3, 32, INT64_MAX}, /* full attention, no cache: the v1 estimator's */
 };
 
@@ -92,11 +94,16 @@ static void check_shape(rng* r, const shape* s, cvl_features allowed) {
         if (cvl_pick_variant(vs, have, s->head_dim) != i) continue; /* this head size takes another path */
         memset(got, 0xff, n * sizeof(float));
         CHECK(cvl_cached_attention(&as, have, q, k, v, pk, pv, got) == 0, "%s", vs->variants[i].name);
-        const double worst = worst_of(got, portable, n);
-        CHECK(worst < 2e-2, "%s vs portable: %g (frames %d cached %d dk %d chunk %ld)", vs->variants[i].name, worst,
+        const double worst = worst_of(got, portable, n), bound = strcmp(vs->variants[i].name, "avx2") ? 2e-2 : 1e-5;
+        CHECK(worst < bound, "%s vs portable: %g (frames %d cached %d dk %d chunk %ld)", vs->variants[i].name, worst,
               s->frames, s->cached, s->head_dim, (long)s->chunk);
     }
     free(q), free(k), free(v), free(pk), free(pv), free(want), free(portable), free(got);
+}
+
+/* Whether `vs` takes the variant named `name` with features `have` for head size `head_dim`. */
+static int picks(const cvl_variants* vs, cvl_features have, int64_t head_dim, const char* name) {
+    return strcmp(vs->variants[cvl_pick_variant(vs, have, head_dim)].name, name) == 0;
 }
 
 int main(int argc, char** argv) {
@@ -105,8 +112,13 @@ int main(int argc, char** argv) {
     const cvl_variants* vs = &cvl_cached_attention_variants;
     CHECK(vs->variants[0].needs == 0, "variant 0 is the portable C");
     CHECK(cvl_pick_variant(vs, 0, 64) == 0, "no features: portable");
-    CHECK(cvl_pick_variant(vs, CVL_NEEDS_AMX_BF16, 16) == 1, "head size 16 takes the vector kernel, not tiles");
-    CHECK(cvl_pick_variant(vs, CVL_NEEDS_AMX_BF16, 24) == 0, "head size 24: portable");
+    CHECK(picks(vs, CVL_NEEDS_AMX_BF16, 16, "avx512_bf16"), "head size 16 takes the vector kernel, not tiles");
+    CHECK(picks(vs, CVL_NEEDS_AMX_BF16, 64, "amx_bf16"), "head size 64 takes tiles");
+    CHECK(picks(vs, CVL_NEEDS_AMX_BF16, 24, "portable"), "head size 24 without AVX2: portable");
+    CHECK(picks(vs, CVL_NEEDS_AMX_BF16 | CVL_NEEDS_AVX2, 24, "avx2"), "head size 24 with AVX2: the float32 kernel");
+    CHECK(picks(vs, CVL_NEEDS_AVX2, 64, "avx2") && picks(vs, CVL_NEEDS_AVX2, 8, "avx2"), "AVX2: head sizes 8 .. 64");
+    CHECK(picks(vs, CVL_NEEDS_AVX2, 12, "portable") && picks(vs, CVL_NEEDS_AVX2, 128, "portable"), "others: portable");
+    CHECK(picks(vs, CVL_AVX2 | CVL_FMA, 64, "portable"), "AVX2 without F16C: portable");
     for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++) check_shape(&r, &SHAPES[i], allowed);
     report("test_cached_attention", allowed);
     return 0;

@@ -1,8 +1,9 @@
 /* Int8 products (int8_matmul.h): the portable C against a reference written from the contract (ONNX's
  * DynamicQuantizeLinear per row, exact integer sums, the scales and bias), then every other variant the run may take
  * against the portable C bit for bit (the integer sums are the same, so is the float epilogue), on edge shapes: K not
- * a multiple of 4, N tails under 16 and 64, row counts around the 6-row tile and the 8/16/32-row AMX blocks, windows
- * read in place, per-column scales, outputs in parts, one quantization for several products, spread tasks. */
+ * a multiple of 4 (nor of 32 or 64), N tails under 8, 16 and 64 and whole panels, every row count from 1 to 13 (the
+ * 4-row AVX2 and 6-row VNNI tiles' remainders) and around the 8/16/32-row AMX blocks, windows read in place,
+ * per-column scales, outputs in parts, one quantization for several products, spread tasks. */
 
 #include "check.h"
 #include "int8_matmul.h"
@@ -138,6 +139,10 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++) {
         check_shape(&r, SHAPES[i], 1, (int)(i % 2), (int)(i % 3 != 0), allowed);
         if (SHAPES[i].k <= 256) check_shape(&r, SHAPES[i], 3, (int)(i % 2 == 0), 1, allowed); /* a width-3 window */
+    }
+    for (int64_t rows = 1; rows <= 13; rows++) { /* every remainder of the 4-row (AVX2) and 6-row (VNNI) tiles */
+        check_shape(&r, (shape){rows, 100, 128}, 1, (int)(rows % 2), (int)(rows % 3 != 0), allowed); /* whole panels */
+        check_shape(&r, (shape){rows, 37, 72}, rows % 4 == 1 ? 2 : 1, (int)(rows % 2 == 0), 1, allowed);
     }
     check_parts_and_shared_quantization(&r, allowed);
     const cvl_exec ex = {allowed, 1, NULL, NULL};

@@ -1,7 +1,8 @@
 /* The Qwen2 decoder layer (qwen2_layer.h): every feature set the run allows against the portable C within the
  * tolerance of its vector math and bf16 tile attention, on a decode step (one token), a batch with padding columns
  * masked, a prefill of 16 tokens or more (the tile attention where the CPU has AMX), grouped key/value heads and head
- * sizes the tiles do not hold; the spread of a step's products over threads changes nothing, bit for bit. */
+ * sizes the tiles do not hold (and that are no multiple of 8: the vector code's tails), a decode step over a long
+ * cache; the spread of a step's products over threads changes nothing, bit for bit. */
 
 #include "check.h"
 #include "qwen2_layer.h"
@@ -14,6 +15,7 @@ typedef struct {
 static const shape SHAPES[] = {
     {1, 1, 0, 32, 2, 1, 16, 48}, {2, 1, 9, 64, 4, 2, 16, 96}, {1, 17, 5, 64, 2, 1, 32, 64},
     {1, 20, 0, 128, 2, 2, 64, 96}, {1, 3, 4, 36, 3, 3, 12, 20}, {2, 16, 40, 64, 2, 1, 32, 80},
+    {1, 1, 300, 128, 2, 1, 64, 72}, {3, 1, 13, 40, 2, 2, 20, 44}, {1, 9, 2, 48, 3, 1, 16, 100},
 };
 
 typedef struct {
@@ -116,12 +118,19 @@ static void check_shape(rng* r, const shape* s, cvl_features allowed) {
     free_layer(&w);
 }
 
+/* Whether `vs` takes the variant named `name` with features `have` for head size `head_dim`. */
+static int picks(const cvl_variants* vs, cvl_features have, int64_t head_dim, const char* name) {
+    return strcmp(vs->variants[cvl_pick_variant(vs, have, head_dim)].name, name) == 0;
+}
+
 int main(int argc, char** argv) {
     const cvl_features allowed = run_features(argc, argv);
     rng r = {0xda942042e4dd58b5ull};
     const cvl_variants* vs = &cvl_qwen2_layer_variants;
     CHECK(vs->variants[0].needs == 0, "variant 0 is the portable C");
-    CHECK(cvl_pick_variant(vs, CVL_NEEDS_AMX_BF16, 16) == 1, "head size 16 keeps the vector attention");
+    CHECK(picks(vs, CVL_NEEDS_AMX_BF16, 16, "avx512"), "head size 16 keeps the vector attention");
+    CHECK(picks(vs, CVL_NEEDS_AMX_BF16, 64, "amx_bf16"), "head size 64 takes tiles in a prefill");
+    CHECK(picks(vs, CVL_NEEDS_AVX2, 64, "avx2") && picks(vs, CVL_AVX2 | CVL_FMA, 64, "portable"), "AVX2 needs F16C");
     for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++) check_shape(&r, &SHAPES[i], allowed);
     report("test_qwen2_layer", allowed);
     return 0;

@@ -115,7 +115,7 @@ def going_away_reason() -> str:
 
 class SpeechStreamSession:
     """One connection: admission, config, then a reader (text -> sentences) feeding a SpeechPipeline (sentences ->
-    jobs, at most two at a time -> frames), which this session frames as the protocol says (it is the pipeline's sink).
+    jobs, at most two at a time -> frames), which this connection frames as the protocol says (it is the pipeline's sink).
 
     The connection holds a place of capacity only while its pipeline has a job; one that sends nothing for
     TTS_WS_IDLE_TIMEOUT_S while nothing is being spoken is closed (4408). When the server drains, the session stops

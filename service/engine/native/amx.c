@@ -1,8 +1,7 @@
 /* Intel AMX for the kernels (amx.h): the tile configuration and the int8 panel product.
  *
  * Why: a Sapphire Rapids core multiplies 16 x 16 x 64 int8 values in one tdpbusd, about three times what its two
- * AVX-512 VNNI ports do in the same time (measured on an Emerald Rapids guest: 2,080 against 700-740 GOP/s per core),
- * and bf16 tiles likewise against vdpbf16ps. The flow estimator's products (6-100 rows per call) and the LLM's
+ * AVX-512 VNNI ports do in the same time (docs/perf-log.md), and bf16 tiles likewise against vdpbf16ps. The flow estimator's products (6-100 rows per call) and the LLM's
  * prefill are bound by that arithmetic; a decode step's few rows are bound by memory and stay on VNNI
  * (int8_matmul.c says from how many rows tiles pay). */
 

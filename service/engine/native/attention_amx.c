@@ -2,9 +2,8 @@
  * chunk-masked attention (cached_attention.h's contract) and the LLM's prefill under its additive mask (qwen2_layer.c),
  * head sizes 32 and 64.
  *
- * Why: with AVX-512 BF16 the attention was the largest part of a flow estimator call on a Sapphire/Emerald Rapids core
- * (a third of it, measured: 50 new frames over 200 cached); a tile product does 16 x 16 x 32 bf16 multiply-adds at
- * once. Per head: the keys go to bf16 dim pairs transposed (kt[pair][key], 16 x 16 blocks transposed in registers),
+ * Why: with AVX-512 BF16 the attention was the largest part of a flow estimator call on a CPU with AMX (about a third
+ * of it; docs/perf-log.md); a tile product does 16 x 16 x 32 bf16 multiply-adds at once. Per head: the keys go to bf16 dim pairs transposed (kt[pair][key], 16 x 16 blocks transposed in registers),
  * the values to key pairs (vp[key pair][dim]), the scaled queries to bf16 rows. Then for each block of 16 new
  * frames: scores = Q . K^T (frames x keys, float32), a softmax along each frame's row up to its last visible key, the
  * probabilities in bf16, and out = P . V, each row divided by its sum. As the AVX-512 kernel: bf16 products, float32

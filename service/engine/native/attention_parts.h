@@ -1,4 +1,4 @@
-/* What the two attention kernels (cached_attention.c: AVX-512 BF16, attention_amx.c: AMX) share. */
+/* What the attention kernels (cached_attention.c: AVX-512 BF16, attention_amx.c: AMX, attention_avx2.c) share. */
 #ifndef COSYVOICE_LITE_ATTENTION_PARTS_H
 #define COSYVOICE_LITE_ATTENTION_PARTS_H
 
@@ -68,5 +68,10 @@ int cvl_amx_head_attention(const cvl_head_attention* a);
 /* cvl_cached_attention's contract on AMX tiles, head by head (cvl_amx_head_attention). */
 int cvl_amx_attention(const cvl_attention_shape* s, const float* q, const float* k, const float* v, const uint16_t* pk,
                       const uint16_t* pv, float* out);
+
+/* cvl_cached_attention's contract on AVX2 with FMA and F16C in float32 (head sizes multiples of 8 up to 64): 0, or -1
+ * when the work buffer cannot be allocated. */
+int cvl_avx2_attention(const cvl_attention_shape* s, const float* q, const float* k, const float* v, const uint16_t* pk,
+                       const uint16_t* pv, float* out);
 
 #endif

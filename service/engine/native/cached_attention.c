@@ -1,9 +1,10 @@
-/* Cached chunk-masked attention for a chunk-causal flow estimator: a bf16 AVX-512 kernel and a portable one.
+/* Cached chunk-masked attention for a chunk-causal flow estimator: a bf16 AVX-512 kernel and a portable one (the AVX2
+ * kernel: attention_avx2.c, AMX tiles: attention_amx.c).
  *
  * Why a kernel of our own: in ONNX Runtime one such attention (8 heads of 64, 50 new frames over 200 cached) runs as
- * ~20 nodes (casts, transposes, two score products, concat, softmax, slices, two value products) and costs 0.55 ms
- * on one Zen 4 core, half of an estimator call; this kernel reads the float16 cache in place and takes the products
- * with AVX512_BF16 dot products (0.21 ms). Layout: the query lanes of the score product are the frames (16 per
+ * ~20 nodes (casts, transposes, two score products, concat, softmax, slices, two value products) and was half of an
+ * estimator call; this kernel reads the float16 cache in place and takes the products with AVX512_BF16 dot products,
+ * in under half the time (docs/perf-log.md). Layout: the query lanes of the score product are the frames (16 per
  * vector, 64 at a time), so the softmax runs down the key axis with vector max/exp/sum and no horizontal reductions;
  * the value product has the head's dims as lanes and takes the probabilities in key pairs. */
 
@@ -250,27 +251,31 @@ HEADS_BF16(1)
 HEADS_BF16(2)
 HEADS_BF16(4)
 
-enum { PORTABLE, VECTOR, TILES };
+enum { PORTABLE, AVX2, VECTOR, TILES };
 static const cvl_variant variants[] = {
     {"portable", 0},
+    {"avx2", CVL_NEEDS_AVX2},
     {"avx512_bf16", CVL_NEEDS_AVX512_BF16},
     {"amx_bf16", CVL_NEEDS_AMX_BF16},
 };
 
-/* The bf16 kernels hold head sizes 16, 32 and 64 (tiles: 32 and 64); head_dim 0 asks for any. */
+/* The bf16 kernels hold head sizes 16, 32 and 64 (tiles: 32 and 64), the AVX2 one multiples of 8 up to 64; head_dim 0
+ * asks for any. */
 static int pick(cvl_features have, int64_t head_dim) {
-    if (!cvl_has(have, CVL_NEEDS_AVX512_BF16) || (head_dim != 0 && head_dim != 16 && head_dim != 32 && head_dim != 64))
-        return PORTABLE;
-    return cvl_has(have, CVL_NEEDS_AMX_BF16) && head_dim % 32 == 0 ? TILES : VECTOR;
+    if (cvl_has(have, CVL_NEEDS_AVX512_BF16) && (head_dim == 0 || head_dim == 16 || head_dim == 32 || head_dim == 64))
+        return cvl_has(have, CVL_NEEDS_AMX_BF16) && head_dim % 32 == 0 ? TILES : VECTOR;
+    const int avx2_holds = head_dim >= 0 && head_dim <= 64 && head_dim % 8 == 0;
+    return cvl_has(have, CVL_NEEDS_AVX2) && avx2_holds ? AVX2 : PORTABLE;
 }
 
-const cvl_variants cvl_cached_attention_variants = {variants, 3, pick};
+const cvl_variants cvl_cached_attention_variants = {variants, 4, pick};
 
 int cvl_cached_attention(const cvl_attention_shape* s, cvl_features have, const float* q, const float* k,
                          const float* v, const uint16_t* past_k, const uint16_t* past_v, float* out) {
     const int variant = s->head_dim > 0 ? pick(have, s->head_dim) : PORTABLE; /* 0 in pick: any head size */
     if (variant == PORTABLE) return attention_portable(s, q, k, v, past_k, past_v, out);
     if (variant == TILES) return cvl_amx_attention(s, q, k, v, past_k, past_v, out);
+    if (variant == AVX2) return cvl_avx2_attention(s, q, k, v, past_k, past_v, out);
     const int T = s->cached + s->new_frames;
     float* w = cvl_work_floats(CVL_WORK_ATTENTION, tile_floats(T, s->head_dim));
     if (w == NULL) return -1;

@@ -13,14 +13,15 @@
  * floor((C+j)/chunk) <= floor((C+i)/chunk); a chunk of at least C+M (INT64_MAX: no overflow) is full attention,
  * every frame seeing every key (a non-causal estimator's blocks, C = 0). Scores are scaled by `scale` before the softmax.
  * The fast kernels (AVX-512 BF16 for head sizes 16, 32 and 64; AMX-BF16 tiles for 32 and 64) take the products in
- * bfloat16 with float32 sums and a float32 softmax; the portable one is float32 throughout (any head size). */
+ * bfloat16 with float32 sums and a float32 softmax; the AVX2 one (head sizes multiples of 8 up to 64) and the portable
+ * one (any head size) are float32 throughout. */
 typedef struct {
     int batch, new_frames, cached, heads, head_dim;
     int64_t chunk;
     float scale;
 } cvl_attention_shape;
 
-/* The code paths: portable, avx512_bf16, amx_bf16; which one a call takes depends on the head size too. */
+/* The code paths: portable, avx2, avx512_bf16, amx_bf16; which one a call takes depends on the head size too. */
 extern const cvl_variants cvl_cached_attention_variants;
 
 /* 0 on success, -1 when the work buffer cannot be allocated. `have`: the features the call may use (exec.h). */

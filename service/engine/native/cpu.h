@@ -42,6 +42,7 @@ int cvl_isa_parse(const char* name);
 static inline int cvl_has(cvl_features have, cvl_features needs) { return (have & needs) == needs; }
 
 /* What each code path needs (each kernel's variant table lists them). */
+#define CVL_NEEDS_AVX2 (CVL_AVX2 | CVL_FMA | CVL_F16C)
 #define CVL_NEEDS_AVX512_VNNI (CVL_AVX512F | CVL_AVX512BW | CVL_AVX512VL | CVL_AVX512_VNNI)
 #define CVL_NEEDS_AVX512_BF16 (CVL_AVX512F | CVL_AVX512BW | CVL_AVX512VL | CVL_AVX512_BF16 | CVL_FMA | CVL_F16C)
 #define CVL_NEEDS_AMX (CVL_AVX512F | CVL_AVX512BW | CVL_AVX512VL | CVL_AVX512_VNNI | CVL_AVX512_BF16 | CVL_AMX_TILE)

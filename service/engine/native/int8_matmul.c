@@ -1,4 +1,5 @@
-/* int8 weight products (y = x · W, x float32 quantized per row to uint8): AVX-512 VNNI, AMX tiles and portable.
+/* int8 weight products (y = x · W, x float32 quantized per row to uint8): AVX-512 VNNI, AMX tiles and portable (the
+ * AVX2 code: int8_matmul_avx2.c).
  *
  * Why a kernel of our own: at batch 1 a decode step reads every weight once, so it is bound by memory bandwidth;
  * ONNX Runtime's int8 kernels stream weights at about half of what a kernel reading them in order reaches
@@ -9,30 +10,19 @@
 #include "int8_matmul.h"
 
 #include "amx.h"
+#include "int8_matmul_parts.h"
 
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define PANEL 64      /* output columns per panel: 4 vectors of 16 int32 sums */
+#define PANEL CVL_INT8_PANEL /* output columns per panel: 4 vectors of 16 int32 sums */
 #define ROW_TILE 6    /* rows of x per tile: 24 accumulators */
 #define MAX_TASKS CVL_MAX_SPREAD
 #define TASK_BYTES (256 * 1024) /* weight bytes x row tiles per task: smaller jobs are not worth a wake-up */
 #define FAST "avx512f,avx512bw,avx512vl,avx512vnni"
 #define AMX_MIN_ROWS 8 /* fewer rows stay on VNNI: see cvl_int8_matmul */
-
-typedef struct {
-    const cvl_int8_problem* p;
-    int64_t kq, kp, panels; /* groups of 4 weight rows, padded row length of xq, panels of 64 columns */
-    uint8_t* xq;            /* rows x kp */
-    float* xr;              /* per-row scale of the quantized rows */
-    float* xs;              /* per-row scale x w_scale (per-row scale alone with w_scales) */
-    int32_t* xzp;           /* per-row zero point */
-    int64_t tasks, row_tasks;
-    int fast, amx; /* amx: xq rows padded with zeros to a multiple of 16, kp a multiple of 64 (amx.h) */
-    int spread;    /* cvl_exec.spread */
-} job;
 
 size_t cvl_int8_packed_bytes(int64_t k, int64_t n) {
     return (size_t)((n + PANEL - 1) / PANEL) * (size_t)((k + 3) / 4) * PANEL * 4;
@@ -40,22 +30,13 @@ size_t cvl_int8_packed_bytes(int64_t k, int64_t n) {
 
 static const cvl_variant variants[] = {
     {"portable", 0},
+    {"avx2", CVL_NEEDS_AVX2},
     {"avx512_vnni", CVL_NEEDS_AVX512_VNNI},
     {"amx_int8", CVL_NEEDS_AMX_INT8},
 };
-const cvl_variants cvl_int8_matmul_variants = {variants, 3, NULL};
+const cvl_variants cvl_int8_matmul_variants = {variants, 4, NULL};
 
 /* ---- per-row quantization (DynamicQuantizeLinear of one row) ---- */
-
-static void row_params(float lo, float hi, float* scale, int32_t* zp) {
-    lo = lo < 0.f ? lo : 0.f;
-    hi = hi > 0.f ? hi : 0.f;
-    float s = hi == lo ? 1.f : (hi - lo) / 255.f;
-    float z = 0.f - lo / s;
-    z = z < 0.f ? 0.f : (z > 255.f ? 255.f : z);
-    *scale = s;
-    *zp = (int32_t)nearbyintf(z); /* the default rounding mode: half to even */
-}
 
 static void quantize_row_portable(const float* x, int64_t k, int64_t kp, uint8_t* q, float* scale, int32_t* zp) {
     float lo = 0.f, hi = 0.f;
@@ -63,7 +44,7 @@ static void quantize_row_portable(const float* x, int64_t k, int64_t kp, uint8_t
         lo = x[i] < lo ? x[i] : lo;
         hi = x[i] > hi ? x[i] : hi;
     }
-    row_params(lo, hi, scale, zp);
+    cvl_int8_row_params(lo, hi, scale, zp);
     for (int64_t i = 0; i < k; i++) {
         float v = nearbyintf(x[i] / *scale) + (float)*zp;
         q[i] = (uint8_t)(v < 0.f ? 0.f : (v > 255.f ? 255.f : v));
@@ -86,7 +67,7 @@ __attribute__((target(FAST))) static void quantize_row_fast(const float* x, int6
         lo = _mm512_min_ps(lo, v);
         hi = _mm512_max_ps(hi, v);
     }
-    row_params(_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi), scale, zp);
+    cvl_int8_row_params(_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi), scale, zp);
     const __m512 s = _mm512_set1_ps(*scale);
     const __m512i z = _mm512_set1_epi32(*zp), zero = _mm512_setzero_si512(), top = _mm512_set1_epi32(255);
     for (i = 0; i < k; i += 16) {
@@ -101,15 +82,8 @@ __attribute__((target(FAST))) static void quantize_row_fast(const float* x, int6
 
 /* ---- products of one panel with a tile of rows ---- */
 
-/* Where the result of row `row`, column `col` goes. */
-static inline float* out_at(const cvl_int8_problem* p, int64_t row, int64_t col) {
-    if (p->y_parts == NULL) return p->y + row * p->n + col;
-    int64_t part = col / p->part_n;
-    return p->y_parts[part] + row * p->part_n + (col - part * p->part_n);
-}
-
 /* One panel times every row, a row at a time. */
-static void panel_portable(const job* jb, int64_t panel) {
+static void panel_portable(const cvl_int8_job* jb, int64_t panel) {
     const cvl_int8_problem* p = jb->p;
     const int8_t* w = p->packed + panel * jb->kq * PANEL * 4;
     for (int64_t r = 0; r < p->rows; r++) {
@@ -125,14 +99,14 @@ static void panel_portable(const job* jb, int64_t panel) {
             if (col >= p->n) break;
             float scale = p->w_scales ? jb->xs[r] * p->w_scales[col] : jb->xs[r];
             float v = (float)(acc[c] - jb->xzp[r] * p->colsum[col]) * scale;
-            *out_at(p, r, col) = p->bias ? v + p->bias[col] : v;
+            *cvl_int8_out_at(p, r, col) = p->bias ? v + p->bias[col] : v;
         }
     }
 }
 
-__attribute__((target(FAST), always_inline)) static inline void store_row(const job* jb, int64_t panel, int64_t row,
-                                                                           __m512i c0, __m512i c1, __m512i c2,
-                                                                           __m512i c3) {
+__attribute__((target(FAST), always_inline)) static inline void store_row(const cvl_int8_job* jb, int64_t panel,
+                                                                           int64_t row, __m512i c0, __m512i c1,
+                                                                           __m512i c2, __m512i c3) {
     const cvl_int8_problem* p = jb->p;
     const __m512i zp = _mm512_set1_epi32(jb->xzp[row]);
     const __m512 scale = _mm512_set1_ps(jb->xs[row]);
@@ -146,7 +120,7 @@ __attribute__((target(FAST), always_inline)) static inline void store_row(const 
         __m512 cs = p->w_scales ? _mm512_mul_ps(scale, _mm512_maskz_loadu_ps(m, p->w_scales + col)) : scale;
         __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), cs);
         if (p->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, p->bias + col));
-        _mm512_mask_storeu_ps(out_at(p, row, col), m, v);
+        _mm512_mask_storeu_ps(cvl_int8_out_at(p, row, col), m, v);
     }
 }
 
@@ -167,8 +141,8 @@ __attribute__((target(FAST), always_inline)) static inline void store_row(const 
 #define STORE(r) \
     if (R > r) store_row(jb, panel, r0 + r, c##r##0, c##r##1, c##r##2, c##r##3)
 
-__attribute__((target(FAST), always_inline)) static inline void tile_fast(const job* jb, int64_t panel, int64_t r0,
-                                                                           const int R) {
+__attribute__((target(FAST), always_inline)) static inline void tile_fast(const cvl_int8_job* jb, int64_t panel,
+                                                                           int64_t r0, const int R) {
     const int8_t* w = jb->p->packed + panel * jb->kq * PANEL * 4;
     const uint8_t* x = jb->xq + r0 * jb->kp;
     const int64_t kp = jb->kp, kq = jb->kq;
@@ -199,7 +173,7 @@ __attribute__((target(FAST), always_inline)) static inline void tile_fast(const 
 #undef STEP
 #undef STORE
 
-__attribute__((target(FAST))) static void panel_fast(const job* jb, int64_t panel) {
+__attribute__((target(FAST))) static void panel_fast(const cvl_int8_job* jb, int64_t panel) {
     int64_t r = 0, rows = jb->p->rows;
     for (; r + ROW_TILE <= rows; r += ROW_TILE) tile_fast(jb, panel, r, ROW_TILE);
     switch (rows - r) {
@@ -214,7 +188,7 @@ __attribute__((target(FAST))) static void panel_fast(const job* jb, int64_t pane
 
 /* Panels [from, to) times every row on AMX tiles, 32 rows at a time (amx.h gives their integer sums), each panel's
  * last pass fetching the next panel into the cache. */
-__attribute__((target(FAST))) static void panels_amx(const job* jb, int64_t from, int64_t to) {
+__attribute__((target(FAST))) static void panels_amx(const cvl_int8_job* jb, int64_t from, int64_t to) {
     int32_t sums[32 * PANEL] __attribute__((aligned(64)));
     const int64_t rows = jb->p->rows, panel_bytes = jb->kq * PANEL * 4;
     for (int64_t panel = from; panel < to; panel++) {
@@ -235,20 +209,22 @@ __attribute__((target(FAST))) static void panels_amx(const job* jb, int64_t from
 /* ---- tasks ---- */
 
 static void quantize_task(void* ctx, size_t i) {
-    const job* jb = ctx;
+    const cvl_int8_job* jb = ctx;
     const cvl_int8_problem* p = jb->p;
     int64_t from = p->rows * (int64_t)i / jb->row_tasks, to = p->rows * (int64_t)(i + 1) / jb->row_tasks;
     const int64_t stride = p->x_stride > 0 ? p->x_stride : p->k;
     for (int64_t r = from; r < to; r++) {
         if (jb->fast)
             quantize_row_fast(p->x + r * stride, p->k, jb->kp, jb->xq + r * jb->kp, &jb->xr[r], &jb->xzp[r]);
+        else if (jb->avx2)
+            cvl_int8_quantize_row_avx2(p->x + r * stride, p->k, jb->kp, jb->xw + r * jb->kp, &jb->xr[r], &jb->xzp[r]);
         else
             quantize_row_portable(p->x + r * stride, p->k, jb->kp, jb->xq + r * jb->kp, &jb->xr[r], &jb->xzp[r]);
     }
 }
 
 static void product_task(void* ctx, size_t i) {
-    const job* jb = ctx;
+    const cvl_int8_job* jb = ctx;
     int64_t from = jb->panels * (int64_t)i / jb->tasks, to = jb->panels * (int64_t)(i + 1) / jb->tasks;
     if (jb->amx) {
         cvl_amx_begin();
@@ -259,6 +235,8 @@ static void product_task(void* ctx, size_t i) {
     for (int64_t panel = from; panel < to; panel++) {
         if (jb->fast)
             panel_fast(jb, panel);
+        else if (jb->avx2)
+            cvl_int8_panel_avx2(jb, panel);
         else
             panel_portable(jb, panel);
     }
@@ -273,23 +251,27 @@ static void run(const cvl_exec* ex, cvl_task_fn task, void* ctx, size_t tasks) {
 }
 
 /* The job of `p`'s rows: its work buffer allocated and every row quantized (once for all products of the same rows). */
-static int quantize_rows(job* jb, const cvl_int8_problem* p, const cvl_exec* ex) {
+static int quantize_rows(cvl_int8_job* jb, const cvl_int8_problem* p, const cvl_exec* ex) {
     const int spread = ex->spread < 1 ? 1 : (ex->spread > MAX_TASKS ? MAX_TASKS : ex->spread);
-    *jb = (job){.p = p, .kq = (p->k + 3) / 4, .fast = cvl_has(ex->have, CVL_NEEDS_AVX512_VNNI), .spread = spread};
+    const int fast = cvl_has(ex->have, CVL_NEEDS_AVX512_VNNI);
+    *jb = (cvl_int8_job){.p = p, .kq = (p->k + 3) / 4, .fast = fast, .spread = spread};
+    jb->avx2 = !fast && cvl_has(ex->have, CVL_NEEDS_AVX2);
     /* A tile product of 16 rows costs what one of a few rows costs, and a decode step's few rows are bound by reading
-     * the weights, which VNNI streams faster than tile loads do: AMX from 8 rows on (measured, weights not in cache,
-     * one thread, AMX against VNNI: 896 x 4864 at 1 / 4 / 6 / 8 rows 1.46 / 1.15 / 1.08 / 0.78 of the time; 256 x 768
-     * at 4 / 8 / 16 rows 0.76 / 0.67 / 0.92). */
+     * the weights, which VNNI streams faster than tile loads do: AMX from 8 rows on, where tiles started to pay
+     * (docs/perf-log.md). */
     jb->amx = jb->fast && p->rows >= AMX_MIN_ROWS && cvl_has(ex->have, CVL_NEEDS_AMX_INT8);
     jb->kp = jb->amx ? (jb->kq * 4 + 63) / 64 * 64 : jb->kq * 4;
     const int64_t padded_rows = jb->amx ? (p->rows + 15) / 16 * 16 : p->rows;
-    size_t bytes = (size_t)p->rows * (2 * sizeof(float) + sizeof(int32_t)) + (size_t)padded_rows * (size_t)jb->kp + 64;
+    const size_t value_bytes = jb->avx2 ? sizeof(int16_t) : sizeof(uint8_t); /* per quantized value */
+    size_t bytes = (size_t)p->rows * (2 * sizeof(float) + sizeof(int32_t)) +
+                   (size_t)padded_rows * (size_t)jb->kp * value_bytes + 64;
     void* work = malloc(bytes);
     if (work == NULL) return -1;
     jb->xr = work;
     jb->xs = jb->xr + p->rows;
     jb->xzp = (int32_t*)(jb->xs + p->rows);
     jb->xq = (uint8_t*)(((uintptr_t)(jb->xzp + p->rows) + 63) & ~(uintptr_t)63);
+    jb->xw = jb->avx2 ? (int16_t*)jb->xq : NULL;
     memset(jb->xq + p->rows * jb->kp, 0, (size_t)((padded_rows - p->rows) * jb->kp));
     jb->row_tasks = p->rows * p->k >= 65536 ? (p->rows < MAX_TASKS ? p->rows : MAX_TASKS) : 1;
     run(ex, quantize_task, jb, (size_t)jb->row_tasks);
@@ -297,12 +279,12 @@ static int quantize_rows(job* jb, const cvl_int8_problem* p, const cvl_exec* ex)
 }
 
 /* y of `p` (same rows, k and x as the job's quantized rows, its own weight). */
-static void products(job* jb, const cvl_int8_problem* p, const cvl_exec* ex) {
+static void products(cvl_int8_job* jb, const cvl_int8_problem* p, const cvl_exec* ex) {
     jb->p = p;
     jb->panels = (p->n + PANEL - 1) / PANEL;
     for (int64_t r = 0; r < p->rows; r++) jb->xs[r] = p->w_scales ? jb->xr[r] : jb->xr[r] * p->w_scale;
     /* One row tile (a decode step's few rows) is bound by memory bandwidth, and one core already streams most of
-     * it (full size, one thread: 14.9 ms of products a step, two: 12.9 ms): it runs on the calling thread and
+     * it (a second thread saves little; docs/perf-log.md): it runs on the calling thread and
      * leaves the other cores to the flow, unless the caller spreads it (cvl_exec.spread: the other cores are
      * idle). More rows are compute-bound: enough tasks to share the work when it is worth a wake-up, by weight bytes
      * times the row tiles that read them. */
@@ -317,7 +299,7 @@ static void products(job* jb, const cvl_int8_problem* p, const cvl_exec* ex) {
 
 int cvl_int8_matmul(const cvl_int8_problem* p, const cvl_exec* ex) {
     if (p->rows <= 0 || p->n <= 0) return 0;
-    job jb;
+    cvl_int8_job jb;
     if (quantize_rows(&jb, p, ex) != 0) return -1;
     products(&jb, p, ex);
     free(jb.xr);
@@ -342,7 +324,7 @@ int cvl_int8_weight_matmul(const float* x, int64_t rows, int64_t k, const cvl_in
 int cvl_int8_weight_matmuls(const float* x, int64_t rows, int64_t k, const cvl_int8_weight* const* ws, float* const* ys,
                             int count, const cvl_exec* ex) {
     if (rows <= 0 || count <= 0) return 0;
-    job jb;
+    cvl_int8_job jb;
     for (int i = 0; i < count; i++) {
         cvl_int8_problem p = weight_problem(x, rows, k, ws[i], ys[i], NULL);
         if (i == 0 && quantize_rows(&jb, &p, ex) != 0) return -1; /* the rows depend on x alone */

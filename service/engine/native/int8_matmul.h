@@ -42,8 +42,9 @@ typedef struct {
 size_t cvl_int8_packed_bytes(int64_t k, int64_t n);
 
 /* The code paths, by the features of `ex->have`: portable C (the reference: the same integer sums, so the same
- * results bit for bit), AVX-512 VNNI (a tile of up to 6 rows shares every weight load), AMX-INT8 (products of 8 rows
- * or more as tile products over the same panels; fewer rows take the VNNI code). */
+ * results bit for bit), AVX2 (int16 pair products with exact int32 sums, a tile of up to 4 rows x 16 columns),
+ * AVX-512 VNNI (a tile of up to 6 rows shares every weight load), AMX-INT8 (products of 8 rows or more as tile
+ * products over the same panels; fewer rows take the VNNI code). */
 extern const cvl_variants cvl_int8_matmul_variants;
 
 /* 0 on success, -1 when the work buffer cannot be allocated. */

@@ -1,4 +1,5 @@
-/* Vector math shared by the kernels (AVX-512F; each function carries its own target attribute). */
+/* Vector math shared by the kernels (AVX-512F, and AVX2 with FMA for 8-float vectors; each function carries its own
+ * target attribute). */
 #ifndef COSYVOICE_LITE_SIMD_MATH_H
 #define COSYVOICE_LITE_SIMD_MATH_H
 
@@ -44,6 +45,76 @@ __attribute__((target("avx512f,fma"), unused)) static inline __m512 cvl_erf(__m5
     __m512 r = _mm512_fnmadd_ps(p, e, one);
     return _mm512_castsi512_ps(
         _mm512_or_si512(_mm512_castps_si512(r), _mm512_and_si512(_mm512_castps_si512(x), sign)));
+}
+
+/* ---- AVX2 with FMA: 8 floats per vector ---- */
+
+#define CVL_AVX2_MATH "avx2,fma"
+
+/* All-ones in the lanes of an 8-float vector that hold the last `left` values (all 8 when 8 or more are left), for
+ * _mm256_maskload_ps / _mm256_maskstore_ps (which touch no memory in the other lanes). */
+__attribute__((target(CVL_AVX2_MATH), unused)) static inline __m256i cvl_tail_mask8(int64_t left) {
+    const int n = left >= 8 ? 8 : (left <= 0 ? 0 : (int)left);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* The next 8 floats at x of which `left` remain (the lanes past them 0), and their store. */
+__attribute__((target(CVL_AVX2_MATH), unused)) static inline __m256 cvl_load8(const float* x, int64_t left) {
+    return left >= 8 ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, cvl_tail_mask8(left));
+}
+
+__attribute__((target(CVL_AVX2_MATH), unused)) static inline void cvl_store8(float* y, int64_t left, __m256 v) {
+    if (left >= 8)
+        _mm256_storeu_ps(y, v);
+    else
+        _mm256_maskstore_ps(y, cvl_tail_mask8(left), v);
+}
+
+/* The sum, and the largest, of an 8-float vector's lanes. */
+__attribute__((target(CVL_AVX2_MATH), unused)) static inline float cvl_sum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+__attribute__((target(CVL_AVX2_MATH), unused)) static inline float cvl_max8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+/* cvl_exp_nonpositive on 8 lanes: the same reduction and polynomial; 2^n put into the exponent bits (n >= -126 after
+ * the clamp, so the result stays a normal float). */
+__attribute__((target(CVL_AVX2_MATH), unused)) static inline __m256 cvl_exp_nonpositive8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(two_n));
+}
+
+/* cvl_erf on 8 lanes (Abramowitz & Stegun 7.1.26, absolute error below 1.5e-7). */
+__attribute__((target(CVL_AVX2_MATH), unused)) static inline __m256 cvl_erf8(__m256 x) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    __m256 a = _mm256_andnot_ps(sign, x);
+    __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(_mm256_set1_ps(0.3275911f), a, one));
+    __m256 p = _mm256_set1_ps(1.061405429f);
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-1.453152027f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.421413741f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.284496736f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.254829592f));
+    p = _mm256_mul_ps(p, t);
+    __m256 e = cvl_exp_nonpositive8(_mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), a), a));
+    return _mm256_or_ps(_mm256_fnmadd_ps(p, e, one), _mm256_and_ps(x, sign));
 }
 
 #endif

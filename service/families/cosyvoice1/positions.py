@@ -22,9 +22,9 @@ class PositionTable:
 
     Grown (doubling) when a sequence needs more than R relative distances. Growth is serialised by
     a lock and publishes a new array, so readers holding the old one are never disturbed.
-    The graph feeds are contiguous copies of the first rows only (`feeds`): with a 512-row table a batch
-    of 8 rows at 60 positions stepped 22.6 ms against 17.7 ms with 64 rows (full-size int8). Rows past
-    the distances in use never reach a gathered score, so the result is the same.
+    The graph feeds are contiguous copies of the first rows only (`feeds`): a step reads every row it is
+    given, so a whole 512-row table makes each step slower (docs/perf-log.md). Rows past the distances
+    in use never reach a gathered score, so the result is the same.
     """
 
     def __init__(self, project: Projector, dim: int, *, rows: int = 256) -> None:

@@ -3,7 +3,7 @@
 A streamed sentence is vocoded in chunks: a chunk waits until `hop + overlap` tokens are buffered, consumes `hop`
 of them and keeps the last `overlap` as the next chunk's look-ahead (the official v1 scheme, spec §6). This module
 alone decides how large each hop is and whether a chunk carries the request's first audio; the streaming loop
-(service.engine.streaming) only counts tokens and runs the calls.
+(service.families.cosyvoice1.streaming) only counts tokens and runs the calls.
 
 Two schedules:
 * fixed (`adaptive=False`): the first hop, then `max(hop, min_hop) * growth` capped at `max_hop`. With
@@ -14,8 +14,7 @@ Two schedules:
   When no hop up to `max_hop` covers it (the host is slower than real time for this voice), the official hop
   (`steady_hop`, token_hop_len) is taken. A listener then waits in any case; what decides how long is the largest
   single deficit (a chunk's making time against the audio already delivered), and one `max_hop` chunk right after
-  the short first chunk makes that deficit as large as it can be (measured: TTCA 8.7 s against 6.5 s with hops of
-  100 at streamed RTF 1.9).
+  the short first chunk makes that deficit as large as it can be (a higher TTCA than hops of 100; docs/perf-log.md).
 
 What else it answers for the shared interface (service.engine.chunking.ChunkSchedule), as CosyVoice2's schedule does:
 * the look-ahead tail (`takes_tail`, adaptive only): a chunk cut when its sentence's tokens end within one overlap

@@ -23,7 +23,7 @@ from service.bundle import ModelBundle
 from service.engine import native
 from service.engine.acoustic_gate import AcousticGate, Pacer, until_cancelled
 from service.engine.chunking import Hop, Progress, first_audio
-from service.engine.host import limit_malloc_arenas
+from service.engine.host import limit_malloc_arenas, released_after
 from service.engine.memory import StateBudget
 from service.engine.options import RuntimeOptions
 from service.engine.scheduler import BatchScheduler
@@ -163,7 +163,7 @@ class CosyVoice2Engine:
         budget.check(texts)
         rngs = np.random.default_rng(options.seed).spawn(2)
         pace = Pacer(self.gate, self.sample_rate, cancel=cancel)  # a cancel stops a flow solve between its steps
-        return until_cancelled(self._sentences(texts, voice, options, rngs, budget, cancel, pace))
+        return released_after(until_cancelled(self._sentences(texts, voice, options, rngs, budget, cancel, pace)))
 
     def synthesize_tokens(
         self,

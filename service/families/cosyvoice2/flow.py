@@ -104,8 +104,8 @@ class FlowRunner2(GuidedEuler):
 
     The estimator's guidance rows are solved as GuidedEuler does (each row its own batch-1 call on its own caches,
     side by side on the lane thread when `cfg_lanes` and no other call is in flight). The full-size estimator runs
-    ~3,300 small kernels: ONNX Runtime's intra-op threads barely shorten a call (100 frames: 180 ms on 2 threads,
-    190 ms on 1), two calls on two cores nearly halve it. Concurrent requests run their rows one after the other.
+    ~3,300 small kernels: ONNX Runtime's intra-op threads barely shorten a call, two calls on two cores nearly halve
+    it (docs/perf-log.md). Concurrent requests run their rows one after the other.
     """
 
     def __init__(

@@ -23,7 +23,7 @@ from service.bundle import ModelBundle
 from service.engine import native
 from service.engine.acoustic_gate import AcousticGate, Pacer
 from service.engine.chunking import Progress, first_audio
-from service.engine.host import limit_malloc_arenas
+from service.engine.host import limit_malloc_arenas, released_after
 from service.engine.llm import max_speech_tokens
 from service.engine.memory import StateBudget
 from service.engine.options import RuntimeOptions
@@ -166,7 +166,7 @@ class CosyVoice3Engine:
         self._check(voice, options)
         llm_rng = np.random.default_rng(options.seed)
         pace = Pacer(self.gate, self.sample_rate)
-        return self._sentences(texts, voice, options, llm_rng, cancel, pace)
+        return released_after(self._sentences(texts, voice, options, llm_rng, cancel, pace))
 
     def synthesize_tokens(
         self, speech_tokens: Sequence[int], voice: Voice3, options: SynthesisOptions = DEFAULT_OPTIONS

@@ -3,8 +3,8 @@
  * Why: in ONNX Runtime a block is ~45 nodes (two LayerNorm patterns, three q/k/v products that each quantize the same
  * input, the attention, GELU, residual adds, the reshapes that stack its keys/values for the caches); an estimator
  * call runs 56 blocks per guidance row, 10 Euler steps per chunk, on chunks of 6-50 frames. The products and the
- * attention run near their instruction rates, and what was around them cost 7-12 % of a full-size call on 24-50 new
- * frames and a quarter on 6 (measured: docs/benchmarks.md). Here the block's intermediates stay in one per-thread
+ * attention run near their instruction rates, and what was around them cost a tenth of a full-size call on 24-50 new
+ * frames and a quarter on 6 (docs/perf-log.md). Here the block's intermediates stay in one per-thread
  * buffer, q, k and v come from one product over the quantized input (per-column scales keep each one's result
  * unchanged) written where the attention reads them, the LayerNorms, GELU and residuals are single passes, and the
  * new keys/values leave in float16, as the caches keep them. */
@@ -21,10 +21,19 @@
 #include "work.h"
 
 #define VEC "avx512f,fma"
+#define AVX2 "avx2,fma,f16c"
 #define NEEDS_VECTOR (CVL_AVX512F | CVL_FMA | CVL_F16C) /* the element-wise passes */
 
-static const cvl_variant variants[] = {{"portable", 0}, {"avx512", NEEDS_VECTOR}};
-const cvl_variants cvl_estimator_block_variants = {variants, 2, NULL};
+static const cvl_variant variants[] = {{"portable", 0}, {"avx2", CVL_NEEDS_AVX2}, {"avx512", NEEDS_VECTOR}};
+const cvl_variants cvl_estimator_block_variants = {variants, 3, NULL};
+
+/* The code of the block's own passes: the variant's index. */
+enum { PASSES_PORTABLE, PASSES_AVX2, PASSES_AVX512 };
+
+static int passes_of(cvl_features have) {
+    if (cvl_has(have, NEEDS_VECTOR)) return PASSES_AVX512;
+    return cvl_has(have, CVL_NEEDS_AVX2) ? PASSES_AVX2 : PASSES_PORTABLE;
+}
 
 /* ---- LayerNorm over rows of n: (x - mean) / sqrt(var + eps) * w + b, two passes as torch computes it ---- */
 
@@ -63,10 +72,32 @@ __attribute__((target(VEC))) static void layer_norm_fast(const float* x, int64_t
     }
 }
 
-static void layer_norm(int vector, const float* x, int64_t rows, int64_t n, const float* w, const float* b, float eps,
+__attribute__((target(AVX2))) static void layer_norm_avx2(const float* x, int64_t rows, int64_t n, const float* w,
+                                                          const float* b, float eps, float* y) {
+    for (int64_t r = 0; r < rows; r++, x += n, y += n) {
+        __m256 s = _mm256_setzero_ps();
+        for (int64_t i = 0; i < n; i += 8) s = _mm256_add_ps(s, cvl_load8(x + i, n - i));
+        const __m256 m = _mm256_set1_ps(cvl_sum8(s) / (float)n);
+        __m256 v = _mm256_setzero_ps();
+        for (int64_t i = 0; i < n; i += 8) {
+            __m256 d = _mm256_and_ps(_mm256_sub_ps(cvl_load8(x + i, n - i), m), /* 0 past the row */
+                                     _mm256_castsi256_ps(cvl_tail_mask8(n - i)));
+            v = _mm256_fmadd_ps(d, d, v);
+        }
+        const __m256 sd = _mm256_set1_ps(sqrtf(cvl_sum8(v) / (float)n + eps));
+        for (int64_t i = 0; i < n; i += 8) {
+            __m256 d = _mm256_div_ps(_mm256_sub_ps(cvl_load8(x + i, n - i), m), sd);
+            cvl_store8(y + i, n - i, _mm256_fmadd_ps(d, cvl_load8(w + i, n - i), cvl_load8(b + i, n - i)));
+        }
+    }
+}
+
+static void layer_norm(int passes, const float* x, int64_t rows, int64_t n, const float* w, const float* b, float eps,
                        float* y) {
-    if (vector)
+    if (passes == PASSES_AVX512)
         layer_norm_fast(x, rows, n, w, b, eps, y);
+    else if (passes == PASSES_AVX2)
+        layer_norm_avx2(x, rows, n, w, b, eps, y);
     else
         layer_norm_portable(x, rows, n, w, b, eps, y);
 }
@@ -83,9 +114,22 @@ __attribute__((target(VEC))) static void gelu_fast(float* x, int64_t count) {
     }
 }
 
-static void gelu(int vector, float* x, int64_t count) {
-    if (vector) {
+__attribute__((target(AVX2))) static void gelu_avx2(float* x, int64_t count) {
+    const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f), r2 = _mm256_set1_ps(0.70710678118654752f);
+    for (int64_t i = 0; i < count; i += 8) {
+        __m256 v = cvl_load8(x + i, count - i);
+        __m256 e = cvl_erf8(_mm256_mul_ps(v, r2));
+        cvl_store8(x + i, count - i, _mm256_mul_ps(_mm256_mul_ps(v, half), _mm256_add_ps(one, e)));
+    }
+}
+
+static void gelu(int passes, float* x, int64_t count) {
+    if (passes == PASSES_AVX512) {
         gelu_fast(x, count);
+        return;
+    }
+    if (passes == PASSES_AVX2) {
+        gelu_avx2(x, count);
         return;
     }
     for (int64_t i = 0; i < count; i++) x[i] = 0.5f * x[i] * (1.f + erff(x[i] * 0.70710678118654752f));
@@ -121,9 +165,20 @@ __attribute__((target("avx512f,f16c"))) static void to_half_fast(const float* x,
     for (; i < count; i++) out[i] = half_of(x[i]);
 }
 
-static void to_half(int vector, const float* x, int64_t count, uint16_t* out) {
-    if (vector) {
+__attribute__((target(AVX2))) static void to_half_avx2(const float* x, int64_t count, uint16_t* out) {
+    int64_t i = 0;
+    for (; i + 8 <= count; i += 8)
+        _mm_storeu_si128((__m128i*)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < count; i++) out[i] = half_of(x[i]);
+}
+
+static void to_half(int passes, const float* x, int64_t count, uint16_t* out) {
+    if (passes == PASSES_AVX512) {
         to_half_fast(x, count, out);
+        return;
+    }
+    if (passes == PASSES_AVX2) {
+        to_half_avx2(x, count, out);
         return;
     }
     for (int64_t i = 0; i < count; i++) out[i] = half_of(x[i]);
@@ -135,7 +190,7 @@ static void add_into(float* y, const float* x, int64_t count) {
 
 int cvl_estimator_block(const cvl_block_problem* p, const cvl_exec* ex) {
     const int64_t rows = p->batch * p->frames, D = p->dim, HD = p->heads * p->head_dim, F = p->ff;
-    const int vector = cvl_has(ex->have, NEEDS_VECTOR);
+    const int passes = passes_of(ex->have);
     if (rows <= 0) return 0;
     /* h1 (rows x D; LayerNorm outputs), q, k, v and att (rows x HD), h (rows x D), f (rows x F), and qkv (rows x 3HD)
      * where HD is not a multiple of 16 (the product cannot write its thirds in place) */
@@ -150,7 +205,7 @@ int cvl_estimator_block(const cvl_block_problem* p, const cvl_exec* ex) {
     float* f = h + rows * D;
     float* qkv = f + rows * F;
 
-    layer_norm(vector, p->x, rows, D, p->ln1_w, p->ln1_b, p->eps1, h1);
+    layer_norm(passes, p->x, rows, D, p->ln1_w, p->ln1_b, p->eps1, h1);
     if (!split) { /* q, k and v straight to where they are read */
         float* const parts[3] = {q, k, v};
         if (cvl_int8_weight_matmul(h1, rows, D, &p->qkv, NULL, parts, ex) != 0) return -1;
@@ -167,13 +222,13 @@ int cvl_estimator_block(const cvl_block_problem* p, const cvl_exec* ex) {
     cvl_attention_shape shape = {(int)p->batch, (int)p->frames, (int)p->cached, (int)p->heads,
                                  (int)p->head_dim,  p->chunk,       p->scale};
     if (cvl_cached_attention(&shape, ex->have, q, k, v, p->past_k, p->past_v, att) != 0) return -1;
-    to_half(vector, k, rows * HD, p->k);
-    to_half(vector, v, rows * HD, p->v);
+    to_half(passes, k, rows * HD, p->k);
+    to_half(passes, v, rows * HD, p->v);
     if (cvl_int8_weight_matmul(att, rows, HD, &p->out, h, NULL, ex) != 0) return -1;
     add_into(h, p->x, rows * D);
-    layer_norm(vector, h, rows, D, p->ln3_w, p->ln3_b, p->eps3, h1);
+    layer_norm(passes, h, rows, D, p->ln3_w, p->ln3_b, p->eps3, h1);
     if (cvl_int8_weight_matmul(h1, rows, D, &p->ff1, f, NULL, ex) != 0) return -1;
-    gelu(vector, f, rows * F);
+    gelu(passes, f, rows * F);
     int failed = cvl_int8_weight_matmul(f, rows, F, &p->ff2, p->y, NULL, ex);
     if (!failed) add_into(p->y, h, rows * D);
     cvl_work_trim(CVL_WORK_BLOCK);

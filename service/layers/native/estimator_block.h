@@ -29,8 +29,9 @@ typedef struct {
                                         * caches keep them (rounded to nearest even, as a Cast rounds) */
 } cvl_block_problem;
 
-/* The code paths of the block's own passes (LayerNorm, GELU, float16 rounding): portable, avx512 (AVX-512F with FMA
- * and F16C); its products and attention take theirs from the same features (int8_matmul.h, cached_attention.h). */
+/* The code paths of the block's own passes (LayerNorm, GELU, float16 rounding): portable, avx2 (AVX2 with FMA and
+ * F16C), avx512 (AVX-512F with FMA and F16C); its products and attention take theirs from the same features
+ * (int8_matmul.h, cached_attention.h). */
 extern const cvl_variants cvl_estimator_block_variants;
 
 /* 0 on success, -1 when a work buffer cannot be allocated. The products may share out their rows over ex->parallel. */

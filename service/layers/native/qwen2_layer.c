@@ -1,12 +1,13 @@
 /* A CosyVoice2 LLM decoder layer (Qwen2) in one call (qwen2_layer.h).
  *
  * Why: a decode step reads every weight once and its int8 products stream them at about one core's memory bandwidth
- * (full size: 13.7 ms of a 17.7 ms step, one thread), but in ONNX Runtime each layer is ~75 nodes around its 7
+ * (most of a full-size step; docs/perf-log.md), but in ONNX Runtime each layer is ~75 nodes around its 7
  * products (the RMSNorm pattern twice, rotary halves, reshapes and transposes of q, k and v and the shape arithmetic
  * behind them, the casts of the float16 cache, the attention's matmuls, softmax and slices, SiLU): ~1,800 small
- * kernels a step, the other 4 ms. Here a layer is its products, with the rest as single passes over one per-thread
+ * kernels a step, the rest of its time. Here a layer is its products, with the rest as single passes over one per-thread
  * buffer; the attention reads the float16 cache in place. A prefill's attention (16 new tokens or more) takes AMX
- * tiles where the CPU has them (attention_amx.c: a quarter of a 285-position prefill on one Emerald Rapids thread). */
+ * tiles where the CPU has them (attention_amx.c; it was a quarter of a 285-position prefill on one thread).
+ * The AVX2 code of the passes and the attention: qwen2_layer_avx2.c. */
 
 #include "qwen2_layer.h"
 
@@ -17,25 +18,33 @@
 
 #include "attention_parts.h"
 #include "half.h"
+#include "qwen2_layer_parts.h"
 #include "simd_math.h"
 #include "work.h"
 
 #define VEC "avx512f,avx512bw,avx512vl,fma,f16c"
-#define MASKED (-1e29f) /* mask entries below this are masked columns (the step graph writes -1e30) */
+#define MASKED CVL_QWEN2_MASKED
 #define MAX_TASKS 16
 
 #define NEEDS_VECTOR (CVL_AVX512F | CVL_AVX512BW | CVL_AVX512VL | CVL_FMA | CVL_F16C)
 
-enum { PORTABLE, VECTOR, TILES };
-static const cvl_variant variants[] = {{"portable", 0}, {"avx512", NEEDS_VECTOR}, {"amx_bf16", CVL_NEEDS_AMX_BF16}};
+enum { PORTABLE = CVL_QWEN2_PORTABLE, AVX2 = CVL_QWEN2_AVX2, VECTOR = CVL_QWEN2_AVX512, TILES };
+static const cvl_variant variants[] = {
+    {"portable", 0}, {"avx2", CVL_NEEDS_AVX2}, {"avx512", NEEDS_VECTOR}, {"amx_bf16", CVL_NEEDS_AMX_BF16}};
+
+/* The code of the layer's own passes and one-token attention under `have`: PORTABLE, AVX2 or VECTOR. */
+static int passes_of(cvl_features have) {
+    if (cvl_has(have, NEEDS_VECTOR)) return VECTOR;
+    return cvl_has(have, CVL_NEEDS_AVX2) ? AVX2 : PORTABLE;
+}
 
 /* The tiles hold head sizes 32 and 64 (head_dim 0 asks for any). */
 static int pick(cvl_features have, int64_t head_dim) {
-    if (!cvl_has(have, NEEDS_VECTOR)) return PORTABLE;
+    if (passes_of(have) != VECTOR) return passes_of(have);
     return cvl_has(have, CVL_NEEDS_AMX_BF16) && (head_dim == 0 || head_dim == 32 || head_dim == 64) ? TILES : VECTOR;
 }
 
-const cvl_variants cvl_qwen2_layer_variants = {variants, 3, pick};
+const cvl_variants cvl_qwen2_layer_variants = {variants, 4, pick};
 
 /* ---- RMSNorm over rows of n: w * (x * (1 / sqrt(mean(x^2) + eps))), as the step graph computes it ---- */
 
@@ -65,9 +74,11 @@ __attribute__((target(VEC))) static void rms_norm_fast(const float* x, int64_t r
     }
 }
 
-static void rms_norm(int vector, const float* x, int64_t rows, int64_t n, const float* w, float eps, float* y) {
-    if (vector)
+static void rms_norm(int passes, const float* x, int64_t rows, int64_t n, const float* w, float eps, float* y) {
+    if (passes == VECTOR)
         rms_norm_fast(x, rows, n, w, eps, y);
+    else if (passes == AVX2)
+        cvl_qwen2_rms_norm_avx2(x, rows, n, w, eps, y);
     else
         rms_norm_portable(x, rows, n, w, eps, y);
 }
@@ -87,9 +98,13 @@ __attribute__((target(VEC))) static void silu_mul_fast(float* g, const float* u,
     }
 }
 
-static void silu_mul(int vector, float* g, const float* u, int64_t count) {
-    if (vector) {
+static void silu_mul(int passes, float* g, const float* u, int64_t count) {
+    if (passes == VECTOR) {
         silu_mul_fast(g, u, count);
+        return;
+    }
+    if (passes == AVX2) {
+        cvl_qwen2_silu_mul_avx2(g, u, count);
         return;
     }
     for (int64_t i = 0; i < count; i++) g[i] = g[i] * (1.f / (1.f + expf(-g[i]))) * u[i];
@@ -116,9 +131,13 @@ __attribute__((target(VEC))) static void rotate_fast(float* v, int64_t heads, in
         }
 }
 
-static void rotate(int vector, float* v, int64_t heads, int64_t dk, const float* cos, const float* sin) {
-    if (vector) {
+static void rotate(int passes, float* v, int64_t heads, int64_t dk, const float* cos, const float* sin) {
+    if (passes == VECTOR) {
         rotate_fast(v, heads, dk, cos, sin);
+        return;
+    }
+    if (passes == AVX2) {
+        cvl_qwen2_rotate_avx2(v, heads, dk, cos, sin);
         return;
     }
     const int64_t half = dk / 2;
@@ -133,16 +152,6 @@ static void rotate(int vector, float* v, int64_t heads, int64_t dk, const float*
 }
 
 /* ---- attention of one (row b, kv head g, new token t) for the group's query heads ---- */
-
-typedef struct {
-    const cvl_qwen2_problem* p;
-    const float* q;   /* (R, heads, dk) rotated */
-    float* att;       /* (R, heads, dk) */
-    int64_t rows;     /* B x kv_heads x T */
-    int64_t tasks;
-    int fast;
-    volatile int failed; /* a task could not allocate its score buffer */
-} attention_job;
 
 static float dot_half(const float* q, const uint16_t* k, int64_t dk) {
     float s = 0.f;
@@ -187,26 +196,11 @@ __attribute__((target(VEC))) static float exp_sum_fast(float* s, const float* ma
     return _mm512_reduce_add_ps(sum);
 }
 
-/* What one attention row (b, kv head g, new token t; i = (b * kv_heads + g) * T + t) reads and writes. */
-typedef struct {
-    int64_t r, width, first_head, last_head; /* r = b * T + t: its row of q, att and the mask; heads [first, last) */
-    const float* mask;                       /* (C + T) */
-    const uint16_t *pk, *pv;                 /* (C, dk) float16 */
-    const float *nk, *nv;                    /* (T, dk) */
-} attention_rows;
-
-static attention_rows rows_of(const cvl_qwen2_problem* p, int64_t i) {
-    const int64_t T = p->steps, C = p->cached, dk = p->head_dim, G = p->heads / p->kv_heads;
-    const int64_t t = i % T, bg = i / T, g = bg % p->kv_heads, r = (bg / p->kv_heads) * T + t;
-    return (attention_rows){r, C + T, g * G, (g + 1) * G, p->mask + r * (C + T), p->past_k + bg * C * dk, p->past_v + bg * C * dk,
-                            p->k_out + bg * T * dk, p->v_out + bg * T * dk};
-}
-
 /* The portable code of one attention row (the vector code: attention_row_fast). */
-static void attention_row(const attention_job* jb, int64_t i, float* s) {
+static void attention_row(const qwen2_attention_job* jb, int64_t i, float* s) {
     const cvl_qwen2_problem* p = jb->p;
     const int64_t C = p->cached, dk = p->head_dim;
-    const attention_rows a = rows_of(p, i);
+    const qwen2_attention_rows a = qwen2_rows_of(p, i);
     const int64_t r = a.r, width = a.width;
     const float* mask = a.mask;
     for (int64_t h = a.first_head; h < a.last_head; h++) {
@@ -235,10 +229,10 @@ static void attention_row(const attention_job* jb, int64_t i, float* s) {
 /* The same row with every loop vectorized and inline: past keys by dot products (float16 read in place); new keys by
  * 16-column blocks of their transpose `kt` (dk x T), which needs no horizontal sums; values accumulated per 16 lanes
  * of dk in registers. */
-__attribute__((target(VEC))) static void attention_row_fast(const attention_job* jb, int64_t i, float* s, const float* kt) {
+__attribute__((target(VEC))) static void attention_row_fast(const qwen2_attention_job* jb, int64_t i, float* s, const float* kt) {
     const cvl_qwen2_problem* p = jb->p;
     const int64_t T = p->steps, C = p->cached, dk = p->head_dim;
-    const attention_rows a = rows_of(p, i);
+    const qwen2_attention_rows a = qwen2_rows_of(p, i);
     const int64_t r = a.r, width = a.width;
     const float* mask = a.mask;
     const uint16_t *pk = a.pk, *pv = a.pv;
@@ -302,18 +296,19 @@ static void transpose_keys(const cvl_qwen2_problem* p, int64_t b, int64_t g, flo
 }
 
 static void attention_task(void* ctx, size_t task) {
-    const attention_job* jb = ctx;
+    const qwen2_attention_job* jb = ctx;
     const int64_t from = jb->rows * (int64_t)task / jb->tasks, to = jb->rows * (int64_t)(task + 1) / jb->tasks;
     const int64_t T = jb->p->steps, width = jb->p->cached + T;
-    float* s = cvl_work_floats(CVL_WORK_QWEN_SCORES, (size_t)(width + 16 + (jb->fast ? jb->p->head_dim * T : 0)));
+    const int transposed = jb->passes != PORTABLE; /* the vector code reads the new keys from kt */
+    float* s = cvl_work_floats(CVL_WORK_QWEN_SCORES, (size_t)(width + 16 + (transposed ? jb->p->head_dim * T : 0)));
     if (s == NULL) {
-        ((attention_job*)ctx)->failed = 1;
+        ((qwen2_attention_job*)ctx)->failed = 1;
         return;
     }
     float* kt = s + width + 16;
     int64_t kt_of = -1; /* the (b, g) whose keys kt holds */
     for (int64_t i = from; i < to; i++) {
-        if (!jb->fast) {
+        if (!transposed) {
             attention_row(jb, i, s);
             continue;
         }
@@ -321,7 +316,10 @@ static void attention_task(void* ctx, size_t task) {
             kt_of = i / T;
             transpose_keys(jb->p, kt_of / jb->p->kv_heads, kt_of % jb->p->kv_heads, kt);
         }
-        attention_row_fast(jb, i, s, kt);
+        if (jb->passes == AVX2)
+            cvl_qwen2_attention_row_avx2(jb, i, s, kt);
+        else
+            attention_row_fast(jb, i, s, kt);
     }
 }
 
@@ -362,7 +360,7 @@ static int use_tiles(const cvl_qwen2_problem* p, cvl_features have) {
 int cvl_qwen2_layer(const cvl_qwen2_problem* p, const cvl_exec* ex) {
     const int64_t R = p->batch * p->steps, D = p->dim, dk = p->head_dim, HD = p->heads * dk, KD = p->kv_heads * dk;
     const int64_t F = p->ff, T = p->steps;
-    const int vector = cvl_has(ex->have, NEEDS_VECTOR);
+    const int passes = passes_of(ex->have);
     const cvl_parallel_fn parallel = ex->parallel;
     void* const runner = ex->runner;
     if (R <= 0) return 0;
@@ -378,15 +376,15 @@ int cvl_qwen2_layer(const cvl_qwen2_problem* p, const cvl_exec* ex) {
     float* g = x1 + R * D;
     float* u = g + R * F;
 
-    rms_norm(vector, p->x, R, D, p->rms1_w, p->eps, h);
+    rms_norm(passes, p->x, R, D, p->rms1_w, p->eps, h);
     const cvl_int8_weight* qkv_w[3] = {&p->q, &p->k, &p->v};
     float* const qkv_y[3] = {q, k, v};
     if (cvl_int8_weight_matmuls(h, R, D, qkv_w, qkv_y, 3, ex)) return -1;
     for (int64_t r = 0; r < R; r++) {
         const float* cos = p->cos + r * dk; /* (B, 1, T, dk): row r = b * T + t */
         const float* sin = p->sin + r * dk;
-        rotate(vector, q + r * HD, p->heads, dk, cos, sin);
-        rotate(vector, k + r * KD, p->kv_heads, dk, cos, sin);
+        rotate(passes, q + r * HD, p->heads, dk, cos, sin);
+        rotate(passes, k + r * KD, p->kv_heads, dk, cos, sin);
     }
     const size_t row_bytes = (size_t)dk * sizeof(float);
     for (int64_t r = 0; r < R; r++) /* (B, T, kv_heads, dk) -> (B, kv_heads, T, dk) */
@@ -405,7 +403,7 @@ int cvl_qwen2_layer(const cvl_qwen2_problem* p, const cvl_exec* ex) {
             tile_task(&tj, 0);
         failed_attention = tj.failed;
     } else {
-        attention_job jb = {p, q, att, p->batch * p->kv_heads * T, 1, vector, 0};
+        qwen2_attention_job jb = {p, q, att, p->batch * p->kv_heads * T, 1, passes, 0};
         const int64_t work = jb.rows * (p->cached + T) * (p->heads / p->kv_heads) * dk;
         jb.tasks = parallel && work >= (1 << 20) ? (jb.rows < MAX_TASKS ? jb.rows : MAX_TASKS) : 1;
         if (jb.tasks > 1)
@@ -416,11 +414,11 @@ int cvl_qwen2_layer(const cvl_qwen2_problem* p, const cvl_exec* ex) {
     }
     if (failed_attention || cvl_int8_weight_matmul(att, R, HD, &p->o, x1, NULL, ex)) return -1;
     add_into(x1, p->x, R * D);
-    rms_norm(vector, x1, R, D, p->rms2_w, p->eps, h);
+    rms_norm(passes, x1, R, D, p->rms2_w, p->eps, h);
     const cvl_int8_weight* ff_w[2] = {&p->gate, &p->up};
     float* const ff_y[2] = {g, u};
     if (cvl_int8_weight_matmuls(h, R, D, ff_w, ff_y, 2, ex)) return -1;
-    silu_mul(vector, g, u, R * F);
+    silu_mul(passes, g, u, R * F);
     int failed = cvl_int8_weight_matmul(g, R, F, &p->down, p->y, NULL, ex);
     if (!failed) add_into(p->y, x1, R * D);
     cvl_work_trim(CVL_WORK_QWEN);
