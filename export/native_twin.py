@@ -9,6 +9,8 @@
   GELU, residual) becomes one `cosyvoice_lite.EstimatorBlock` node whose q, k and v are one product. Each causal
   convolution's product reads its frames in place (Int8MatMul window=3) instead of the im2col copy our exporter
   builds from slices (fuse_conv_windows).
+* The CosyVoice-300M flow estimator (export/cosyvoice1/native_twin.py): its blocks attend over the whole window; each
+  becomes one EstimatorBlock with an empty cache and an attention chunk no call reaches (fuse_blocks as above).
 * The LLM step (either family): each int8 weight product as ONNX Runtime's dynamic quantization writes it
   (DynamicQuantizeLinear, MatMulInteger, Cast, Mul by the scales, and the bias Add) is one `cosyvoice_lite.Int8MatMul`
   node over the same int8 weight, packed in the order the kernel reads it; then each decoder layer is one node
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -202,7 +205,7 @@ def fuse_int8_matmuls(model: onnx.ModelProto) -> int:
         users = g.consumers.get(output, [])
         if len(users) == 1 and users[0].op_type == "Add":
             other = next((i for i in users[0].input if i != output), None)
-            if other in g.initializers and list(g.initializers[other].dims) == [w.shape[1]]:
+            if other is not None and _constant_shape(g, other) == (w.shape[1],):
                 output, bias = users[0].output[0], other
         packed, colsum = pack_int8_weight(w)
         base = f"{weight}_int8mm"
@@ -218,6 +221,15 @@ def fuse_int8_matmuls(model: onnx.ModelProto) -> int:
     graph.initializer.extend(new_inits)
     _replace_nodes(model, fused)
     return len(fused)
+
+
+def _constant_shape(g: _Graph, tensor: str) -> tuple[int, ...] | None:
+    """The shape of `tensor` when it is an initializer, or the exporter's Identity alias of one (its deduplicated
+    copies of equal weights), else None."""
+    alias = g.producer.get(tensor)
+    if alias is not None and alias.op_type == "Identity":
+        tensor = alias.input[0]
+    return tuple(g.initializers[tensor].dims) if tensor in g.initializers else None
 
 
 def _window_slice(g: _Graph, tensor: str) -> tuple[str, int, int] | None:
@@ -333,16 +345,18 @@ def _packed_weight(part: str, w: np.ndarray, scale: np.ndarray, bias: np.ndarray
 
 def fuse_blocks(model: onnx.ModelProto) -> int:
     """Replace each transformer block around a CachedAttention node (after fuse_attention and fuse_int8_matmuls) by
-    one EstimatorBlock node (in place); returns how many. Its first output keeps the block output's name; its float16
-    new keys and values, side by side, become the graph's new_k and new_v (_cache_output). RewriteError when a block
-    or the stacks do not match."""
+    one EstimatorBlock node (in place); returns how many. Its first output keeps the block output's name; in a graph
+    with caches its float16 new keys and values, side by side, become the graph's new_k and new_v (_cache_output).
+    RewriteError when a block or the stacks do not match."""
     graph = model.graph
     g = _Graph(graph)
     blocks: list[tuple[list[onnx.NodeProto], onnx.NodeProto]] = []
     inits: list[onnx.TensorProto] = []
     graph_outputs = {o.name for o in graph.output}
     new_kv: dict[str, str] = {}  # a block's k (v) product -> its float16 slice of new_k (new_v) from the fused node
-    for attention in [n for n in graph.node if n.op_type == OP_NAME]:
+    attentions = [n for n in graph.node if n.op_type == OP_NAME]
+    readers = Counter(n.input[3] for n in attentions)  # a cache input per block, or one empty cache they all read
+    for attention in attentions:
         q_mm, k_mm, v_mm = (g.made_by(t, INT8_OP_NAME) for t in attention.input[:3])
         h1 = q_mm.input[0]
         if k_mm.input[0] != h1 or v_mm.input[0] != h1:
@@ -379,7 +393,7 @@ def fuse_blocks(model: onnx.ModelProto) -> int:
         scales = np.concatenate([np.repeat(sq, hd), np.repeat(sk, hd), np.repeat(sv, hd)]).astype(np.float32)
         if np.all(scales == scales[0]):
             scales = scales[:1]
-        base = f"block_{attention.input[3]}"
+        base = f"block_{attention.input[3] if readers[attention.input[3]] == 1 else attention.name}"
         arrays: list[tuple[str, np.ndarray]] = [
             ("ln1_w", ln1_w),
             ("ln1_b", ln1_b),
@@ -400,7 +414,8 @@ def fuse_blocks(model: onnx.ModelProto) -> int:
         )  # fmt: skip
         blocks.append((nodes, fused))
         new_kv[k_mm.output[0]], new_kv[v_mm.output[0]] = fused.output[1], fused.output[2]
-    caches = [_cache_output(g, name, new_kv) for name in ("new_k", "new_v")] if blocks else []
+    cached = blocks and {"new_k", "new_v"} <= graph_outputs  # an estimator with caches (v1's attends without one)
+    caches = [_cache_output(g, name, new_kv) for name in ("new_k", "new_v")] if cached else []
     graph.initializer.extend(inits)
     gone = {id(n) for nodes, _ in blocks for n in nodes}
     order = {id(n): i for i, n in enumerate(graph.node)}

@@ -27,9 +27,10 @@ class EngineProfile(BaseModel):
         default=None,
         ge=1,
         le=64,
-        description="Intra-op threads of the flow/HiFT sessions; empty = TTS_INTRA_OP_THREADS (CosyVoice2: "
-        "one-thread calls, a lone estimator call splits its two guidance rows over two threads and the vocoder calls "
-        "the chunk schedule picks run on a two-thread HiFT session; 2 = off).",
+        description="Intra-op threads of the flow/HiFT sessions; empty = TTS_INTRA_OP_THREADS (CosyVoice-300M and "
+        "CosyVoice2: one-thread calls, a lone estimator call splits its two guidance rows over two threads and the "
+        "vocoder calls the chunk schedule picks run on a two-thread HiFT session when no other work needs the cores; "
+        "2 = off).",
     )
     max_batch: int = Field(
         default=16,
@@ -75,11 +76,24 @@ class EngineProfile(BaseModel):
         "there; false keeps ONNX Runtime's graphs wherever a twin's deciding kernel would take its AVX2 code (as before "
         "that code existed).",
     )
+    native_estimator: bool = Field(
+        default=True,
+        description="Run the flow estimator's native twin where native_kernels runs twins (CosyVoice-300M: its "
+        "transformer blocks as EstimatorBlock calls attending over the whole window; CosyVoice2: with its cached "
+        "chunk attention); false = ONNX Runtime's int8 graph, or OpenVINO as acoustic_backend says.",
+    )
     stream_schedule: Literal["adaptive", "official"] = Field(
         default="adaptive",
         description="How streamed sentences are cut into chunks: 'adaptive' (a small first chunk, then each chunk "
         "large enough to cover making the next, from the measured rates; CosyVoice2: a 10-token first chunk, then "
         "one 25-token attention chunk per hop) or 'official' (v1: every hop 100 tokens; CosyVoice2: 25 + pad, 50, 100).",
+    )
+    look_ahead_tail: bool = Field(
+        default=True,
+        description="CosyVoice-300M, adaptive schedule: a streamed chunk whose sentence ends within one 20-token "
+        "overlap after its own tokens takes the rest along as the sentence's last (the end is learned within one "
+        "decode step) instead of a last flow call over those tokens; false = that last call, as the official schedule "
+        "does (CosyVoice2's early schedule always takes its 3 look-ahead tokens along).",
     )
     first_hop_tokens: int | None = Field(
         default=None,

@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 
 from service.bundle import ModelConstants
-from service.engine.chunking import Progress, RateMeter, Rates, first_audio
+from service.engine.chunking import ChunkSchedule, Progress, RateMeter, Rates, first_audio
 from service.families.cosyvoice1.schedule import ScheduleConfig, chunk_audio_s, chunk_cost_s, next_hop
+from service.layers.chunk_schedule import HopSchedule
 
 C = ModelConstants()
 ADAPTIVE = ScheduleConfig.default(C)
@@ -92,6 +93,28 @@ def test_a_host_slower_than_real_time_gets_the_official_hop_not_the_largest() ->
     """No hop covers: one max_hop chunk right after the short first one would be the largest wait a listener can get."""
     assert hops(ADAPTIVE, SLOW, 3) == [21, 100, 100]
     assert ADAPTIVE.steady_hop == C.token_hop_len < ADAPTIVE.max_hop
+
+
+def test_the_adaptive_schedule_takes_a_tail_of_up_to_two_overlaps_the_official_none() -> None:
+    """takes_tail(left): a chunk cut with `left` tokens after its hop (its 20-token overlap and what more is decoded)."""
+    assert [ADAPTIVE.takes_tail(left) for left in (20, 39, 40, 41)] == [True, True, True, False]
+    assert not any(ScheduleConfig.official(C).takes_tail(left) for left in (0, 20, 40))  # the official split
+    assert not ScheduleConfig.default(C, tail=False).takes_tail(20)  # the lever off
+    assert ADAPTIVE.with_first_hop(33).tail == ADAPTIVE.tail == 2 * C.token_overlap_len
+
+
+def test_a_sentences_first_and_last_chunk_may_take_the_cores() -> None:
+    """The chunks between share the cores with the decode steps that make the next chunk's tokens."""
+    assert [ADAPTIVE.takes_cores(100, first=f, final=last) for f, last in [(1, 0), (0, 0), (0, 1)]] == [True, False, True]
+    vocoder = [ADAPTIVE.vocoder_takes_cores(100, before=b, final=last) for b, last in [(0, False), (21, False), (121, True)]]
+    assert vocoder == [True, False, True]
+
+
+def test_every_familys_schedule_answers_the_shared_interface() -> None:
+    asked = [name for name in vars(ChunkSchedule) if not name.startswith("_")]
+    assert {"next_hop", "takes_tail", "takes_cores", "vocoder_takes_cores"} <= set(asked)
+    for schedule in (ADAPTIVE, ScheduleConfig.official(C), HopSchedule()):
+        assert all(callable(getattr(schedule, name, None)) for name in asked), schedule
 
 
 def test_schedule_config_is_validated() -> None:

@@ -330,7 +330,7 @@ def test_a_bundle_exported_before_twins_gets_one_from_the_command(
     assert main([str(tmp_path / "nowhere")]) == 2
 
 
-def test_float_bundles_take_no_twin_and_quantized_v1_ones_the_steps(
+def test_float_bundles_take_no_twin_and_quantized_v1_ones_the_step_and_the_estimator(
     tiny_bundle: Path, tmp_path: Path, kernels: native.NativeKernels
 ) -> None:
     v1 = tmp_path / "v1"
@@ -339,10 +339,10 @@ def test_float_bundles_take_no_twin_and_quantized_v1_ones_the_steps(
     assert ModelBundle.load(v1).native_graph_path("llm_step") is None
     quantized = tmp_path / "v1-int8"
     write_quantized_bundle(tiny_bundle, quantized, ModelBundle.load(tiny_bundle).manifest, "int8")
-    rewrites = for_family(FAMILY_V1).native_rewrites  # v1's estimator has no cached attention: the step's twin alone
-    assert write_native_twin(quantized, rewrites, log=lambda _: None) == (STEP_TWIN,)
+    rewrites = for_family(FAMILY_V1).native_rewrites  # v1's estimator: its blocks over the whole window (no cache)
+    assert write_native_twin(quantized, rewrites, log=lambda _: None) == (STEP_TWIN, TWIN)
     bundle = ModelBundle.load(quantized, verify_hashes=True)
-    assert bundle.native_graph_path("flow_estimator") is None
+    assert bundle.native_graph_path("flow_estimator") == quantized / f"{TWIN}.onnx"  # tests/test_native_v1_twin.py
     core = ort.InferenceSession(str(quantized / "llm_step.onnx"), providers=["CPUExecutionProvider"])
     twin = native_session(quantized / f"{STEP_TWIN}.onnx")
     feeds = step_feeds(core, 1, 1, 0)  # the first step (v1's relative positions need the engine's own feeds later)

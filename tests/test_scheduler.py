@@ -429,6 +429,31 @@ def test_gate_is_idle_only_with_no_call_running_or_waiting() -> None:
     assert entered.is_set() and gate.idle()
 
 
+def test_gate_is_alone_with_only_the_askers_call_and_nobody_waiting() -> None:
+    """alone() (asked from inside a call: may it take both cores?) is True while that call is the only one holding a
+    slot and none waits; a second call holding the other slot, or one waiting for a slot, makes it False."""
+    assert not AcousticGate(0).alone()
+    gate = AcousticGate(2)
+    with gate.slot(1.0):
+        assert gate.alone()
+        with gate.slot(2.0, pauses_llm=False):
+            assert not gate.alone()
+        assert gate.alone()
+    one = AcousticGate(1)
+
+    def second() -> None:
+        with one.slot(2.0):
+            pass
+
+    with one.slot(1.0):
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        assert _wait_until(lambda: len(one._waiting) == 1)
+        assert not one.alone()
+    waiter.join(TIMEOUT_S)
+    assert one.alone() is True  # nobody left: a call that asked now would be alone
+
+
 def _wait_until(condition: Any, timeout_s: float = TIMEOUT_S) -> bool:
     deadline = time.monotonic() + timeout_s
     while not condition():

@@ -19,6 +19,7 @@ from service.families.cosyvoice1.schedule import ScheduleConfig
 from service.families.cosyvoice1.streaming import RequestContext, default_first_hop, stream_sentence, whole_sentence
 from service.families.cosyvoice1.token2wav import GeneratorNoise, NoiseSource, ReplayNoise, SentenceState, Token2Wav, WavChunk
 from service.layers.hift import HiFTNoise, HiFTRunner
+from service.layers.mel_stream import TAIL_WAIT_S
 
 ACOUSTIC_GRAPHS = ("flow_encoder", "flow_lr", "flow_estimator", "hift_f0", "hift_source", "hift_decode")
 
@@ -161,6 +162,7 @@ class FakeT2W(Token2Wav):
         speed: float = 1.0,
         n_timesteps: int | None = None,
         between_steps: Any = None,
+        **cores: Any,
     ) -> WavChunk:
         self.windows.append(list(tokens))
         return WavChunk(np.asarray(tokens, dtype=np.float32), 0.0, 0.0)
@@ -178,6 +180,79 @@ def test_official_schedule_and_small_first_hop() -> None:
     assert _windows(c, 230, 30) == [(0, 50), (30, 150), (130, 230)]
     assert _windows(c, 119, 100) == [(0, 119)]
     assert _windows(c, 50, 30) == [(0, 50), (30, 50)]  # exactly hop + overlap: one chunk plus the 20-token final
+
+
+class EndingTokens:
+    """A token stream that can tell its end without taking a token (as the scheduler's TokenStream does); records the
+    waits it was asked for."""
+
+    def __init__(self, tokens: Sequence[int]) -> None:
+        self._tokens = list(tokens)
+        self._taken = 0
+        self.waits: list[float] = []
+
+    def __iter__(self) -> EndingTokens:
+        return self
+
+    def __next__(self) -> int:
+        if self._taken == len(self._tokens):
+            raise StopIteration
+        self._taken += 1
+        return self._tokens[self._taken - 1]
+
+    def ended(self, wait_s: float = 0.0) -> bool:
+        self.waits.append(wait_s)
+        return self._taken == len(self._tokens)
+
+
+class DecodedAhead(EndingTokens):
+    """The same, every token already decoded when the first is taken (the LLM ran ahead of the flow)."""
+
+    def ready(self) -> int:
+        return len(self._tokens) - self._taken
+
+
+def _adaptive_windows(n_tokens: int, *, tail: bool, ahead: bool = False) -> tuple[list[tuple[int, int]], list[float]]:
+    """Windows of the adaptive schedule with nothing measured (hops 21, then 100) over a stream that tells its end."""
+    c = ModelConstants()
+    fake, tokens = FakeT2W(c), (DecodedAhead if ahead else EndingTokens)(range(n_tokens))
+    ctx = RequestContext.alone(GeneratorNoise(np.random.default_rng()), ScheduleConfig.default(c, tail=tail), c.sample_rate)
+    list(stream_sentence(tokens, np.zeros(192, np.float32), fake, ctx))
+    return [(w[0], w[-1] + 1) for w in fake.windows], tokens.waits
+
+
+def test_a_sentence_ending_within_one_overlap_after_a_chunk_is_that_chunk() -> None:
+    """The look-ahead tail: a chunk cut with at most two overlaps (40 tokens) after its hop, when the stream has ended,
+    is the sentence's last and takes them along; one more token and the last call keeps them (official split)."""
+    assert _adaptive_windows(141, tail=True)[0] == [(0, 41), (21, 141)]  # exactly hop + overlap after the first
+    assert _adaptive_windows(141, tail=False)[0] == [(0, 41), (21, 141), (121, 141)]
+    assert _adaptive_windows(161, tail=True)[0] == [(0, 41), (21, 141), (121, 161)]  # 20 more, not decoded yet
+    assert _adaptive_windows(161, tail=True, ahead=True)[0] == [(0, 41), (21, 161)]  # 40 after the hop, decoded
+    assert _adaptive_windows(162, tail=True, ahead=True)[0] == [(0, 41), (21, 141), (121, 162)]
+    windows, waits = _adaptive_windows(41, tail=True)
+    assert windows == [(0, 41)] and waits == [0.0]  # a sentence's first chunk never waits to learn the end
+    windows, waits = _adaptive_windows(300, tail=True)
+    assert windows == [(0, 41), (21, 141), (121, 241), (221, 300)]
+    assert waits == [0.0, TAIL_WAIT_S, TAIL_WAIT_S]  # asked at every cut, waiting one decode step after the first
+    assert _adaptive_windows(300, tail=True, ahead=True)[1] == []  # more than the tail after each cut: nothing asked
+    assert _windows(ModelConstants(), 50, 30) == [(0, 50), (30, 50)]  # a plain iterator cannot tell: no tail
+
+
+def test_the_tail_gives_the_audio_length_of_the_official_split(t2w: Token2Wav, ref: Any) -> None:
+    """Taken along, the tail's frames are the last chunk's instead of a last call's: the sentence's audio has the
+    length the official split gives it, in one call fewer."""
+    c = t2w.constants
+    tokens = ref["tokens"][:141].tolist()
+    lengths, calls = [], []
+    for tail in (True, False):
+        rec = RecordingT2W(t2w)
+        ctx = RequestContext.alone(GeneratorNoise(np.random.default_rng(3)), ScheduleConfig.default(c, tail=tail), c.sample_rate)
+        chunks = list(stream_sentence(EndingTokens(tokens), ref["embedding"], rec, ctx))
+        assert chunks[-1].is_last and sum(ch.tokens for ch in chunks) == len(tokens)
+        lengths.append(sum(len(ch.audio) for ch in chunks))
+        calls.append(rec.calls)
+    assert calls == [[(41, False), (120, True)], [(41, False), (120, False), (20, True)]]
+    assert lengths[0] == lengths[1] == c.tokens_to_mel_frames(141) * c.mel_hop_samples
 
 
 def test_hop_growth_follows_stream_scale_factor() -> None:

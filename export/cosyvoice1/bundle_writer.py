@@ -20,6 +20,7 @@ from export.cosyvoice1.graphs.flow import export_flow, verify_flow
 from export.cosyvoice1.graphs.llm import export_llm, verify_llm
 from export.cosyvoice1.modules.llm import TransformerLM
 from export.cosyvoice1.relpos_twin import rewrite_relpos_step
+from export.cosyvoice1.native_twin import rewrite_full_estimator
 from export.graphs.hift import export_hift, verify_hift
 from export.modules.flow import MaskedDiffWithXvec
 from export.modules.hift import HiFTGenerator, normalize_hift_state_dict
@@ -41,9 +42,10 @@ from service.families.cosyvoice1.contract import FAMILY, PROMPT_GRAPHS, TOKENIZE
 # sha256 of openai-whisper 20231117's assets/multilingual.tiktoken (the file the v1 config tokenizes with).
 WHISPER_MULTILINGUAL_SHA256 = "b34b360dbb493e781e479794586d661700670d65564001f23024971d1f2fa126"
 REPO_TINY_TOKENIZER = Path(__file__).resolve().parents[2] / "models" / "tiny" / TOKENIZER_NAME
-# Graphs with a native twin in a quantized bundle, and how each is rewritten (the LLM step: its decoder layers as
-# RelPosLayer nodes, its other int8 products as Int8MatMul).
-NATIVE_REWRITES: dict[str, Rewrite] = {"llm_step": rewrite_relpos_step}
+# Graphs with a native twin in a quantized bundle, and how each is rewritten: the LLM step (its decoder layers as
+# RelPosLayer nodes, its other int8 products as Int8MatMul), the flow estimator's transformer blocks (attending over
+# the whole window).
+NATIVE_REWRITES: dict[str, Rewrite] = {"llm_step": rewrite_relpos_step, "flow_estimator": rewrite_full_estimator}
 
 
 @dataclass(frozen=True)

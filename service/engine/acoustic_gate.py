@@ -220,6 +220,11 @@ class AcousticGate:
         counts nobody, so it is never idle."""
         return self.slots > 0 and self._busy == 0 and not self._waiting
 
+    def alone(self) -> bool:
+        """True while at most one call holds a slot (the caller's own, asked from inside it) and none waits (read without
+        the lock); a gate without slots counts nobody, so it is never alone."""
+        return self.slots > 0 and self._busy <= 1 and not self._waiting
+
     def first_audio_running(self) -> bool:
         """True while a call for some request's first audio holds a slot (read without the lock)."""
         return self._first_busy > 0

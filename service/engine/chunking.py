@@ -65,6 +65,21 @@ class ChunkSchedule(Protocol):
         """Speech tokens the LLM must deliver before a sentence's first chunk can be made (its urgent tokens)."""
         ...
 
+    def takes_tail(self, left: int) -> bool:
+        """Whether a chunk about to be cut with `left` tokens after its hop takes them along as the sentence's last
+        chunk once the token stream has ended (instead of a last call of their own)."""
+        ...
+
+    def takes_cores(self, tokens: int, *, first: bool, final: bool) -> bool:
+        """Whether a chunk of `tokens` speech tokens (a sentence's `first`, its `final`) may run its flow on both cores
+        while the decode steps step aside; the engine still gives them only when nothing else runs."""
+        ...
+
+    def vocoder_takes_cores(self, tokens: int, *, before: int, final: bool) -> bool:
+        """Whether the vocoder call of a chunk of `tokens` speech tokens after `before` of its sentence may run on both
+        cores (a wider session), on the same terms."""
+        ...
+
 
 def first_audio(progress: Progress) -> bool:
     """True when the next chunk carries the request's first audio: it is urgent (pooled, served first, the LLM

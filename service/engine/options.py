@@ -121,6 +121,9 @@ class EngineLevers:
     # How streamed sentences are cut into chunks: the family's default schedule, or "official" (the official code's
     # chunk boundaries, for parity).
     stream_schedule: StreamSchedule = "adaptive"
+    # A streamed chunk whose sentence ends within its schedule's tail takes the rest along as the sentence's last
+    # (schedules with a tail); False: a last call of their own.
+    look_ahead_tail: bool = True
     first_hop_tokens: int | None = None  # the first streamed chunk's hop; None: the schedule's own
     # Seconds of a cloned voice's prompt the flow sees with each streamed chunk; None: all of it (official).
     prompt_window_s: float | None = None
@@ -144,6 +147,8 @@ class EngineLevers:
     # (service.engine.native), "no-amx" the same without AMX tiles, "portable" every twin with the kernels' portable C
     # (comparisons, tests), "off" the core graphs.
     native_kernels: NativeKernelsMode = "auto"
+    # The flow estimator's native twin where native_kernels runs twins; False: its core graph (or OpenVINO).
+    native_estimator: bool = True
     # Whether "auto" and "no-amx" count a kernel's AVX2 code (no AVX-512) as a fast variant; False: such hosts run the
     # core graphs, as before the AVX2 kernels existed.
     native_on_avx2: bool = True

@@ -29,8 +29,9 @@ def graph_runtime(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> Graph
     """The one place that picks the runtime of a graph, from the settings, the CPU's features and the bundle's files.
 
     A graph runs as its native twin on ORT with our kernels when the bundle has the twin, native_kernels is not "off"
-    and the library has a fast variant of the twin's deciding kernels here under that ceiling (native.KERNELS_OF_GRAPH;
-    their AVX2 code counts unless native_on_avx2 is off), or the ceiling is "portable". Else OpenVINO runs
+    (nor native_estimator False, for the estimator) and the library has a fast variant of the twin's deciding kernels
+    here under that ceiling (native.KERNELS_OF_GRAPH; their AVX2 code counts unless native_on_avx2 is off), or the
+    ceiling is "portable". Else OpenVINO runs
     OPENVINO_GRAPHS when asked (or on "auto" where bf16 is native), from floating-point weights: the graph itself, or
     the float twin of a quantized graph; a quantized graph without a twin stays on ORT.
     """
@@ -58,7 +59,7 @@ def native_twin(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> GraphRu
     """The native twin of graph `name` as it would run here, or None (no twin, off, or the library cannot run)."""
     ceiling = opts.native_kernels
     path = bundle.native_graph_path(name)
-    if path is None or ceiling == "off":
+    if path is None or ceiling == "off" or (name == "flow_estimator" and not opts.native_estimator):
         return None
     kernels = _native_kernels(name, ceiling, opts.native_on_avx2)
     if not kernels.usable:
@@ -77,6 +78,9 @@ def native_kernels_note(bundle: ModelBundle, opts: RuntimeOptions) -> str | None
         return f"native kernels off (TTS_ENGINE_PROFILE=native_kernels=off): ONNX Runtime's graphs run {', '.join(twins)}"
     parts = []
     for name in twins:
+        if name == "flow_estimator" and not opts.native_estimator:
+            parts.append(f"{name} on its core graph (TTS_ENGINE_PROFILE=native_estimator=false)")
+            continue
         kernels = _native_kernels(name, ceiling, opts.native_on_avx2)
         what = ", ".join(_kernel_note(op, ceiling) for op in native.KERNELS_OF_GRAPH[name])
         parts.append(f"{name} runs {what}" if kernels.usable else f"{name} on ONNX Runtime's graph ({kernels.reason})")

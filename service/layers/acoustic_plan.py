@@ -1,6 +1,7 @@
-"""How the engines of the chunk-causal families share two cores between decode steps and acoustic calls: their sessions
-with a wide HiFT decode session, the acoustic budget as one-thread calls, the decode steps' spread while the acoustic
-gate is idle, and the bound on streamed sentences' flow caches."""
+"""How the engines share two cores between decode steps and acoustic calls: their sessions with a wide HiFT decode
+session and the acoustic budget as one-thread calls (for every engine that plans with them), the
+chunk-causal families' decode-step spread while the acoustic gate is idle, and the bound on their streamed sentences'
+flow caches."""
 
 from __future__ import annotations
 
@@ -33,9 +34,13 @@ def open_engine_sessions(bundle: ModelBundle, runtime: RuntimeOptions, names: tu
     (WIDE_HIFT_DECODE) for the vocoder calls that take both cores."""
     sessions = open_sessions(bundle, runtime, names=names)
     if wide:
-        two = replace(runtime, acoustic_threads=WIDE_THREADS)
-        sessions[WIDE_HIFT_DECODE] = open_sessions(bundle, two, names=("hift_decode",))["hift_decode"]
+        sessions[WIDE_HIFT_DECODE] = wide_hift_decode(bundle, runtime)
     return sessions
+
+
+def wide_hift_decode(bundle: ModelBundle, runtime: RuntimeOptions) -> Any:
+    """The bundle's HiFT decode graph on WIDE_THREADS intra-op threads (the session WIDE_HIFT_DECODE names)."""
+    return open_sessions(bundle, replace(runtime, acoustic_threads=WIDE_THREADS), names=("hift_decode",))["hift_decode"]
 
 
 def decode_spread(

@@ -2,8 +2,9 @@
  * (new frame i at position C+i sees every cached position and new position C+j iff floor((C+j)/chunk) <=
  * floor((C+i)/chunk)), then every other variant the run may take against the portable C (within the bf16 products'
  * tolerance; the float32 AVX2 kernel within 1e-5), on edge shapes: no cache, one frame, chunk 1 and chunks longer than
- * the call, frame counts around the 8/16-lane and 32/64-frame tiles, odd and long cache lengths, head sizes the fast
- * kernels hold (16, 32, 64; AVX2: multiples of 8 up to 64) and others. */
+ * the call (INT64_MAX: full attention, the mode a non-causal estimator's twin runs in), frame counts around the
+ * 8/16-lane and 32/64-frame tiles, odd and long cache lengths, head sizes the fast kernels hold (16, 32, 64; AVX2:
+ * multiples of 8 up to 64) and others. */
 
 #include "cached_attention.h"
 #include "check.h"
@@ -17,6 +18,7 @@ static const shape SHAPES[] = {
     {1, 1, 0, 1, 16, 1},  {1, 5, 0, 2, 16, 2},  {2, 7, 3, 2, 32, 3},    {1, 50, 200, 8, 64, 25}, {1, 64, 10, 1, 64, 100},
     {1, 65, 31, 2, 32, 4}, {2, 70, 17, 2, 16, 7}, {1, 3, 5, 2, 8, 2},   {1, 6, 0, 1, 24, 1000},  {1, 17, 1, 3, 64, 1},
     {1, 1, 900, 2, 64, 50}, {2, 33, 601, 2, 32, 25}, {1, 9, 0, 2, 64, 4}, {1, 13, 40, 1, 48, 5}, {1, 4, 7, 2, 12, 3},
+    {2, 70, 0, 2, 64, INT64_MAX}, {1, 9, 0, 3, 32, INT64_MAX}, /* full attention, no cache: the v1 estimator's */
 };
 
 /* A finite float16 of magnitude 2^-5 .. 2^3, as bits, and its value. */

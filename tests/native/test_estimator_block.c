@@ -1,8 +1,8 @@
 /* The flow estimator's transformer block (estimator_block.h): every variant the run may take against the portable C
  * within the tolerance of its bf16 attention products, on edge shapes (one frame, no cache, a long cache, chunk
- * boundaries, q|k|v widths not a multiple of 16 that take the copy path, widths that are no multiple of 8 (the AVX2
- * passes' tails), head sizes the bf16 attention does not hold), and a row's result independent of the batch it is
- * computed in. */
+ * boundaries, full attention with an attention chunk no call reaches, q|k|v widths not a multiple of 16 that take the
+ * copy path, widths that are no multiple of 8 (the AVX2 passes' tails), head sizes the bf16 attention does not hold),
+ * and a row's result independent of the batch it is computed in. */
 
 #include "check.h"
 #include "estimator_block.h"
@@ -16,6 +16,7 @@ static const shape SHAPES[] = {
     {1, 1, 0, 32, 2, 16, 64, 1}, {2, 7, 5, 48, 2, 16, 40, 3},  {1, 50, 20, 64, 4, 16, 128, 25},
     {1, 20, 3, 24, 3, 8, 20, 4}, {1, 17, 33, 64, 2, 32, 96, 16}, {1, 6, 0, 40, 1, 64, 72, 1000},
     {1, 1, 300, 72, 2, 64, 100, 50}, {2, 13, 70, 36, 3, 12, 52, 5},
+    {2, 70, 0, 64, 2, 64, 96, INT64_MAX}, /* no cache, full attention over 70 frames: the v1 estimator's blocks */
 };
 
 typedef struct {

@@ -10,7 +10,8 @@
 
 /* One call: q, k, v, out (B, M, H*DK) float32; past_k, past_v (B, C, H, DK) float16 bits (time-first, as the
  * engine caches them). New frame i is at position C+i; it sees every cached position and new position C+j iff
- * floor((C+j)/chunk) <= floor((C+i)/chunk). Scores are scaled by `scale` before the softmax.
+ * floor((C+j)/chunk) <= floor((C+i)/chunk); a chunk of at least C+M (INT64_MAX: no overflow) is full attention,
+ * every frame seeing every key (a non-causal estimator's blocks, C = 0). Scores are scaled by `scale` before the softmax.
  * The fast kernels (AVX-512 BF16 for head sizes 16, 32 and 64; AMX-BF16 tiles for 32 and 64) take the products in
  * bfloat16 with float32 sums and a float32 softmax; the AVX2 one (head sizes multiples of 8 up to 64) and the portable
  * one (any head size) are float32 throughout. */

@@ -37,6 +37,7 @@ from service.families.cosyvoice1.streaming import (
 )
 from service.families.cosyvoice1.token2wav import GeneratorNoise, NoiseSource, Token2Wav
 from service.families.cosyvoice1.voice import FlowPrompt, Voice
+from service.layers.acoustic_plan import WIDE_HIFT_DECODE, one_thread_calls, wide_hift_decode
 from service.layers.hift import HiFTRunner
 
 DEFAULT_OPTIONS = SynthesisOptions()
@@ -71,17 +72,22 @@ class Synthesizer:
         schedule: ScheduleConfig | None = None,
         prompt_window_s: float | None = None,
         meter: RateMeter | None = None,
+        cfg_lanes: bool = False,
     ) -> None:
         """`schedule`: how streamed sentences are cut (default: adaptive, ScheduleConfig.default; the official one
         is ScheduleConfig.official). `prompt_window_s`: seconds of a cloned voice's prompt that the flow sees with
         each streamed chunk (None: all of it, the official computation). `meter` learns the rates the adaptive
-        schedule plans with (the scheduler thread, if any, records into the same one)."""
+        schedule plans with (the scheduler thread, if any, records into the same one). `cfg_lanes`: an estimator
+        call whose chunk may take both cores runs its two guidance rows side by side when they are free
+        (`cores_free`); `sessions` may hold a WIDE_HIFT_DECODE session for such chunks' vocoder calls."""
         c = bundle.constants
         self.bundle = bundle
         self.sample_rate = c.sample_rate
         self.speakers: tuple[str, ...] = tuple(bundle.speakers)
         self.llm: TokenGenerator = llm if llm is not None else CosyVoice1LLM(sessions, c)
-        self.token2wav = Token2Wav(FlowRunner(sessions, c), HiFTRunner(sessions, c), c)
+        wide = sessions.get(WIDE_HIFT_DECODE)
+        wide_hift = HiFTRunner({**sessions, "hift_decode": wide}, c) if wide is not None else None
+        self.token2wav = Token2Wav(FlowRunner(sessions, c, cfg_lanes=cfg_lanes), HiFTRunner(sessions, c), c, wide_hift)
         self.schedule = schedule if schedule is not None else ScheduleConfig.default(c)
         if first_hop_tokens is not None:
             self.schedule = self.schedule.with_first_hop(first_hop_tokens)
@@ -111,7 +117,8 @@ class Synthesizer:
         the tokens of its own first chunk).
         """
         loaded = bundle if isinstance(bundle, ModelBundle) else ModelBundle.load(bundle)
-        runtime = runtime or RuntimeOptions()
+        runtime = one_thread_calls(runtime or RuntimeOptions())
+        lanes = runtime.threads_for("acoustic") == 1  # the one-thread calls' parallelism, as CosyVoice2 plans it
         limit_malloc_arenas(runtime.malloc_arenas)
         # The table is built before the big graphs are opened, so llm_pos's transient memory is reused
         # by them instead of adding to the peak.
@@ -119,6 +126,8 @@ class Synthesizer:
             open_sessions(loaded, runtime, ["llm_pos"], transient=TRANSIENT_GRAPHS)["llm_pos"], loaded.constants
         )
         sessions = open_sessions(loaded, runtime, transient=TRANSIENT_GRAPHS)
+        if lanes:
+            sessions[WIDE_HIFT_DECODE] = wide_hift_decode(loaded, runtime)
         runner = CosyVoice1LLM(sessions, loaded.constants, positions=positions)
         gate = None
         if runtime.acoustic_slots > 0 or runtime.acoustic_nice > 0:
@@ -128,7 +137,8 @@ class Synthesizer:
             yield_to = gate.first_audio_running if gate is not None and runtime.first_audio_priority else None
             llm = BatchScheduler(runner, max_batch=runtime.max_batch, yield_to=yield_to, meter=meter)
         official = runtime.stream_schedule == "official"
-        schedule = ScheduleConfig.official(loaded.constants) if official else None
+        c = loaded.constants
+        schedule = ScheduleConfig.official(c) if official else ScheduleConfig.default(c, tail=runtime.look_ahead_tail)
         return cls(
             loaded,
             sessions,
@@ -138,6 +148,7 @@ class Synthesizer:
             schedule=schedule,
             prompt_window_s=runtime.prompt_window_s,
             meter=meter,
+            cfg_lanes=lanes,
         )
 
     def footprint(self, voice: Voice, texts: Sequence[int], options: SynthesisOptions) -> Footprint:
@@ -156,6 +167,18 @@ class Synthesizer:
         """Stop the scheduler thread, if this synthesizer has one (requests still decoding fail)."""
         if self.scheduler is not None:
             self.scheduler.close()
+        self.token2wav.flow.close()
+
+    def cores_free(self, first_audio: bool) -> bool:
+        """Whether a call that may take both cores (schedule.takes_cores) finds them free now: no other acoustic call
+        holds a slot or waits (asked from inside the caller's own), and no decode step competes: the LLM scheduler has
+        no request, or the call carries a request's first audio (`first_audio`), for which the decode steps step aside
+        (first_audio_priority). Without a gate or a scheduler nothing tells: no."""
+        if self.gate is None or self.scheduler is None or not self.gate.alone():
+            return False
+        if first_audio and self.scheduler.yield_to is not None:
+            return True
+        return self.scheduler.active == 0
 
     def synthesize(
         self,
@@ -213,7 +236,9 @@ class Synthesizer:
     def _context(self, plan: _Plan, noise: NoiseSource, cancel: threading.Event | None) -> RequestContext:
         pace = Pacer(self.gate, self.sample_rate, cancel=cancel)  # a cancel stops a flow solve between its steps
         window = self.prompt_window_frames
-        return RequestContext(noise, pace, plan.schedule, plan.n_timesteps, plan.speed, cancel, self.meter, window)
+        return RequestContext(
+            noise, pace, plan.schedule, plan.n_timesteps, plan.speed, cancel, self.meter, window, self.cores_free
+        )
 
     def voice(self, speaker: str) -> Voice:
         """The built-in speaker `speaker` of the bundle (UnknownSpeakerError when it has none of that name)."""

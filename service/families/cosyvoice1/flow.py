@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,16 +64,34 @@ def regulate_length(h: np.ndarray, n_frames: int, edge_tokens: int, edge_frames:
     return np.concatenate([head, mid, tail], axis=-1)
 
 
-class FlowRunner:
-    """Runs the three flow graphs of a bundle with the numpy regulator and solver; batch 1, thread-safe."""
+# Whether an estimator call may take both cores now (asked before each call of a solve that may).
+CoresFree = Callable[[], bool]
 
-    def __init__(self, sessions: Mapping[str, Any], constants: ModelConstants) -> None:
+
+class FlowRunner:
+    """Runs the three flow graphs of a bundle with the numpy regulator and solver; batch 1, thread-safe.
+
+    `cfg_lanes`: an estimator call may run its conditioned and its unconditioned rows as two calls side by side (this
+    thread and a lane thread) when its solve says the cores are free and no other call of this runner is in flight;
+    with one-thread sessions that is both cores for a lone call. The rows are independent: the same numbers in fp32;
+    in an int8 graph each half quantizes its activations with its own range (one call takes one range for all rows).
+    """
+
+    def __init__(self, sessions: Mapping[str, Any], constants: ModelConstants, *, cfg_lanes: bool = False) -> None:
         if constants.t_scheduler != "cosine":
             raise ValueError(f"unsupported t_scheduler {constants.t_scheduler!r} (only 'cosine')")
         self._encoder = sessions["flow_encoder"]
         self._lr = sessions["flow_lr"]
         self._estimator = sessions["flow_estimator"]
         self.constants = constants
+        self.cfg_lanes = cfg_lanes
+        self._lane = ThreadPoolExecutor(1, thread_name_prefix="cfg-lane") if cfg_lanes else None
+        self._in_flight = 0  # estimator calls running now (read and written under _count_lock)
+        self._count_lock = threading.Lock()
+
+    def close(self) -> None:
+        if self._lane is not None:
+            self._lane.shutdown(wait=False)
 
     def mel_frames(self, n_tokens: int) -> int:
         """Mel frames the flow produces for n_tokens speech tokens."""
@@ -109,23 +129,30 @@ class FlowRunner:
         n_timesteps: int,
         between_steps: Callable[[], None] | None = None,
         cond: np.ndarray | None = None,
+        lanes: CoresFree | None = None,
     ) -> np.ndarray:
         """Euler integration of the CFM ODE from noise z to a mel (n_mels, M), classifier-free guided.
 
         Each step runs the estimator once with a batch of 2: row 0 conditioned on (mu, spks, cond), row 1
         with all three zeroed; the velocity is (1 + cfg_rate) * v_cond - cfg_rate * v_uncond. `cond`
         (n_mels, M) defaults to zeros (no prompt). `between_steps`, if given, runs between two steps (the
-        caller may let more urgent work have the cores there).
+        caller may let more urgent work have the cores there). `lanes`: asked before each estimator call whether its
+        two guidance rows may run side by side (`cfg_lanes`).
         """
-        return self.solve_many([mu], [spks], [z], n_timesteps, between_steps, None if cond is None else [cond])[0]
+        conds = None if cond is None else [cond]
+        return self.solve_many([mu], [spks], [z], n_timesteps, between_steps, conds, lanes=lanes)[0]
 
     def solve_inputs(
-        self, inputs: Sequence[FlowInput], n_timesteps: int, between_steps: Callable[[], None] | None = None
+        self,
+        inputs: Sequence[FlowInput],
+        n_timesteps: int,
+        between_steps: Callable[[], None] | None = None,
+        lanes: CoresFree | None = None,
     ) -> list[np.ndarray]:
         """Mels (n_mels, M) of prepared calls of equal shape, solved together, each without its prompt frames."""
         mels = self.solve_many(
             [i.mu for i in inputs], [i.spks for i in inputs], [i.z for i in inputs], n_timesteps, between_steps,
-            [i.cond for i in inputs],
+            [i.cond for i in inputs], lanes=lanes,
         )  # fmt: skip
         return [mel[:, inp.prompt_frames :] for mel, inp in zip(mels, inputs, strict=True)]
 
@@ -137,6 +164,8 @@ class FlowRunner:
         n_timesteps: int,
         between_steps: Callable[[], None] | None = None,
         conds: Sequence[np.ndarray] | None = None,
+        *,
+        lanes: CoresFree | None = None,
     ) -> list[np.ndarray]:
         """`solve` for k requests of the same length at once: one estimator call of batch 2k per Euler step.
 
@@ -165,7 +194,7 @@ class FlowRunner:
         for step in range(1, n_timesteps + 1):
             feeds["x"] = np.concatenate([x, x])
             feeds["t"] = np.full(2 * k, t, dtype=np.float32)
-            (v,) = self._estimator.run(["v"], feeds)
+            v = self._velocity(feeds, k, lanes)
             x = x + dt * ((np.float32(1.0) + cfg) * v[:k] - cfg * v[k:])
             t = t + dt
             if step < n_timesteps:
@@ -173,6 +202,26 @@ class FlowRunner:
                 if between_steps is not None:
                     between_steps()
         return [row.astype(np.float32) for row in x]
+
+    def _velocity(self, feeds: Mapping[str, np.ndarray], k: int, lanes: CoresFree | None) -> np.ndarray:
+        """The estimator's velocity (2k, n_mels, M) for `feeds`: one call, or its conditioned rows here and its
+        unconditioned ones on the lane thread side by side when `lanes` says the cores are free and no other call of
+        this runner is in flight."""
+        with self._count_lock:
+            self._in_flight += 1
+            lane = self._lane if self._in_flight == 1 and lanes is not None and lanes() else None
+        try:
+            if lane is None:
+                return np.asarray(self._estimator.run(["v"], feeds)[0])
+            theirs = lane.submit(self._estimator.run, ["v"], {name: a[k:] for name, a in feeds.items()})
+            try:
+                mine = self._estimator.run(["v"], {name: a[:k] for name, a in feeds.items()})[0]
+            finally:
+                other = theirs.result()[0]
+            return np.concatenate([mine, other])
+        finally:
+            with self._count_lock:
+                self._in_flight -= 1
 
     def prepare(
         self,

@@ -15,6 +15,14 @@ Two schedules:
   (`steady_hop`, token_hop_len) is taken. A listener then waits in any case; what decides how long is the largest
   single deficit (a chunk's making time against the audio already delivered), and one `max_hop` chunk right after
   the short first chunk makes that deficit as large as it can be (a higher TTCA than hops of 100; docs/perf-log.md).
+
+What else it answers for the shared interface (service.engine.chunking.ChunkSchedule), as CosyVoice2's schedule does:
+* the look-ahead tail (`takes_tail`, adaptive only): a chunk cut when its sentence's tokens end within one overlap
+  after its own (at most `2 * overlap` tokens after its hop) is the sentence's last and takes them along, instead of
+  a last flow call over the 20 carried overlap tokens and those few. The audio has the same length (the overlap's
+  frames are the last chunk's either way); the official split keeps the last call (`service verify` replays it).
+* which calls may take both cores (`takes_cores`, `vocoder_takes_cores`): a sentence's first chunk and its last; the
+  engine gives them the cores only when no other acoustic call and no decode step competes for them.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ class ScheduleConfig:
     adaptive: bool = True
     steady_hop: int = 100  # adaptive hop when nothing is measured yet or no hop covers (token_hop_len)
     constants: ModelConstants = OFFICIAL  # the model's frame and sample rates, for the adaptive cost
+    tail: int = 0  # most tokens after a chunk's hop it takes along as the sentence's last (takes_tail); 0: never
 
     def __post_init__(self) -> None:
         if self.first_hop <= self.overlap:
@@ -47,6 +56,8 @@ class ScheduleConfig:
             raise ValueError(f"min_hop must be > token_overlap_len ({self.overlap}), got {self.min_hop}")
         if self.max_hop < self.min_hop or self.growth < 1.0:
             raise ValueError("max_hop must be >= min_hop and growth >= 1")
+        if self.tail < 0:
+            raise ValueError("tail must be >= 0")
 
     @classmethod
     def official(cls, c: ModelConstants) -> ScheduleConfig:
@@ -55,11 +66,12 @@ class ScheduleConfig:
         return cls(hop, c.token_overlap_len, hop, c.token_max_hop_len, c.stream_scale_factor, False, hop, c)
 
     @classmethod
-    def default(cls, c: ModelConstants, first_hop: int | None = None) -> ScheduleConfig:
-        """The engine default: adaptive, first hop `overlap + 1` (the smallest that keeps the overlap frame-aligned)."""
+    def default(cls, c: ModelConstants, first_hop: int | None = None, *, tail: bool = True) -> ScheduleConfig:
+        """The engine default: adaptive, first hop `overlap + 1` (the smallest that keeps the overlap frame-aligned);
+        with `tail`, a chunk takes along up to two overlaps of tokens after its hop when they end the sentence."""
         overlap = c.token_overlap_len
         first = overlap + 1 if first_hop is None else first_hop
-        return cls(first, overlap, overlap + 1, c.token_max_hop_len, 1.0, True, c.token_hop_len, c)
+        return cls(first, overlap, overlap + 1, c.token_max_hop_len, 1.0, True, c.token_hop_len, c, 2 * overlap if tail else 0)
 
     def with_first_hop(self, first_hop: int) -> ScheduleConfig:
         return replace(self, first_hop=first_hop)
@@ -71,6 +83,24 @@ class ScheduleConfig:
     def next_hop(self, progress: Progress, rates: Rates | None) -> Hop:
         """The ChunkSchedule answer: `next_hop` below, every chunk waiting for the overlap."""
         return Hop(next_hop(self, progress, rates, self.constants), self.overlap)
+
+    def takes_tail(self, left: int) -> bool:
+        """Whether a chunk about to be cut with `left` tokens after its hop (its overlap, and what more is decoded)
+        takes them along as the sentence's last once the token stream has ended. Otherwise a last call solves those
+        `left` tokens from the flow cache (prompt frames, the 34 overlap frames and at most 34 more, every Euler step)
+        and vocodes them, for at most 0.8 s of audio at the end of the sentence."""
+        return self.tail > 0 and left <= self.tail
+
+    def takes_cores(self, tokens: int, *, first: bool, final: bool) -> bool:
+        """Whether a chunk's flow may run its two guidance rows side by side on both cores: a sentence's `first` chunk
+        (the request's first audio, or a sentence's start) and its `final` one (nothing of it left to decode). The
+        chunks between share the cores with the decode steps that make the next chunk's tokens."""
+        return first or final
+
+    def vocoder_takes_cores(self, tokens: int, *, before: int, final: bool) -> bool:
+        """Whether a chunk's vocoder call may run on both cores: the same chunks as `takes_cores` (the first has no
+        speech `before` it), since v1 vocodes each chunk in the call that solves its flow."""
+        return self.takes_cores(tokens, first=before == 0, final=final)
 
 
 def next_hop(config: ScheduleConfig, progress: Progress, rates: Rates | None, c: ModelConstants) -> int:

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -33,11 +34,15 @@ import numpy as np
 from service.bundle import ModelConstants
 from service.engine.acoustic_gate import Pacer
 from service.engine.chunking import Progress, RateMeter, first_audio
+from service.engine.scheduler import EndAware
+from service.families.cosyvoice1.flow import CoresFree
 from service.families.cosyvoice1.schedule import ScheduleConfig
 from service.families.cosyvoice1.token2wav import ChunkJob, NoiseSource, SentenceState, Token2Wav, WavChunk
 from service.families.cosyvoice1.voice import FlowPrompt, as_flow_prompt
 from service.layers.dsp import StreamingStretch
+from service.layers.mel_stream import TAIL_WAIT_S
 
+Asks = CoresFree | None  # what a call asks before it takes both cores; None: it stays on one
 MIN_FIRST_AUDIO_FRAMES = 8  # mel frames (93 ms) a streamed first chunk must yield after a tempo change
 
 
@@ -65,6 +70,9 @@ class RequestContext:
     cancel: threading.Event | None = None
     meter: RateMeter | None = None
     prompt_window_frames: int | None = None  # streamed chunks see this many prompt frames (None: all)
+    # Whether a call that may take both cores finds them free now (its argument: the call carries the request's first
+    # audio); None: every call stays on its one-thread sessions.
+    cores_free: Callable[[bool], bool] | None = None
 
     @property
     def cancelled(self) -> bool:
@@ -146,6 +154,18 @@ class _TokenPipe:
             for _ in range(int(self._ready())):
                 self._pull()
 
+    def ended(self, wait_s: float) -> bool:
+        """Whether the LLM will give no more tokens, waiting up to `wait_s` for its next delivery to learn it (a
+        scheduler's stream can tell without taking a token; a plain iterator only once it has run out)."""
+        if self.done:
+            return True
+        if not isinstance(self._it, EndAware):
+            return False
+        t0 = time.perf_counter()
+        over = self._it.ended(wait_s)
+        self.waited_s += time.perf_counter() - t0
+        return over
+
     def take_wait(self) -> float:
         s, self.waited_s = self.waited_s, 0.0
         return s
@@ -173,7 +193,9 @@ def stream_sentence(
     tokens: Iterable[int], prompt: FlowPrompt | np.ndarray, t2w: Token2Wav, ctx: RequestContext
 ) -> Iterator[SpeechChunk]:
     """Stream one sentence: pull tokens, vocode a chunk whenever the schedule's `hop + overlap` are buffered,
-    finalize with the rest once the LLM ends.
+    finalize with the rest once the LLM ends. A chunk whose sentence ends within the schedule's tail after its hop
+    is that last call (`takes_tail`; the end is learned within one decode step, TAIL_WAIT_S, except at a sentence's
+    first chunk, which never waits).
 
     `ctx.speed` != 1 changes the tempo chunk by chunk (StreamingStretch between the flow and the vocoder's mel
     cache); the first hop of `ctx.schedule` must come from `first_hop_for_speed` so that the first chunk still
@@ -184,20 +206,23 @@ def stream_sentence(
     check_first_hop(ctx.schedule.first_hop, c)
     flow_prompt = as_flow_prompt(prompt).window(ctx.prompt_window_frames)
     state, pipe = t2w.new_state(ctx.speed), _TokenPipe(tokens, ctx)
-    chunks, last_hop = 0, 0
+    chunks, last_hop, consumed = 0, 0, 0
     try:
         while True:
             progress = _progress(ctx, chunks, last_hop, pipe, flow_prompt)
             hop = ctx.schedule.next_hop(progress, ctx.meter.rates() if ctx.meter else None).tokens
             if not pipe.fill(hop + ctx.schedule.overlap):
                 break
-            wav = _chunk(tuple(pipe.buf[: hop + ctx.schedule.overlap]), flow_prompt, t2w, state, ctx, first_audio(progress))
+            if ctx.schedule.takes_tail(len(pipe.buf) - hop) and pipe.ended(TAIL_WAIT_S if chunks else 0.0):
+                break  # the sentence ends within the tail: this chunk is its last and takes the rest along
+            window = tuple(pipe.buf[: hop + ctx.schedule.overlap])
+            wav = _chunk(window, flow_prompt, t2w, state, ctx, first_audio(progress), consumed)
             yield SpeechChunk(wav.audio, False, pipe.take_wait(), wav.flow_s, wav.hift_s, hop)
             del pipe.buf[:hop]
-            chunks, last_hop = chunks + 1, hop
+            chunks, last_hop, consumed = chunks + 1, hop, consumed + hop
         if not ctx.cancelled:
             first = first_audio(_progress(ctx, chunks, last_hop, pipe, flow_prompt))
-            yield _finalize(pipe.buf, flow_prompt, t2w, state, ctx, pipe.take_wait(), 1.0, first)
+            yield _finalize(pipe.buf, flow_prompt, t2w, state, ctx, pipe.take_wait(), 1.0, first, consumed)
     finally:
         pipe.close()
 
@@ -222,17 +247,44 @@ def _progress(ctx: RequestContext, chunks: int, last_hop: int, pipe: _TokenPipe,
     return Progress(chunks, last_hop, len(pipe.buf), pipe.done, ctx.pace.audio_s, prompt.frames, ctx.speed)
 
 
+def _cores(ctx: RequestContext, tokens: int, *, before: int, final: bool, first: bool) -> tuple[Asks, Asks]:
+    """(lanes, wide_vocoder) of a chunk of `tokens` after `before` of its sentence: what its flow and its vocoder call
+    ask before they take both cores, where the schedule lets them (takes_cores, vocoder_takes_cores) and the engine
+    can tell whether the cores are free (`ctx.cores_free`; `first`: the chunk carries the request's first audio).
+    None: that call stays on one core."""
+    free = ctx.cores_free
+    if free is None:
+        return None, None
+
+    def ask() -> bool:
+        return free(first)
+
+    flow = ask if ctx.schedule.takes_cores(tokens, first=before == 0, final=final) else None
+    return flow, ask if ctx.schedule.vocoder_takes_cores(tokens, before=before, final=final) else None
+
+
 def _chunk(
-    chunk: tuple[int, ...], prompt: FlowPrompt, t2w: Token2Wav, state: SentenceState, ctx: RequestContext, first: bool
+    chunk: tuple[int, ...],
+    prompt: FlowPrompt,
+    t2w: Token2Wav,
+    state: SentenceState,
+    ctx: RequestContext,
+    first: bool,
+    before: int,
 ) -> WavChunk:
-    """One non-final chunk. The request's first audio is pooled with other requests' first chunks at the gate."""
+    """One non-final chunk after `before` tokens of its sentence. The request's first audio is pooled with other
+    requests' first chunks at the gate."""
+    lanes, wide = _cores(ctx, len(chunk) - ctx.schedule.overlap, before=before, final=False, first=first)
     if first and ctx.pace.gate is not None:  # several requests' first chunks may be solved in one batch
         job = ChunkJob(chunk, prompt, state, ctx.noise, ctx.n_timesteps)
         key, limit = t2w.pool_key(chunk, prompt, ctx.n_timesteps), t2w.pool_limit(chunk, prompt)
-        wav = ctx.pace.pooled(key, job, t2w.first_chunks, max_group=limit)
+        wav = ctx.pace.pooled(key, job, partial(t2w.first_chunks, lanes=lanes, wide_vocoder=wide), max_group=limit)
     else:
         with ctx.pace.turn(first=first) as step_aside:
-            wav = t2w(chunk, prompt, state, ctx.noise, finalize=False, n_timesteps=ctx.n_timesteps, between_steps=step_aside)
+            wav = t2w(
+                chunk, prompt, state, ctx.noise, finalize=False, n_timesteps=ctx.n_timesteps, between_steps=step_aside,
+                lanes=lanes, wide_vocoder=wide,
+            )  # fmt: skip
         _observe(ctx.meter, wav)
     ctx.pace.delivered(wav.audio.size)
     return wav
@@ -247,13 +299,16 @@ def _finalize(
     llm_s: float,
     speed: float,
     first: bool,
+    before: int = 0,
 ) -> SpeechChunk:
     if not buf:  # nothing generated (e.g. max_tokens=0): an empty final chunk keeps the sentence boundary
         return SpeechChunk(np.zeros(0, dtype=np.float32), True, llm_s, 0.0, 0.0)
+    lanes, wide = _cores(ctx, len(buf), before=before, final=True, first=first)
     with ctx.pace.turn(first=first) as step_aside:
         wav = t2w(
-            buf, prompt, state, ctx.noise, finalize=True, speed=speed, n_timesteps=ctx.n_timesteps, between_steps=step_aside
-        )
+            buf, prompt, state, ctx.noise, finalize=True, speed=speed, n_timesteps=ctx.n_timesteps, between_steps=step_aside,
+            lanes=lanes, wide_vocoder=wide,
+        )  # fmt: skip
     _observe(ctx.meter, wav)
     ctx.pace.delivered(wav.audio.size)
     return SpeechChunk(wav.audio, True, llm_s, wav.flow_s, wav.hift_s, len(buf))

@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from service.bundle import ModelConstants
-from service.families.cosyvoice1.flow import FlowCache, FlowInput, FlowRunner
+from service.families.cosyvoice1.flow import CoresFree, FlowCache, FlowInput, FlowRunner
 from service.families.cosyvoice1.voice import FlowPrompt, as_flow_prompt
 from service.layers.dsp import StreamingStretch, fade_in_out, interpolate_linear
 from service.layers.hift import HiFTNoise, HiFTRunner, draw_hift_noise
@@ -118,11 +118,18 @@ class ChunkJob:
 
 
 class Token2Wav:
-    """Official v1 `token2wav`: flow with cache, mel cross-fade, HiFT with mel/source cache, speech cross-fade."""
+    """Official v1 `token2wav`: flow with cache, mel cross-fade, HiFT with mel/source cache, speech cross-fade.
 
-    def __init__(self, flow: FlowRunner, hift: HiFTRunner, constants: ModelConstants) -> None:
+    `wide_hift`: the same HiFT graphs with a decode session on both cores, for the vocoder calls whose chunk may take
+    them (`wide_vocoder` of a call says when; the decode graph is most of a vocoder call's time).
+    """
+
+    def __init__(
+        self, flow: FlowRunner, hift: HiFTRunner, constants: ModelConstants, wide_hift: HiFTRunner | None = None
+    ) -> None:
         self.flow = flow
         self.hift = hift
+        self.wide_hift = wide_hift
         self.constants = constants
         self.mel_window = np.hamming(2 * constants.mel_overlap_len)
         self.speech_window = np.hamming(2 * constants.source_cache_len)
@@ -147,28 +154,35 @@ class Token2Wav:
         speed: float = 1.0,
         n_timesteps: int | None = None,
         between_steps: Callable[[], None] | None = None,
+        lanes: CoresFree | None = None,
+        wide_vocoder: CoresFree | None = None,
     ) -> WavChunk:
         """Audio for `tokens`, updating `state` in place. Non-final calls hold back the overlap tail.
 
         `speed` != 1 stretches the mel to max(1, int(frames / speed)) and needs a fresh state with finalize=True
         (the official code allows it only on the non-stream path). A streamed sentence changes its tempo
         through the state instead (`new_state(speed)`). `between_steps` is called between two Euler steps of
-        the flow (the AcousticGate's step_aside).
+        the flow (the AcousticGate's step_aside). `lanes` is asked before each estimator call whether its guidance rows
+        may run side by side (FlowRunner), `wide_vocoder` before the vocoder call whether it may take both cores.
         """
         if speed != 1.0 and not (finalize and state.fresh):
             raise ValueError("speed != 1 is only supported for a whole sentence in one finalize call")
         t0 = time.perf_counter()
         inp = self._prepare(tokens, as_flow_prompt(prompt), state, noise)
-        (mel,) = self.flow.solve_inputs([inp], self.flow.steps(n_timesteps), between_steps)
-        return self._after_flow(mel, state, noise, finalize, speed, time.perf_counter() - t0, inp.z.shape[-1])
+        (mel,) = self.flow.solve_inputs([inp], self.flow.steps(n_timesteps), between_steps, lanes)
+        wide = wide_vocoder is not None and wide_vocoder()
+        return self._after_flow(mel, state, noise, finalize, speed, time.perf_counter() - t0, inp.z.shape[-1], wide)
 
-    def first_chunks(self, jobs: Sequence[ChunkJob]) -> Iterator[WavChunk]:
+    def first_chunks(
+        self, jobs: Sequence[ChunkJob], lanes: CoresFree | None = None, wide_vocoder: CoresFree | None = None
+    ) -> Iterator[WavChunk]:
         """Non-final chunks of several requests with equal solver frames and steps (first chunks: fresh states).
 
         The flow solver runs once for all of them (`FlowRunner.solve_inputs`), then each is vocoded in
         turn and yielded at once, so the first request's audio is not held back by the others' HiFT.
         Each result equals its own `__call__(..., finalize=False)` up to float rounding. Requests with
-        prompts pool only with requests of the same prompt frame count and token count (`pool_key`).
+        prompts pool only with requests of the same prompt frame count and token count (`pool_key`). `lanes` and
+        `wide_vocoder` as in `__call__`.
         """
         if not jobs:
             return
@@ -177,10 +191,11 @@ class Token2Wav:
         if len(steps) != 1 or len({self.pool_key(job.tokens, job.prompt, job.n_timesteps) for job in jobs}) != 1:
             raise ValueError("first_chunks needs jobs with equal token counts, prompt frames and flow steps")
         prepared = [self._prepare(job.tokens, job.prompt, job.state, job.noise) for job in jobs]
-        mels = self.flow.solve_inputs(prepared, steps.pop())
+        mels = self.flow.solve_inputs(prepared, steps.pop(), lanes=lanes)
         flow_s = time.perf_counter() - t0
         for job, mel, inp in zip(jobs, mels, prepared, strict=True):
-            yield self._after_flow(mel, job.state, job.noise, False, 1.0, flow_s, inp.z.shape[-1])
+            wide = wide_vocoder is not None and wide_vocoder()
+            yield self._after_flow(mel, job.state, job.noise, False, 1.0, flow_s, inp.z.shape[-1], wide)
 
     def pool_limit(self, tokens: Sequence[int], prompt: FlowPrompt) -> int:
         """How many first chunks like this one one batched solve may take (>= 1): POOLED_SOLVER_FRAMES in all."""
@@ -207,8 +222,10 @@ class Token2Wav:
         speed: float,
         flow_s: float,
         solver_frames: int,
+        wide: bool = False,
     ) -> WavChunk:
-        """Mel cross-fade, HiFT with its caches and the speech cross-fade; non-final calls hold back the overlap tail."""
+        """Mel cross-fade, HiFT with its caches and the speech cross-fade; non-final calls hold back the overlap tail.
+        `wide`: the vocoder decodes on `wide_hift` (both cores) where there is one."""
         t1 = time.perf_counter()
         c = self.constants
         if state.mel_overlap.shape[-1]:
@@ -228,9 +245,9 @@ class Token2Wav:
         if finalize:
             if whole and speed != 1.0:
                 mel = interpolate_linear(mel, max(1, int(mel.shape[-1] / speed)))
-            wav = self._vocode(mel, cache_source, state, noise)[0]
+            wav = self._vocode(mel, cache_source, state, noise, wide)[0]
         else:
-            wav, src = self._vocode(mel, cache_source, state, noise)
+            wav, src = self._vocode(mel, cache_source, state, noise, wide)
             n = c.source_cache_len
             state.hift = HiFTCache(mel=mel[:, -c.mel_cache_len :], source=src[-n:], speech=wav[-n:])
             wav = wav[:-n]
@@ -238,10 +255,11 @@ class Token2Wav:
         return WavChunk(audio=wav, flow_s=flow_s, hift_s=hift_s, solver_frames=solver_frames, vocoded_frames=mel.shape[-1])
 
     def _vocode(
-        self, mel: np.ndarray, cache_source: np.ndarray, state: SentenceState, noise: NoiseSource
+        self, mel: np.ndarray, cache_source: np.ndarray, state: SentenceState, noise: NoiseSource, wide: bool = False
     ) -> tuple[np.ndarray, np.ndarray]:
         hn = noise.hift_noise(self.hift.n_harmonics, self.hift.n_samples(mel.shape[-1]))
-        wav, src = self.hift.inference(mel, cache_source, hn)
+        hift = self.wide_hift if wide and self.wide_hift is not None else self.hift
+        wav, src = hift.inference(mel, cache_source, hn)
         if state.hift is not None:
             wav = fade_in_out(wav, state.hift.speech, self.speech_window)
         return wav, src

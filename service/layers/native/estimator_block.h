@@ -1,4 +1,5 @@
-/* One transformer block of the CosyVoice2 flow estimator as a single kernel call (its BasicTransformerBlock):
+/* One transformer block of a flow estimator as a single kernel call (its BasicTransformerBlock): CosyVoice2's over its
+ * caches under the chunk mask, CosyVoice-300M's with none (cached = 0) and full attention (a chunk of INT64_MAX):
  *   h = x + ln1(x) -> q, k, v -> cached chunk-masked attention -> out (+ bias)
  *   y = h + ff2(gelu(ff1(ln3(h)) + bias)) + bias
  * LayerNorms over the last axis with their own epsilon, GELU exact (erf), every product int8 (int8_matmul.h) with
