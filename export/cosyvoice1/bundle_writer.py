@@ -19,8 +19,8 @@ from export.config import CosyVoiceConfig, load_config
 from export.cosyvoice1.graphs.flow import export_flow, verify_flow
 from export.cosyvoice1.graphs.llm import export_llm, verify_llm
 from export.cosyvoice1.modules.llm import TransformerLM
-from export.cosyvoice1.relpos_twin import rewrite_relpos_step
 from export.cosyvoice1.native_twin import rewrite_full_estimator
+from export.cosyvoice1.relpos_twin import rewrite_relpos_step
 from export.graphs.hift import export_hift, verify_hift
 from export.modules.flow import MaskedDiffWithXvec
 from export.modules.hift import HiFTGenerator, normalize_hift_state_dict
