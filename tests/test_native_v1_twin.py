@@ -18,7 +18,7 @@ from portable import native_session
 
 from export.native_twin import RewriteError, drop_native_twins, write_native_twin
 from export.quantize import write_quantized_bundle
-from export.registry import for_family
+from export.registry import EXPORTERS, FamilyExporter, for_family
 from loadtest.bundles import _refresh_native_twins
 from service.bundle import GROUP_NATIVE, ModelBundle
 from service.engine.options import RuntimeOptions
@@ -26,6 +26,7 @@ from service.engine.runtimes import graph_runtime, native_kernels_note
 from service.engine.sessions import open_sessions
 from service.families.cosyvoice1.contract import FAMILY
 from service.families.cosyvoice1.flow import FlowRunner
+from service.families.registry import family, open_bundle
 
 TWIN = "flow_estimator_native"
 # Relative RMS of the twin's velocity from ONNX Runtime's int8 graph: the same int8 weights, but each row of a product
@@ -140,3 +141,14 @@ def test_the_refreshed_bench_bundle_gains_the_twin(v1_int8: Path, tmp_path: Path
     _refresh_native_twins(old)
     assert ModelBundle.load(old, verify_hashes=True).native_graph_path("flow_estimator") == old / f"{TWIN}.onnx"
     assert (old / f"{TWIN}.onnx").read_bytes() == (v1_int8 / f"{TWIN}.onnx").read_bytes()  # reproducible
+
+
+def test_the_service_opens_a_bundle_with_every_twin(v1_int8: Path) -> None:
+    """The served family's layout lists every graph its exporter writes a twin of (the check the server runs at start)."""
+    bundle = open_bundle(v1_int8)
+    assert {name for name, g in bundle.manifest.graphs.items() if g.group == GROUP_NATIVE} == {"llm_step_native", TWIN}
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS, ids=lambda e: e.family)
+def test_every_family_layout_accepts_the_twins_its_exporter_writes(exporter: FamilyExporter) -> None:
+    assert set(exporter.native_rewrites) <= set(family(exporter.family).layout.native_graphs)

@@ -31,7 +31,9 @@ PROMPT_GRAPHS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "speech_tokenizer": ("speech_tokenizer_v1.onnx", ("feats", "feats_length"), ("indices",)),
 }
 PROMPT_GRAPH_NAMES: tuple[str, ...] = tuple(PROMPT_GRAPHS)
-LAYOUT = FamilyLayout(FAMILY, GRAPH_IO, PROMPT_GRAPHS, TOKENIZER_NAME, (SPEAKERS_NAME,), native_graphs=("llm_step",))
+LAYOUT = FamilyLayout(
+    FAMILY, GRAPH_IO, PROMPT_GRAPHS, TOKENIZER_NAME, (SPEAKERS_NAME,), native_graphs=("llm_step", "flow_estimator")
+)
 
 
 def relative_pe(rows: int, dim: int) -> np.ndarray:
