@@ -18,14 +18,12 @@
   ours in the step also reads the graph input `decode_spread` (an initializer of value 1 a caller may override per
   run: how many tasks a decode step's products split into over the session's threads; add_spread_input).
 
-`python -m export.native_twin BUNDLE` adds the twins a bundle exported before them lacks; the exporters write them
+`python -m export.add_twins BUNDLE` adds the twins a bundle exported before them lacks; the exporters write them
 into every quantized bundle.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -37,7 +35,6 @@ from onnx import helper, numpy_helper
 
 from export.onnx_io import ExportError
 from service.bundle import GROUP_NATIVE, MANIFEST_NAME, NATIVE_DOMAIN, NATIVE_SUFFIX, Manifest, ModelBundle, sha256_file
-from service.errors import BundleError
 
 OP_NAME = "CachedAttention"
 CHUNK_INPUT = "chunk"
@@ -726,27 +723,3 @@ def drop_native_twins(bundle_dir: Path) -> None:
     (bundle_dir / MANIFEST_NAME).write_text(replace(manifest, graphs=graphs).to_json(), encoding="utf-8")
     for g in twins.values():
         (bundle_dir / g.file).unlink(missing_ok=True)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Add the native twins a quantized bundle lacks (LLM step, estimator).")
-    parser.add_argument("bundle", type=Path)
-    parser.add_argument("--replace", action="store_true", help="write every twin again (a twin from an older exporter)")
-    args = parser.parse_args(argv)
-    try:
-        if args.replace:
-            drop_native_twins(args.bundle)
-        from export.registry import for_family  # the families' exporters import this module
-
-        written = write_native_twin(args.bundle, for_family(ModelBundle.load(args.bundle).family).native_rewrites)
-        if not written:
-            print(f"{args.bundle}: no native twin to add (fp32 bundle, or it has every twin it takes)")
-        ModelBundle.load(args.bundle, verify_hashes=True)
-    except (ExportError, BundleError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -240,10 +240,10 @@ def test_a_block_read_from_outside_is_refused(tiny_v2_bundle: Path) -> None:
 
 
 def test_the_committed_twins_are_what_the_exporter_writes_now(tiny_v2_bundle: Path, tmp_path: Path) -> None:
-    """`python -m export.native_twin --replace` writes the committed twin again unchanged (it is the exporter's)."""
+    """`python -m export.add_twins --replace` writes the committed twin again unchanged (it is the exporter's)."""
     copy = tmp_path / "bundle"
     shutil.copytree(tiny_v2_bundle, copy)
-    from export.native_twin import main
+    from export.add_twins import main
 
     assert main(["--replace", str(copy)]) == 0
     for name in ("flow_estimator_native.onnx", "llm_step_native.onnx"):
