@@ -20,13 +20,14 @@ TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 .PHONY: run test check lint typecheck export bench bench-engine loadtest soak clean-bench native
 
 # Our native kernels (service/engine/native: the kit's operators and CPU probe; service/layers/native: the fused layers
-# families share), built by scripts/build_native.sh as the image builds them. Optional: without a C compiler it prints a
+# families share; service/families/*/native: a family's own), built by scripts/build_native.sh as the image builds them. Optional: without a C compiler it prints a
 # notice and the engine runs ONNX Runtime's graphs.
 NATIVE_LIB := service/engine/native/libcosyvoice_lite_native.so
 
 native: $(NATIVE_LIB)
 
-$(NATIVE_LIB): $(wildcard service/engine/native/*.c service/engine/native/*.h service/layers/native/*.c service/layers/native/*.h) \
+$(NATIVE_LIB): $(wildcard service/engine/native/*.c service/engine/native/*.h service/layers/native/*.c service/layers/native/*.h \
+		service/families/*/native/*.c service/families/*/native/*.h) \
 		scripts/build_native.sh
 	sh scripts/build_native.sh
 

@@ -16,7 +16,7 @@ from test_native_attention import attention_feeds, attention_graph, feeds_refere
 from test_native_attention import session as attention_session
 from test_native_int8 import product_graph, session, weights
 
-from export.native_twin import pack_int8_weight
+from export.fuse_ops import pack_int8_weight
 from service.bundle import NATIVE_DOMAIN
 from service.engine import native
 

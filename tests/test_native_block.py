@@ -1,7 +1,7 @@
 """Our native kernel cosyvoice_lite.EstimatorBlock (service/engine/native/estimator_block.c): one transformer block of
 the CosyVoice2 flow estimator against a numpy reference of the block (LayerNorms, per-row quantized int8 products, the
 chunk-masked cached attention, exact GELU, residuals); the rewrite that puts it into the estimator twin
-(export/native_twin.fuse_blocks) against the twin without it."""
+(export/fuse_layers.fuse_blocks) against the twin without it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ from onnx import TensorProto, helper, numpy_helper
 from portable import run_portable
 from test_native_int8 import reference as int8_product
 
-from export.native_twin import BLOCK_OP_NAME, RewriteError, fuse_attention, fuse_blocks, fuse_int8_matmuls, pack_int8_weight
+from export.fuse_layers import fuse_blocks
+from export.fuse_ops import fuse_attention, fuse_int8_matmuls, pack_int8_weight
+from export.twin_graph import BLOCK_OP_NAME, RewriteError
 from service.bundle import NATIVE_DOMAIN, ModelBundle
 from service.families.cosyvoice2.contract import constants_of
 

@@ -14,6 +14,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 KIT = REPO / "service" / "engine" / "native"
 LAYERS = REPO / "service" / "layers" / "native"
+FAMILIES = sorted((REPO / "service" / "families").glob("*/native"))  # fused layers a family owns
+SOURCE_DIRS = [KIT, LAYERS, *FAMILIES]
 TESTS = REPO / "tests" / "native"
 CC = shutil.which("cc")
 FLAGS = ["-g", "-O1", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-fno-omit-frame-pointer"]
@@ -27,7 +29,7 @@ pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler (cc) here: the
 def library_objects(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """The library's sources compiled once, with the sanitizers, into objects the test programs link."""
     out = tmp_path_factory.mktemp("native-objects")
-    sources = sorted(KIT.glob("*.c")) + sorted(LAYERS.glob("*.c"))
+    sources = [c for folder in SOURCE_DIRS for c in sorted(folder.glob("*.c"))]
     subprocess.run([str(CC), "-c", *FLAGS, *SANITIZERS, f"-I{KIT}", *map(str, sources)], cwd=out, check=True)
     return sorted(out.glob("*.o"))
 
@@ -38,7 +40,8 @@ def programs(library_objects: list[Path], tmp_path_factory: pytest.TempPathFacto
     built = {}
     for name in PROGRAMS:
         binary = out / name
-        command = [str(CC), *FLAGS, *SANITIZERS, f"-I{KIT}", f"-I{LAYERS}", f"-I{TESTS}", "-o", str(binary)]
+        includes = [f"-I{folder}" for folder in SOURCE_DIRS]
+        command = [str(CC), *FLAGS, *SANITIZERS, *includes, f"-I{TESTS}", "-o", str(binary)]
         subprocess.run([*command, str(TESTS / f"{name}.c"), *map(str, library_objects), "-lpthread", "-lm"], check=True)
         built[name] = binary
     return built
@@ -46,7 +49,7 @@ def programs(library_objects: list[Path], tmp_path_factory: pytest.TempPathFacto
 
 def test_every_op_has_a_test_program() -> None:
     """One C test per op (the kit's and the layers'), plus the probe's and the runtime table's."""
-    ops = {p.stem for p in (*KIT.glob("*_op.c"), *LAYERS.glob("*_op.c"))} - {"ort_custom_op"}  # the registration
+    ops = {p.stem for folder in SOURCE_DIRS for p in folder.glob("*_op.c")} - {"ort_custom_op"}  # the registration
     assert {f"test_{op.removesuffix('_op')}" for op in ops} | {"test_cpu", "test_ort_api"} == set(PROGRAMS)
 
 

@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from portable import run_portable
 
-from export.native_twin import pack_int8_weight
+from export.fuse_ops import pack_int8_weight
 from service.bundle import NATIVE_DOMAIN
 from service.engine import native
 

@@ -1,5 +1,5 @@
 """Our native kernel cosyvoice_lite.Qwen2Layer (service/engine/native/qwen2_layer.c): a CosyVoice2 LLM decoder layer in
-one call. The rewrite that puts it into the step twin (export/native_twin.fuse_qwen2_layers) against the twin with
+one call. The rewrite that puts it into the step twin (export/fuse_layers.fuse_qwen2_layers) against the twin with
 only its int8 products as our kernel: prefill, batched decode rows at different cache lengths, several new tokens
 per row; the portable code against the vector code; what the rewrite refuses."""
 
@@ -13,7 +13,9 @@ import pytest
 from portable import run_portable
 from test_native_twin import relative_rms, step_feeds
 
-from export.native_twin import QWEN2_OP_NAME, RewriteError, fuse_int8_matmuls, fuse_qwen2_layers
+from export.fuse_layers import fuse_qwen2_layers
+from export.fuse_ops import fuse_int8_matmuls
+from export.twin_graph import QWEN2_OP_NAME, RewriteError
 from service.bundle import ModelBundle
 
 

@@ -1,4 +1,4 @@
-"""Our native kernel cosyvoice_lite.RelPosLayer (service/layers/native/relpos_layer.c): a CosyVoice-300M LLM decoder
+"""Our native kernel cosyvoice_lite.RelPosLayer (service/families/cosyvoice1/native/relpos_layer.c): a CosyVoice-300M LLM decoder
 layer in one call, and the rewrite that puts it into the int8 step's twin (export/cosyvoice1/relpos_twin.py). The
 tiny v1 bundle quantized here: its twin against ONNX Runtime's own int8 step (one row: the same numbers; several rows:
 each row quantizes its activations on its own) and against the twin with only its int8 products as our kernel (the
@@ -19,16 +19,11 @@ from portable import native_session
 from test_native_twin import relative_rms
 
 from export.cosyvoice1.relpos_twin import fuse_relpos_layers
-from export.native_twin import (
-    RELPOS_OP_NAME,
-    RewriteError,
-    drop_native_twins,
-    fuse_int8_matmuls,
-    rewrite_int8_products,
-    write_native_twin,
-)
+from export.fuse_ops import fuse_int8_matmuls
+from export.native_twin import drop_native_twins, rewrite_int8_products, write_native_twin
 from export.quantize import write_quantized_bundle
 from export.registry import for_family
+from export.twin_graph import RELPOS_OP_NAME, RewriteError
 from service.bundle import NATIVE_DOMAIN, ModelBundle
 from service.engine import native
 from service.engine.options import RuntimeOptions

@@ -15,7 +15,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from export.native_twin import fuse_attention, fuse_blocks, fuse_conv_windows, fuse_int8_matmuls, main, write_native_twin
+from export.add_twins import main
+from export.fuse_layers import fuse_blocks
+from export.fuse_ops import fuse_attention, fuse_conv_windows, fuse_int8_matmuls
+from export.native_twin import write_native_twin
 from export.quantize import half_kv_cache, write_quantized_bundle
 from export.registry import for_family
 from service.bundle import GROUP_NATIVE, MANIFEST_NAME, NATIVE_DOMAIN, ModelBundle

@@ -16,9 +16,10 @@ import pytest
 from onnx import helper
 from portable import native_session
 
-from export.native_twin import RewriteError, drop_native_twins, write_native_twin
+from export.native_twin import drop_native_twins, write_native_twin
 from export.quantize import write_quantized_bundle
 from export.registry import EXPORTERS, FamilyExporter, for_family
+from export.twin_graph import RewriteError
 from loadtest.bundles import _refresh_native_twins
 from service.bundle import GROUP_NATIVE, ModelBundle
 from service.engine.options import RuntimeOptions

@@ -16,17 +16,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from export.native_twin import (
-    BLOCK_OP_NAME,
-    OP_NAME,
-    PRODUCTS,
-    RewriteError,
-    _attr,
-    _Graph,
-    _replace_nodes,
-    fuse_blocks,
-    fuse_int8_matmuls,
-)
+from export.fuse_layers import fuse_blocks
+from export.fuse_ops import fuse_int8_matmuls
+from export.native_twin import PRODUCTS
+from export.twin_graph import BLOCK_OP_NAME, OP_NAME, Graph, RewriteError, attr, replace_nodes
 from service.bundle import NATIVE_DOMAIN, Manifest
 
 FULL_ATTENTION_CHUNK = int(np.iinfo(np.int64).max)  # an attention chunk no call reaches: full attention
@@ -36,16 +29,16 @@ MASK_INPUT, X_INPUT = "mask", "x"  # the estimator's padding mask and its (B, 80
 _BIAS_OPS = frozenset({"Sub", "Mul", "Unsqueeze", "Slice", "Cast", "Identity", "Constant"})
 
 
-def _heads(g: _Graph, tensor: str, perm: list[int]) -> tuple[str, onnx.NodeProto]:
+def _heads(g: Graph, tensor: str, perm: list[int]) -> tuple[str, onnx.NodeProto]:
     """The (B, M, H*DK) input behind Transpose(perm, Reshape(x, (B, M, H, DK))) and that Reshape."""
     transpose = g.made_by(tensor, "Transpose")
-    if _attr(transpose, "perm") != perm:
-        raise RewriteError(f"{transpose.name}: perm {_attr(transpose, 'perm')}, expected {perm}")
+    if attr(transpose, "perm") != perm:
+        raise RewriteError(f"{transpose.name}: perm {attr(transpose, 'perm')}, expected {perm}")
     reshape = g.made_by(transpose.input[0], "Reshape")
     return reshape.input[0], reshape
 
 
-def _head_shape(g: _Graph, reshape: onnx.NodeProto) -> tuple[int, int]:
+def _head_shape(g: Graph, reshape: onnx.NodeProto) -> tuple[int, int]:
     """(heads, head dim) of a per-head Reshape whose shape is Concat(batch, frames, H, DK)."""
     shape = g.made_by(reshape.input[1], "Concat")
     if len(shape.input) != 4:
@@ -54,7 +47,7 @@ def _head_shape(g: _Graph, reshape: onnx.NodeProto) -> tuple[int, int]:
     return heads, head_dim
 
 
-def _check_padding_bias(g: _Graph, bias: str) -> None:
+def _check_padding_bias(g: Graph, bias: str) -> None:
     """RewriteError unless `bias` is made from the `mask` input alone (the padding bias, zero where mask is 1)."""
     stack, seen, reaches_mask = [bias], set(), False
     while stack:
@@ -75,7 +68,7 @@ def _check_padding_bias(g: _Graph, bias: str) -> None:
         raise RewriteError(f"{bias!r}: the attention bias does not come from {MASK_INPUT!r}")
 
 
-def _full_attention_core(g: _Graph, softmax: onnx.NodeProto) -> tuple[list[str], str, float, tuple[int, int]]:
+def _full_attention_core(g: Graph, softmax: onnx.NodeProto) -> tuple[list[str], str, float, tuple[int, int]]:
     """The (q, k, v) inputs, output, score scale and (heads, head dim) of the core around `softmax`:
     Reshape(Transpose(Softmax(scale * q·kᵀ + bias) · v)) with q, k, v per-head views of their products."""
     masked = g.made_by(softmax.input[0], "Add")
@@ -88,7 +81,7 @@ def _full_attention_core(g: _Graph, softmax: onnx.NodeProto) -> tuple[list[str],
         raise RewriteError(f"{product.name}: the probabilities are not its left operand")
     v, _ = _heads(g, product.input[1], [0, 2, 1, 3])
     back = g.only_consumer(product.output[0], "Transpose")
-    if _attr(back, "perm") != [0, 2, 1, 3]:
+    if attr(back, "perm") != [0, 2, 1, 3]:
         raise RewriteError(f"{back.name}: the heads are not merged back time-first")
     merged = g.only_consumer(back.output[0], "Reshape")
     _check_padding_bias(g, bias)
@@ -123,7 +116,7 @@ def fuse_full_attention(model: onnx.ModelProto) -> int:
     graph = model.graph
     if not {X_INPUT, MASK_INPUT} <= {i.name for i in graph.input}:
         raise RewriteError(f"the estimator has no inputs {X_INPUT!r} and {MASK_INPUT!r}")
-    g = _Graph(graph)
+    g = Graph(graph)
     fused: dict[str, onnx.NodeProto] = {}
     caches: dict[tuple[int, int], str] = {}
     made: list[onnx.NodeProto] = []
@@ -142,7 +135,7 @@ def fuse_full_attention(model: onnx.ModelProto) -> int:
         nodes = [*made, *graph.node]  # the empty caches read only the graph input x: they go first
         del graph.node[:]
         graph.node.extend(nodes)
-        _replace_nodes(model, fused)
+        replace_nodes(model, fused)
     return len(fused)
 
 

@@ -1,5 +1,5 @@
 """CosyVoice-300M's step twin: each decoder layer of the int8 `llm_step` as one `cosyvoice_lite.RelPosLayer` node
-(service/layers/native/relpos_layer.h), after its int8 products became Int8MatMul nodes (export/native_twin.py).
+(service/families/cosyvoice1/native/relpos_layer.h), after its int8 products became Int8MatMul nodes (export/fuse_ops.py).
 
 Our exporter writes a layer (export/modules/transformer.py RelPosLayer.step) as: LayerNorm; q, k, v products; the
 content scores Concat(q_u · past_kᵀ, q_u · kᵀ) and the positional ones GatherElements(q_v · posᵀ, the step's distance
@@ -17,18 +17,10 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from export.native_twin import (
-    INT8_OP_NAME,
-    PRODUCTS,
-    RELPOS_OP_NAME,
-    RewriteError,
-    _attr,
-    _Graph,
-    _layer_norm,
-    _replace_nodes,
-    add_spread_input,
-    fuse_int8_matmuls,
-)
+from export.fuse_layers import layer_norm_pattern
+from export.fuse_ops import add_spread_input, fuse_int8_matmuls
+from export.native_twin import PRODUCTS
+from export.twin_graph import INT8_OP_NAME, RELPOS_OP_NAME, Graph, RewriteError, attr, replace_nodes
 from service.bundle import NATIVE_DOMAIN, Manifest
 
 PAST_LEN_INPUT = "past_len"
@@ -54,14 +46,14 @@ class _Attention:
     merged: str  # the (B, T, H*DK) attention output the out product reads
 
 
-def _source(g: _Graph, tensor: str) -> str:
+def _source(g: Graph, tensor: str) -> str:
     """The initializer behind a chain of Identity nodes (the exporter's aliases of a shared initializer)."""
     while (node := g.producer.get(tensor)) is not None and node.op_type == "Identity":
         tensor = node.input[0]
     return tensor
 
 
-def _one(g: _Graph, tensor: str, op_type: str) -> onnx.NodeProto:
+def _one(g: Graph, tensor: str, op_type: str) -> onnx.NodeProto:
     """The one node of `op_type` reading `tensor` (others may read its shape)."""
     users = [n for n in g.consumers.get(tensor, []) if n.op_type == op_type]
     if len(users) != 1:
@@ -69,12 +61,12 @@ def _one(g: _Graph, tensor: str, op_type: str) -> onnx.NodeProto:
     return users[0]
 
 
-def _product(g: _Graph, heads: str) -> onnx.NodeProto:
+def _product(g: Graph, heads: str) -> onnx.NodeProto:
     """The Int8MatMul behind a per-head view: Reshape(product) -> Transpose."""
     return g.made_by(g.made_by(g.made_by(heads, "Transpose").input[0], "Reshape").input[0], INT8_OP_NAME)
 
 
-def _half_cache(g: _Graph, view: str, inputs: set[str]) -> str:
+def _half_cache(g: Graph, view: str, inputs: set[str]) -> str:
     """The float16 graph input behind Cast(input) (-> Transpose) that a score or value product reads."""
     node = g.producer.get(view)
     if node is not None and node.op_type == "Transpose":
@@ -85,16 +77,16 @@ def _half_cache(g: _Graph, view: str, inputs: set[str]) -> str:
     return cache
 
 
-def _heads_view(g: _Graph, product: onnx.NodeProto) -> str:
+def _heads_view(g: Graph, product: onnx.NodeProto) -> str:
     """The (B, H, T, DK) view of a product: Transpose(perm 0,2,1,3) of Reshape(product)."""
     reshape = _one(g, product.output[0], "Reshape")
-    views = [n for n in g.consumers.get(reshape.output[0], []) if n.op_type == "Transpose" and _attr(n, "perm") == [0, 2, 1, 3]]
+    views = [n for n in g.consumers.get(reshape.output[0], []) if n.op_type == "Transpose" and attr(n, "perm") == [0, 2, 1, 3]]
     if len(views) != 1:
         raise RewriteError(f"{product.name}: expected one (B, H, T, DK) view of its output")
     return views[0].output[0]
 
 
-def _scores(g: _Graph, softmax: onnx.NodeProto, inputs: set[str]) -> tuple[list[onnx.NodeProto], list[str], float]:
+def _scores(g: Graph, softmax: onnx.NodeProto, inputs: set[str]) -> tuple[list[onnx.NodeProto], list[str], float]:
     """([q product, k product], [pos_bias_u, pos_bias_v, past_k, pos], scale) from Softmax(Div(Concat(q_u · past_kᵀ,
     q_u · kᵀ) + GatherElements(q_v · posᵀ), sqrt dk) + mask)."""
     divided, _mask = g.made_by_either(g.made_by(softmax.input[0], "Add"), "Div")
@@ -114,7 +106,7 @@ def _scores(g: _Graph, softmax: onnx.NodeProto, inputs: set[str]) -> tuple[list[
     return products, [_source(g, bias_u), _source(g, bias_v), past_k, pos], scale
 
 
-def _attention(g: _Graph, softmax: onnx.NodeProto, inputs: set[str]) -> _Attention:
+def _attention(g: Graph, softmax: onnx.NodeProto, inputs: set[str]) -> _Attention:
     """The attention around `softmax` (RewriteError where it is not the exporter's)."""
     (q, k), (bias_u, bias_v, past_k, pos), scale = _scores(g, softmax, inputs)
     products = [g.only_consumer(s.output[0], "MatMul") for s in g.consumers.get(softmax.output[0], [])]
@@ -134,9 +126,9 @@ def _attention(g: _Graph, softmax: onnx.NodeProto, inputs: set[str]) -> _Attenti
     return _Attention(q, bias_u, bias_v, k, v, past_k, past_v, pos, scale, k_new, v_new, merged)
 
 
-def _norm_inputs(g: _Graph, output: str) -> tuple[str, str, str, float]:
+def _norm_inputs(g: Graph, output: str) -> tuple[str, str, str, float]:
     """(input, weight, bias, epsilon) of the LayerNorm making `output`, its weight and bias as initializer names."""
-    _, x, _, _, eps = _layer_norm(g, output)
+    _, x, _, _, eps = layer_norm_pattern(g, output)
     shifted = g.made_by(output, "Add")
     scaled, bias = g.made_by_either(shifted, "Mul")
     _, weight = g.made_by_either(scaled, "Div")
@@ -150,7 +142,7 @@ def _weights(node: onnx.NodeProto) -> list[str]:
     return list(node.input[1:])
 
 
-def _layer(g: _Graph, softmax: onnx.NodeProto, inputs: set[str], index: int) -> onnx.NodeProto:
+def _layer(g: Graph, softmax: onnx.NodeProto, inputs: set[str], index: int) -> onnx.NodeProto:
     """The RelPosLayer node replacing the decoder layer around `softmax`."""
     a = _attention(g, softmax, inputs)
     x, ln1_w, ln1_b, eps1 = _norm_inputs(g, a.q.input[0])
@@ -178,7 +170,7 @@ def _layer(g: _Graph, softmax: onnx.NodeProto, inputs: set[str], index: int) -> 
     ]  # fmt: skip
     return helper.make_node(
         RELPOS_OP_NAME, inputs_of_node, [ends[0].output[0], a.k_new, a.v_new], name=f"relpos_layer_{index}",
-        domain=NATIVE_DOMAIN, heads=int(_attr(a.q, "n")) // head_dim, ff=int(_attr(ff1, "n")), scale=a.scale,
+        domain=NATIVE_DOMAIN, heads=int(attr(a.q, "n")) // head_dim, ff=int(attr(ff1, "n")), scale=a.scale,
         eps1=eps1, eps2=eps2,
     )  # fmt: skip
 
@@ -189,7 +181,7 @@ def fuse_relpos_layers(model: onnx.ModelProto) -> int:
     DK), which the graph goes on stacking into new_k and new_v. RewriteError when a layer does not match, or when an
     attention core is left after the rewrite (a layer's intermediate read elsewhere)."""
     graph = model.graph
-    g = _Graph(graph)
+    g = Graph(graph)
     inputs = {i.name for i in graph.input}
     if PAST_LEN_INPUT not in inputs:
         raise RewriteError(f"llm_step: no graph input {PAST_LEN_INPUT}")
@@ -198,7 +190,7 @@ def fuse_relpos_layers(model: onnx.ModelProto) -> int:
         node = _layer(g, softmax, inputs, index)
         fused[node.output[0]] = node
     if fused:
-        _replace_nodes(model, fused)
+        replace_nodes(model, fused)
     left = [n.name for n in graph.node if n.op_type in ("Softmax", "GatherElements")]
     if left:
         raise RewriteError(f"llm_step: {left[0]} is still read after the layers were fused")

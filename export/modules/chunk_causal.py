@@ -1,6 +1,6 @@
 """What the chunk-causal flows of the Qwen2-based families share on the torch side: the chunk mask of new positions
 over cached ones, the look-ahead layer that turns speech tokens into the flow's input, and the cached attention core
-whose ONNX form the native twin rewrites (export/native_twin.py fuse_attention)."""
+whose ONNX form the native twin rewrites (export/fuse_ops.py fuse_attention)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Our native kernels: the shared library built from service/engine/native and service/layers/native (`make native`),
-what it says of this CPU, and which of its code paths run here.
+"""Our native kernels: the shared library built from service/engine/native, service/layers/native and the families'
+native/ folders (`make native`), what it says of this CPU, and which of its code paths run here.
 
 The library holds ONNX Runtime custom operators (native/README.md): cosyvoice_lite.Int8MatMul and CachedAttention
 (the kit's) and EstimatorBlock, Qwen2Layer and RelPosLayer (fused layers), used by the native twins of quantized bundles
@@ -26,7 +26,7 @@ BUILD_HINT = "make native (needs a C compiler, e.g. apt-get install gcc)"
 # The ceiling on the kernels' code: every variant the CPU has, all but AMX tiles, or the portable C only.
 KernelsCeiling = Literal["auto", "no-amx", "portable"]
 CEILING_CONFIG_KEY = "cosyvoice_lite.kernels"  # the session config entry the kernels read (native/ort_kernel.h)
-# The graph input of a step twin that splits a decode step's int8 products into tasks (export/native_twin.py): an
+# The graph input of a step twin that splits a decode step's int8 products into tasks (export/fuse_ops.py add_spread_input): an
 # initializer of value 1 the caller may override per run (DecodeSpread).
 SPREAD_INPUT = "decode_spread"
 # The variant name of the kernels' AVX2 code (AVX2, FMA, F16C: the fast variant of CPUs without AVX-512).
