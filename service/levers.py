@@ -76,11 +76,13 @@ class EngineProfile(BaseModel):
         "there; false keeps ONNX Runtime's graphs wherever a twin's deciding kernel would take its AVX2 code (as before "
         "that code existed).",
     )
-    native_estimator: bool = Field(
-        default=True,
-        description="Run the flow estimator's native twin where native_kernels runs twins (CosyVoice-300M: its "
-        "transformer blocks as EstimatorBlock calls attending over the whole window; CosyVoice2: with its cached "
-        "chunk attention); false = ONNX Runtime's int8 graph, or OpenVINO as acoustic_backend says.",
+    native_estimator: bool | Literal["auto"] = Field(
+        default="auto",
+        description="Run the flow estimator's native twin (CosyVoice-300M: its transformer blocks as EstimatorBlock "
+        "calls attending over the whole window; CosyVoice2: with its cached chunk attention): 'auto' = where "
+        "native_kernels runs twins and the estimator's kernels take their AVX-512 code (on AVX2-only CPUs ONNX "
+        "Runtime's int8 graph was faster: docs/perf-log.md), or the portable C when asked; true = wherever "
+        "native_kernels runs twins; false = ONNX Runtime's int8 graph, or OpenVINO as acoustic_backend says.",
     )
     stream_schedule: Literal["adaptive", "official"] = Field(
         default="adaptive",

@@ -22,6 +22,7 @@ from export.registry import EXPORTERS, FamilyExporter, for_family
 from export.twin_graph import RewriteError
 from loadtest.bundles import _refresh_native_twins
 from service.bundle import GROUP_NATIVE, ModelBundle
+from service.engine import native
 from service.engine.options import RuntimeOptions
 from service.engine.runtimes import graph_runtime, native_kernels_note
 from service.engine.sessions import open_sessions
@@ -153,3 +154,28 @@ def test_the_service_opens_a_bundle_with_every_twin(v1_int8: Path) -> None:
 @pytest.mark.parametrize("exporter", EXPORTERS, ids=lambda e: e.family)
 def test_every_family_layout_accepts_the_twins_its_exporter_writes(exporter: FamilyExporter) -> None:
     assert set(exporter.native_rewrites) <= set(family(exporter.family).layout.native_graphs)
+
+
+def test_auto_keeps_the_estimator_twin_off_the_kernels_avx2_code(v1_int8: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU where the kernels would take their AVX2 code, native_estimator "auto" runs ONNX Runtime's estimator
+    (its AVX2 twin was the slower) and still the step's twin; true runs both; the portable ceiling runs both."""
+    library = native.LIBRARY_PATH
+
+    def avx2_host(
+        path: Path = library, head_dim: int = 64, kernel: str = "", kernels: str = "auto", avx2: bool = True
+    ) -> native.NativeKernels:
+        if kernels == "portable":
+            return native.NativeKernels(library, "", "portable")
+        return native.NativeKernels(library, "", "avx2") if avx2 else native.NativeKernels(None, "avx2 left out")
+
+    monkeypatch.setattr(native, "probe", avx2_host)
+    monkeypatch.setattr(native, "runtime_refusal", lambda path: "")
+    bundle = ModelBundle.load(v1_int8)
+    auto = RuntimeOptions(intra_op_threads=1)
+    assert auto.native_estimator == "auto"
+    assert graph_runtime(bundle, "flow_estimator", auto).path == v1_int8 / "flow_estimator.onnx"
+    assert graph_runtime(bundle, "llm_step", auto).custom_ops is not None
+    assert "native_estimator=true runs the twin" in str(native_kernels_note(bundle, auto))
+    assert graph_runtime(bundle, "flow_estimator", replace(auto, native_estimator=True)).path == v1_int8 / f"{TWIN}.onnx"
+    portable = replace(auto, native_kernels="portable")
+    assert graph_runtime(bundle, "flow_estimator", portable).path == v1_int8 / f"{TWIN}.onnx"

@@ -147,8 +147,9 @@ class EngineLevers:
     # (service.engine.native), "no-amx" the same without AMX tiles, "portable" every twin with the kernels' portable C
     # (comparisons, tests), "off" the core graphs.
     native_kernels: NativeKernelsMode = "auto"
-    # The flow estimator's native twin where native_kernels runs twins; False: its core graph (or OpenVINO).
-    native_estimator: bool = True
+    # The flow estimator's native twin: "auto" where native_kernels runs twins and the estimator's kernels take more than
+    # their AVX2 code (or the portable C when asked); True wherever native_kernels runs twins; False: its core graph.
+    native_estimator: bool | Literal["auto"] = "auto"
     # Whether "auto" and "no-amx" count a kernel's AVX2 code (no AVX-512) as a fast variant; False: such hosts run the
     # core graphs, as before the AVX2 kernels existed.
     native_on_avx2: bool = True

@@ -30,8 +30,8 @@ def graph_runtime(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> Graph
 
     A graph runs as its native twin on ORT with our kernels when the bundle has the twin, native_kernels is not "off"
     (nor native_estimator False, for the estimator) and the library has a fast variant of the twin's deciding kernels
-    here under that ceiling (native.KERNELS_OF_GRAPH; their AVX2 code counts unless native_on_avx2 is off), or the
-    ceiling is "portable". Else OpenVINO runs
+    here under that ceiling (native.KERNELS_OF_GRAPH; their AVX2 code counts unless native_on_avx2 is off, or for the
+    estimator under native_estimator "auto"), or the ceiling is "portable". Else OpenVINO runs
     OPENVINO_GRAPHS when asked (or on "auto" where bf16 is native), from floating-point weights: the graph itself, or
     the float twin of a quantized graph; a quantized graph without a twin stays on ORT.
     """
@@ -59,9 +59,9 @@ def native_twin(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> GraphRu
     """The native twin of graph `name` as it would run here, or None (no twin, off, or the library cannot run)."""
     ceiling = opts.native_kernels
     path = bundle.native_graph_path(name)
-    if path is None or ceiling == "off" or (name == "flow_estimator" and not opts.native_estimator):
+    if path is None or ceiling == "off" or (name == "flow_estimator" and opts.native_estimator is False):
         return None
-    kernels = _native_kernels(name, ceiling, opts.native_on_avx2)
+    kernels = _native_kernels(name, ceiling, _takes_avx2(name, opts))
     if not kernels.usable:
         return None
     entry = bundle.manifest.graphs[name + NATIVE_SUFFIX]
@@ -78,10 +78,14 @@ def native_kernels_note(bundle: ModelBundle, opts: RuntimeOptions) -> str | None
         return f"native kernels off (TTS_ENGINE_PROFILE=native_kernels=off): ONNX Runtime's graphs run {', '.join(twins)}"
     parts = []
     for name in twins:
-        if name == "flow_estimator" and not opts.native_estimator:
+        if name == "flow_estimator" and opts.native_estimator is False:
             parts.append(f"{name} on its core graph (TTS_ENGINE_PROFILE=native_estimator=false)")
             continue
-        kernels = _native_kernels(name, ceiling, opts.native_on_avx2)
+        kernels = _native_kernels(name, ceiling, _takes_avx2(name, opts))
+        if not kernels.usable and _native_kernels(name, ceiling, opts.native_on_avx2).usable:
+            parts.append(f"{name} on its core graph (its kernels' AVX2 code was slower than ONNX Runtime's graph; "
+                         "TTS_ENGINE_PROFILE=native_estimator=true runs the twin)")  # fmt: skip
+            continue
         what = ", ".join(_kernel_note(op, ceiling) for op in native.KERNELS_OF_GRAPH[name])
         parts.append(f"{name} runs {what}" if kernels.usable else f"{name} on ONNX Runtime's graph ({kernels.reason})")
     return f"native kernels ({native.LIBRARY_PATH.name}, {ceiling}): {'; '.join(parts)}"
@@ -97,6 +101,12 @@ _OP_NOTE = {
 def _kernel_note(op: str, ceiling: native.KernelsCeiling) -> str:
     """What the start-up note says of one kernel: the variant it takes ("its int8 products: avx512_vnni")."""
     return f"{_OP_NOTE.get(op, op)}: {native.probe(kernel=op, kernels=ceiling).variant}"
+
+
+def _takes_avx2(name: str, opts: RuntimeOptions) -> bool:
+    """Whether graph `name`'s twin counts its kernels' AVX2 code as fast: not the estimator's under native_estimator
+    "auto" (its AVX2 twin was slower than ONNX Runtime's int8 graph on an AVX2-only host, docs/perf-log.md)."""
+    return opts.native_on_avx2 and not (name == "flow_estimator" and opts.native_estimator == "auto")
 
 
 def _native_kernels(name: str, ceiling: native.KernelsCeiling, avx2: bool = True) -> native.NativeKernels:

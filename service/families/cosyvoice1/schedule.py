@@ -92,10 +92,12 @@ class ScheduleConfig:
         return self.tail > 0 and left <= self.tail
 
     def takes_cores(self, tokens: int, *, first: bool, final: bool) -> bool:
-        """Whether a chunk's flow may run its two guidance rows side by side on both cores: a sentence's `first` chunk
-        (the request's first audio, or a sentence's start) and its `final` one (nothing of it left to decode). The
-        chunks between share the cores with the decode steps that make the next chunk's tokens."""
-        return first or final
+        """Whether a chunk's flow may run its two guidance rows side by side on both cores: every chunk may, and the
+        engine's `cores_free` decides (no other acoustic call, and no decode step beside it unless the chunk carries
+        the first audio). At 50 tokens a second v1's chunks mostly outlast its decoding: once a sentence's tokens are
+        all decoded, a one-thread flow call would leave a core idle (TTCA 11.7 against 10.0 s with two threads on an
+        AVX2 host, docs/perf-log.md)."""
+        return True
 
     def vocoder_takes_cores(self, tokens: int, *, before: int, final: bool) -> bool:
         """Whether a chunk's vocoder call may run on both cores: the same chunks as `takes_cores` (the first has no
