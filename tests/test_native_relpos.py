@@ -9,6 +9,7 @@ refuse; and a synthesis through the twin."""
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +44,7 @@ def int8_bundle(tiny_bundle: Path, native_library: Path, tmp_path_factory: pytes
     """models/tiny quantized to int8, with the twins its family's exporter writes."""
     out = tmp_path_factory.mktemp("v1-int8") / "bundle"
     write_quantized_bundle(tiny_bundle, out, ModelBundle.load(tiny_bundle).manifest, "int8")
-    assert write_native_twin(out, for_family(FAMILY).native_rewrites, log=lambda _: None) == (TWIN,)
+    assert TWIN in write_native_twin(out, for_family(FAMILY).native_rewrites, log=lambda _: None)
     return out
 
 
@@ -180,7 +181,8 @@ def test_the_engine_decodes_through_the_twin_what_the_products_twin_decodes(int8
     chosen = graph_runtime(bundle, "llm_step", PORTABLE)
     assert chosen.path == int8_bundle / f"{TWIN}.onnx" and chosen.custom_ops == native.LIBRARY_PATH
     assert RELPOS_OP_NAME in {n.op_type for n in onnx.load(str(chosen.path)).graph.node}
-    layer, products = Synthesizer.load(int8_bundle, PORTABLE), Synthesizer.load(products_bundle, PORTABLE)
+    step_only = replace(PORTABLE, native_estimator=False)  # both on ONNX Runtime's estimator: the step is compared
+    layer, products = Synthesizer.load(int8_bundle, step_only), Synthesizer.load(products_bundle, step_only)
     speaker = layer.speakers[0]
     text = [15947, 1002, 13]
     emb = np.asarray(bundle.speakers[speaker], np.float32)

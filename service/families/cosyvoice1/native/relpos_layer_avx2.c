@@ -7,6 +7,7 @@
 
 #include "half.h"
 #include "relpos_layer_parts.h"
+#include "simd_math.h"
 
 #define AVX2 "avx2,fma,f16c"
 #define VALUE_VECTORS 4 /* value sums kept in registers: 32 lanes of the head at a time */
@@ -21,25 +22,6 @@ __attribute__((target(AVX2))) static inline float lane_sum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-/* e^x for x <= 0: the reduction by ln 2 and degree-6 polynomial of simd_math.h's cvl_exp_nonpositive, 2^n put into
- * the exponent bits (n >= -126 after the clamp, so the result stays a normal float). */
-__attribute__((target(AVX2))) static inline __m256 exp_nonpositive(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(two_n));
 }
 
 __attribute__((target(AVX2))) static void layer_norm(const float* x, int64_t rows, int64_t n, const float* w,
@@ -99,7 +81,7 @@ __attribute__((target(AVX2))) static float softmax_numerators(float* s, int64_t 
     __m256 sum = _mm256_setzero_ps();
     for (int64_t j = 0; j < n; j += 8) {
         const __m256i m = lanes(n - j);
-        const __m256 e = _mm256_and_ps(exp_nonpositive(_mm256_sub_ps(_mm256_maskload_ps(s + j, m), max)),
+        const __m256 e = _mm256_and_ps(cvl_exp_nonpositive8(_mm256_sub_ps(_mm256_maskload_ps(s + j, m), max)),
                                        _mm256_castsi256_ps(m));
         _mm256_maskstore_ps(s + j, m, e);
         sum = _mm256_add_ps(sum, e);
