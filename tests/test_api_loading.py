@@ -64,7 +64,10 @@ def test_health_and_readiness_answer_while_the_model_loads(tmp_path: Path, tiny_
     opened = graphs_opened(app.log_text(tail_chars=10_000_000))
     manifest = ModelBundle.load(tiny_bundle).manifest
     expected = {n for n, g in manifest.graphs.items() if g.group in ("core", "prompt")} - TRANSIENT_GRAPHS
-    assert sorted(opened) == sorted(expected), opened  # each graph once, with its name
+    assert set(opened) == expected, opened  # every graph, with its name
+    # each once, but HiFT's decode graph, which also opens as the two-thread session of chunks that take both cores
+    assert sorted(n for n in set(opened) if opened.count(n) > 1) in ([], ["hift_decode"]), opened
+    assert opened.count("hift_decode") <= 2, opened
 
 
 def test_a_model_that_cannot_load_stops_the_server_with_status_1(tmp_path: Path, tiny_bundle: Path) -> None:
