@@ -183,13 +183,13 @@ def test_the_footprint_bounds_what_a_streamed_sentence_reserves(sessions: tuple[
     eng = engine(sessions, window_s=2.0, state_budget=budget)
     voice = random_voice(28, seed=7)
     options = SynthesisOptions(stream=True, seed=0, max_sentence_speech_s=12.0)
-    footprint = eng.footprint(voice, [20], options)
+    footprint = eng.request_footprint(voice, [20], options)
     tokens = np.random.default_rng(7).integers(0, 6561, 300).tolist()  # the 12 s the cap allows
     list(eng.mel_chunks(iter(tokens), voice.flow, options, max_tokens=300))
     caches = dict(footprint.parts)
     assert budget.peak <= caches["estimator caches"] + caches["encoder caches"]
     assert footprint.total > caches["estimator caches"] and footprint.speech_s == 12.0
-    whole = eng.footprint(voice, [20], SynthesisOptions(stream=False, max_sentence_speech_s=12.0))
+    whole = eng.request_footprint(voice, [20], SynthesisOptions(stream=False, max_sentence_speech_s=12.0))
     assert dict(whole.parts)["flow attention"] == 7 * 4 * 8 * (2 * (28 + 300)) ** 2
     worst = eng.worst_footprint(options)
     assert worst.total >= footprint.total and "estimator caches" in worst.describe()

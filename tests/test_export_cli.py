@@ -108,7 +108,15 @@ def test_int8_bundle_is_a_second_bundle(tmp_path: Path, ref_dir: Path) -> None:
     assert fp32.manifest.precision == "fp32" and int8.manifest.precision == "int8"
     assert not fp32.manifest.random_weights and fp32.manifest.warning is None  # a checkpoint is trained unless marked
     quantized = {n for n, g in int8.manifest.graphs.items() if g.precision == "int8"}
-    assert quantized == {"llm_encoder", "llm_embed", "llm_step", "llm_step_native", "flow_encoder", "flow_estimator"}
+    assert quantized == {
+        "llm_encoder",
+        "llm_embed",
+        "llm_step",
+        "llm_step_native",
+        "flow_encoder",
+        "flow_estimator",
+        "flow_estimator_native",
+    }
     assert int8.manifest.graphs["llm_step_native"].group == "native"  # the step's int8 products as our kernel
     assert int8.capabilities == fp32.capabilities and int8.has_prompt_analysis
     for name in PROMPT_GRAPH_NAMES:  # copied, not quantized

@@ -42,7 +42,7 @@ class FixedFootprint(GatedEngine):
         super().__init__(inner, gate)
         self.nbytes = nbytes
 
-    def footprint(self, voice: object, texts: Sequence[int], options: SynthesisOptions) -> Footprint:
+    def request_footprint(self, voice: object, texts: Sequence[int], options: SynthesisOptions) -> Footprint:
         return Footprint((("test", self.nbytes),), speech_s=0.0)
 
     def worst_footprint(self, options: SynthesisOptions) -> Footprint:

@@ -66,9 +66,9 @@ def test_native_on_avx2_off_keeps_onnx_runtimes_graphs_only_where_a_kernel_takes
     """native_on_avx2=false (TTS_ENGINE_PROFILE) leaves a twin to ONNX Runtime's graph exactly where one of its deciding
     kernels would run its AVX2 code, says so in the start-up log, and changes nothing elsewhere (AVX-512 hosts)."""
     assert EngineProfile.model_validate(parse_profile("native_on_avx2=false")).native_on_avx2 is False
-    assert EngineProfile().native_on_avx2 is True and RuntimeOptions().native_on_avx2 is True
+    assert EngineProfile().native_on_avx2 is True and RuntimeOptions(native_estimator=True).native_on_avx2 is True
     bundle = ModelBundle.load(tiny_v2_bundle)
-    on, off = RuntimeOptions(), RuntimeOptions(native_on_avx2=False)
+    on, off = RuntimeOptions(native_estimator=True), RuntimeOptions(native_on_avx2=False, native_estimator=True)
     for name, ops in native.KERNELS_OF_GRAPH.items():
         variants = [native.probe(kernel=op).variant for op in ops]
         if native.AVX2_VARIANT in variants:
@@ -79,7 +79,9 @@ def test_native_on_avx2_off_keeps_onnx_runtimes_graphs_only_where_a_kernel_takes
             )
         else:
             assert graph_runtime(bundle, name, off) == graph_runtime(bundle, name, on), name
-    portable = RuntimeOptions(native_kernels="portable", native_on_avx2=False)  # the portable C is no AVX2 code
+    portable = RuntimeOptions(
+        native_kernels="portable", native_on_avx2=False, native_estimator=True
+    )  # the portable C is no AVX2 code
     assert graph_runtime(bundle, "llm_step", portable).custom_ops == native_library
 
 
@@ -111,7 +113,7 @@ def test_the_committed_estimator_twin_on_the_avx2_code_stays_near_the_int8_estim
     portable C than the stated 3 % (both attentions float32; only a requantization flipped by another summation order
     would show)."""
     bundle = ModelBundle.load(tiny_v2_bundle)
-    runtime = graph_runtime(bundle, "flow_estimator", RuntimeOptions())
+    runtime = graph_runtime(bundle, "flow_estimator", RuntimeOptions(native_estimator=True))
     assert runtime.path == tiny_v2_bundle / "flow_estimator_native.onnx"
     core = ort.InferenceSession(str(tiny_v2_bundle / "flow_estimator.onnx"), providers=["CPUExecutionProvider"])
     model = runtime.path.read_bytes()

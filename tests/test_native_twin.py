@@ -192,28 +192,28 @@ def test_the_engine_opens_the_twin_only_where_it_can_run(
     tiny_v2_bundle: Path, kernels: native.NativeKernels, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bundle = ModelBundle.load(tiny_v2_bundle)
-    chosen = graph_runtime(bundle, "flow_estimator", RuntimeOptions())
+    chosen = graph_runtime(bundle, "flow_estimator", RuntimeOptions(native_estimator=True))
     if kernels.usable:
         assert (chosen.path, chosen.custom_ops) == (tiny_v2_bundle / f"{TWIN}.onnx", native.LIBRARY_PATH)
         assert chosen.fingerprint == bundle.manifest.graphs[TWIN].sha256
-        opened = open_sessions(bundle, RuntimeOptions(), names=("flow_estimator",))["flow_estimator"]
+        opened = open_sessions(bundle, RuntimeOptions(native_estimator=True), names=("flow_estimator",))["flow_estimator"]
         core = ort.InferenceSession(str(tiny_v2_bundle / "flow_estimator.onnx"), providers=["CPUExecutionProvider"])
         feeds = estimator_feeds(core, 5, 4)
         assert opened.run(["v"], feeds)[0].shape == core.run(["v"], feeds)[0].shape
-    step = graph_runtime(bundle, "llm_step", RuntimeOptions())
+    step = graph_runtime(bundle, "llm_step", RuntimeOptions(native_estimator=True))
     assert step.path == tiny_v2_bundle / (f"{STEP_TWIN}.onnx" if kernels.usable else "llm_step.onnx")
     off = graph_runtime(bundle, "flow_estimator", RuntimeOptions(native_kernels="off"))
     assert (off.path, off.custom_ops) == (tiny_v2_bundle / "flow_estimator.onnx", None)
     assert graph_runtime(bundle, "llm_step", RuntimeOptions(native_kernels="off")).custom_ops is None
     monkeypatch.setattr(native, "probe", lambda **_: native.NativeKernels(None, "no AVX-512 BF16"))
-    assert graph_runtime(bundle, "flow_estimator", RuntimeOptions()).custom_ops is None
+    assert graph_runtime(bundle, "flow_estimator", RuntimeOptions(native_estimator=True)).custom_ops is None
     # the estimator's twin needs both kernels: without VNNI it stays on the core graph even where bf16 runs
     monkeypatch.setattr(
         native, "probe",
         lambda **kw: native.NativeKernels(None, "no VNNI") if kw["kernel"] == "Int8MatMul" else kernels,
     )  # fmt: skip
-    assert graph_runtime(bundle, "flow_estimator", RuntimeOptions()).custom_ops is None
-    assert graph_runtime(bundle, "llm_step", RuntimeOptions()).custom_ops is None
+    assert graph_runtime(bundle, "flow_estimator", RuntimeOptions(native_estimator=True)).custom_ops is None
+    assert graph_runtime(bundle, "llm_step", RuntimeOptions(native_estimator=True)).custom_ops is None
     with pytest.raises(ValueError, match="native_kernels"):
         RuntimeOptions(native_kernels="on")  # type: ignore[arg-type]
 
@@ -276,10 +276,10 @@ def test_the_start_up_log_says_whether_the_kernels_run_and_why_not(
     tiny_v2_bundle: Path, tiny_bundle: Path, kernels: native.NativeKernels, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bundle = ModelBundle.load(tiny_v2_bundle)
-    assert native_kernels_note(ModelBundle.load(tiny_bundle), RuntimeOptions()) is None  # v1: no twin
+    assert native_kernels_note(ModelBundle.load(tiny_bundle), RuntimeOptions(native_estimator=True)) is None  # v1: no twin
     assert "TTS_ENGINE_PROFILE=native_kernels=off" in str(native_kernels_note(bundle, RuntimeOptions(native_kernels="off")))
     if kernels.usable:  # the variant each kernel takes here (AMX tiles where they run)
-        note = str(native_kernels_note(bundle, RuntimeOptions()))
+        note = str(native_kernels_note(bundle, RuntimeOptions(native_estimator=True)))
         attention = native.probe(kernel="CachedAttention").variant
         products = native.probe(head_dim=64, kernel="Int8MatMul").variant
         assert f"flow_estimator runs its attention: {attention}, its int8 products: {products}" in note
@@ -288,7 +288,7 @@ def test_the_start_up_log_says_whether_the_kernels_run_and_why_not(
     assert "(libcosyvoice_lite_native.so, portable): flow_estimator runs its attention: portable" in portable
     monkeypatch.setattr(native, "probe", lambda **_: native.NativeKernels(None, "this CPU lacks AVX-512 BF16"))
     assert "flow_estimator on ONNX Runtime's graph (this CPU lacks AVX-512 BF16)" in str(
-        native_kernels_note(bundle, RuntimeOptions())
+        native_kernels_note(bundle, RuntimeOptions(native_estimator=True))
     )
 
 

@@ -109,7 +109,7 @@ class LoadedModel(ABC, Generic[V]):
 
     def footprint(self, sentences: Sequence[Sequence[int]], voice: ModelVoice, options: SynthesisOptions) -> Footprint | None:
         """The most a request of `sentences` (text ids) in `voice` holds at once; None for an engine that states none."""
-        bound = getattr(self.engine, "footprint", None)
+        bound = getattr(self.engine, "request_footprint", None)
         if bound is None:
             return None
         found: Footprint = bound(self.own(voice), [len(s) for s in sentences], options)

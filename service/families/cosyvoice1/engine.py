@@ -151,7 +151,7 @@ class Synthesizer:
             cfg_lanes=lanes,
         )
 
-    def footprint(self, voice: Voice, texts: Sequence[int], options: SynthesisOptions) -> Footprint:
+    def request_footprint(self, voice: Voice, texts: Sequence[int], options: SynthesisOptions) -> Footprint:
         """The most a request of sentences of `texts` text tokens in `voice` holds at once (cosyvoice1.footprint)."""
         return footprint.footprint(self.bundle.constants, self.kv_itemsize, voice, texts, options)
 

@@ -150,7 +150,7 @@ class CosyVoice2Engine:
             kwargs["state_budget"] = flow_budget(runtime)  # after the sessions opened: auto counts the loaded model
         return cls(bundle, sessions, llm=llm, gate=gate, **kwargs)
 
-    def footprint(self, voice: Voice2, texts: Sequence[int], options: SynthesisOptions) -> Footprint:
+    def request_footprint(self, voice: Voice2, texts: Sequence[int], options: SynthesisOptions) -> Footprint:
         """The most a request of sentences of `texts` text tokens in `voice` holds at once (cosyvoice2.footprint)."""
         return footprint.footprint(self, voice, texts, options)
 
