@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,3 +58,12 @@ def mismatches(got: Any, want: Any) -> float:
 def indices(npz: Any, pattern: re.Pattern[str]) -> list[int]:
     """Case or chunk numbers present in an npz (derived from array names like `case2_logp`)."""
     return sorted({int(m.group(1)) for k in npz.files if (m := pattern.match(k))})
+
+
+def skip_reason(fixtures: Path, name: str, needs: tuple[str, ...] = ()) -> str | None:
+    """Why the stage reading fixture file `name` cannot run (`name` or a file it `needs`, e.g. the prompt models, is
+    missing from `fixtures`), as a `VerifyReport.skipped` entry; None when it can run."""
+    if not (fixtures / name).is_file():
+        return f"{name}: not present"
+    missing = [f for f in needs if not (fixtures / f).is_file()]
+    return f"{name}: missing {', '.join(missing)}" if missing else None

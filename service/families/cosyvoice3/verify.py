@@ -23,7 +23,7 @@ from service.families.cosyvoice3.voices import PromptAnalyzer3
 from service.layers.flow_prompt import FlowPrompt
 from service.layers.prompt_checks import verify_prompts, verify_tokenizer
 from service.layers.qwen_tokenizer import Qwen2Tokenizer
-from service.verify.checks import CASE, Check, VerifyReport, indices, max_abs, mismatches
+from service.verify.checks import CASE, Check, VerifyReport, indices, max_abs, mismatches, skip_reason
 
 MODE_FILES = ("zero_shot.npz", "cross_lingual.npz", "instruct2.npz")
 STREAM_FILE, HIFT_FILE, PROMPTS_FILE, TOKENIZER_FILE = "stream.npz", "hift.npz", "prompts.npz", "tokenizer_cases.json"
@@ -48,11 +48,11 @@ def run_verification3(
         (STREAM_FILE, lambda p: verify_streams(official, cached, p)),
     ]
     for name, stage in stages:
-        path = fixtures / name
-        if not path.is_file():
-            report.skipped.append(f"{name}: not present")
+        why = skip_reason(fixtures, name, PROMPT_MODELS if name == PROMPTS_FILE else ())
+        if why is not None:
+            report.skipped.append(why)
             continue
-        for check in stage(path):
+        for check in stage(fixtures / name):
             report.checks.append(check)
             if on_check is not None:
                 on_check(check)
