@@ -1,7 +1,8 @@
-"""A memory limit on a real server, for a v1 and a CosyVoice2 bundle: the streams its budget holds run, the next one
-waits in the queue, one more gets 503 + Retry-After (never more than the budget at once); a request that could never
-fit gets 413; /metrics and the start-up log state the budget. The figures hold by construction: the resident size
-after the load and each request's footprint are injected, so nothing depends on this machine's memory or speed."""
+"""A memory limit on a real server, for a bundle of each family (v1, CosyVoice2, Fun-CosyVoice3): the streams
+its budget holds run, the next one waits in the queue, one more gets 503 + Retry-After (never more than the budget at
+once); a request that could never fit gets 413; /metrics and the start-up log state the budget. The figures hold by
+construction: the resident size after the load and each request's footprint are injected, so nothing depends on this
+machine's memory or speed."""
 
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ def voice_of(client: httpx.Client, bundle: Path) -> str:
     return "held"
 
 
-@pytest.mark.parametrize("bundle_name", ["tiny_bundle", "tiny_v2_bundle"])
+@pytest.mark.parametrize("bundle_name", ["tiny_bundle", "tiny_v2_bundle", "tiny_v3_bundle"])
 def test_a_memory_limit_runs_the_streams_it_holds_queues_the_next_and_refuses_one_more(
     bundle_name: str, request: pytest.FixtureRequest, tmp_path: Path, fixed_resident: None, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -124,12 +125,15 @@ def test_a_memory_limit_runs_the_streams_it_holds_queues_the_next_and_refuses_on
         assert metric_value(client.get("/metrics").text, "tts_memory_reserved_bytes") == 0
 
 
+@pytest.mark.parametrize("bundle_name", ["tiny_bundle", "tiny_v3_bundle"])
 def test_a_request_that_could_never_fit_the_budget_is_refused_with_413(
-    tiny_bundle: Path, tmp_path: Path, fixed_resident: None
+    bundle_name: str, request: pytest.FixtureRequest, tmp_path: Path, fixed_resident: None
 ) -> None:
-    live, _ = serve(tiny_bundle, tmp_path, 4 * FOOTPRINT)  # more than the 250 MB the limit leaves for requests
+    bundle: Path = request.getfixturevalue(bundle_name)
+    live, _ = serve(bundle, tmp_path, 4 * FOOTPRINT)  # more than the 250 MB the limit leaves for requests
     with live, httpx.Client(base_url=live.url, timeout=WAIT_S) as client:
-        refused = client.post("/tts", json={"text": "你好。", "format": "pcm"})
+        speaker = voice_of(client, bundle)
+        refused = client.post("/tts", json={"text": "你好。", "speaker": speaker, "format": "pcm"})
         assert refused.status_code == 413, refused.text
         error = refused.json()["error"]
         assert error["code"] == "text_too_long" and "TTS_MEMORY_LIMIT" in error["message"]

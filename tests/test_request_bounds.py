@@ -30,6 +30,8 @@ from service.families.cosyvoice1.llm import CosyVoice1LLM
 from service.families.cosyvoice2.assembly import extra_constants, one_thread_calls, open_engine_sessions
 from service.families.cosyvoice2.engine import CosyVoice2Engine
 from service.families.cosyvoice2.voice import Voice2
+from service.families.cosyvoice3.engine import CosyVoice3Engine
+from service.families.cosyvoice3.voice import Voice3
 from service.layers.qwen2 import Qwen2Runner
 from service.settings import Settings
 
@@ -112,9 +114,22 @@ def v2(tiny_v2_bundle: Path) -> Iterator[tuple[CosyVoice2Engine, Babbler, Voice2
     engine.close()
 
 
-@pytest.fixture(params=["v1", "v2"])
+@pytest.fixture(scope="module")
+def v3(tiny_v3_bundle: Path) -> Iterator[tuple[CosyVoice3Engine, Babbler, Voice3]]:
+    bundle = ModelBundle.load(tiny_v3_bundle)
+    sessions = open_sessions(bundle, RuntimeOptions(intra_op_threads=1))
+    babbler = Babbler(Qwen2Runner(sessions, bundle.constants, bundle.manifest.family_section["text_vocab_size"]))
+    engine = CosyVoice3Engine(bundle, sessions, llm=babbler)
+    rng = np.random.default_rng(4)
+    tokens = tuple(int(t) for t in rng.integers(0, 6561, 10))
+    mel = rng.standard_normal((20, 80)).astype(np.float32) - 5
+    yield engine, babbler, Voice3.cloned("v", rng.standard_normal(192).astype(np.float32), tokens, mel, (5, 6), (1, 2))
+    engine.close()
+
+
+@pytest.fixture(params=["v1", "v2", "v3"])
 def family(request: pytest.FixtureRequest) -> tuple[Any, Babbler, Any, int]:
-    """(engine, its babbling LLM, a voice, speech tokens per second) of either tiny bundle."""
+    """(engine, its babbling LLM, a voice, speech tokens per second) of each family's tiny bundle."""
     engine, babbler, voice = request.getfixturevalue(request.param)
     babbler.limits.clear()
     return engine, babbler, voice, engine.bundle.constants.token_rate_hz

@@ -14,6 +14,7 @@ MiB = 1 << 20
 ATTENTION_TENSORS = 7  # float32 H x T x T tensors one full-attention node chain keeps at once (scores, mask, softmax)
 LONGEST_SENTENCE_TOKENS = 200  # the text frontend cuts every sentence to at most this many text tokens
 SAMPLE_BYTES = 8  # a whole-file answer keeps its float32 samples and one joined copy
+BATCH_ROWS_SLACK = 2  # the decode batch's K/V rows grow in powers of two: a row may take up to twice its own
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,13 @@ def request_speech_s(texts: Sequence[int], constants: ModelConstants, options: S
     """The most seconds of speech (speed 1) a request of sentences of `texts` text tokens may make."""
     total = sum(speech_tokens(texts, constants, options)) / constants.token_rate_hz
     return total if options.max_speech_s is None else min(total, options.max_speech_s)
+
+
+def llm_kv_bytes(constants: ModelConstants, itemsize: int, positions: int) -> int:
+    """A decode row's K/V cache over `positions` positions (keys and values of every layer and K/V head, `itemsize`
+    bytes each), with the batch's slack (BATCH_ROWS_SLACK)."""
+    c = constants
+    return BATCH_ROWS_SLACK * 2 * c.llm_num_layers * c.llm_num_heads * c.llm_head_dim * itemsize * positions
 
 
 def attention_bytes(heads: int, frames: int) -> int:

@@ -124,7 +124,8 @@ class FrameCache:
         return self.frames * self.bytes_per_frame()
 
     def bytes_per_frame(self) -> int:
-        return sum(self.frame_strides())
+        """What one frame takes in the stored arrays: every block's keys (or values), and an int8 cache's scales."""
+        return int(self.buffer.shape[0]) * sum(self.frame_strides())
 
     def arrays(self) -> tuple[np.ndarray, ...]:
         """The stored arrays: the buffer, and the scales of an int8 cache."""

@@ -6,8 +6,36 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Protocol
 
-from service.layers.frame_cache import EstimatorState
+import numpy as np
+
+from service.layers.chunk_schedule import HopSchedule
+from service.layers.frame_cache import CachePrecision, EstimatorState, frame_bytes
+
+GUIDANCE_ROWS = 2  # an Euler step's estimator runs a conditioned and an unconditioned row, each with its own caches
+
+
+class ChunkCausalFlow(Protocol):
+    """The constants a chunk-causal flow's cache bound reads (CosyVoice2Constants, CosyVoice3Constants)."""
+
+    @property
+    def chunk_tokens(self) -> int: ...
+
+    @property
+    def pre_lookahead(self) -> int: ...
+
+    @property
+    def token_mel_ratio(self) -> int: ...
+
+    @property
+    def estimator_blocks(self) -> int: ...
+
+    @property
+    def estimator_heads(self) -> int: ...
+
+    @property
+    def estimator_head_dim(self) -> int: ...
 
 
 def window_frames(seconds: float | None, chunk_frames: int, frame_rate_hz: float) -> int | None:
@@ -23,6 +51,31 @@ def most_cached(prompt_frames: int, window: int | None, call_frames: int, senten
     made room in before a call); a sentence shorter than that holds its own frames at most."""
     whole = prompt_frames + sentence_frames
     return whole if window is None else min(whole, prompt_frames + window + call_frames)
+
+
+def call_tokens(flow: ChunkCausalFlow, prompt_tokens: int, schedule: HopSchedule) -> int:
+    """The most tokens one streamed call solves: the first hop with the prompt tokens no prompt state holds (it holds
+    the prompt's whole chunks whose look-ahead is still prompt), or a later hop, each with the look-ahead a sentence's
+    last chunk takes along."""
+    held = max(0, (prompt_tokens - flow.pre_lookahead) // flow.chunk_tokens) * flow.chunk_tokens
+    later = schedule.chunk if schedule.scale == 1 else schedule.most
+    return max(prompt_tokens - held + schedule.first_hop(prompt_tokens), later) + schedule.look_ahead
+
+
+def streamed_frames(
+    flow: ChunkCausalFlow, prompt_tokens: int, speech_tokens: int, window: int | None, schedule: HopSchedule
+) -> int:
+    """The most frames a streamed sentence's estimator caches hold at once (`most_cached` in mel frames) after a flow
+    prompt of `prompt_tokens` tokens, for at most `speech_tokens` speech tokens, cut by `schedule`."""
+    ratio = flow.token_mel_ratio
+    call = ratio * call_tokens(flow, prompt_tokens, schedule)
+    return most_cached(ratio * prompt_tokens, window, call, ratio * (speech_tokens + schedule.look_ahead))
+
+
+def estimator_frame_bytes(flow: ChunkCausalFlow, steps: int, dtype: type[np.floating], precision: CachePrecision) -> int:
+    """What one cached frame takes in a stream's state: keys and values of every block, guidance row and Euler step."""
+    shape = (flow.estimator_blocks, flow.estimator_heads, flow.estimator_head_dim)
+    return steps * GUIDANCE_ROWS * 2 * frame_bytes(*shape, dtype, precision)
 
 
 class WindowedFrames:

@@ -14,6 +14,7 @@ from service.engine.footprint import (
     LONGEST_SENTENCE_TOKENS,
     Footprint,
     attention_bytes,
+    llm_kv_bytes,
     request_speech_s,
     speech_tokens,
 )
@@ -23,7 +24,6 @@ from service.layers.prompt import MAX_PROMPT_S
 
 FLOW_HEADS = 8  # the flow estimator's attention heads (official ConditionalDecoder: num_heads 8)
 LLM_SPECIAL_POSITIONS = 4  # sos, the speaker slot, task and the first decoded position
-BATCH_ROWS_SLACK = 2  # the decode batch's K/V rows grow in powers of two: a row may take up to twice its own
 
 
 def footprint(
@@ -53,8 +53,7 @@ def _sentence(
     c: ModelConstants, kv_itemsize: int, voice: Voice, text: int, speech: int, options: SynthesisOptions
 ) -> list[tuple[str, int]]:
     positions = len(voice.llm.prompt_text_ids) + text + len(voice.llm.speech_tokens) + speech + LLM_SPECIAL_POSITIONS
-    per_position = 2 * c.llm_num_layers * c.llm_num_heads * c.llm_head_dim * kv_itemsize
-    parts = [("LLM K/V", BATCH_ROWS_SLACK * per_position * positions)]
+    parts = [("LLM K/V", llm_kv_bytes(c, kv_itemsize, positions))]
     if options.stream:
         return parts
     frames = voice.flow.frames + c.tokens_to_mel_frames(speech)

@@ -20,7 +20,7 @@ from service.families.cosyvoice2.sentence import TAIL_WAIT_S, MelChunk, Sentence
 from service.families.cosyvoice2.voice import FlowPrompt2
 from service.layers.chunk_schedule import HopSchedule
 from service.layers.frame_cache import PromptStates
-from service.layers.frame_window import most_cached
+from service.layers.frame_window import call_tokens, most_cached
 
 PromptKey = tuple[str, int, int]  # voice fingerprint, Euler steps, prompt tokens the flow sees
 
@@ -76,11 +76,8 @@ class FlowChunks2:
 
     def call_tokens(self, prompt_tokens: int, schedule: HopSchedule) -> int:
         """The most tokens one streamed call solves: the first hop with the prompt tokens no shared state holds, or a
-        later hop, each with the look-ahead a sentence's last chunk takes along."""
-        e = self.extra
-        held = max(0, (prompt_tokens - e.pre_lookahead) // e.chunk_tokens) * e.chunk_tokens
-        later = schedule.chunk if schedule.scale == 1 else schedule.most
-        return max(prompt_tokens - held + schedule.first_hop(prompt_tokens), later) + schedule.look_ahead
+        later hop, each with the look-ahead a sentence's last chunk takes along (layers.frame_window.call_tokens)."""
+        return call_tokens(self.extra, prompt_tokens, schedule)
 
     def cached(
         self,

@@ -14,6 +14,7 @@ from service.engine.footprint import (
     LONGEST_SENTENCE_TOKENS,
     Footprint,
     attention_bytes,
+    llm_kv_bytes,
     request_speech_s,
     speech_tokens,
 )
@@ -22,8 +23,7 @@ from service.families.cosyvoice2.chunks import FlowChunks2
 from service.families.cosyvoice2.contract import CosyVoice2Constants
 from service.families.cosyvoice2.voice import FlowPrompt2, Voice2
 from service.layers.chunk_schedule import HopSchedule
-from service.layers.frame_cache import frame_bytes
-from service.layers.frame_window import most_cached
+from service.layers.frame_window import estimator_frame_bytes, streamed_frames
 from service.layers.prompt import MAX_PROMPT_S
 
 
@@ -41,7 +41,6 @@ class CosyVoice2Engine(Protocol):
 
 
 LLM_SPECIAL_POSITIONS = 3  # sos, task and the first decoded position beyond the prompt, text and speech
-BATCH_ROWS_SLACK = 2  # the decode batch's K/V rows grow in powers of two: a row may take up to twice its own
 
 
 def footprint(engine: CosyVoice2Engine, voice: Voice2, texts: Sequence[int], options: SynthesisOptions) -> Footprint:
@@ -73,8 +72,7 @@ def _sentence(
     c, e = engine.constants, engine.extra
     llm = voice.llm
     positions = len(llm.prompt_text_ids) + text + len(llm.speech_tokens) + speech + LLM_SPECIAL_POSITIONS
-    per_position = 2 * c.llm_num_layers * c.llm_num_heads * c.llm_head_dim * np.dtype(engine.runner.kv_dtype).itemsize
-    parts = [("LLM K/V", BATCH_ROWS_SLACK * per_position * positions)]
+    parts = [("LLM K/V", llm_kv_bytes(c, np.dtype(engine.runner.kv_dtype).itemsize, positions))]
     if not options.stream:
         frames = e.token_mel_ratio * (len(voice.flow.tokens) + speech)
         return [*parts, ("flow attention", attention_bytes(e.estimator_heads, frames))]
@@ -88,11 +86,8 @@ def _stream(engine: CosyVoice2Engine, prompt: FlowPrompt2, speech: int, options:
     e = engine.extra
     schedule = engine.schedule_for(options)
     steps = options.n_timesteps or engine.constants.n_timesteps
-    ratio, look_ahead = e.token_mel_ratio, schedule.look_ahead
-    call = ratio * engine.chunks.call_tokens(len(prompt.tokens), schedule)
-    frames = most_cached(ratio * len(prompt.tokens), engine.chunks.window, call, ratio * (speech + look_ahead))
-    shape = (e.estimator_blocks, e.estimator_heads, e.estimator_head_dim)
-    per_frame = steps * 2 * 2 * frame_bytes(*shape, engine.chunks.flow.est_dtype, engine.chunks.flow.precision)
-    per_token = (e.encoder_blocks + ratio * e.up_blocks) * 2 * e.encoder_heads * e.encoder_head_dim * 4
-    tokens = len(prompt.tokens) + speech + look_ahead
+    frames = streamed_frames(e, len(prompt.tokens), speech, engine.chunks.window, schedule)
+    per_frame = estimator_frame_bytes(e, steps, engine.chunks.flow.est_dtype, engine.chunks.flow.precision)
+    per_token = (e.encoder_blocks + e.token_mel_ratio * e.up_blocks) * 2 * e.encoder_heads * e.encoder_head_dim * 4
+    tokens = len(prompt.tokens) + speech + schedule.look_ahead
     return [("estimator caches", frames * per_frame), ("encoder caches", 2 * per_token * tokens)]

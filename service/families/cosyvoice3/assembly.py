@@ -52,11 +52,13 @@ def window_frames(seconds: float | None, extra: CosyVoice3Constants, frame_rate_
 
 class SilenceFilter:
     """The official llm_job's filter on the LLM's tokens (cli/model.py:101-129): a silent token after `max_run` silent
-    tokens in a row is dropped; the flow sees the rest. Keeps telling whether the stream has ended (EndAware)."""
+    tokens in a row is dropped; the flow sees the rest. Keeps telling whether the stream has ended (EndAware). `taken`:
+    the tokens read from the LLM so far, dropped ones included (what the request's speech budget counts)."""
 
     def __init__(self, tokens: Iterator[int], silent: frozenset[int], max_run: int) -> None:
         self._tokens, self._silent, self._max_run = tokens, silent, max_run
         self._run = 0
+        self.taken = 0
 
     def __iter__(self) -> Iterator[int]:
         return self
@@ -64,6 +66,7 @@ class SilenceFilter:
     def __next__(self) -> int:
         while True:
             token = next(self._tokens)
+            self.taken += 1
             if token not in self._silent:
                 self._run = 0
                 return token

@@ -23,13 +23,15 @@ from service.bundle import ModelBundle
 from service.engine import native
 from service.engine.acoustic_gate import AcousticGate, Pacer
 from service.engine.chunking import Progress, first_audio
+from service.engine.footprint import Footprint
 from service.engine.host import limit_malloc_arenas, released_after
-from service.engine.llm import max_speech_tokens
 from service.engine.memory import StateBudget
 from service.engine.options import RuntimeOptions
 from service.engine.scheduler import BatchScheduler
+from service.engine.speech_budget import SpeechBudget
 from service.engine.types import AudioChunk, StageTimings, SynthesisOptions, TokenGenerator
 from service.errors import EmptyTextError, InvalidInputError
+from service.families.cosyvoice3 import footprint
 from service.families.cosyvoice3.assembly import (
     SilenceFilter,
     extra_constants,
@@ -166,9 +168,11 @@ class CosyVoice3Engine:
         if not texts or any(not s for s in texts):
             raise EmptyTextError("nothing to synthesize: no sentences, or an empty sentence")
         self._check(voice, options)
+        budget = SpeechBudget(self.constants, options.max_speech_s, options.max_sentence_speech_s)
+        budget.check(texts)
         llm_rng = np.random.default_rng(options.seed)
         pace = Pacer(self.gate, self.sample_rate)
-        return released_after(self._sentences(texts, voice, options, llm_rng, cancel, pace))
+        return released_after(self._sentences(texts, voice, options, llm_rng, budget, cancel, pace))
 
     def synthesize_tokens(
         self, speech_tokens: Sequence[int], voice: Voice3, options: SynthesisOptions = DEFAULT_OPTIONS
@@ -182,6 +186,14 @@ class CosyVoice3Engine:
         self._check(voice, options)
         pace = Pacer(self.gate, self.sample_rate)
         return (piece for piece, _ in self._sentence(iter(tokens), voice.flow, options, pace, voice.fingerprint))
+
+    def request_footprint(self, voice: Voice3, texts: Sequence[int], options: SynthesisOptions) -> Footprint:
+        """The most a request of sentences of `texts` text tokens in `voice` holds at once (cosyvoice3.footprint)."""
+        return footprint.footprint(self, voice, texts, options)
+
+    def worst_footprint(self, options: SynthesisOptions) -> Footprint:
+        """What one request may hold at the bounds `options` set (cosyvoice3.footprint.worst_footprint)."""
+        return footprint.worst_footprint(self, options)
 
     def schedule_for(self, options: SynthesisOptions) -> HopSchedule:
         """The chunk schedule of one request: the engine's, with the request's first hop when it names one."""
@@ -239,6 +251,7 @@ class CosyVoice3Engine:
         voice: Voice3,
         options: SynthesisOptions,
         llm_rng: np.random.Generator,
+        budget: SpeechBudget,
         cancel: threading.Event | None,
         pace: Pacer,
     ) -> Iterator[AudioChunk]:
@@ -247,9 +260,9 @@ class CosyVoice3Engine:
                 return
             clock = time.perf_counter()
             urgent = self.schedule_for(options).first_audio_tokens(len(self.flow_prompt(voice.flow, options).tokens))
-            raw = self.llm.generate(ids, voice.llm_prompt(ids), llm_rng, cancel=cancel, urgent_tokens=urgent)
+            most = budget.limit(len(ids))  # the official bound, or less under the request's caps
+            raw = self.llm.generate(ids, voice.llm_prompt(ids), llm_rng, max_tokens=most, cancel=cancel, urgent_tokens=urgent)
             tokens = SilenceFilter(iter(raw), self.silent, self.extra.max_silent_run)
-            most = max_speech_tokens(len(ids), self.constants)  # the LLM's own limit for this sentence
             pieces = self._sentence(tokens, voice.flow, options, pace, voice.fingerprint, most, cancel)
             for audio, (last, flow_s, hift_s, tokens_in) in pieces:
                 llm_s = max(0.0, time.perf_counter() - clock - flow_s - hift_s)
@@ -260,6 +273,7 @@ class CosyVoice3Engine:
                 clock = time.perf_counter()
                 if cancel is not None and cancel.is_set():
                     return
+            budget.spent(tokens.taken, len(ids))  # TextTooLongError when a cap, not the model, ended the sentence
 
     def _sentence(
         self,

@@ -97,11 +97,17 @@ class CosyVoice3Model:
         return budget if isinstance(budget, StateBudget) else None
 
     def footprint(self, sentences: Sequence[Sequence[int]], voice: ModelVoice, options: SynthesisOptions) -> Footprint | None:
-        """None: this family states no per-request bound yet (admission reserves nothing for its requests)."""
-        return None
+        """The most a request of `sentences` (text ids) in `voice` holds at once; None for an engine that states none."""
+        bound = getattr(self.engine, "request_footprint", None)
+        if bound is None:
+            return None
+        found: Footprint = bound(v3_voice(voice), [len(s) for s in sentences], options)
+        return found
 
     def worst_footprint(self, options: SynthesisOptions) -> Footprint | None:
-        return None
+        """What one request may hold at the bounds `options` set; None for an engine that states none."""
+        worst = getattr(self.engine, "worst_footprint", None)
+        return None if worst is None else cast(Footprint, worst(options))
 
     def cache_bytes(self) -> dict[str, int]:
         """Bytes the streams' DiT caches hold now (reserved in the engine's budget)."""
