@@ -133,3 +133,5 @@ def drop_native_twins(bundle_dir: Path) -> None:
     (bundle_dir / MANIFEST_NAME).write_text(replace(manifest, graphs=graphs).to_json(), encoding="utf-8")
     for g in twins.values():
         (bundle_dir / g.file).unlink(missing_ok=True)
+        if g.weights:
+            (bundle_dir / g.weights).unlink(missing_ok=True)
