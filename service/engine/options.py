@@ -16,6 +16,7 @@ StreamSchedule = Literal["adaptive", "official"]
 AcousticBackend = Literal["auto", "ort", "openvino"]
 NativeKernelsMode = Literal["auto", "no-amx", "portable", "off"]
 CachePrecision = Literal["graph", "float16", "int8"]
+PrecisionLever = Literal["auto", "graph", "float16", "int8"]  # a CachePrecision, or "auto" (the family picks)
 AcousticArena = Literal["shrink", "keep", "off"]
 
 EXECUTION_MODES: tuple[str, ...] = ("sequential", "parallel")
@@ -131,8 +132,9 @@ class EngineLevers:
     # per frame drops the oldest beyond it); None: every frame (official); "auto": the family's own default.
     flow_window_s: float | Literal["auto"] | None = None
     # How those caches keep their frames: as the estimator graph reads them, float16, or int8 with per-frame, per-head
-    # scales (widened for each call); "graph" is the official computation.
-    flow_cache_precision: CachePrecision = "graph"
+    # scales (widened for each call); "graph" is the official computation; "auto": int8 in quantized bundles
+    # (frame_cache.stored_precision).
+    flow_cache_precision: PrecisionLever = "auto"
     # The flow/HiFT sessions' ONNX Runtime arena: "shrink" gives its free chunks back after every call, "keep" keeps
     # them (ONNX Runtime's default), "off" allocates each call's tensors from the heap.
     acoustic_arena: AcousticArena = "shrink"
@@ -167,8 +169,8 @@ class EngineLevers:
             isinstance(self.flow_window_s, float | int) and self.flow_window_s > 0
         ):
             raise ValueError("flow_window_s must be > 0, 'auto' or None")
-        if self.flow_cache_precision not in ("graph", "float16", "int8"):
-            raise ValueError("flow_cache_precision must be 'graph', 'float16' or 'int8'")
+        if self.flow_cache_precision not in ("auto", "graph", "float16", "int8"):
+            raise ValueError("flow_cache_precision must be 'auto', 'graph', 'float16' or 'int8'")
         if self.acoustic_arena not in ("shrink", "keep", "off"):
             raise ValueError("acoustic_arena must be 'shrink', 'keep' or 'off'")
         if self.flow_cache_mb is not None and self.flow_cache_mb < 0:
