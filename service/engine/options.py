@@ -63,8 +63,11 @@ class SessionOptions:
     # Return a flow/HiFT session's unused arena memory after each call: their activation peaks (HiFT ~120 MB
     # for 5 s of audio) then do not stay resident side by side, at no cost in speed (docs/perf-log.md).
     shrink_acoustic_arenas: bool = True
-    # glibc malloc arenas for the whole process (see limit_malloc_arenas); 0 keeps glibc's default.
+    # glibc malloc arenas for the whole process (see tune_malloc); 0 keeps glibc's default.
     malloc_arenas: int = 2
+    # Heap blocks of at least this many bytes are mapped on their own and unmapped when freed (see tune_malloc); 0
+    # keeps glibc's sliding threshold.
+    malloc_mmap_threshold: int = 1 << 20
     # Where OpenVINO keeps compiled graphs (imported at every start after the first: faster, and 0.19 GB less resident
     # for the full-size estimator); None: compile in this process at every start.
     compiled_cache_dir: Path | None = None
@@ -84,8 +87,8 @@ class SessionOptions:
             raise ValueError(f"graph_optimization must be one of {sorted(GRAPH_OPTIMIZATION)}")
         if not 0 <= self.log_severity <= 4:
             raise ValueError("log_severity must be in 0..4")
-        if self.malloc_arenas < 0 or self.openvino_shape_cache_entries < 0:
-            raise ValueError("malloc_arenas and openvino_shape_cache_entries must be >= 0")
+        if self.malloc_arenas < 0 or self.openvino_shape_cache_entries < 0 or self.malloc_mmap_threshold < 0:
+            raise ValueError("malloc_arenas, malloc_mmap_threshold and openvino_shape_cache_entries must be >= 0")
         if self.memory_limit_bytes is not None and self.memory_limit_bytes <= 0:
             raise ValueError("memory_limit_bytes must be > 0 (or None)")
 

@@ -24,7 +24,7 @@ from service.engine import native
 from service.engine.acoustic_gate import AcousticGate, Pacer
 from service.engine.chunking import Progress, first_audio
 from service.engine.footprint import Footprint
-from service.engine.host import limit_malloc_arenas, released_after
+from service.engine.host import released_after, tune_malloc
 from service.engine.memory import StateBudget
 from service.engine.options import RuntimeOptions
 from service.engine.scheduler import BatchScheduler
@@ -114,7 +114,7 @@ class CosyVoice3Engine:
         """Load a bundle, open its graphs, and start the batching scheduler / acoustic gate `runtime` asks for."""
         loaded = bundle if isinstance(bundle, ModelBundle) else ModelBundle.load(bundle)
         runtime = one_thread_calls(runtime or RuntimeOptions())
-        limit_malloc_arenas(runtime.malloc_arenas)
+        tune_malloc(runtime.malloc_arenas, runtime.malloc_mmap_threshold)
         lanes = kwargs.setdefault("cfg_lanes", runtime.threads_for("acoustic") == 1)
         return cls.from_sessions(loaded, open_engine_sessions(loaded, runtime, wide=lanes), runtime, **kwargs)
 
