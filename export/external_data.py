@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import external_data_helper, numpy_helper
 
 from service.bundle import GROUP_PROMPT, MANIFEST_NAME, ModelBundle, sha256_file
 from service.errors import BundleError
@@ -35,6 +35,14 @@ _RAW = {
 def weights_name(graph_file: str) -> str:
     """`llm_step.onnx` -> `llm_step.weights`."""
     return Path(graph_file).stem + WEIGHTS_SUFFIX
+
+
+def load_inline(path: Path) -> onnx.ModelProto:
+    """The graph at `path` with every weight inside the proto (read from its weights file, if it has one): what a
+    rewrite edits and saves as one file again."""
+    model = onnx.load(str(path))
+    external_data_helper.convert_model_from_external_data(model)
+    return model
 
 
 def externalize_graph(path: Path) -> bool:
