@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from export.external_data import externalize_bundle
 from export.native_twin import drop_native_twins, write_native_twin
 from export.onnx_io import ExportError
 from export.registry import for_family
@@ -27,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         written = write_native_twin(args.bundle, for_family(ModelBundle.load(args.bundle).family).native_rewrites)
         if not written:
             print(f"{args.bundle}: no native twin to add (fp32 bundle, or it has every twin it takes)")
+        externalize_bundle(args.bundle)
         ModelBundle.load(args.bundle, verify_hashes=True)
     except (ExportError, BundleError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

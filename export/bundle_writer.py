@@ -14,6 +14,7 @@ import onnx
 import torch
 
 from export import checkpoint
+from export.external_data import externalize_bundle
 from export.native_twin import Rewrite, write_native_twin
 from export.onnx_io import OPSET, ExportedGraph, ExportError
 from export.quantize import Scheme, write_quantized_bundle
@@ -83,7 +84,9 @@ def exporter_info(opts: ExportOptions, version: str = EXPORTER_VERSION) -> dict[
 
 
 def publish(tmp: Path, out: Path) -> None:
-    """Move a finished bundle into place; an existing bundle at `out` is replaced only once the new one is whole."""
+    """Move a finished bundle into place, its large graphs' weights in files of their own (export.external_data); an
+    existing bundle at `out` is replaced only once the new one is whole."""
+    externalize_bundle(tmp)
     backup = out.with_name(f".{out.name}.old-{os.getpid()}")
     if out.exists():
         out.rename(backup)

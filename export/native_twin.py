@@ -30,6 +30,7 @@ from pathlib import Path
 
 import onnx
 
+from export.external_data import load_inline
 from export.fuse_layers import fuse_blocks, fuse_qwen2_layers
 from export.fuse_ops import add_spread_input, fuse_attention, fuse_conv_windows, fuse_int8_matmuls
 from export.twin_graph import BLOCK_OP_NAME, INT8_OP_NAME, OP_NAME, QWEN2_OP_NAME, RewriteError
@@ -107,7 +108,7 @@ def write_native_twin(bundle_dir: Path, rewrites: Mapping[str, Rewrite], log: Ca
         if name not in graphs or name + NATIVE_SUFFIX in graphs or graphs[name].precision == "fp32":
             continue
         entry = graphs[name]
-        model = onnx.load(str(bundle_dir / entry.file))
+        model = load_inline(bundle_dir / entry.file)
         try:
             count, what = rewrite(model, manifest)
         except RewriteError as e:
@@ -133,3 +134,5 @@ def drop_native_twins(bundle_dir: Path) -> None:
     (bundle_dir / MANIFEST_NAME).write_text(replace(manifest, graphs=graphs).to_json(), encoding="utf-8")
     for g in twins.values():
         (bundle_dir / g.file).unlink(missing_ok=True)
+        if g.weights:
+            (bundle_dir / g.weights).unlink(missing_ok=True)

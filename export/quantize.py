@@ -16,6 +16,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
+from export.external_data import load_inline, weights_name
 from service.bundle import FLOAT_SUFFIX, GROUP_CORE, GROUP_FLOAT, MANIFEST_NAME, Manifest, ModelConstants, sha256_file
 from service.families.cosyvoice1.contract import relative_pe
 
@@ -84,7 +85,7 @@ def quantize_graph_4bit(src: Path, dst: Path, block_size: int = INT4_BLOCK_SIZE)
 
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
     quantizer = MatMulNBitsQuantizer(
-        onnx.load(str(src)),
+        load_inline(src),
         bits=4,
         block_size=block_size,
         is_symmetric=True,
@@ -116,7 +117,7 @@ def quantize_embeddings(path: Path, min_values: int = MIN_TABLE_VALUES) -> list[
 
     Symmetric per row: row = int8 * (max|row| / 127). Returns the names of the tables it converted.
     """
-    model = onnx.load(str(path))
+    model = load_inline(path)
     graph = model.graph
     tables = {i.name: i for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT and len(i.dims) == 2}
     readers: dict[str, list[onnx.NodeProto]] = {}
@@ -170,7 +171,7 @@ def half_kv_outputs(path: Path, names: tuple[str, ...] = HALF_KV_OUTPUTS) -> int
 def _half_edges(path: Path, edge: Literal["input", "output"], chosen: Callable[[str], bool]) -> int:
     """Make the graph's float32 inputs (or outputs) that `chosen` names float16 at the edge: the graph's nodes go on
     reading (writing) `<name>_fp32`, a Cast between it and the edge. Returns the number of edges rewritten."""
-    model = onnx.load(str(path))
+    model = load_inline(path)
     graph = model.graph
     casts: list[onnx.NodeProto] = []
     for value in graph.input if edge == "input" else graph.output:
@@ -232,7 +233,7 @@ def write_quantized_bundle(
     """
     dst_dir.mkdir(parents=True, exist_ok=False)
     plan = precision_plan(scheme) if plan is None else plan
-    graphs = dict(manifest.graphs)
+    graphs = {name: replace(entry, weights="", weights_sha256="") for name, entry in manifest.graphs.items()}
     for name, entry in manifest.graphs.items():
         src, dst = src_dir / entry.file, dst_dir / entry.file
         precision = plan.get(name) if entry.group == GROUP_CORE else None  # the prompt models are copied as they are
@@ -240,6 +241,9 @@ def write_quantized_bundle(
             quantize_graph_4bit(src, dst)
         elif precision is not None and name in matmul_graphs:
             quantize_graph(src, dst)
+        elif (src_dir / weights_name(entry.file)).exists():  # one file again (publishing moves large weights out)
+            onnx.save(load_inline(src), str(dst))
+            graphs[name] = replace(graphs[name], sha256=sha256_file(dst))
         else:
             shutil.copy2(src, dst)
         if precision is not None and name in table_graphs:
@@ -249,12 +253,12 @@ def write_quantized_bundle(
         if precision is not None and name in half_output_graphs:
             half_kv_outputs(dst)
         if precision is not None:
-            graphs[name] = replace(entry, sha256=sha256_file(dst), precision=precision)
+            graphs[name] = replace(graphs[name], sha256=sha256_file(dst), precision=precision)
         if precision is not None and name in float_twin_graphs:
             twin = dst_dir / f"{name}{FLOAT_SUFFIX}.onnx"
             float_twin(src, twin)
             graphs[name + FLOAT_SUFFIX] = replace(
-                entry, file=twin.name, sha256=sha256_file(twin), precision=FLOAT_TWIN_PRECISION, group=GROUP_FLOAT
+                graphs[name], file=twin.name, sha256=sha256_file(twin), precision=FLOAT_TWIN_PRECISION, group=GROUP_FLOAT
             )
     for name in manifest.files:
         shutil.copy2(src_dir / name, dst_dir / name)
@@ -271,7 +275,7 @@ def float_twin(src: Path, dst: Path, min_values: int = 1024) -> int:
     its matmul kernels: the full-size estimator's twin is 99 MB (fp32: 329 MB), compiles to 0.35 GB resident instead
     of 0.79 GB for fp16-stored weights, runs 5-8 % faster than them in bf16, and deviates from fp32 by 3.6-3.9 %
     relative RMS (fp16-stored: 3.3-3.7 %). Returns how many initializers were compressed."""
-    model = onnx.load(str(src))
+    model = load_inline(src)
     graph = model.graph
     uses: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
     for node in graph.node:

@@ -122,12 +122,13 @@ class EngineProfile(BaseModel):
         "family's default (CosyVoice2 2 s, CosyVoice3 4 s); 'all' = every frame (the official computation; the caches "
         "then grow with the sentence).",
     )
-    flow_cache_precision: Literal["graph", "float16", "int8"] = Field(
-        default="graph",
-        description="How streamed sentences' flow caches keep their frames: 'graph' = as the estimator reads them "
-        "(float16 in quantized bundles, float32 in fp32 ones; the official computation), 'float16', or 'int8' with a "
-        "scale per frame and head (half of float16's bytes; each call widens the frames it reads, which costs time). "
-        "docs/memory.md gives the error of each against fp32.",
+    flow_cache_precision: Literal["auto", "graph", "float16", "int8"] = Field(
+        default="auto",
+        description="CosyVoice2 and CosyVoice3: how streamed sentences' flow caches keep their frames: 'graph' = as the "
+        "estimator reads them (float16 in quantized bundles, float32 in fp32 ones; the official computation), "
+        "'float16', or 'int8' with a scale per frame and head (half of float16's bytes; each call widens the frames "
+        "it reads, in our native code where it is built); 'auto' = int8 in quantized bundles, 'graph' in fp32 ones. "
+        "docs/deviations.md gives the error of each against fp32.",
     )
     acoustic_arena: Literal["shrink", "keep", "off"] = Field(
         default="shrink",

@@ -16,7 +16,7 @@ import pytest
 from service.bundle import ModelBundle
 from service.engine.host import lower_thread_priority
 from service.engine.options import PREPACKED_GRAPHS, RuntimeOptions, graph_stage
-from service.engine.sessions import ShrinkingSession, TransientSession, make_session_options, open_sessions
+from service.engine.sessions import ShrinkingSession, TransientSession, make_session_options, open_sessions, prefill
 from service.errors import BundleError
 from service.families.cosyvoice1.contract import GRAPH_NAMES, PROMPT_GRAPH_NAMES
 from service.families.cosyvoice1.engine import Synthesizer
@@ -176,3 +176,52 @@ def test_onnxruntime_telemetry_is_off_unless_asked_for(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")] == [], "onnxruntime wrote its device id"
     assert "telemetry" not in done.stderr and done.stdout.strip() == "1", (done.stdout, done.stderr)
+
+
+class _RecordingSession:
+    """Records the run options of each call (what ShrinkingSession passes on)."""
+
+    def __init__(self) -> None:
+        self.options: list[object] = []
+
+    def run(self, names: object, feeds: object, options: object = None) -> list[np.ndarray]:
+        self.options.append(options)
+        return []
+
+
+def test_llm_step_gives_back_its_arena_after_a_prefill_only(tiny_bundle: Path) -> None:
+    """A prefill (many positions at once) leaves arena chunks no decode step reuses: they go back after it; decode
+    steps keep their arena."""
+    bundle = ModelBundle.load(tiny_bundle)
+    step = open_sessions(bundle, RuntimeOptions(intra_op_threads=1), ["llm_step"])["llm_step"]
+    assert isinstance(step, ShrinkingSession) and step.get_inputs()  # the session's own methods reach through
+    recording = _RecordingSession()
+    wrapped = ShrinkingSession(recording, when=prefill)  # type: ignore[arg-type]
+    d = 8
+    wrapped.run(None, {"x": np.zeros((1, 12, d), np.float32)})
+    wrapped.run(None, {"x": np.zeros((3, 1, d), np.float32)})
+    assert recording.options[0] is not None and recording.options[1] is None
+    plain = open_sessions(bundle, RuntimeOptions(intra_op_threads=1, enable_cpu_mem_arena=False), ["llm_step"])["llm_step"]
+    assert not isinstance(plain, ShrinkingSession)
+
+
+def test_position_table_projected_in_pieces_equals_one_call(tiny_bundle: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table is projected PROJECT_ROWS rows a call (each row's projection is its own): the same table as one call
+    over every row."""
+    from service.families.cosyvoice1 import llm as v1_llm
+    from service.families.cosyvoice1.contract import relative_pe
+
+    bundle = ModelBundle.load(tiny_bundle)
+    pos = open_sessions(bundle, RuntimeOptions(intra_op_threads=1), ["llm_pos"])["llm_pos"]
+    monkeypatch.setattr(v1_llm, "PROJECT_ROWS", 48)
+    calls: list[int] = []
+
+    class Counting:
+        def run(self, names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+            calls.append(len(feeds["pe"]))
+            return list(pos.run(names, feeds))
+
+    table = v1_llm.position_table(Counting(), bundle.constants, rows=200).table(200)
+    assert calls == [48, 48, 48, 48, 8]
+    whole = pos.run(["pos"], {"pe": relative_pe(200, bundle.constants.llm_model_dim)})[0]
+    np.testing.assert_allclose(table, whole, rtol=0, atol=1e-6)

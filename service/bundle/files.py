@@ -139,6 +139,7 @@ def _checked_speakers(path: Path, manifest: Manifest) -> dict[str, np.ndarray]:
 def _check_files(root: Path, manifest: Manifest, verify_hashes: bool) -> None:
     """Every listed file (graphs of every group, speakers, tokenizer, ...) present, and hashed when asked."""
     expected = {g.file: g.sha256 for g in manifest.graphs.values()} | manifest.files
+    expected |= {g.weights: g.weights_sha256 for g in manifest.graphs.values() if g.weights}
     expected.setdefault(SPEAKERS_NAME, "")
     missing = sorted(f for f in expected if not (root / f).is_file())
     if missing:

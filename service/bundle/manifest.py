@@ -32,6 +32,10 @@ class GraphEntry:
     outputs: tuple[str, ...]
     opset: int = 13
     group: str = GROUP_CORE  # "core" (written by our exporter) or "prompt" (copied from the checkpoint)
+    # The graph's initializers in a file of their own (ONNX external data) that ONNX Runtime maps into memory instead of
+    # copying: its name in the bundle and sha256 ("" when the weights are inside the .onnx file).
+    weights: str = ""
+    weights_sha256: str = ""
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,9 @@ class Manifest:
             data[self.family] = section
         if legacy:
             del data["family"]
+        for graph in data["graphs"].values():  # inline weights: the keys are left out (the manifest's identity stays)
+            if not graph["weights"]:
+                del graph["weights"], graph["weights_sha256"]
         if not data["capabilities"]["instruct2"]:
             del data["capabilities"]["instruct2"]
         return json.dumps(data, ensure_ascii=False, indent=2, sort_keys=True) + "\n"

@@ -25,7 +25,8 @@ def lower_thread_priority(nice: int) -> None:
         return
 
 
-_M_ARENA_MAX = -8  # glibc mallopt parameter number (malloc.h)
+_M_ARENA_MAX = -8  # glibc mallopt parameter numbers (malloc.h)
+_M_MMAP_THRESHOLD = -3
 
 
 @functools.cache
@@ -41,15 +42,23 @@ def _glibc_function(name: str) -> Callable[..., int] | None:
     return function
 
 
-def limit_malloc_arenas(arenas: int) -> None:
-    """Cap glibc's per-thread malloc arenas for this process (0: leave the default, 8 x cores; no-op elsewhere).
+def tune_malloc(arenas: int, mmap_threshold: int = 0) -> None:
+    """Set glibc malloc for a process of few, large, short-lived blocks (no-op elsewhere; 0 leaves a default).
 
-    Every thread that allocates (service workers, ORT pools) otherwise gets its own arena, and each keeps
-    its freed pages: under 8 concurrent streams the default arenas cost ~150 MB of resident memory.
+    `arenas` caps the per-thread arenas (default 8 x cores): every thread that allocates (service workers, ORT pools)
+    otherwise gets its own, and each keeps its freed pages: under 8 concurrent streams they cost ~150 MB resident.
+    `mmap_threshold` (bytes) fixes the size from which a block is mapped on its own and unmapped when freed. glibc's
+    default slides up to the largest block freed so far (up to 32 MB), after which a prefill's or a flow call's
+    megabytes come from the heap and stay there, freed but resident, until the request ends: 80-120 MB at the peak of
+    a full-size stream with a 10 s voice (docs/perf-log.md), at no measured cost in speed.
     """
-    mallopt = _glibc_function("mallopt") if arenas > 0 else None
-    if mallopt is not None:
+    mallopt = _glibc_function("mallopt")
+    if mallopt is None:
+        return
+    if arenas > 0:
         mallopt(_M_ARENA_MAX, arenas)
+    if mmap_threshold > 0:
+        mallopt(_M_MMAP_THRESHOLD, mmap_threshold)
 
 
 def release_free_memory() -> None:

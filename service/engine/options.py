@@ -16,6 +16,7 @@ StreamSchedule = Literal["adaptive", "official"]
 AcousticBackend = Literal["auto", "ort", "openvino"]
 NativeKernelsMode = Literal["auto", "no-amx", "portable", "off"]
 CachePrecision = Literal["graph", "float16", "int8"]
+PrecisionLever = Literal["auto", "graph", "float16", "int8"]  # a CachePrecision, or "auto" (the family picks)
 AcousticArena = Literal["shrink", "keep", "off"]
 
 EXECUTION_MODES: tuple[str, ...] = ("sequential", "parallel")
@@ -62,8 +63,11 @@ class SessionOptions:
     # Return a flow/HiFT session's unused arena memory after each call: their activation peaks (HiFT ~120 MB
     # for 5 s of audio) then do not stay resident side by side, at no cost in speed (docs/perf-log.md).
     shrink_acoustic_arenas: bool = True
-    # glibc malloc arenas for the whole process (see limit_malloc_arenas); 0 keeps glibc's default.
+    # glibc malloc arenas for the whole process (see tune_malloc); 0 keeps glibc's default.
     malloc_arenas: int = 2
+    # Heap blocks of at least this many bytes are mapped on their own and unmapped when freed (see tune_malloc); 0
+    # keeps glibc's sliding threshold.
+    malloc_mmap_threshold: int = 1 << 20
     # Where OpenVINO keeps compiled graphs (imported at every start after the first: faster, and 0.19 GB less resident
     # for the full-size estimator); None: compile in this process at every start.
     compiled_cache_dir: Path | None = None
@@ -83,8 +87,8 @@ class SessionOptions:
             raise ValueError(f"graph_optimization must be one of {sorted(GRAPH_OPTIMIZATION)}")
         if not 0 <= self.log_severity <= 4:
             raise ValueError("log_severity must be in 0..4")
-        if self.malloc_arenas < 0 or self.openvino_shape_cache_entries < 0:
-            raise ValueError("malloc_arenas and openvino_shape_cache_entries must be >= 0")
+        if self.malloc_arenas < 0 or self.openvino_shape_cache_entries < 0 or self.malloc_mmap_threshold < 0:
+            raise ValueError("malloc_arenas, malloc_mmap_threshold and openvino_shape_cache_entries must be >= 0")
         if self.memory_limit_bytes is not None and self.memory_limit_bytes <= 0:
             raise ValueError("memory_limit_bytes must be > 0 (or None)")
 
@@ -131,8 +135,9 @@ class EngineLevers:
     # per frame drops the oldest beyond it); None: every frame (official); "auto": the family's own default.
     flow_window_s: float | Literal["auto"] | None = None
     # How those caches keep their frames: as the estimator graph reads them, float16, or int8 with per-frame, per-head
-    # scales (widened for each call); "graph" is the official computation.
-    flow_cache_precision: CachePrecision = "graph"
+    # scales (widened for each call); "graph" is the official computation; "auto": int8 in quantized bundles
+    # (frame_cache.stored_precision).
+    flow_cache_precision: PrecisionLever = "auto"
     # The flow/HiFT sessions' ONNX Runtime arena: "shrink" gives its free chunks back after every call, "keep" keeps
     # them (ONNX Runtime's default), "off" allocates each call's tensors from the heap.
     acoustic_arena: AcousticArena = "shrink"
@@ -167,8 +172,8 @@ class EngineLevers:
             isinstance(self.flow_window_s, float | int) and self.flow_window_s > 0
         ):
             raise ValueError("flow_window_s must be > 0, 'auto' or None")
-        if self.flow_cache_precision not in ("graph", "float16", "int8"):
-            raise ValueError("flow_cache_precision must be 'graph', 'float16' or 'int8'")
+        if self.flow_cache_precision not in ("auto", "graph", "float16", "int8"):
+            raise ValueError("flow_cache_precision must be 'auto', 'graph', 'float16' or 'int8'")
         if self.acoustic_arena not in ("shrink", "keep", "off"):
             raise ValueError("acoustic_arena must be 'shrink', 'keep' or 'off'")
         if self.flow_cache_mb is not None and self.flow_cache_mb < 0:

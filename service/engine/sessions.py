@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ _ORT_GRAPH_OPTIMIZATION: dict[str, ort.GraphOptimizationLevel] = {
     "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
 }
 PROVIDERS: tuple[str, ...] = ("CPUExecutionProvider",)
+PREFILL_GRAPH = "llm_step"  # the LLM graph that also runs each request's prefill (its arena shrinks after one)
 
 
 def make_session_options(opts: RuntimeOptions, graph: str | None = None) -> ort.SessionOptions:
@@ -84,15 +85,27 @@ class TransientSession:
 
 
 class ShrinkingSession:
-    """An InferenceSession whose CPU arena gives back its free chunks after every `run`."""
+    """An InferenceSession whose CPU arena gives back its free chunks after a `run`: after every one, or only after those
+    `when(feeds)` picks (an LLM step's prefill, whose many positions at once take a size the decode steps never reuse)."""
 
-    def __init__(self, session: ort.InferenceSession) -> None:
+    def __init__(self, session: ort.InferenceSession, when: Callable[[Mapping[str, np.ndarray]], bool] | None = None) -> None:
         self.session = session
+        self._when = when
         self._options = ort.RunOptions()
         self._options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
 
     def run(self, output_names: list[str] | None, feeds: Mapping[str, np.ndarray]) -> list[Any]:
-        return list(self.session.run(output_names, dict(feeds), self._options))
+        options = self._options if self._when is None or self._when(feeds) else None
+        return list(self.session.run(output_names, dict(feeds), options))
+
+    def __getattr__(self, name: str) -> Any:  # get_inputs(), get_outputs(), ... of the session
+        return getattr(self.session, name)
+
+
+def prefill(feeds: Mapping[str, np.ndarray]) -> bool:
+    """Whether an `llm_step` call is a prefill: its input x (B, T, D) holds more than one position."""
+    x = feeds.get("x")
+    return x is not None and x.ndim == 3 and x.shape[1] > 1
 
 
 def _open_in_thread(path: Path, so: ort.SessionOptions, nice: int) -> ort.InferenceSession:
@@ -179,6 +192,8 @@ def _open_runtime(bundle: ModelBundle, name: str, runtime: GraphRuntime, opts: R
     if entry.group == GROUP_PROMPT:
         _check_io(path, session, entry)
     shrink = acoustic and opts.acoustic_arena == "shrink" and opts.shrink_acoustic_arenas and opts.enable_cpu_mem_arena
+    if name == PREFILL_GRAPH and opts.enable_cpu_mem_arena:
+        return ShrinkingSession(session, when=prefill)
     return ShrinkingSession(session) if shrink else session
 
 

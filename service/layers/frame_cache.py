@@ -11,18 +11,30 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 
+from service.engine import native
 from service.engine.pages import PAGE, SharedPages, anonymous, sharing_works
 
 # How a cache stores its frames: as the graph reads them ("graph": float16 in quantized bundles, float32 in fp32 ones),
 # float16, or int8 with one float32 scale per frame and head (max |x| / 127), widened for each graph call.
 CachePrecision = Literal["graph", "float16", "int8"]
 PRECISIONS: tuple[str, ...] = ("graph", "float16", "int8")
+# The lever's values: a stored precision, or "auto" (`stored_precision`).
+PrecisionLever = Literal["auto", "graph", "float16", "int8"]
 INT8_MAX = 127.0
 MAX_PROMPT_STATES = 64  # voices whose prompt state is kept (each shared state holds one memory file open)
+
+
+def stored_precision(asked: PrecisionLever, graph_dtype: type[np.floating] | np.dtype[Any]) -> CachePrecision:
+    """What "auto" stores: int8 where the graph reads float16 caches (a quantized bundle, which is already not the
+    official float32; int8 frames add no error against fp32 that the window's output shows, docs/deviations.md), and
+    the graph's own type in an fp32 bundle (the official computation)."""
+    if asked != "auto":
+        return asked
+    return "int8" if np.dtype(graph_dtype) == np.float16 else "graph"
 
 
 @dataclass(frozen=True)
@@ -75,7 +87,11 @@ class FrameCache:
         stored = self.buffer[block, : self.frames]
         if self.scales is not None:
             out = np.empty((1, *stored.shape), dtype=self.graph_dtype)
-            np.multiply(stored, self.scales[block, : self.frames, :, None], out=out[0], casting="same_kind")
+            codec = native.frame_codec()
+            if codec is not None and codec.takes(self.graph_dtype):
+                codec.widen(stored, self.scales[block, : self.frames], out[0])
+            else:
+                np.multiply(stored, self.scales[block, : self.frames, :, None], out=out[0], casting="same_kind")
             return out
         if stored.dtype != self.graph_dtype:
             return stored.astype(self.graph_dtype)[None]
@@ -90,12 +106,23 @@ class FrameCache:
         if self.scales is None:
             self.buffer[:, self.frames : end] = new[:, 0]
         else:
-            values = np.asarray(new[:, 0], dtype=np.float32)
-            scale = np.abs(values).max(axis=-1) / np.float32(INT8_MAX)
-            scale[scale == 0] = 1.0
-            self.scales[:, self.frames : end] = scale
-            self.buffer[:, self.frames : end] = np.rint(values / scale[..., None])
+            self._narrow(new[:, 0], self.frames, end)
         self.frames = end
+
+    def _narrow(self, values: np.ndarray, start: int, end: int) -> None:
+        """values (blocks, M, H, DK) into int8 frames start..end-1 and their scales (max |x| / 127 per frame and head,
+        the division rounded half to even): with the library's codec where it takes the type, else numpy (same bits)."""
+        assert self.scales is not None
+        codec = native.frame_codec()
+        if codec is not None and codec.takes(values.dtype):
+            for block, rows in enumerate(values):
+                codec.narrow(np.ascontiguousarray(rows), self.buffer[block, start:end], self.scales[block, start:end])
+            return
+        values = np.asarray(values, dtype=np.float32)
+        scale = np.abs(values).max(axis=-1) / np.float32(INT8_MAX)
+        scale[scale == 0] = 1.0
+        self.scales[:, start:end] = scale
+        self.buffer[:, start:end] = np.rint(values / scale[..., None])
 
     def drop(self, start: int, count: int) -> None:
         """Forget frames start..start+count-1: the later frames move down in place (a window that keeps its first

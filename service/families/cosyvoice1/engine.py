@@ -15,7 +15,7 @@ from service.bundle import ModelBundle
 from service.engine.acoustic_gate import AcousticGate, Pacer, until_cancelled
 from service.engine.chunking import RateMeter
 from service.engine.footprint import Footprint
-from service.engine.host import limit_malloc_arenas, released_after
+from service.engine.host import released_after, tune_malloc
 from service.engine.llm import kv_cache_dtype
 from service.engine.options import RuntimeOptions
 from service.engine.scheduler import BatchScheduler
@@ -119,7 +119,7 @@ class Synthesizer:
         loaded = bundle if isinstance(bundle, ModelBundle) else ModelBundle.load(bundle)
         runtime = one_thread_calls(runtime or RuntimeOptions())
         lanes = runtime.threads_for("acoustic") == 1  # the one-thread calls' parallelism, as CosyVoice2 plans it
-        limit_malloc_arenas(runtime.malloc_arenas)
+        tune_malloc(runtime.malloc_arenas, runtime.malloc_mmap_threshold)
         # The table is built before the big graphs are opened, so llm_pos's transient memory is reused
         # by them instead of adding to the peak.
         positions = position_table(

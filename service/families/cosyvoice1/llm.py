@@ -14,6 +14,7 @@ from service.errors import InvalidInputError
 from service.families.cosyvoice1.positions import PositionTable
 
 LLM_GRAPHS: tuple[str, ...] = ("llm_encoder", "llm_embed", "llm_pos", "llm_step")
+PROJECT_ROWS = 128  # relative-position rows `llm_pos` projects per call
 # Graphs only needed to (re)build a table: opened for that call and released, so their weights do not
 # stay resident (llm_pos holds NL x D x D fp32 weights, 58 MB full-size, used once per table size).
 TRANSIENT_GRAPHS: frozenset[str] = frozenset({"llm_pos"})
@@ -23,7 +24,10 @@ def position_table(pos_session: Any, constants: ModelConstants, rows: int = 512)
     """The projected position table of the decoder, built now with the `llm_pos` graph (and regrown with it)."""
 
     def project(pe: np.ndarray) -> np.ndarray:
-        return np.asarray(pos_session.run(["pos"], {"pe": pe})[0], dtype=np.float32)
+        """Rows a piece at a time (each row's projection is its own): a long table (a long recording's prompt) costs
+        the graph's arena one piece's intermediates, not the whole table's (119 MB at 1,024 rows, full size)."""
+        pieces = [pos_session.run(["pos"], {"pe": pe[i : i + PROJECT_ROWS]})[0] for i in range(0, len(pe), PROJECT_ROWS)]
+        return np.concatenate(pieces, axis=2, dtype=np.float32)
 
     return PositionTable(project, constants.llm_model_dim, rows=rows)
 

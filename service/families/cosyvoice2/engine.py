@@ -24,7 +24,7 @@ from service.engine import native
 from service.engine.acoustic_gate import AcousticGate, Pacer, until_cancelled
 from service.engine.chunking import Progress, first_audio
 from service.engine.footprint import Footprint
-from service.engine.host import limit_malloc_arenas, released_after
+from service.engine.host import released_after, tune_malloc
 from service.engine.memory import StateBudget
 from service.engine.options import RuntimeOptions
 from service.engine.scheduler import BatchScheduler
@@ -48,7 +48,7 @@ from service.families.cosyvoice2.sentence import MelChunk
 from service.families.cosyvoice2.voice import FlowPrompt2, Voice2
 from service.layers.chunk_schedule import HopSchedule, window_tokens
 from service.layers.dsp import StreamingStretch
-from service.layers.frame_cache import CachePrecision, PromptStates
+from service.layers.frame_cache import PrecisionLever, PromptStates
 from service.layers.frame_window import family_window_s, window_frames
 from service.layers.hift import HiFTRunner
 from service.layers.qwen2 import Qwen2Runner
@@ -80,7 +80,7 @@ class CosyVoice2Engine:
         cfg_lanes: bool = False,
         state_budget: StateBudget | None = None,
         window_s: float | None = None,
-        cache_precision: CachePrecision = "graph",
+        cache_precision: PrecisionLever = "graph",
     ) -> None:
         """`official_final_chunk`: end every stream like the official code, with one full-attention flow pass over the
         whole sentence for the last chunk (exact official audio, at the cost of that pass before the last audio).
@@ -89,7 +89,7 @@ class CosyVoice2Engine:
         estimator's two guidance rows run as two concurrent calls (FlowRunner2). `state_budget`: what the streamed
         sentences' estimator caches may hold at once (None: no bound; `load` sizes it from `flow_cache_mb`). `window_s`:
         seconds of generated speech a stream's estimator caches keep (None: all, official). `cache_precision`: how they
-        keep their frames (frame_cache.CachePrecision).
+        keep their frames (frame_cache.stored_precision).
         `sessions` may hold a WIDE_HIFT_DECODE session (`open_engine_sessions`): with a gate, a vocoder call the
         schedule gives the cores to runs on it, decoding paused, when no other acoustic call runs or waits."""
         extra = extra_constants(bundle)
@@ -118,7 +118,7 @@ class CosyVoice2Engine:
         """Load a bundle, open its graphs, and start the batching scheduler / acoustic gate `runtime` asks for."""
         loaded = bundle if isinstance(bundle, ModelBundle) else ModelBundle.load(bundle)
         runtime = one_thread_calls(runtime or RuntimeOptions())
-        limit_malloc_arenas(runtime.malloc_arenas)
+        tune_malloc(runtime.malloc_arenas, runtime.malloc_mmap_threshold)
         lanes = kwargs.setdefault("cfg_lanes", runtime.threads_for("acoustic") == 1)  # the one-thread calls' parallelism
         return cls.from_sessions(loaded, open_engine_sessions(loaded, runtime, wide=lanes), runtime, **kwargs)
 

@@ -20,7 +20,7 @@ from service.errors import BundleError
 from service.families.cosyvoice2.contract import CosyVoice2Constants
 from service.families.cosyvoice2.voice import FlowPrompt2
 from service.layers.cfm import GuidedEuler
-from service.layers.frame_cache import CachePrecision, EstimatorState, FrameCache, share_steps
+from service.layers.frame_cache import EstimatorState, FrameCache, PrecisionLever, share_steps, stored_precision
 from service.layers.frame_window import WindowedFrames
 
 FULL_ATTENTION = 1 << 30  # chunk size of the non-streaming masks (one chunk covers any sequence)
@@ -123,9 +123,9 @@ class FlowRunner2(GuidedEuler):
         *,
         cfg_lanes: bool = False,
         lane_init: Callable[[], None] | None = None,
-        precision: CachePrecision = "graph",
+        precision: PrecisionLever = "graph",
     ) -> None:
-        """`precision`: how the estimator's caches keep their frames (frame_cache.CachePrecision)."""
+        """`precision`: how the estimator's caches keep their frames (frame_cache.stored_precision)."""
         counts = extra.graph_counts()
         estimator = sessions["flow_estimator"]
         k_names = expand_io_names(("past_k_{b}",), 0, counts)
@@ -135,7 +135,7 @@ class FlowRunner2(GuidedEuler):
         self._encoder = sessions["flow_encoder"]
         self.extra = extra
         self.est_dtype = input_type(estimator, "past_k_")
-        self.precision = precision
+        self.precision = stored_precision(precision, self.est_dtype)
         check_time_first(estimator, extra)
         self._enc_names = expand_io_names(("enc_k_{e}", "enc_v_{e}", "up_k_{u}", "up_v_{u}"), 0, counts)
 

@@ -24,7 +24,7 @@ from service.engine import native
 from service.engine.acoustic_gate import AcousticGate, Pacer
 from service.engine.chunking import Progress, first_audio
 from service.engine.footprint import Footprint
-from service.engine.host import limit_malloc_arenas, released_after
+from service.engine.host import released_after, tune_malloc
 from service.engine.memory import StateBudget
 from service.engine.options import RuntimeOptions
 from service.engine.scheduler import BatchScheduler
@@ -49,7 +49,7 @@ from service.layers.acoustic_plan import WIDE_HIFT_DECODE, decode_spread, flow_b
 from service.layers.chunk_schedule import HopSchedule, window_tokens
 from service.layers.dsp import StreamingStretch, interpolate_linear
 from service.layers.flow_prompt import FlowPrompt
-from service.layers.frame_cache import PromptStates
+from service.layers.frame_cache import PrecisionLever, PromptStates
 from service.layers.frame_window import family_window_s
 from service.layers.hift import HiFTRunner
 from service.layers.mel_stream import MelChunk
@@ -77,13 +77,14 @@ class CosyVoice3Engine:
         window_s: float | None = None,
         cfg_lanes: bool = False,
         state_budget: StateBudget | None = None,
+        cache_precision: PrecisionLever = "graph",
     ) -> None:
         """`schedule`: how streamed sentences are cut (None: the official HopSchedule). `recompute`: stream as the
         official code does (every call over the prompt and all tokens so far, HiFT over the whole history) instead of
         from the caches. `prompt_window_tokens`: the last prompt tokens a cached stream's flow sees (None: all).
         `window_s`: seconds of generated speech a cached stream's DiT keeps attending to (None: all). `cfg_lanes`: the
         estimator's two guidance rows run as two concurrent calls. `state_budget`: what the streams' caches may hold at
-        once (None: no bound)."""
+        once (None: no bound). `cache_precision`: how the DiT's caches keep their frames (frame_cache.stored_precision)."""
         extra = extra_constants(bundle)
         c = bundle.constants
         self.bundle, self.constants, self.extra = bundle, c, extra
@@ -92,7 +93,7 @@ class CosyVoice3Engine:
         self.llm: TokenGenerator = llm if llm is not None else self.runner
         self.scheduler = llm if isinstance(llm, BatchScheduler) else None
         noise = np.load(bundle.file(NOISE_NAME), allow_pickle=False)
-        self.flow = FlowRunner3(sessions, c, extra, noise, cfg_lanes=cfg_lanes)
+        self.flow = FlowRunner3(sessions, c, extra, noise, cfg_lanes=cfg_lanes, precision=cache_precision)
         sine = SineNoise(extra.hift_noise_seed, extra.hift_noise_offset, extra.hift_noise_samples, c.nb_harmonics + 1)
         self.vocoder = CausalVocoder(HiFTRunner(sessions, c), extra, sine)
         wide = sessions.get(WIDE_HIFT_DECODE)
@@ -113,7 +114,7 @@ class CosyVoice3Engine:
         """Load a bundle, open its graphs, and start the batching scheduler / acoustic gate `runtime` asks for."""
         loaded = bundle if isinstance(bundle, ModelBundle) else ModelBundle.load(bundle)
         runtime = one_thread_calls(runtime or RuntimeOptions())
-        limit_malloc_arenas(runtime.malloc_arenas)
+        tune_malloc(runtime.malloc_arenas, runtime.malloc_mmap_threshold)
         lanes = kwargs.setdefault("cfg_lanes", runtime.threads_for("acoustic") == 1)
         return cls.from_sessions(loaded, open_engine_sessions(loaded, runtime, wide=lanes), runtime, **kwargs)
 
@@ -142,6 +143,7 @@ class CosyVoice3Engine:
             window = window_tokens(runtime.prompt_window_s, schedule, bundle.constants.token_rate_hz)
             kwargs.setdefault("prompt_window_tokens", window)
             kwargs.setdefault("window_s", family_window_s(runtime.flow_window_s, DEFAULT_WINDOW_S))
+            kwargs.setdefault("cache_precision", runtime.flow_cache_precision)
         if "state_budget" not in kwargs:
             kwargs["state_budget"] = flow_budget(runtime)  # after the sessions opened: auto counts the loaded model
         return cls(bundle, sessions, llm=llm, gate=gate, **kwargs)

@@ -20,7 +20,7 @@ from service.bundle import ModelConstants, expand_io_names
 from service.families.cosyvoice3.contract import CosyVoice3Constants
 from service.layers.cfm import GuidedEuler
 from service.layers.flow_prompt import FlowPrompt
-from service.layers.frame_cache import EstimatorState, FrameCache
+from service.layers.frame_cache import EstimatorState, FrameCache, PrecisionLever, stored_precision
 from service.layers.frame_window import WindowedFrames
 
 FULL_ATTENTION = 1 << 30  # chunk size of the non-streaming masks (one chunk covers any sequence)
@@ -71,7 +71,9 @@ class FlowRunner3(GuidedEuler):
         *,
         cfg_lanes: bool = False,
         lane_init: Callable[[], None] | None = None,
+        precision: PrecisionLever = "graph",
     ) -> None:
+        """`precision`: how the DiT's caches keep their frames (frame_cache.stored_precision)."""
         counts = extra.graph_counts()
         estimator = sessions["flow_estimator"]
         k_names = expand_io_names(("past_k_{b}",), 0, counts)
@@ -81,6 +83,7 @@ class FlowRunner3(GuidedEuler):
         self._encoder = sessions["flow_encoder"]
         self.extra = extra
         self.est_dtype = input_type(estimator, "past_k_")
+        self.precision = stored_precision(precision, self.est_dtype)
         self.chunk_frames = extra.chunk_tokens * extra.token_mel_ratio
 
     def empty_state(self, n_timesteps: int, capacity: int | None = None) -> FlowState:
@@ -91,7 +94,7 @@ class FlowRunner3(GuidedEuler):
         def step() -> EstimatorState:
             def rows() -> list[FrameCache]:
                 shape = (e.estimator_blocks, e.estimator_heads, e.estimator_head_dim)
-                return [FrameCache.empty(*shape, self.est_dtype, frames) for _ in (0, 1)]
+                return [FrameCache.empty(*shape, self.est_dtype, frames, self.precision) for _ in (0, 1)]
 
             tails = np.zeros((2, 2 * e.estimator_dim, e.conv_tail), dtype=np.float32)
             return EstimatorState(tails, rows(), rows())

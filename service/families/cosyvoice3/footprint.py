@@ -113,7 +113,7 @@ def _stream(
     e = engine.extra
     schedule = engine.schedule_for(options)
     frames = streamed_frames(e, len(prompt.tokens), speech, engine.chunks.window, schedule)
-    per_frame = estimator_frame_bytes(e, steps, engine.chunks.flow.est_dtype, "graph")
+    per_frame = estimator_frame_bytes(e, steps, engine.chunks.flow.est_dtype, engine.chunks.flow.precision)
     call = e.token_mel_ratio * min(call_tokens(e, len(prompt.tokens), schedule), speech + schedule.look_ahead)
     window = CONTEXT_FRAMES + F0_CONTEXT_FRAMES + call
     return [("DiT caches", frames * per_frame), ("vocoder", vocoder_bytes(engine.constants, window))]

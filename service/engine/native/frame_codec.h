@@ -1,0 +1,21 @@
+/* int8 frames of a flow cache (service/layers/frame_cache.py, precision "int8"): each row of `dim` keys or values kept
+ * as int8 times one float32 scale, max |x| / 127 (1 for a row of zeros). `narrow` writes rows from the graph's float16
+ * or float32 outputs, `widen` gives them back in the graph's type for a call. The arithmetic is the numpy fallback's:
+ * scale and quotient in float32, rounded half to even; the product in float32, rounded once to the output type; so
+ * both give the same bits. Every array is contiguous, rows x dim (scale: rows). */
+#ifndef COSYVOICE_LITE_FRAME_CODEC_H
+#define COSYVOICE_LITE_FRAME_CODEC_H
+
+#include <stdint.h>
+
+#include "cpu.h"
+
+void cvl_frames_narrow_f16(const uint16_t* x, int64_t rows, int64_t dim, int8_t* q, float* scale);
+void cvl_frames_narrow_f32(const float* x, int64_t rows, int64_t dim, int8_t* q, float* scale);
+void cvl_frames_widen_f16(const int8_t* q, const float* scale, int64_t rows, int64_t dim, uint16_t* out);
+void cvl_frames_widen_f32(const int8_t* q, const float* scale, int64_t rows, int64_t dim, float* out);
+
+/* Let the codec use only the features in `have` (the C tests compare each path with the portable C; default: all). */
+void cvl_frames_limit(cvl_features have);
+
+#endif

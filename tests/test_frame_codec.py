@@ -1,0 +1,65 @@
+"""int8 flow-cache frames: the native codec (service.engine.native.FrameCodec) and numpy give the same bits, a cache
+narrows and widens through whichever is there, and "auto" stores int8 only where the graph reads float16 caches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from service.engine import native
+from service.layers import frame_cache
+from service.layers.frame_cache import FrameCache, stored_precision
+
+needs_library = pytest.mark.skipif(native.frame_codec() is None, reason="native library not built (make native)")
+
+
+def _frames(dtype: type[np.floating], blocks: int = 3, frames: int = 9, heads: int = 4, dim: int = 64) -> np.ndarray:
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((blocks, 1, frames, heads, dim)) * rng.uniform(1e-3, 40, (blocks, 1, frames, heads, 1))
+    x[0, 0, 0, 0] = 0.0  # a row of zeros: scale 1
+    return x.astype(dtype)
+
+
+def _filled(dtype: type[np.floating], new: np.ndarray) -> FrameCache:
+    cache = FrameCache.empty(new.shape[0], new.shape[3], new.shape[4], dtype, 4, "int8")  # grows past 4 frames
+    cache.append(new[:, :, :5])
+    cache.append(new[:, :, 5:])
+    return cache
+
+
+@needs_library
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_native_codec_equals_numpy(dtype: type[np.floating], monkeypatch: pytest.MonkeyPatch) -> None:
+    new = _frames(dtype)
+    fast = _filled(dtype, new)
+    monkeypatch.setattr(frame_cache.native, "frame_codec", lambda: None)
+    slow = _filled(dtype, new)
+    assert fast.scales is not None and slow.scales is not None
+    np.testing.assert_array_equal(fast.buffer[:, : fast.frames], slow.buffer[:, : slow.frames])
+    np.testing.assert_array_equal(fast.scales[:, : fast.frames], slow.scales[:, : slow.frames])
+    wide_slow = [slow.view(b) for b in range(new.shape[0])]
+    monkeypatch.undo()
+    for b in range(new.shape[0]):
+        wide = fast.view(b)
+        assert wide.dtype == dtype and wide.shape == (1, 9, 4, 64)
+        np.testing.assert_array_equal(wide.view(np.uint8), wide_slow[b].view(np.uint8))
+        original = new[b, 0].astype(np.float32)
+        rel = np.abs(wide[0].astype(np.float32) - original).max(axis=-1) / np.abs(original).max(axis=-1).clip(1e-30)
+        assert rel.max() < 1 / 127 + 2e-3  # half a step of 127 per row, plus float16's own rounding
+
+
+@needs_library
+def test_codec_refuses_mismatched_arrays() -> None:
+    codec = native.frame_codec()
+    assert codec is not None
+    x = np.zeros((2, 8), np.float16)
+    with pytest.raises(ValueError):
+        codec.narrow(x, np.zeros((2, 8), np.int8), np.zeros(3, np.float32))
+    with pytest.raises(ValueError):
+        codec.widen(np.zeros((2, 16), np.int8)[:, ::2], np.zeros(2, np.float32), np.zeros((2, 8), np.float16))
+
+
+def test_auto_precision_is_int8_only_for_float16_caches() -> None:
+    assert stored_precision("auto", np.float16) == "int8"
+    assert stored_precision("auto", np.float32) == "graph"  # an fp32 bundle: the official computation
+    assert stored_precision("graph", np.float16) == "graph" and stored_precision("float16", np.float32) == "float16"
