@@ -225,3 +225,14 @@ def test_position_table_projected_in_pieces_equals_one_call(tiny_bundle: Path, m
     assert calls == [48, 48, 48, 48, 8]
     whole = pos.run(["pos"], {"pe": relative_pe(200, bundle.constants.llm_model_dim)})[0]
     np.testing.assert_allclose(table, whole, rtol=0, atol=1e-6)
+
+
+def test_malloc_mmap_threshold_is_fixed_only_under_a_memory_limit() -> None:
+    from service.engine.options import MEMORY_LIMIT_MMAP_THRESHOLD
+
+    assert RuntimeOptions().mmap_threshold() == 0  # glibc's sliding threshold: no page-fault churn
+    assert RuntimeOptions(memory_limit_bytes=2 << 30).mmap_threshold() == MEMORY_LIMIT_MMAP_THRESHOLD
+    assert RuntimeOptions(memory_limit_bytes=2 << 30, malloc_mmap_threshold=0).mmap_threshold() == 0
+    assert RuntimeOptions(malloc_mmap_threshold=4096).mmap_threshold() == 4096
+    with pytest.raises(ValueError):
+        RuntimeOptions(malloc_mmap_threshold=-1)

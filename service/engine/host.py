@@ -50,7 +50,8 @@ def tune_malloc(arenas: int, mmap_threshold: int = 0) -> None:
     `mmap_threshold` (bytes) fixes the size from which a block is mapped on its own and unmapped when freed. glibc's
     default slides up to the largest block freed so far (up to 32 MB), after which a prefill's or a flow call's
     megabytes come from the heap and stay there, freed but resident, until the request ends: 80-120 MB at the peak of
-    a full-size stream with a 10 s voice (docs/perf-log.md), at no measured cost in speed.
+    a full-size stream with a 10 s voice (docs/perf-log.md). A fixed threshold unmaps them, and they are faulted in
+    again by the next call: ~5 % slower (RuntimeOptions.mmap_threshold sets it only under a memory limit).
     """
     mallopt = _glibc_function("mallopt")
     if mallopt is None:

@@ -195,6 +195,9 @@ class FrameCodec:
             narrow.restype = widen.restype = None
             narrow.argtypes = [pointer, size, size, pointer, pointer]  # x, rows, dim, q, scale
             widen.argtypes = [pointer, pointer, size, size, pointer]  # q, scale, rows, dim, out
+            blocks = getattr(lib, f"cvl_frames_narrow_blocks_{kind}")
+            blocks.restype = None
+            blocks.argtypes = [pointer, size, size, size, size, pointer, size, pointer, size]
 
     @staticmethod
     def takes(dtype: np.dtype[Any] | type[Any]) -> bool:
@@ -206,6 +209,18 @@ class FrameCodec:
         dim = x.shape[-1]
         narrow = getattr(self._lib, f"cvl_frames_narrow_{_CODEC_TYPES[x.dtype]}")
         narrow(x.ctypes.data, x.size // dim, dim, q.ctypes.data, scale.ctypes.data)
+
+    def narrow_blocks(self, x: np.ndarray, q: np.ndarray, scale: np.ndarray) -> None:
+        """x (blocks, ..., dim) -> q (blocks, ..., dim) and scale (blocks, ...): each block contiguous, the blocks of q
+        and scale at any stride (a cache's new frames, one call for every block)."""
+        if x.shape != q.shape or scale.shape != q.shape[:-1] or q.dtype != np.int8 or scale.dtype != np.float32:
+            raise ValueError(f"frame codec: x {x.shape} {x.dtype}, q {q.shape} {q.dtype}, scale {scale.shape} {scale.dtype}")
+        if not all(a[0].flags.c_contiguous for a in (x, q, scale)) or x.strides[0] % x.itemsize:
+            raise ValueError("frame codec: each block must be contiguous")
+        dim, rows = x.shape[-1], x[0].size // x.shape[-1]
+        narrow = getattr(self._lib, f"cvl_frames_narrow_blocks_{_CODEC_TYPES[x.dtype]}")
+        narrow(x.ctypes.data, len(x), x.strides[0] // x.itemsize, rows, dim, q.ctypes.data, q.strides[0], scale.ctypes.data,
+               scale.strides[0] // 4)  # fmt: skip
 
     def widen(self, q: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:
         """q (..., dim) int8 times scale (...) -> out (..., dim) float16/float32; all contiguous."""

@@ -114,9 +114,9 @@ class FrameCache:
         the division rounded half to even): with the library's codec where it takes the type, else numpy (same bits)."""
         assert self.scales is not None
         codec = native.frame_codec()
-        if codec is not None and codec.takes(values.dtype):
-            for block, rows in enumerate(values):
-                codec.narrow(np.ascontiguousarray(rows), self.buffer[block, start:end], self.scales[block, start:end])
+        if codec is not None and codec.takes(values.dtype) and values.strides[0] % values.itemsize == 0:
+            blocks = values if values[0].flags.c_contiguous else np.ascontiguousarray(values)
+            codec.narrow_blocks(blocks, self.buffer[:, start:end], self.scales[:, start:end])
             return
         values = np.asarray(values, dtype=np.float32)
         scale = np.abs(values).max(axis=-1) / np.float32(INT8_MAX)

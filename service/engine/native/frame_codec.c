@@ -143,3 +143,15 @@ void cvl_frames_widen_f32(const int8_t* q, const float* scale, int64_t rows, int
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < dim; j++) out[r * dim + j] = (float)q[r * dim + j] * scale[r];
 }
+
+void cvl_frames_narrow_blocks_f16(const uint16_t* x, int64_t blocks, int64_t x_stride, int64_t rows, int64_t dim,
+                                  int8_t* q, int64_t q_stride, float* scale, int64_t s_stride) {
+    for (int64_t b = 0; b < blocks; b++)
+        cvl_frames_narrow_f16(x + b * x_stride, rows, dim, q + b * q_stride, scale + b * s_stride);
+}
+
+void cvl_frames_narrow_blocks_f32(const float* x, int64_t blocks, int64_t x_stride, int64_t rows, int64_t dim,
+                                  int8_t* q, int64_t q_stride, float* scale, int64_t s_stride) {
+    for (int64_t b = 0; b < blocks; b++)
+        cvl_frames_narrow_f32(x + b * x_stride, rows, dim, q + b * q_stride, scale + b * s_stride);
+}

@@ -12,6 +12,13 @@
 
 void cvl_frames_narrow_f16(const uint16_t* x, int64_t rows, int64_t dim, int8_t* q, float* scale);
 void cvl_frames_narrow_f32(const float* x, int64_t rows, int64_t dim, int8_t* q, float* scale);
+
+/* The same for `blocks` blocks of `rows` rows each, block b's rows at x + b * x_stride, q + b * q_stride and
+ * scale + b * s_stride (elements): a cache's new frames of every block in one call. */
+void cvl_frames_narrow_blocks_f16(const uint16_t* x, int64_t blocks, int64_t x_stride, int64_t rows, int64_t dim,
+                                  int8_t* q, int64_t q_stride, float* scale, int64_t s_stride);
+void cvl_frames_narrow_blocks_f32(const float* x, int64_t blocks, int64_t x_stride, int64_t rows, int64_t dim,
+                                  int8_t* q, int64_t q_stride, float* scale, int64_t s_stride);
 void cvl_frames_widen_f16(const int8_t* q, const float* scale, int64_t rows, int64_t dim, uint16_t* out);
 void cvl_frames_widen_f32(const int8_t* q, const float* scale, int64_t rows, int64_t dim, float* out);
 

@@ -119,7 +119,7 @@ class Synthesizer:
         loaded = bundle if isinstance(bundle, ModelBundle) else ModelBundle.load(bundle)
         runtime = one_thread_calls(runtime or RuntimeOptions())
         lanes = runtime.threads_for("acoustic") == 1  # the one-thread calls' parallelism, as CosyVoice2 plans it
-        tune_malloc(runtime.malloc_arenas, runtime.malloc_mmap_threshold)
+        tune_malloc(runtime.malloc_arenas, runtime.mmap_threshold())
         # The table is built before the big graphs are opened, so llm_pos's transient memory is reused
         # by them instead of adding to the peak.
         positions = position_table(

@@ -114,7 +114,7 @@ class CosyVoice3Engine:
         """Load a bundle, open its graphs, and start the batching scheduler / acoustic gate `runtime` asks for."""
         loaded = bundle if isinstance(bundle, ModelBundle) else ModelBundle.load(bundle)
         runtime = one_thread_calls(runtime or RuntimeOptions())
-        tune_malloc(runtime.malloc_arenas, runtime.malloc_mmap_threshold)
+        tune_malloc(runtime.malloc_arenas, runtime.mmap_threshold())
         lanes = kwargs.setdefault("cfg_lanes", runtime.threads_for("acoustic") == 1)
         return cls.from_sessions(loaded, open_engine_sessions(loaded, runtime, wide=lanes), runtime, **kwargs)
 
