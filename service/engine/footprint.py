@@ -3,7 +3,7 @@ per-stream worst case the start-up log and /metrics state (docs/memory.md has th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from service.bundle import ModelConstants
@@ -57,6 +57,19 @@ def llm_kv_bytes(constants: ModelConstants, itemsize: int, positions: int) -> in
     bytes each), with the batch's slack (BATCH_ROWS_SLACK)."""
     c = constants
     return BATCH_ROWS_SLACK * 2 * c.llm_num_layers * c.llm_num_heads * c.llm_head_dim * itemsize * positions
+
+
+def largest_sentence(
+    texts: Sequence[int],
+    constants: ModelConstants,
+    options: SynthesisOptions,
+    sentence: Callable[[int, int], Sequence[tuple[str, int]]],
+) -> Footprint:
+    """A request's footprint from its largest sentence's parts: `sentence(text_tokens, speech_tokens)` gives one
+    sentence's (sentences run one after another and each frees its own state when it ends)."""
+    parts = [sentence(t, s) for t, s in zip(texts, speech_tokens(texts, constants, options), strict=True)]
+    largest = max(parts, key=lambda p: sum(n for _, n in p))
+    return Footprint(tuple(largest), request_speech_s(texts, constants, options))
 
 
 def attention_bytes(heads: int, frames: int) -> int:

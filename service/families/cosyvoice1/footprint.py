@@ -14,9 +14,8 @@ from service.engine.footprint import (
     LONGEST_SENTENCE_TOKENS,
     Footprint,
     attention_bytes,
+    largest_sentence,
     llm_kv_bytes,
-    request_speech_s,
-    speech_tokens,
 )
 from service.engine.types import LLMPrompt, SynthesisOptions
 from service.families.cosyvoice1.voice import FlowPrompt, Voice
@@ -30,12 +29,7 @@ def footprint(
     constants: ModelConstants, kv_itemsize: int, voice: Voice, texts: Sequence[int], options: SynthesisOptions
 ) -> Footprint:
     """The most a request of sentences of `texts` text tokens in `voice` holds at once (its largest sentence's)."""
-    sentences = [
-        _sentence(constants, kv_itemsize, voice, t, s, options)
-        for t, s in zip(texts, speech_tokens(texts, constants, options), strict=True)
-    ]
-    largest = max(sentences, key=lambda parts: sum(n for _, n in parts))
-    return Footprint(tuple(largest), request_speech_s(texts, constants, options))
+    return largest_sentence(texts, constants, options, lambda t, s: _sentence(constants, kv_itemsize, voice, t, s, options))
 
 
 def worst_footprint(constants: ModelConstants, kv_itemsize: int, options: SynthesisOptions) -> Footprint:

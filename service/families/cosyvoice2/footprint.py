@@ -14,9 +14,8 @@ from service.engine.footprint import (
     LONGEST_SENTENCE_TOKENS,
     Footprint,
     attention_bytes,
+    largest_sentence,
     llm_kv_bytes,
-    request_speech_s,
-    speech_tokens,
 )
 from service.engine.types import SynthesisOptions
 from service.families.cosyvoice2.chunks import FlowChunks2
@@ -45,14 +44,7 @@ LLM_SPECIAL_POSITIONS = 3  # sos, task and the first decoded position beyond the
 
 def footprint(engine: CosyVoice2Engine, voice: Voice2, texts: Sequence[int], options: SynthesisOptions) -> Footprint:
     """The most a request of sentences of `texts` text tokens in `voice` holds at once (its largest sentence's)."""
-    largest = max(
-        (
-            _sentence(engine, voice, t, s, options)
-            for t, s in zip(texts, speech_tokens(texts, engine.constants, options), strict=True)
-        ),
-        key=lambda parts: sum(n for _, n in parts),
-    )
-    return Footprint(tuple(largest), request_speech_s(texts, engine.constants, options))
+    return largest_sentence(texts, engine.constants, options, lambda t, s: _sentence(engine, voice, t, s, options))
 
 
 def worst_footprint(engine: CosyVoice2Engine, options: SynthesisOptions) -> Footprint:
