@@ -44,13 +44,16 @@ class Recorder:
 
 
 class HeldSteps(CosyVoice1LLM):
-    """The tiny runner whose decode steps wait for `go`: a request stays in the scheduler's batch while it is clear."""
+    """The tiny runner whose decode steps wait for `go`: a request stays in the scheduler's batch while it is clear.
+    `stepping` is set once a decode step has begun (its request is in the batch)."""
 
     def __init__(self, sessions: Any, constants: Any) -> None:
         super().__init__(sessions, constants)
         self.go = threading.Event()
+        self.stepping = threading.Event()
 
     def step(self, batch: DecodeBatch) -> list[Any]:
+        self.stepping.set()
         assert self.go.wait(TIMEOUT_S), "a held decode step was never released"
         return super().step(batch)
 
@@ -122,7 +125,8 @@ def test_the_cores_are_free_only_with_no_other_call_and_no_decode_step_beside(bu
             with gate.slot(0.0):  # a second call beside it
                 assert not synth.cores_free(False) and not synth.cores_free(True)
             stream = scheduler.generate([1, 2, 3], np.zeros(bundle.constants.spk_embed_dim, np.float32), np.random.default_rng(0))
-            next(stream)  # the prefill delivered its first token; the request now waits in the batch for a step
+            next(stream)  # the prefill delivered its first token; the request now joins the batch for a step
+            assert held.stepping.wait(TIMEOUT_S)  # it is in the batch once a step has begun (held there by `go`)
             assert scheduler.active == 1
             assert not synth.cores_free(False)  # a decode step would run beside a middle or last chunk
             assert synth.cores_free(True)  # first audio: the decode steps step aside (first_audio_priority)
