@@ -1,18 +1,25 @@
-"""Where the time goes: ONNX Runtime profiles of one streamed request on a bundle, summarized per graph and op type.
+"""Where the time goes: ONNX Runtime profiles of one streamed request on a bundle of any family, per graph and op type.
 
-    python loadtest/profile_stages.py models/full-random-int8 [--tokens 200] [--steps 10] [--json out.json]
+    python loadtest/profile_stages.py models/full-random-cosyvoice3-int8 [--tokens 125] [--steps 10] [--json out.json]
+        [--env TTS_ENGINE_PROFILE=native_estimator=false ...]
 
-Every session is opened with ORT profiling on; one warm-up request runs first and is left out. For each graph:
-calls, ms per call, nodes in the graph, and the op types that take the time. The LLM decode step (one token of one
-stream), the first-chunk estimator call and the HiFT calls are the rows the speed issue asks about.
+The bundle's family is loaded as the service loads it (its default settings, or the TTS_* settings named with
+`--env`), every sentence forced to `--tokens` speech tokens (default: 5 s at the family's token rate), in the first
+built-in speaker or, for a bundle without one, the family's warm-up voice. Every session is opened with ORT profiling
+on; one warm-up request runs first and is left out. For each graph: calls, ms per call, its share of the measured
+request's wall time, nodes in the graph, and the op types that take the time (our kernels appear as their custom op
+names). Calls of one graph may overlap (two streams' lanes), so shares may add up to more than 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
+import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -26,10 +33,12 @@ from loadtest.bench_engine import SHORT_TEXT, ForcedLength, text_ids
 from service.bundle import ModelBundle
 from service.engine.options import RuntimeOptions
 from service.engine.types import SynthesisOptions
-from service.families.cosyvoice1.contract import TOKENIZER_NAME
-from service.families.cosyvoice1.engine import Synthesizer
-from service.frontend import TextFrontend
+from service.families.model import ModelContext
+from service.families.registry import family, load_model
+from service.runtime import runtime_options
+from service.settings import Settings
 
+SENTENCE_S = 5.0  # the default forced sentence, as loadtest/bench_listen.py forces it
 OPENED: dict[str, tuple[str, Any]] = {}  # graph file stem (a second session of it: "stem#2") -> (stem, InferenceSession)
 
 
@@ -85,27 +94,51 @@ def summarize(profile: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("bundle", type=Path)
-    p.add_argument("--tokens", type=int, default=200)
+    p.add_argument("--tokens", type=int, help="speech tokens per sentence (default: 5 s of audio)")
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--env", nargs="*", default=[], help="TTS_*=value settings, as the server reads them")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
+    for item in args.env:
+        key, _, value = item.partition("=")
+        os.environ[key] = value
+    bundle = ModelBundle.load(args.bundle)
+    tokens = args.tokens or round(SENTENCE_S * bundle.constants.token_rate_hz)
     out = Path(tempfile.mkdtemp(prefix="ort-profile-"))
     _profiled(out)
-    bundle = ModelBundle.load(args.bundle)
-    synth = Synthesizer.load(bundle, RuntimeOptions(max_batch=0))  # one stream, no scheduler thread
-    synth.llm = ForcedLength(synth.llm, args.tokens)
-    ids = text_ids(TextFrontend.load(bundle.file(TOKENIZER_NAME)), SHORT_TEXT)
-    voice = synth.speakers[0]
-    warm = SynthesisOptions(seed=0, stream=True, n_timesteps=args.steps)
-    for _ in synth.synthesize([ids], voice, warm):  # warm-up (prepacking, arenas), left out of the summary
-        pass
-    for _ in synth.synthesize([ids], voice, SynthesisOptions(seed=1, stream=True, n_timesteps=args.steps)):
-        pass
-    result: dict[str, Any] = {"bundle": str(args.bundle), "tokens": args.tokens, "flow_steps": args.steps, "graphs": {}}
+    runtime = runtime_options(Settings(_env_file=None, model_dir=args.bundle))  # type: ignore[call-arg]
+
+    def forced(b: ModelBundle, options: RuntimeOptions) -> object:
+        engine = family(b.family).load_engine(b, options)
+        engine.llm = ForcedLength(engine.llm, tokens)  # type: ignore[attr-defined]  # the same generate() signature
+        return engine
+
+    model = load_model(bundle, ModelContext(options=runtime, engine_loader=forced, prompt_analysis=False))
+    ids = text_ids(model.frontend, SHORT_TEXT)
+    voice = model.voice(model.speakers[0]) if model.speakers else model.warmup_voice()
+    timings: dict[str, float] = {}
+    try:
+        for seed in (0, 1):  # the first is the warm-up (prepacking, arenas), left out of the summary
+            options = SynthesisOptions(seed=seed, stream=True, n_timesteps=args.steps)
+            start, first, audio = time.perf_counter(), None, 0.0
+            for chunk in model.synthesize([ids], voice, options, threading.Event()):
+                if first is None and chunk.audio.size:
+                    first = time.perf_counter() - start
+                audio += chunk.seconds
+            timings = {"first_audio_s": first or 0.0, "wall_s": time.perf_counter() - start, "audio_s": audio}
+    finally:
+        model.close()
+    result: dict[str, Any] = {
+        "bundle": str(args.bundle), "family": bundle.family, "tokens": tokens, "flow_steps": args.steps,
+        "env": args.env, **timings, "graphs": {},
+    }  # fmt: skip
     for name, (stem, session) in OPENED.items():
         path = Path(session.end_profiling())
         graph_nodes = len(onnx.load(str(args.bundle / f"{stem}.onnx"), load_external_data=False).graph.node)
-        result["graphs"][name] = {"graph_nodes": graph_nodes, **summarize(path)}
+        summary = summarize(path)
+        if summary.get("calls"):
+            summary["share_of_wall"] = summary["calls"] * summary["ms_per_call"] / 1000.0 / timings["wall_s"]
+        result["graphs"][name] = {"graph_nodes": graph_nodes, **summary}
     text = json.dumps(result, indent=1)
     if args.json:
         args.json.write_text(text + "\n")

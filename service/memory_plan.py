@@ -1,6 +1,6 @@
-"""The process's memory budget: the limit (TTS_MEMORY_LIMIT, else the cgroup's), what the loaded models leave of it
-for requests, each model's per-stream worst case and how many such streams fit; stated in the start-up log, read by
-/metrics. Every model's synthesis service reserves its requests' footprints in the one StreamBudget."""
+"""The process's memory budget: the limit (TTS_MEMORY_LIMIT, else the cgroup's or the machine's RAM), what the
+loaded models leave of it for requests, each model's per-stream worst case and how many such streams fit; stated in the
+start-up log, read by /metrics. Every model's synthesis service reserves its requests' footprints in the one StreamBudget."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from service.engine.memory import StreamBudget, cgroup_limit_bytes, headroom_bytes, stream_budget_bytes
+from service.engine.memory import StreamBudget, headroom_bytes, memory_limit, stream_budget_bytes
 from service.engine.types import SynthesisOptions
 from service.families.model import Model
 from service.settings import Settings
@@ -31,8 +31,8 @@ class MemoryPlan:
     """The limit, the StreamBudget the services share, and the figures `loaded` computes once the models are in."""
 
     def __init__(self, settings: Settings) -> None:
-        self.limit = settings.memory_limit if settings.memory_limit is not None else cgroup_limit_bytes()
-        self.from_cgroup = settings.memory_limit is None and self.limit is not None
+        found = memory_limit(settings.memory_limit)
+        self.limit, self.source = found.bytes, found.source
         self.budget = StreamBudget(None)  # unbounded until the models are loaded (only their warm-ups run before)
         self.resident = 0
         self.models: tuple[ModelMemory, ...] = ()
@@ -67,11 +67,12 @@ class MemoryPlan:
 
     def _log(self) -> None:
         if self.limit is None:
-            log.info("no memory limit (TTS_MEMORY_LIMIT empty, no cgroup limit): requests are not bounded by memory")
+            log.info(
+                "no memory limit (TTS_MEMORY_LIMIT empty, no cgroup limit, no /proc/meminfo): requests are not bounded by memory"
+            )
             return
-        source = "the cgroup's limit" if self.from_cgroup else "TTS_MEMORY_LIMIT"
         log.info("memory limit %d MB (%s): %d MB resident with the models loaded, %d MB headroom, %d MB for requests",
-                 self.limit // MiB, source, self.resident // MiB, headroom_bytes(self.limit) // MiB,
+                 self.limit // MiB, self.source, self.resident // MiB, headroom_bytes(self.limit) // MiB,
                  (self.budget.limit or 0) // MiB)  # fmt: skip
         if any(m.streams == 0 for m in self.models):
             log.warning("the memory limit leaves no room for one worst-case stream of %s: requests that may hold more "

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from service.access import ApiKeys, ClientIdentity, Gate
 from service.bundle import ModelBundle
-from service.engine.memory import StateBudget, cgroup_limit_bytes, resident_bytes
+from service.engine.memory import StateBudget, memory_limit, resident_bytes
 from service.engine.options import EngineLevers, RuntimeOptions, SessionOptions
 from service.errors import NotReadyError, SettingError, ShuttingDownError, TTSError
 from service.families.model import EngineLoader, Model, ModelContext, VoiceLibrary
@@ -46,7 +46,7 @@ def runtime_options(s: Settings) -> RuntimeOptions:
         allow_spinning=e.ort_spinning,
         openvino_shape_cache_entries=s.openvino_shape_cache_entries,
         compiled_cache_dir=s.cache_dir.expanduser() if s.cache_dir is not None else None,
-        memory_limit_bytes=s.memory_limit if s.memory_limit is not None else cgroup_limit_bytes(),
+        memory_limit_bytes=memory_limit(s.memory_limit).bytes,
     )
     levers = EngineLevers(
         **{f.name: getattr(e, f.name) for f in dataclasses.fields(EngineLevers)},

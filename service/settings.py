@@ -167,10 +167,10 @@ class Settings(BaseSettings):
         default=None,
         ge=1,
         description="Memory the server may use, in bytes or with a K, M or G suffix (`2G`); empty = its cgroup's limit "
-        "(a container's), else none. The server admits a request only while what it may hold (its worst case: "
-        "docs/memory.md) fits in what this leaves after the loaded models and a headroom; the others wait in the queue "
-        "or get 503 with Retry-After, never an out-of-memory kill. The start-up log states each model's per-stream worst "
-        "case and how many streams fit.",
+        "(a container's) or the machine's RAM, whichever is smaller. The server admits a request only while what it may "
+        "hold (its worst case: docs/memory.md) fits in what this leaves after the loaded models and a headroom; the "
+        "others wait in the queue or get 503 with Retry-After, never an out-of-memory kill. The start-up log states each "
+        "model's per-stream worst case and how many streams fit.",
     )
     max_speech_s: float = Field(
         default=1200.0,

@@ -1,6 +1,6 @@
 """Admission by real-time capacity and by memory, as plain state: the kit's decision (service.engine.admission), its
-meter on injected clocks, the process's StreamBudget, the memory limit's sources (setting, cgroup), and the speech
-service's StreamGate that wires them (jobs started, queued, refused, given back)."""
+meter on injected clocks, the process's StreamBudget, the memory limit's sources (setting, cgroup, the machine's RAM),
+and the speech service's StreamGate that wires them (jobs started, queued, refused, given back)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,25 @@ from pathlib import Path
 
 import pytest
 
+import service.engine.memory as memory_mod
 from service.engine.admission import Capacity, CapacityMeter, State, Stream, admits, expected_rate
 from service.engine.host import usable_cores
-from service.engine.memory import HEADROOM_FLOOR, StreamBudget, cgroup_limit_bytes, headroom_bytes, stream_budget_bytes
+from service.engine.memory import (
+    CGROUP,
+    HEADROOM_FLOOR,
+    MACHINE,
+    SETTING,
+    MemoryLimit,
+    StreamBudget,
+    cgroup_limit_bytes,
+    headroom_bytes,
+    memory_limit,
+    memory_limit_bytes,
+    stream_budget_bytes,
+)
+from service.engine.options import MEMORY_LIMIT_MMAP_THRESHOLD
+from service.memory_plan import MemoryPlan
+from service.runtime import runtime_options
 from service.settings import Settings, parse_bytes
 from service.speech.admission import StreamGate
 from service.speech.job import SynthesisObserver
@@ -146,6 +162,30 @@ def test_the_cgroup_limit_is_the_smallest_of_the_processs_own_cgroup_and_its_par
     _write(root / "memory" / "vm" / "test" / "memory.limit_in_bytes", "9223372036854771712")
     assert cgroup_limit_bytes(proc, root) is None  # "no limit"
     assert cgroup_limit_bytes(tmp_path / "missing", root) is None
+
+
+def test_the_limit_is_the_setting_else_the_smaller_of_the_cgroups_and_the_machines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server on a plain VM (no cgroup limit) keeps to the machine's RAM, as one in a container keeps to the cgroup's:
+    its requests are bounded, and glibc's threshold is fixed, wherever either can be read."""
+    ram: list[int | None] = [4 << 30]
+    cgroup: list[int | None] = [None]
+    monkeypatch.setattr(memory_mod, "_meminfo_total", lambda: ram[0])
+    monkeypatch.setattr(memory_mod, "cgroup_limit_bytes", lambda: cgroup[0])
+    assert memory_limit(2 << 30) == MemoryLimit(2 << 30, SETTING)  # TTS_MEMORY_LIMIT wins, even above the RAM
+    assert memory_limit(None) == MemoryLimit(4 << 30, MACHINE)  # a plain 4 GB VM
+    cgroup[0] = 3 << 30
+    assert memory_limit(None) == MemoryLimit(3 << 30, CGROUP)  # a 3 GB container on it
+    cgroup[0] = 8 << 30
+    assert memory_limit(None) == MemoryLimit(4 << 30, MACHINE)  # a container allowed more than the machine has
+    ram[0], cgroup[0] = None, None
+    assert memory_limit(None) == MemoryLimit(None, "")  # not Linux: no bound
+    assert memory_limit_bytes() is None
+    ram[0] = 4 << 30
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    assert runtime_options(settings).memory_limit_bytes == 4 << 30
+    assert runtime_options(settings).mmap_threshold() == MEMORY_LIMIT_MMAP_THRESHOLD
+    plan = MemoryPlan(settings)
+    assert (plan.limit, plan.source) == (4 << 30, MACHINE)
 
 
 def test_usable_cores_follow_a_cpu_quota(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ key names; each family adds how its prefill begins (`prompt`)."""
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from typing import cast
 
 import torch
@@ -157,7 +158,7 @@ def step_bias(past_len: Tensor, n_past: int, n_new: int) -> Tensor:
     return torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(~allowed, MASKED_SCORE)
 
 
-class Qwen2SpeechLM(nn.Module):
+class Qwen2SpeechLM(nn.Module, ABC):
     """A Qwen2 body between speech-token embeddings and a speech-token decoder, with one cached step over new inputs.
 
     Keys: llm.model.model.* (Qwen2 body), llm_decoder, speech_embedding; `llm.model.lm_head.weight` is dropped at load
@@ -172,9 +173,9 @@ class Qwen2SpeechLM(nn.Module):
         self.speech_embedding = nn.Embedding(vocab_out, input_size)
         self.register_buffer("inv_freq", rope_inv_freq(qwen), persistent=False)
 
+    @abstractmethod
     def prompt(self, text_ids: Tensor) -> Tensor:
         """text_ids (B,T) int64 -> (B,T+2,D) = [sos, embed_tokens(text), task] (speech tokens are appended after)."""
-        raise NotImplementedError
 
     @property
     def body(self) -> Qwen2Model:

@@ -111,7 +111,11 @@ class _MemoryCollector(Collector):
         if plan is None:
             return
         for name, doc, value in (
-            ("tts_memory_limit_bytes", "Memory the server may use (TTS_MEMORY_LIMIT or the cgroup's; 0: none)", plan.limit or 0),
+            (
+                "tts_memory_limit_bytes",
+                "Memory the server may use (TTS_MEMORY_LIMIT, else the cgroup's or the machine's; 0: none)",
+                plan.limit or 0,
+            ),
             ("tts_memory_budget_bytes", "What the limit leaves for requests after the models and a headroom (0: no bound)",
              plan.budget.limit or 0),
             ("tts_memory_reserved_bytes", "Bytes the running requests reserved (their worst cases)", plan.budget.used),

@@ -51,7 +51,7 @@ def tune_malloc(arenas: int, mmap_threshold: int = 0) -> None:
     default slides up to the largest block freed so far (up to 32 MB), after which a prefill's or a flow call's
     megabytes come from the heap and stay there, freed but resident, until the request ends: 80-120 MB at the peak of
     a full-size stream with a 10 s voice (docs/perf-log.md). A fixed threshold unmaps them, and they are faulted in
-    again by the next call: ~5 % slower (RuntimeOptions.mmap_threshold sets it only under a memory limit).
+    again by the next call: ~2 % slower at 4 MiB (RuntimeOptions.mmap_threshold sets it under a memory limit).
     """
     mallopt = _glibc_function("mallopt")
     if mallopt is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 _WAIT_POLL_S = 0.05  # how often a waiting stream looks at its cancel test
@@ -92,8 +93,30 @@ def cgroup_limit_bytes(proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path
 def memory_limit_bytes() -> int | None:
     """The memory this process may use: its cgroup's limit (a container's) or, without one, the machine's RAM; None
     where neither can be read (not Linux)."""
-    limits = [n for n in (cgroup_limit_bytes(), _meminfo_total()) if n is not None]
-    return min(limits) if limits else None
+    return memory_limit(None).bytes
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """The memory a server keeps to (None: none could be read) and where the figure comes from, for the log."""
+
+    bytes: int | None
+    source: str  # SETTING, CGROUP or MACHINE ("" without a figure)
+
+
+SETTING, CGROUP, MACHINE = "TTS_MEMORY_LIMIT", "the cgroup's limit", "the machine's RAM"
+
+
+def memory_limit(setting: int | None) -> MemoryLimit:
+    """`setting` (TTS_MEMORY_LIMIT) when given; else the cgroup's limit (a container's, a systemd scope's) or the
+    machine's RAM, whichever is smaller: a server on a plain 4 GB VM keeps to 4 GB as one in a 4 GB container does."""
+    if setting is not None:
+        return MemoryLimit(setting, SETTING)
+    found = [(n, source) for n, source in ((cgroup_limit_bytes(), CGROUP), (_meminfo_total(), MACHINE)) if n is not None]
+    if not found:
+        return MemoryLimit(None, "")
+    n, source = min(found)
+    return MemoryLimit(n, source)
 
 
 def resident_bytes() -> int:

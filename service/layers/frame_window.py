@@ -5,6 +5,7 @@ sentence)."""
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -78,7 +79,7 @@ def estimator_frame_bytes(flow: ChunkCausalFlow, steps: int, dtype: type[np.floa
     return steps * GUIDANCE_ROWS * 2 * frame_bytes(*shape, dtype, precision)
 
 
-class WindowedFrames:
+class WindowedFrames(ABC):
     """What a chunk-causal flow state with a window does: `steps` (EstimatorState per Euler step) hold the first
     `prompt_frames` frames and the latest generated ones, at most `window` of those (None: all, the official
     computation) before each call; when a call would exceed it, the oldest generated frames go, in whole attention
@@ -89,8 +90,9 @@ class WindowedFrames:
     prompt_frames: int
     window: int | None
 
+    @abstractmethod
     def nbytes(self) -> int:
-        raise NotImplementedError
+        """Bytes the state's caches hold now (each family's frames know their own layout)."""
 
     @property
     def cached(self) -> int:
