@@ -58,9 +58,26 @@ def make_pieces(sentences: Sequence[ReadSentence], rules: PieceRules) -> list[Pi
     per_sentence = [_split(s, rules) for s in sentences]
     groups = [[p for parts in per_sentence for p in parts]] if rules.merge_sentences else per_sentence
     merged = [p for group in groups for p in _merge(group, rules.measure)]
-    kept = [p for p in merged if not is_only_punctuation(p.said)]
-    capped = [c for p in kept for c in _cap(p, rules)]
-    return [Piece(p.said, p.shown.strip()) for p in capped if not is_only_punctuation(p.said)]
+    kept = _spoken(merged)
+    capped = _spoken([c for p in kept for c in _cap(p, rules)])
+    return [Piece(p.said, p.shown.strip()) for p in capped]
+
+
+def _spoken(pieces: list[Piece]) -> list[Piece]:
+    """The pieces whose reading is more than punctuation. A dropped piece's written text goes to the next kept piece
+    (or, at the end, the one before): a cut may give a piece the punctuation of the reading and a digit of the text
+    (said "，", shown "，1"), and captions must still show every written character once."""
+    out: list[Piece] = []
+    carried = ""
+    for piece in pieces:
+        if is_only_punctuation(piece.said):
+            carried += piece.shown
+            continue
+        out.append(Piece(piece.said, carried + piece.shown))
+        carried = ""
+    if carried and out:
+        out[-1] = Piece(out[-1].said, out[-1].shown + carried)
+    return out
 
 
 def _split(sentence: ReadSentence, rules: PieceRules) -> list[Piece]:
