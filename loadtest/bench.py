@@ -234,12 +234,14 @@ LISTEN3_COMPARE = (  # (label, server settings): each Fun-CosyVoice3 departure s
 
 def part_listen3(dirs: dict[str, Path], args: argparse.Namespace) -> Any:
     """Fun-CosyVoice3-0.5B over HTTP (full-size random-init int8, 125 forced tokens = 5 s), as listen2: the default
-    settings at 1, 2 and 4 clients for a built-in speaker and saved voices, then each official switch at 1 client."""
+    settings at 1, 2 and 4 clients for a built-in speaker and saved voices, then each official switch at 1 client, then
+    8 clients of the 10 s voice under a 2 GB memory limit."""
     bundle = ensure_v3_bundle(args.models)
     cmd = [PYTHON, "loadtest/bench_listen.py", str(bundle), "--per-client", str(args.per_client + 1)]
     default = [*cmd, "--levels", "1", "2", "4", "--one-client-requests", str(ONE_CLIENT_REQUESTS)]
     out: dict[str, Any] = {"default": run_json(default)}
     out["compare"] = {label: run_json([*cmd, "--levels", "1", "--env", *env]) for label, env in LISTEN3_COMPARE}
+    out["memory_limit"] = run_json(memory_limit_row(cmd))
     return out
 
 
