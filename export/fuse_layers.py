@@ -30,6 +30,15 @@ SQRT_HALF = 0.5**0.5
 def layer_norm_pattern(g: Graph, output: str) -> tuple[list[onnx.NodeProto], str, np.ndarray, np.ndarray, float]:
     """(nodes, input, weight, bias, epsilon) of the LayerNorm pattern making `output` (opset 13 has no LayerNorm op):
     Add(Mul(Div(Sub(x, ReduceMean(x)), Sqrt(Add(ReduceMean(Pow(Sub, 2)), eps))), weight), bias), over the last axis."""
+    nodes, x, weight, bias, eps = scaled_norm_pattern(g, output)
+    w, b = (np.asarray(g.constant(t), np.float32).reshape(-1) for t in (weight, bias))
+    return nodes, x, w, b, eps
+
+
+def scaled_norm_pattern(g: Graph, output: str) -> tuple[list[onnx.NodeProto], str, str, str, float]:
+    """(nodes, input, weight tensor, bias tensor, epsilon) of a LayerNorm without weights of its own, then `* weight +
+    bias` (constants, or a DiT's per-batch modulation (B, 1, D)): Add(Mul(norm, weight), bias) as layer_norm_pattern
+    reads it."""
     shifted = g.made_by(output, "Add")
     scaled, bias = g.made_by_either(shifted, "Mul")
     div, weight = g.made_by_either(scaled, "Div")
@@ -46,8 +55,7 @@ def layer_norm_pattern(g: Graph, output: str) -> tuple[list[onnx.NodeProto], str
         if axes != [-1]:
             raise RewriteError(f"{reduce.name}: a LayerNorm over axes {axes}, the kernel takes the last one")
     nodes = [mean, sub, power, var, add_eps, sqrt, div, scaled, shifted]
-    w, b = (np.asarray(g.constant(t), np.float32).reshape(-1) for t in (weight, bias))
-    return nodes, x, w, b, float(np.asarray(g.constant(eps)).reshape(-1)[0])
+    return nodes, x, weight, bias, float(np.asarray(g.constant(eps)).reshape(-1)[0])
 
 
 def _gelu(g: Graph, output: str) -> tuple[list[onnx.NodeProto], str]:
@@ -63,7 +71,7 @@ def _gelu(g: Graph, output: str) -> tuple[list[onnx.NodeProto], str]:
     return [div, erf, plus, inner, outer], x
 
 
-def _int8_parts(g: Graph, node: onnx.NodeProto, bias: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def int8_parts(g: Graph, node: onnx.NodeProto, bias: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(int8 (K, N) weight, scale, bias) of an Int8MatMul node."""
     if node.op_type != INT8_OP_NAME or len(node.input) != (5 if bias else 4):
         raise RewriteError(f"{node.name}: expected an {INT8_OP_NAME} {'with' if bias else 'without'} a bias")
@@ -74,8 +82,8 @@ def _int8_parts(g: Graph, node: onnx.NodeProto, bias: bool) -> tuple[np.ndarray,
     return w, scale, np.asarray(g.constant(node.input[4]), np.float32).reshape(-1) if bias else None
 
 
-def _packed_weight(part: str, w: np.ndarray, scale: np.ndarray, bias: np.ndarray | None) -> list[tuple[str, np.ndarray]]:
-    """An EstimatorBlock weight's inputs: packed, colsum, scale(s) and, with one, the bias."""
+def packed_weight(part: str, w: np.ndarray, scale: np.ndarray, bias: np.ndarray | None) -> list[tuple[str, np.ndarray]]:
+    """A fused block's weight inputs: packed, colsum, scale(s) and, with one, the bias."""
     packed, colsum = pack_int8_weight(w)
     arrays = [(f"{part}_packed", packed), (f"{part}_colsum", colsum), (f"{part}_scale", scale)]
     return arrays if bias is None else [*arrays, (f"{part}_bias", bias)]
@@ -123,10 +131,10 @@ def fuse_blocks(model: onnx.ModelProto) -> int:
                 outside = out in graph_outputs or any(id(c) not in members for c in g.consumers.get(out, []))
                 if out not in shared and outside:
                     raise RewriteError(f"{out!r} of the block around {attention.name} is read outside it")
-        (wq, sq, _), (wk, sk, _), (wv, sv, _) = (_int8_parts(g, mm, False) for mm in (q_mm, k_mm, v_mm))
-        w_out, s_out, b_out = _int8_parts(g, out_mm, True)
-        w_ff1, s_ff1, b_ff1 = _int8_parts(g, ff1_mm, True)
-        w_ff2, s_ff2, b_ff2 = _int8_parts(g, ff2_mm, True)
+        (wq, sq, _), (wk, sk, _), (wv, sv, _) = (int8_parts(g, mm, False) for mm in (q_mm, k_mm, v_mm))
+        w_out, s_out, b_out = int8_parts(g, out_mm, True)
+        w_ff1, s_ff1, b_ff1 = int8_parts(g, ff1_mm, True)
+        w_ff2, s_ff2, b_ff2 = int8_parts(g, ff2_mm, True)
         hd = wq.shape[1]
         scales = np.concatenate([np.repeat(sq, hd), np.repeat(sk, hd), np.repeat(sv, hd)]).astype(np.float32)
         if np.all(scales == scales[0]):
@@ -135,12 +143,12 @@ def fuse_blocks(model: onnx.ModelProto) -> int:
         arrays: list[tuple[str, np.ndarray]] = [
             ("ln1_w", ln1_w),
             ("ln1_b", ln1_b),
-            *_packed_weight("qkv", np.concatenate([wq, wk, wv], axis=1), scales, None),
-            *_packed_weight("out", w_out, s_out, b_out),
+            *packed_weight("qkv", np.concatenate([wq, wk, wv], axis=1), scales, None),
+            *packed_weight("out", w_out, s_out, b_out),
             ("ln3_w", ln3_w),
             ("ln3_b", ln3_b),
-            *_packed_weight("ff1", w_ff1, s_ff1, b_ff1),
-            *_packed_weight("ff2", w_ff2, s_ff2, b_ff2),
+            *packed_weight("ff1", w_ff1, s_ff1, b_ff1),
+            *packed_weight("ff2", w_ff2, s_ff2, b_ff2),
         ]  # the kernel's input order (ort_custom_op.c)
         inits += [numpy_helper.from_array(a, f"{base}_{name}") for name, a in arrays]
         heads = next(a.i for a in attention.attribute if a.name == "heads")
@@ -152,6 +160,22 @@ def fuse_blocks(model: onnx.ModelProto) -> int:
         )  # fmt: skip
         blocks.append((nodes, fused))
         new_kv[k_mm.output[0]], new_kv[v_mm.output[0]] = fused.output[1], fused.output[2]
+    splice_blocks(model, g, blocks, new_kv, inits)
+    return len(blocks)
+
+
+def splice_blocks(
+    model: onnx.ModelProto,
+    g: Graph,
+    blocks: list[tuple[list[onnx.NodeProto], onnx.NodeProto]],
+    new_kv: dict[str, str],
+    inits: list[onnx.TensorProto],
+) -> None:
+    """Put each fused block node where its first node was, drop its nodes and what nothing reads any more, and in a
+    graph with caches make new_k and new_v the fused nodes' float16 slices side by side (`new_kv`: a block's k or v
+    tensor -> that slice). RewriteError when something else still reads a block's keys or values."""
+    graph = model.graph
+    graph_outputs = {o.name for o in graph.output}
     cached = blocks and {"new_k", "new_v"} <= graph_outputs  # an estimator with caches (v1's attends without one)
     caches = [_cache_output(g, name, new_kv) for name in ("new_k", "new_v")] if cached else []
     graph.initializer.extend(inits)
@@ -172,7 +196,6 @@ def fuse_blocks(model: onnx.ModelProto) -> int:
     if stray:
         raise RewriteError(f"{stray[0]!r}: a block's keys/values are read elsewhere than in new_k/new_v")
     install(graph, live)
-    return len(blocks)
 
 
 def _cache_output(g: Graph, output: str, new_kv: dict[str, str]) -> tuple[onnx.NodeProto, onnx.NodeProto]:

@@ -11,6 +11,8 @@
   builds from slices (fuse_conv_windows).
 * The CosyVoice-300M flow estimator (export/cosyvoice1/native_twin.py): its blocks attend over the whole window; each
   becomes one EstimatorBlock with an empty cache and an attention chunk no call reaches (fuse_blocks as above).
+* The Fun-CosyVoice3 DiT (export/cosyvoice3/dit_twin.py): attention cores and products as for CosyVoice2, then each
+  AdaLN-modulated block with rotary q and k as one `cosyvoice_lite.DiTBlock` (the same kernel with its modulation).
 * The LLM step (either family): each int8 weight product as ONNX Runtime's dynamic quantization writes it
   (DynamicQuantizeLinear, MatMulInteger, Cast, Mul by the scales, and the bias Add) is one `cosyvoice_lite.Int8MatMul`
   node over the same int8 weight, packed in the order the kernel reads it; then each decoder layer is one node
@@ -33,7 +35,7 @@ import onnx
 from export.external_data import load_inline
 from export.fuse_layers import fuse_blocks, fuse_qwen2_layers
 from export.fuse_ops import add_spread_input, fuse_attention, fuse_conv_windows, fuse_int8_matmuls
-from export.twin_graph import BLOCK_OP_NAME, INT8_OP_NAME, OP_NAME, QWEN2_OP_NAME, RewriteError
+from export.twin_graph import BLOCK_OP_NAME, INT8_OP_NAME, QWEN2_OP_NAME, RewriteError
 from service.bundle import GROUP_NATIVE, MANIFEST_NAME, NATIVE_DOMAIN, NATIVE_SUFFIX, Manifest, ModelBundle, sha256_file
 
 # Rewrites a graph into its native twin in place: (nodes replaced, what was done for the log); 0 leaves no twin.
@@ -76,21 +78,6 @@ def rewrite_cached_estimator(blocks: int) -> Rewrite:
         windows = fuse_conv_windows(model)
         what = f"transformer blocks as {NATIVE_DOMAIN}.{BLOCK_OP_NAME}, {count - 6 * fused} more {PRODUCTS}"
         return cores, f"{what} ({windows} reading convolution windows in place)"
-
-    return rewrite
-
-
-def rewrite_attention_estimator(blocks: int) -> Rewrite:
-    """The rewrite of a chunk-causal estimator whose blocks the fused EstimatorBlock does not cover (an AdaLN-modulated
-    DiT with rotary q and k): each of its `blocks` attention cores over cached frames as one CachedAttention, every int8
-    product as one Int8MatMul (RewriteError when the cores found are not `blocks`)."""
-
-    def rewrite(model: onnx.ModelProto, manifest: Manifest) -> tuple[int, str]:
-        cores = fuse_attention(model)
-        if cores != blocks:
-            raise RewriteError(f"rewrote {cores} attention cores, the estimator has {blocks}")
-        count = fuse_int8_matmuls(model)
-        return cores, f"attention cores as {NATIVE_DOMAIN}.{OP_NAME}, {count} {PRODUCTS}"
 
     return rewrite
 

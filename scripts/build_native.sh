@@ -1,7 +1,7 @@
 #!/bin/sh
 # Build our native kernels into service/engine/native/libcosyvoice_lite_native.so: the kit's operators
 # (service/engine/native/*.c), the fused layers that families share (service/layers/native/*.c) and those one family
-# owns (service/families/*/native/*.c); the layers register themselves (service/engine/native/op.h). `make native` and docker/Dockerfile run this one script, so the flags are
+# owns (service/families/*/native/*.c, which may include the shared layers' headers); the layers register themselves (service/engine/native/op.h). `make native` and docker/Dockerfile run this one script, so the flags are
 # the same everywhere. The kernels pick their instructions at run time (function target attributes and one CPU probe,
 # cpu.c), so the library built on one x86-64 host runs on any.
 #   sh scripts/build_native.sh            no C compiler: print a notice and exit 0 (the engine runs ONNX Runtime's graphs)
@@ -19,5 +19,5 @@ if ! command -v "$cc" >/dev/null 2>&1; then
     echo "native kernels not built: no C compiler ($cc); ONNX Runtime's graphs run instead (apt-get install gcc)"
     exit 0
 fi
-"$cc" -O3 -fPIC -shared -std=gnu11 -Wall -Wextra -Werror -I"$kit" -o "$kit/libcosyvoice_lite_native.so" \
+"$cc" -O3 -fPIC -shared -std=gnu11 -Wall -Wextra -Werror -I"$kit" -I"$layers" -o "$kit/libcosyvoice_lite_native.so" \
     "$kit"/*.c "$layers"/*.c $(ls "$root"/service/families/*/native/*.c 2>/dev/null) -lpthread

@@ -82,7 +82,8 @@ def test_int8_twin_quantizes_weights_and_halves_the_dit_caches(cv3_ref_bundle: P
     assert types["past_k_0"] == onnx.TensorProto.FLOAT16 and types["start"] == onnx.TensorProto.INT64
     twin = onnx.load(str(int8 / graphs["flow_estimator_native"].file), load_external_data=False)
     ops = [n.op_type for n in twin.graph.node]
-    assert ops.count("CachedAttention") == constants_of(bundle.manifest).estimator_blocks and "Int8MatMul" in ops
+    assert ops.count("DiTBlock") == constants_of(bundle.manifest).estimator_blocks  # every block one kernel call
+    assert "CachedAttention" not in ops and "Int8MatMul" in ops  # the input, time and output products stay apart
     step = onnx.load(str(int8 / graphs["llm_step_native"].file), load_external_data=False)
     assert any(n.op_type == "Qwen2Layer" for n in step.graph.node)
 
@@ -110,8 +111,9 @@ def test_a_yaml_with_a_long_skip_dit_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_dit_twin_with_our_kernels_is_as_near_fp32_as_the_int8_graph(cv3_ref_bundle: Path, native_library: Path) -> None:
-    """One estimator call over cached frames: the native twin (CachedAttention, Int8MatMul quantizing each frame on its
-    own; portable C here) against the fp32 graph, no farther than ONNX Runtime's int8 graph is."""
+    """One estimator call over cached frames: the native twin (each block one DiTBlock: modulated LayerNorms, rotary q
+    and k, cached attention, gated residuals, tanh GELU, int8 products quantizing each frame on its own; the portable C
+    and this host's variants) against the fp32 graph, no farther than ONNX Runtime's int8 graph is."""
     from service.engine.options import RuntimeOptions
     from service.engine.sessions import open_sessions
 
@@ -124,10 +126,40 @@ def test_the_dit_twin_with_our_kernels_is_as_near_fp32_as_the_int8_graph(cv3_ref
     int8 = ModelBundle.load(cv3_ref_bundle.with_name(cv3_ref_bundle.name + "-int8"))
 
     def velocity(bundle: ModelBundle, mode: str) -> np.ndarray:
-        session = open_sessions(bundle, RuntimeOptions(intra_op_threads=1, native_kernels=mode), names=("flow_estimator",))
+        opts = RuntimeOptions(intra_op_threads=1, native_kernels=mode, native_estimator=True)  # the twin on AVX2 too
+        session = open_sessions(bundle, opts, names=("flow_estimator",))
         half = {k: v.astype(np.float16) if k.startswith("past_") and bundle is int8 else v for k, v in feeds.items()}
         return np.asarray(session["flow_estimator"].run(None, half)[0], np.float32)
 
     want = velocity(ModelBundle.load(cv3_ref_bundle), "off")
-    core, native = (np.abs(velocity(int8, mode) - want).max() for mode in ("off", "portable"))
+    core, native, fast = (np.abs(velocity(int8, mode) - want).max() for mode in ("off", "portable", "auto"))
     assert 0 < native <= 1.5 * core + 1e-3, (native, core)
+    assert fast <= 1.5 * core + 1e-3, (fast, core)  # this host's variants (AVX2 or AVX-512) of the DiT block
+
+
+def test_the_dit_rewrite_fuses_whole_blocks_only(cv3_ref_bundle: Path) -> None:
+    """A block whose inside something else reads (here: its gated attention output made a graph output) is refused
+    with that tensor's name, not fused around it; the graph as exported fuses every block."""
+    from export.cosyvoice3.dit_twin import fuse_dit_blocks
+    from export.external_data import load_inline
+    from export.fuse_ops import fuse_attention, fuse_int8_matmuls
+    from export.twin_graph import RewriteError
+
+    int8 = ModelBundle.load(cv3_ref_bundle.with_name(cv3_ref_bundle.name + "-int8"))
+
+    def prepared() -> onnx.ModelProto:
+        model = load_inline(int8.root / int8.manifest.graphs["flow_estimator"].file)
+        fuse_attention(model)
+        fuse_int8_matmuls(model)
+        return model
+
+    model = prepared()
+    assert fuse_dit_blocks(model) == constants_of(int8.manifest).estimator_blocks
+    onnx.checker.check_model(model)
+    model = prepared()
+    attention = next(n for n in model.graph.node if n.op_type == "CachedAttention")
+    out = next(n for n in model.graph.node if attention.output[0] in n.input)
+    gated = next(n for n in model.graph.node if out.output[0] in n.input)
+    model.graph.output.append(onnx.helper.make_tensor_value_info(gated.output[0], onnx.TensorProto.FLOAT, None))
+    with pytest.raises(RewriteError, match="read outside it"):
+        fuse_dit_blocks(model)

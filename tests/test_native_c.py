@@ -30,7 +30,7 @@ def library_objects(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """The library's sources compiled once, with the sanitizers, into objects the test programs link."""
     out = tmp_path_factory.mktemp("native-objects")
     sources = [c for folder in SOURCE_DIRS for c in sorted(folder.glob("*.c"))]
-    subprocess.run([str(CC), "-c", *FLAGS, *SANITIZERS, f"-I{KIT}", *map(str, sources)], cwd=out, check=True)
+    subprocess.run([str(CC), "-c", *FLAGS, *SANITIZERS, f"-I{KIT}", f"-I{LAYERS}", *map(str, sources)], cwd=out, check=True)
     return sorted(out.glob("*.o"))
 
 

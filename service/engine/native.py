@@ -2,13 +2,14 @@
 native/ folders (`make native`), what it says of this CPU, and which of its code paths run here.
 
 The library holds ONNX Runtime custom operators (native/README.md): cosyvoice_lite.Int8MatMul and CachedAttention
-(the kit's) and EstimatorBlock, Qwen2Layer and RelPosLayer (fused layers), used by the native twins of quantized bundles
-(service.bundle GROUP_NATIVE). Its one CPU probe (native/cpu.c) answers for C and for this module; each operator has a
-table of variants (portable, AVX2, AVX-512 ..., AMX) and says which one it takes under a ceiling (`KernelsCeiling`, from
-the engine lever native_kernels), which reaches the kernels as a session config entry (`session_config`). A twin runs where its
-deciding kernels have a fast variant here (`KERNELS_OF_GRAPH`: any but the portable C; the AVX2 ones unless the engine
-lever native_on_avx2 is off), or everywhere with the portable C when asked; elsewhere, and where the library is not
-built or the installed ONNX Runtime is too old for it, the core graph runs.
+(the kit's) and EstimatorBlock (DiTBlock: the same with a DiT's modulation), Qwen2Layer and RelPosLayer (fused
+layers), used by the native twins of quantized bundles (service.bundle GROUP_NATIVE). Its one CPU probe (native/cpu.c)
+answers for C and for this module; each operator has a table of variants (portable, AVX2, AVX-512 ..., AMX) and says
+which one it takes under a ceiling (`KernelsCeiling`, from the engine lever native_kernels), which reaches the kernels
+as a session config entry (`session_config`). A twin runs where its deciding kernels have a fast variant here
+(`KERNELS_OF_GRAPH`: any but the portable C; the AVX2 ones unless the engine lever native_on_avx2 is off), or
+everywhere with the portable C when asked; elsewhere, and where the library is not built or the installed ONNX
+Runtime is too old for it, the core graph runs.
 """
 
 from __future__ import annotations
