@@ -62,22 +62,28 @@ def rewrite_qwen2_step(model: onnx.ModelProto, manifest: Manifest) -> tuple[int,
     return count, f"{PRODUCTS}; decoder layers as {NATIVE_DOMAIN}.{QWEN2_OP_NAME} ({layers}), {beside} product(s) beside"
 
 
-def rewrite_cached_estimator(blocks: int) -> Rewrite:
+BLOCK_PRODUCTS = 6  # a fused block's int8 products: q, k, v, out, ff1, ff2
+
+
+def rewrite_cached_estimator(
+    blocks: int, fuse: Callable[[onnx.ModelProto], int] = fuse_blocks, op_name: str = BLOCK_OP_NAME
+) -> Rewrite:
     """The rewrite of a chunk-causal estimator with `blocks` transformer blocks that attend over cached frames: each
-    attention core, its int8 products and then each whole block as one EstimatorBlock, convolution windows read in
-    place (RewriteError when the blocks found are not `blocks`)."""
+    attention core, its int8 products, then each whole block as one `op_name` node (`fuse`: fuse_blocks for the
+    EstimatorBlock, or a family's own, e.g. the DiT's), convolution windows read in place (RewriteError when the blocks
+    found are not `blocks`)."""
 
     def rewrite(model: onnx.ModelProto, manifest: Manifest) -> tuple[int, str]:
         cores = fuse_attention(model)
         if cores != blocks:
             raise RewriteError(f"rewrote {cores} attention cores, the estimator has {blocks}")
         count = fuse_int8_matmuls(model)
-        fused = fuse_blocks(model)
+        fused = fuse(model)
         if fused != cores:
-            raise RewriteError(f"fused {fused} transformer blocks around {cores} attention cores")
+            raise RewriteError(f"fused {fused} blocks around {cores} attention cores")
         windows = fuse_conv_windows(model)
-        what = f"transformer blocks as {NATIVE_DOMAIN}.{BLOCK_OP_NAME}, {count - 6 * fused} more {PRODUCTS}"
-        return cores, f"{what} ({windows} reading convolution windows in place)"
+        what = f"blocks as {NATIVE_DOMAIN}.{op_name}, {count - BLOCK_PRODUCTS * fused} more {PRODUCTS}"
+        return cores, what + (f" ({windows} reading convolution windows in place)" if windows else "")
 
     return rewrite
 

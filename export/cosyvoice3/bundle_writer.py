@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import onnx
 import torch
 from tokenizers import Tokenizer
 
@@ -28,7 +29,7 @@ from export.capabilities import VoicePlan, plan_voices
 from export.cosyvoice3 import tokenizer as cv3_tokenizer
 from export.cosyvoice3.config import YAML_NAME, CosyVoice3Config, load_config
 from export.cosyvoice3.constants import cosyvoice3_constants, model_constants
-from export.cosyvoice3.dit_twin import rewrite_dit_estimator
+from export.cosyvoice3.dit_twin import DIT_OP_NAME, fuse_dit_blocks
 from export.cosyvoice3.graphs.flow import export_flow, verify_flow
 from export.cosyvoice3.modules.flow import CausalMaskedDiffWithDiT
 from export.cosyvoice3.modules.hift import CausalHiFT
@@ -39,13 +40,13 @@ from export.graphs.qwen2 import export_llm, step_deviation, verify_llm
 from export.modules.flow import write_flow_noise
 from export.modules.hift import normalize_hift_state_dict
 from export.modules.qwen2 import drop_unused
-from export.native_twin import Rewrite, rewrite_qwen2_step
+from export.native_twin import Rewrite, rewrite_cached_estimator, rewrite_qwen2_step
 from export.onnx_io import ExportError
 from export.prompt_models import copy_into
 from export.qwen2_config import QWEN_CONFIG, QWEN_DIR
 from export.qwen_tokenizer import find_source, source_files, write_tokenizer
 from service.bundle import FORMAT_VERSION, MANIFEST_NAME, SPEAKERS_NAME, Manifest, ModelBundle, sha256_file, write_speakers
-from service.families.cosyvoice3.contract import FAMILY, GRAPH_IO, NOISE_NAME, PROMPT_GRAPHS, TOKENIZER_NAME
+from service.families.cosyvoice3.contract import FAMILY, GRAPH_IO, NOISE_NAME, PROMPT_GRAPHS, TOKENIZER_NAME, constants_of
 
 EXPORTER_VERSION = "1"
 MODEL_NAME = "Fun-CosyVoice3-0.5B"
@@ -65,9 +66,14 @@ INT8_TWIN = TwinPlan(
 INT4_TWIN = dataclasses.replace(INT8_TWIN, precisions={**INT8_PLAN, "llm_step": "int4"})
 
 
+def _estimator_rewrite(model: onnx.ModelProto, manifest: Manifest) -> tuple[int, str]:
+    blocks = constants_of(manifest).estimator_blocks
+    return rewrite_cached_estimator(blocks, fuse_dit_blocks, DIT_OP_NAME)(model, manifest)
+
+
 # Graphs with a native twin in a quantized bundle: the DiT's blocks (the kit's estimator block with AdaLN-zero
 # modulation, export/cosyvoice3/dit_twin.py), the Qwen2 step's int8 products and decoder layers.
-NATIVE_REWRITES: dict[str, Rewrite] = {"flow_estimator": rewrite_dit_estimator, "llm_step": rewrite_qwen2_step}
+NATIVE_REWRITES: dict[str, Rewrite] = {"flow_estimator": _estimator_rewrite, "llm_step": rewrite_qwen2_step}
 
 
 def is_cosyvoice3_dir(model_dir: Path) -> bool:

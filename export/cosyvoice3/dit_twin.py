@@ -17,14 +17,10 @@ import onnx
 from onnx import helper, numpy_helper
 
 from export.fuse_layers import int8_parts, packed_weight, scaled_norm_pattern, splice_blocks
-from export.fuse_ops import fuse_attention, fuse_int8_matmuls
-from export.native_twin import PRODUCTS
 from export.twin_graph import INT8_OP_NAME, OP_NAME, Graph, RewriteError, attr
-from service.bundle import NATIVE_DOMAIN, Manifest
-from service.families.cosyvoice3.contract import constants_of
+from service.bundle import NATIVE_DOMAIN
 
 DIT_OP_NAME = "DiTBlock"
-BLOCK_PRODUCTS = 6  # q, k, v, out, ff1, ff2
 GELU_OPS = frozenset({"Mul", "Add", "Pow", "Tanh"})  # GELU's tanh approximation as torch exports it at opset 13
 
 
@@ -163,17 +159,3 @@ def fuse_dit_blocks(model: onnx.ModelProto) -> int:
         new_kv[k_rot], new_kv[v] = fused.output[1], fused.output[2]
     splice_blocks(model, g, blocks, new_kv, inits)
     return len(blocks)
-
-
-def rewrite_dit_estimator(model: onnx.ModelProto, manifest: Manifest) -> tuple[int, str]:
-    """The DiT estimator's twin: each attention core over cached frames as one CachedAttention, every int8 product as
-    one Int8MatMul, then each block as one DiTBlock (RewriteError when the blocks found are not the manifest's)."""
-    blocks = constants_of(manifest).estimator_blocks
-    cores = fuse_attention(model)
-    if cores != blocks:
-        raise RewriteError(f"rewrote {cores} attention cores, the estimator has {blocks}")
-    count = fuse_int8_matmuls(model)
-    fused = fuse_dit_blocks(model)
-    if fused != cores:
-        raise RewriteError(f"fused {fused} DiT blocks around {cores} attention cores")
-    return cores, f"DiT blocks as {NATIVE_DOMAIN}.{DIT_OP_NAME}, {count - BLOCK_PRODUCTS * fused} more {PRODUCTS}"

@@ -1,11 +1,12 @@
-/* Fun-CosyVoice3's DiT block (estimator_block.h with its AdaLN-zero modulation, rotary q and k, gated residuals and tanh
- * GELU): every variant the run may take against the portable C within the tolerance of its bf16 attention products, on
- * edge shapes (one frame, no cache, chunk boundaries, a rotated width of 0, one head's or every feature, widths that are
- * no multiple of 8), the modulation read per batch entry (a row's result independent of the batch it is computed in),
- * and the rotation checked against the pairs it turns. */
+/* Fun-CosyVoice3's DiT block (estimator_block.h with its AdaLN-zero modulation, rotary q and k, gated residuals and
+ * tanh GELU): every variant the run may take against the portable C within the tolerance of its bf16 attention
+ * products, on edge shapes (one frame, no cache, chunk boundaries, a rotated width of 0, one head's or every feature,
+ * widths that are no multiple of 8), the modulation read per batch entry (a row's result independent of the batch it
+ * is computed in), and the rotation checked against the pairs it turns. */
 
 #include "check.h"
 #include "estimator_block.h"
+#include "blocks.h"
 #include "weights.h"
 
 typedef struct {
@@ -26,7 +27,8 @@ static dit_weights make_dit(rng* r, const shape* s) {
     const int64_t hd = s->heads * s->head_dim;
     const size_t per_batch = (size_t)(s->batch * s->dim), table = (size_t)(s->frames * (s->rope ? s->rope : 1));
     dit_weights w = {owned(r, s->dim, 3 * hd, 1, 1), owned(r, hd, s->dim, 0, 1), owned(r, s->dim, s->ff, 0, 1),
-                     owned(r, s->ff, s->dim, 0, 1), random_floats(r, per_batch, 0.2f), random_floats(r, per_batch, 0.1f),
+                     owned(r, s->ff, s->dim, 0, 1), random_floats(r, per_batch, 0.2f),
+                     random_floats(r, per_batch, 0.1f),
                      random_floats(r, per_batch, 1.f), random_floats(r, per_batch, 0.2f),
                      random_floats(r, per_batch, 0.1f), random_floats(r, per_batch, 1.f), malloc(table * sizeof(float)),
                      malloc(table * sizeof(float))};
@@ -46,13 +48,14 @@ static void free_dit(dit_weights* w) {
         free(w->sin_);
 }
 
-typedef struct {
-    float *x, *y;
-    uint16_t *past_k, *past_v, *k, *v;
-} block_data;
 
 /* The problem of `batch` rows of the batch starting at entry `first` (its modulation rows with it). */
-static cvl_block_problem problem(const shape* s, const dit_weights* w, const block_data* d, int64_t batch, int64_t first) {
+static block_data data_of(rng* r, const shape* s) {
+    return make_block_data(r, s->batch, s->frames, s->cached, s->dim, s->heads * s->head_dim);
+}
+
+static cvl_block_problem problem(const shape* s, const dit_weights* w, const block_data* d, int64_t batch,
+                                 int64_t first) {
     const int64_t o = first * s->dim;
     return (cvl_block_problem){
         .batch = batch, .frames = s->frames, .cached = s->cached, .dim = s->dim, .heads = s->heads,
@@ -63,22 +66,6 @@ static cvl_block_problem problem(const shape* s, const dit_weights* w, const blo
         .gate3 = w->gate3 + o, .rope_dim = s->rope, .rope_cos = w->cos_, .rope_sin = w->sin_, .gelu_tanh = 1,
     };
 }
-
-static uint16_t small_half(rng* r) {
-    const uint64_t b = rng_next(r);
-    return (uint16_t)(((b & 1u) << 15) | ((10u + (b >> 1) % 6u) << 10) | ((b >> 8) & 0x3ffu));
-}
-
-static block_data make_data(rng* r, const shape* s) {
-    const size_t rows = (size_t)(s->batch * s->frames), hd = (size_t)(s->heads * s->head_dim);
-    const size_t nc = (size_t)(s->batch * s->cached) * hd;
-    block_data d = {random_floats(r, rows * (size_t)s->dim, 1.f), malloc(rows * (size_t)s->dim * sizeof(float)),
-                    malloc((nc ? nc : 1) * 2), malloc((nc ? nc : 1) * 2), malloc(rows * hd * 2), malloc(rows * hd * 2)};
-    for (size_t i = 0; i < nc; i++) d.past_k[i] = small_half(r), d.past_v[i] = small_half(r);
-    return d;
-}
-
-static void free_data(block_data* d) { free(d->x), free(d->y), free(d->past_k), free(d->past_v), free(d->k), free(d->v); }
 
 static float from_half(uint16_t h) {
     const uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff;
@@ -94,7 +81,7 @@ static float from_half(uint16_t h) {
 static void check_rotation(rng* r, const shape* s) {
     if (s->rope == 0) return;
     dit_weights w = make_dit(r, s);
-    block_data on = make_data(r, s), off = make_data(r, s);
+    block_data on = data_of(r, s), off = data_of(r, s);
     const size_t rows = (size_t)(s->batch * s->frames), hd = (size_t)(s->heads * s->head_dim);
     memcpy(off.x, on.x, rows * (size_t)s->dim * sizeof(float));
     memcpy(off.past_k, on.past_k, (size_t)(s->batch * s->cached) * hd * 2);
@@ -107,22 +94,25 @@ static void check_rotation(rng* r, const shape* s) {
     for (size_t row = 0; row < rows; row++) {
         const int64_t m = (int64_t)row % s->frames;
         for (int64_t i = 0; i < (int64_t)hd; i++) {
-            const float a = from_half(off.k[row * hd + (size_t)(i & ~1)]), b = from_half(off.k[row * hd + (size_t)(i | 1)]);
-            const float c = w.cos_[m * s->rope + (i < s->rope ? i : 0)], sn = w.sin_[m * s->rope + (i < s->rope ? i : 0)];
-            const float want = i >= s->rope ? from_half(off.k[row * hd + (size_t)i]) : (i % 2 ? b * c + a * sn : a * c - b * sn);
-            const double d = fabs((double)want - (double)from_half(on.k[row * hd + (size_t)i])) / (fabs(a) + fabs(b) + 1.0);
+            const uint16_t* plain = off.k + row * hd;
+            const float a = from_half(plain[i & ~1]), b = from_half(plain[i | 1]);
+            const int64_t at = m * s->rope + (i < s->rope ? i : 0);
+            const float c = w.cos_[at], sn = w.sin_[at];
+            const float want = i >= s->rope ? from_half(plain[i]) : (i % 2 ? b * c + a * sn : a * c - b * sn);
+            const double got = from_half(on.k[row * hd + (size_t)i]);
+            const double d = fabs((double)want - got) / (fabs(a) + fabs(b) + 1.0);
             worst = d > worst ? d : worst;
         }
         CHECK(memcmp(on.v + row * hd, off.v + row * hd, hd * 2) == 0, "the values are not rotated");
     }
     CHECK(worst < 4e-3, "rotated keys: %g", worst);
-    free_data(&on), free_data(&off);
+    free_block_data(&on), free_block_data(&off);
     free_dit(&w);
 }
 
 static void check_shape(rng* r, const shape* s, cvl_features allowed) {
     dit_weights w = make_dit(r, s);
-    block_data ref = make_data(r, s), got = make_data(r, s);
+    block_data ref = data_of(r, s), got = data_of(r, s);
     const size_t rows = (size_t)(s->batch * s->frames), kv = rows * (size_t)(s->heads * s->head_dim);
     const size_t cache = (size_t)(s->batch * s->cached * s->heads * s->head_dim) * 2;
     const cvl_block_problem pref = problem(s, &w, &ref, s->batch, 0);
@@ -141,7 +131,7 @@ static void check_shape(rng* r, const shape* s, cvl_features allowed) {
               (unsigned)sets[i], worst, (long)s->frames, (long)s->cached);
         (void)kv;
     }
-    if (s->batch > 1) { /* the last entry alone, with its own modulation row, computes what it computed beside the others */
+    if (s->batch > 1) { /* the last entry alone (its own modulation row) computes what it computed beside the others */
         block_data last = got;
         const size_t per_row = (size_t)(s->frames * s->dim), per_kv = (size_t)(s->frames * s->heads * s->head_dim);
         const size_t per_cache = (size_t)(s->cached * s->heads * s->head_dim);
@@ -154,7 +144,7 @@ static void check_shape(rng* r, const shape* s, cvl_features allowed) {
                   memcmp(last.k, ref.k + (size_t)(s->batch - 1) * per_kv, per_kv * 2) == 0,
               "an entry's result depends on its batch");
     }
-    free_data(&ref), free_data(&got);
+    free_block_data(&ref), free_block_data(&got);
     free_dit(&w);
 }
 

@@ -6,6 +6,7 @@
 
 #include "check.h"
 #include "estimator_block.h"
+#include "blocks.h"
 #include "weights.h"
 
 typedef struct {
@@ -39,10 +40,10 @@ static void free_block(block_weights* w) {
     free(w->ln1_w), free(w->ln1_b), free(w->ln3_w), free(w->ln3_b);
 }
 
-typedef struct {
-    float *x, *y;
-    uint16_t *past_k, *past_v, *k, *v;
-} block_data;
+
+static block_data data_of(rng* r, const shape* s) {
+    return make_block_data(r, s->batch, s->frames, s->cached, s->dim, s->heads * s->head_dim);
+}
 
 static cvl_block_problem problem(const shape* s, const block_weights* w, const block_data* d, int64_t batch) {
     return (cvl_block_problem){
@@ -53,23 +54,6 @@ static cvl_block_problem problem(const shape* s, const block_weights* w, const b
         .ff2 = w->ff2.w, .y = d->y, .k = d->k, .v = d->v,
     };
 }
-
-/* A float16 of magnitude below 2 (exponent 10 .. 15), as bits. */
-static uint16_t small_half(rng* r) {
-    const uint64_t b = rng_next(r);
-    return (uint16_t)(((b & 1u) << 15) | ((10u + (b >> 1) % 6u) << 10) | ((b >> 8) & 0x3ffu));
-}
-
-static block_data make_data(rng* r, const shape* s) {
-    const size_t rows = (size_t)(s->batch * s->frames), hd = (size_t)(s->heads * s->head_dim);
-    const size_t nc = (size_t)(s->batch * s->cached) * hd;
-    block_data d = {random_floats(r, rows * (size_t)s->dim, 1.f), malloc(rows * (size_t)s->dim * sizeof(float)),
-                    malloc((nc ? nc : 1) * 2), malloc((nc ? nc : 1) * 2), malloc(rows * hd * 2), malloc(rows * hd * 2)};
-    for (size_t i = 0; i < nc; i++) d.past_k[i] = small_half(r), d.past_v[i] = small_half(r);
-    return d;
-}
-
-static void free_data(block_data* d) { free(d->x), free(d->y), free(d->past_k), free(d->past_v), free(d->k), free(d->v); }
 
 static int worst_half(const uint16_t* a, const uint16_t* b, size_t n) {
     int worst = 0; /* largest difference in units of the last place (same sign and exponent range here) */
@@ -82,7 +66,7 @@ static int worst_half(const uint16_t* a, const uint16_t* b, size_t n) {
 
 static void check_shape(rng* r, const shape* s, cvl_features allowed) {
     block_weights w = make_block(r, s);
-    block_data ref = make_data(r, s), got = make_data(r, s);
+    block_data ref = data_of(r, s), got = data_of(r, s);
     const size_t rows = (size_t)(s->batch * s->frames), kv = rows * (size_t)(s->heads * s->head_dim);
     const cvl_block_problem pref = problem(s, &w, &ref, s->batch);
     const cvl_exec portable = {0, 1, threads_parallel, NULL};
@@ -115,7 +99,7 @@ static void check_shape(rng* r, const shape* s, cvl_features allowed) {
                   memcmp(last.k, ref.k + (size_t)(s->batch - 1) * per_kv, per_kv * 2) == 0,
               "a row's result depends on its batch");
     }
-    free_data(&ref), free_data(&got);
+    free_block_data(&ref), free_block_data(&got);
     free_block(&w);
 }
 

@@ -152,7 +152,8 @@ __attribute__((target(VEC))) static void gelu_tanh_fast(float* x, int64_t count)
         __m512 a = _mm512_abs_ps(u);
         __m512 e = cvl_exp_nonpositive(_mm512_mul_ps(minus2, a));
         __m512 t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
-        t = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), _mm512_and_si512(_mm512_castps_si512(u), sign)));
+        const __m512i u_sign = _mm512_and_si512(_mm512_castps_si512(u), sign);
+        t = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), u_sign));
         _mm512_mask_storeu_ps(x + i, k, _mm512_mul_ps(_mm512_mul_ps(v, half), _mm512_add_ps(one, t)));
     }
 }
@@ -187,8 +188,8 @@ static void gelu_tanh(int passes, float* x, int64_t count) {
 }
 
 /* ---- rotary positions: the first `dim` features of each row (frames `frame`, `frame` + 1, ...) as pairs (a, b) ->
- * (a cos - b sin, b cos + a sin), cos and sin (frames, dim) holding each pair's angle twice (x-transformers' rotate_half
- * on pairs) ---- */
+ * (a cos - b sin, b cos + a sin), cos and sin (frames, dim) holding each pair's angle twice (x-transformers'
+ * rotate_half on pairs) ---- */
 
 static void rotate_rows(float* x, int64_t rows, int64_t frame, int64_t width, int64_t dim, const float* cos_,
                         const float* sin_) {

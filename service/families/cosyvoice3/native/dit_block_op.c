@@ -98,7 +98,8 @@ static OrtStatus* compute(void* kp, OrtKernelContext* ctx) {
     b.v = o[2];
     cvl_ort_runner runner;
     const cvl_exec ex = cvl_kernel_exec(&kn->base, &runner, ctx, 1);
-    if (cvl_estimator_block(&b, &ex) != 0) return cvl_status(ort, CVL_ORT_FAIL, "DiTBlock: out of memory for the work buffers");
+    if (cvl_estimator_block(&b, &ex) != 0)
+        return cvl_status(ort, CVL_ORT_FAIL, "DiTBlock: out of memory for the work buffers");
     return NULL;
 }
 
