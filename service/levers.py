@@ -79,7 +79,8 @@ class EngineProfile(BaseModel):
     native_estimator: bool | Literal["auto"] = Field(
         default="auto",
         description="Run the flow estimator's native twin (CosyVoice-300M: its transformer blocks as EstimatorBlock "
-        "calls attending over the whole window; CosyVoice2: with its cached chunk attention): 'auto' = where "
+        "calls attending over the whole window; CosyVoice2: with its cached chunk attention; Fun-CosyVoice3: its DiT "
+        "blocks as DiTBlock calls): 'auto' = where "
         "native_kernels runs twins and the estimator's kernels take their AVX-512 code (on AVX2-only CPUs ONNX "
         "Runtime's int8 graph was faster: docs/perf-log.md), or the portable C when asked; true = wherever "
         "native_kernels runs twins; false = ONNX Runtime's int8 graph, or OpenVINO as acoustic_backend says.",
