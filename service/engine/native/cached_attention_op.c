@@ -56,33 +56,8 @@ static OrtStatus* compute(void* kp, OrtKernelContext* ctx) {
 CVL_COMPUTE_V1(compute_v1, compute)
 CVL_CREATE_V1(create_v1, create)
 
-static const char* name(const OrtCustomOp* op) {
-    (void)op;
-    return "CachedAttention";
-}
-static int input_type(const OrtCustomOp* op, size_t i) {
-    (void)op;
-    return i < INPUTS ? types[i] : 0;
-}
-static size_t input_count(const OrtCustomOp* op) {
-    (void)op;
-    return INPUTS;
-}
-static int output_type(const OrtCustomOp* op, size_t i) {
-    (void)op;
-    (void)i;
-    return CVL_T_FLOAT;
-}
-static size_t output_count(const OrtCustomOp* op) {
-    (void)op;
-    return 1;
-}
-
-static const OrtCustomOp ort_op = {
-    CVL_ORT_CUSTOM_OP_VERSION, create_v1, name, cvl_cpu_provider, input_type, input_count, output_type, output_count,
-    compute_v1, cvl_kernel_destroy, cvl_all_required, cvl_all_required, cvl_default_memory, cvl_one, cvl_one, cvl_one,
-    cvl_one, create, compute,
-};
-
-static const cvl_op cached_attention = {"CachedAttention", &cvl_cached_attention_variants, &ort_op};
+static const int output_types[1] = {CVL_T_FLOAT};
+static const cvl_op_glue glue =
+    CVL_OP_GLUE("CachedAttention", types, INPUTS, INPUTS, output_types, 1, create_v1, compute_v1, create, compute);
+static const cvl_op cached_attention = {"CachedAttention", &cvl_cached_attention_variants, &glue.ort};
 CVL_REGISTER_OP(cached_attention);

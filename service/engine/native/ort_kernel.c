@@ -177,4 +177,27 @@ int cvl_one(const OrtCustomOp* op) {
     return 1;
 }
 
+/* The glue around `op` (cvl_op_glue starts with its OrtCustomOp). */
+static const cvl_op_glue* glue_of(const OrtCustomOp* op) { return (const cvl_op_glue*)op; }
+
+const char* cvl_glue_name(const OrtCustomOp* op) { return glue_of(op)->name; }
+
+int cvl_glue_input_type(const OrtCustomOp* op, size_t i) {
+    const cvl_op_glue* g = glue_of(op);
+    return i < g->inputs ? g->input_types[i] : 0;
+}
+
+size_t cvl_glue_input_count(const OrtCustomOp* op) { return glue_of(op)->inputs; }
+
+int cvl_glue_input_characteristic(const OrtCustomOp* op, size_t i) {
+    return i >= glue_of(op)->required ? 1 : 0; /* 1: optional */
+}
+
+int cvl_glue_output_type(const OrtCustomOp* op, size_t i) {
+    const cvl_op_glue* g = glue_of(op);
+    return i < g->outputs ? g->output_types[i] : 0;
+}
+
+size_t cvl_glue_output_count(const OrtCustomOp* op) { return glue_of(op)->outputs; }
+
 void cvl_kernel_destroy(void* kernel) { free(kernel); }

@@ -71,6 +71,35 @@ int cvl_default_memory(const OrtCustomOp* op, size_t i);
 int cvl_one(const OrtCustomOp* op);
 void cvl_kernel_destroy(void* kernel);
 
+/* What ONNX Runtime asks of an operator besides its kernel: its name, its inputs' types (those from `required` on
+ * optional) and its outputs' types. The OrtCustomOp comes first, so the shared callbacks below read the rest from the
+ * pointer the runtime passes them; an operator file declares one with CVL_OP_GLUE and registers &glue.ort. */
+typedef struct {
+    OrtCustomOp ort;
+    const char* name;
+    const int* input_types;
+    size_t inputs, required;
+    const int* output_types;
+    size_t outputs;
+} cvl_op_glue;
+
+const char* cvl_glue_name(const OrtCustomOp* op);
+int cvl_glue_input_type(const OrtCustomOp* op, size_t i);
+size_t cvl_glue_input_count(const OrtCustomOp* op);
+int cvl_glue_input_characteristic(const OrtCustomOp* op, size_t i);
+int cvl_glue_output_type(const OrtCustomOp* op, size_t i);
+size_t cvl_glue_output_count(const OrtCustomOp* op);
+
+/* The glue of operator `name`: `inputs` inputs typed by `in_types` (required up to `required`), `outputs` outputs
+ * typed by `out_types`, its kernel's CreateKernelV2/KernelComputeV2 and their version-1 wrappers (CVL_CREATE_V1,
+ * CVL_COMPUTE_V1). */
+#define CVL_OP_GLUE(name, in_types, inputs, required, out_types, outputs, create_v1, compute_v1, create, compute) \
+    {{CVL_ORT_CUSTOM_OP_VERSION, create_v1, cvl_glue_name, cvl_cpu_provider, cvl_glue_input_type,                     \
+      cvl_glue_input_count, cvl_glue_output_type, cvl_glue_output_count, compute_v1, cvl_kernel_destroy,              \
+      cvl_glue_input_characteristic, cvl_all_required, cvl_default_memory, cvl_one, cvl_one, cvl_one, cvl_one, create, \
+      compute},                                                                                                        \
+     name, in_types, inputs, required, out_types, outputs}
+
 /* The API version 1 KernelCompute of `name` calling `fn` (not called: the runtime takes KernelComputeV2). */
 #define CVL_COMPUTE_V1(name, fn)                                          \
     static void name(void* kp, OrtKernelContext* ctx) {                   \

@@ -4,30 +4,21 @@
  * q|k|v weight as Int8MatMul takes it (n = 3*H*DK) with scales (1,) or (3*H*DK,); ln3 weight and bias; then out
  * (n = D), ff1 (n = F) and ff2 (n = D), each packed, colsum, scale (1,) and bias: 23 inputs. Outputs: y (B, M, D)
  * float32, the new frames' k and v (1, B, M, H, DK) float16 (one block's slice of the estimator's new_k, new_v).
- * Attributes: heads (int), scale, eps1, eps3 (float). */
+ * Attributes: heads (int), scale, eps1, eps3 (float). This file also holds what every block operator shares
+ * (block_op.h: its kernel's attributes, outputs and call), which a family's DiTBlock uses too. */
 
+#include <stdio.h>
 #include <string.h>
 
-#include "estimator_block.h"
+#include "block_op.h"
 #include "op.h"
 #include "ort_kernel.h"
 
-typedef struct {
-    cvl_kernel_base base;
-    int64_t heads;
-    float scale, eps1, eps3;
-} kernel;
+typedef cvl_block_kernel kernel;
 
 static OrtStatus* create(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info, void** out) {
     (void)op;
-    OrtStatus* s = cvl_kernel_new(sizeof(kernel), api, info, "EstimatorBlock", out);
-    if (s) return s;
-    kernel* kn = *out;
-    kn->heads = cvl_attr_int64(&kn->base.ort, info, "heads", 0);
-    kn->scale = cvl_attr_float(&kn->base.ort, info, "scale", 0.f);
-    kn->eps1 = cvl_attr_float(&kn->base.ort, info, "eps1", 1e-5f);
-    kn->eps3 = cvl_attr_float(&kn->base.ort, info, "eps3", 1e-5f);
-    return NULL;
+    return cvl_block_create(api, info, "EstimatorBlock", 1e-5f, out);
 }
 
 #define INPUTS 23
@@ -86,50 +77,51 @@ static OrtStatus* compute(void* kp, OrtKernelContext* ctx) {
         return cvl_status(ort, CVL_ORT_INVALID_ARGUMENT,
                           "EstimatorBlock: x (B,M,D), past_k, past_v (B,C,H,DK), chunk (1,), the LayerNorms (D,) and "
                           "the q|k|v, out, ff1 and ff2 weights disagree");
-    if (b.chunk < 1) return cvl_status(ort, CVL_ORT_INVALID_ARGUMENT, "EstimatorBlock: chunk must be >= 1");
+    return cvl_block_run(&kn->base, ctx, &b, "EstimatorBlock");
+}
+
+OrtStatus* cvl_block_create(const OrtApi* api, const OrtKernelInfo* info, const char* op, float eps, void** out) {
+    OrtStatus* s = cvl_kernel_new(sizeof(cvl_block_kernel), api, info, op, out);
+    if (s) return s;
+    cvl_block_kernel* kn = *out;
+    kn->heads = cvl_attr_int64(&kn->base.ort, info, "heads", 0);
+    kn->scale = cvl_attr_float(&kn->base.ort, info, "scale", 0.f);
+    kn->eps1 = cvl_attr_float(&kn->base.ort, info, "eps1", eps);
+    kn->eps3 = cvl_attr_float(&kn->base.ort, info, "eps3", eps);
+    return NULL;
+}
+
+OrtStatus* cvl_block_run(const cvl_kernel_base* base, OrtKernelContext* ctx, cvl_block_problem* b, const char* op) {
+    const cvl_ort* ort = &base->ort;
+    char message[96];
+    if (b->chunk < 1) {
+        snprintf(message, sizeof message, "%s: chunk must be >= 1", op);
+        return cvl_status(ort, CVL_ORT_INVALID_ARGUMENT, message);
+    }
     void* o[3];
-    const int64_t y_dims[3] = {b.batch, b.frames, b.dim}, kv_dims[5] = {1, b.batch, b.frames, b.heads, b.head_dim};
-    for (size_t i = 0; i < 3; i++)
-        if ((s = cvl_output(ort, ctx, i, i ? kv_dims : y_dims, i ? 5 : 3, &o[i]))) return s;
-    b.y = o[0];
-    b.k = o[1];
-    b.v = o[2];
+    const int64_t y_dims[3] = {b->batch, b->frames, b->dim};
+    const int64_t kv_dims[5] = {1, b->batch, b->frames, b->heads, b->head_dim};
+    for (size_t i = 0; i < 3; i++) {
+        OrtStatus* s = cvl_output(ort, ctx, i, i ? kv_dims : y_dims, i ? 5 : 3, &o[i]);
+        if (s) return s;
+    }
+    b->y = o[0];
+    b->k = o[1];
+    b->v = o[2];
     cvl_ort_runner runner;
-    const cvl_exec ex = cvl_kernel_exec(&kn->base, &runner, ctx, 1);
-    if (cvl_estimator_block(&b, &ex) != 0)
-        return cvl_status(ort, CVL_ORT_FAIL, "EstimatorBlock: out of memory for the work buffers");
+    const cvl_exec ex = cvl_kernel_exec(base, &runner, ctx, 1);
+    if (cvl_estimator_block(b, &ex) != 0) {
+        snprintf(message, sizeof message, "%s: out of memory for the work buffers", op);
+        return cvl_status(ort, CVL_ORT_FAIL, message);
+    }
     return NULL;
 }
 
 CVL_COMPUTE_V1(compute_v1, compute)
 CVL_CREATE_V1(create_v1, create)
 
-static const char* name(const OrtCustomOp* op) {
-    (void)op;
-    return "EstimatorBlock";
-}
-static int input_type(const OrtCustomOp* op, size_t i) {
-    (void)op;
-    return i < INPUTS ? types[i] : 0;
-}
-static size_t input_count(const OrtCustomOp* op) {
-    (void)op;
-    return INPUTS;
-}
-static int output_type(const OrtCustomOp* op, size_t i) {
-    (void)op;
-    return i ? CVL_T_FLOAT16 : CVL_T_FLOAT;
-}
-static size_t output_count(const OrtCustomOp* op) {
-    (void)op;
-    return 3;
-}
-
-static const OrtCustomOp ort_op = {
-    CVL_ORT_CUSTOM_OP_VERSION, create_v1, name, cvl_cpu_provider, input_type, input_count, output_type, output_count,
-    compute_v1, cvl_kernel_destroy, cvl_all_required, cvl_all_required, cvl_default_memory, cvl_one, cvl_one, cvl_one,
-    cvl_one, create, compute,
-};
-
-static const cvl_op estimator_block = {"EstimatorBlock", &cvl_estimator_block_variants, &ort_op};
+static const int output_types[3] = {CVL_T_FLOAT, CVL_T_FLOAT16, CVL_T_FLOAT16};
+static const cvl_op_glue glue =
+    CVL_OP_GLUE("EstimatorBlock", types, INPUTS, INPUTS, output_types, 3, create_v1, compute_v1, create, compute);
+static const cvl_op estimator_block = {"EstimatorBlock", &cvl_estimator_block_variants, &glue.ort};
 CVL_REGISTER_OP(estimator_block);

@@ -111,37 +111,8 @@ static OrtStatus* compute(void* kp, OrtKernelContext* ctx) {
 CVL_COMPUTE_V1(compute_v1, compute)
 CVL_CREATE_V1(create_v1, create)
 
-static const char* name(const OrtCustomOp* op) {
-    (void)op;
-    return "RelPosLayer";
-}
-static int input_type(const OrtCustomOp* op, size_t i) {
-    (void)op;
-    return i < INPUTS ? types[i] : 0;
-}
-static size_t input_count(const OrtCustomOp* op) {
-    (void)op;
-    return INPUTS;
-}
-static int input_characteristic(const OrtCustomOp* op, size_t i) {
-    (void)op;
-    return i >= REQUIRED ? 1 : 0; /* 1: optional */
-}
-static int output_type(const OrtCustomOp* op, size_t i) {
-    (void)op;
-    (void)i;
-    return CVL_T_FLOAT;
-}
-static size_t output_count(const OrtCustomOp* op) {
-    (void)op;
-    return 3;
-}
-
-static const OrtCustomOp ort_op = {
-    CVL_ORT_CUSTOM_OP_VERSION, create_v1, name, cvl_cpu_provider, input_type, input_count, output_type, output_count,
-    compute_v1, cvl_kernel_destroy, input_characteristic, cvl_all_required, cvl_default_memory, cvl_one, cvl_one,
-    cvl_one, cvl_one, create, compute,
-};
-
-static const cvl_op relpos_layer = {"RelPosLayer", &cvl_relpos_layer_variants, &ort_op};
+static const int output_types[3] = {CVL_T_FLOAT, CVL_T_FLOAT, CVL_T_FLOAT};
+static const cvl_op_glue glue =
+    CVL_OP_GLUE("RelPosLayer", types, INPUTS, REQUIRED, output_types, 3, create_v1, compute_v1, create, compute);
+static const cvl_op relpos_layer = {"RelPosLayer", &cvl_relpos_layer_variants, &glue.ort};
 CVL_REGISTER_OP(relpos_layer);

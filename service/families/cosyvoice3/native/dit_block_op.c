@@ -11,26 +11,15 @@
 
 #include <string.h>
 
-#include "estimator_block.h"
+#include "block_op.h"
 #include "op.h"
 #include "ort_kernel.h"
 
-typedef struct {
-    cvl_kernel_base base;
-    int64_t heads;
-    float scale, eps1, eps3;
-} kernel;
+typedef cvl_block_kernel kernel;
 
 static OrtStatus* create(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info, void** out) {
     (void)op;
-    OrtStatus* s = cvl_kernel_new(sizeof(kernel), api, info, "DiTBlock", out);
-    if (s) return s;
-    kernel* kn = *out;
-    kn->heads = cvl_attr_int64(&kn->base.ort, info, "heads", 0);
-    kn->scale = cvl_attr_float(&kn->base.ort, info, "scale", 0.f);
-    kn->eps1 = cvl_attr_float(&kn->base.ort, info, "eps1", 1e-6f);
-    kn->eps3 = cvl_attr_float(&kn->base.ort, info, "eps3", 1e-6f);
-    return NULL;
+    return cvl_block_create(api, info, "DiTBlock", 1e-6f, out);
 }
 
 #define INPUTS 28
@@ -88,50 +77,14 @@ static OrtStatus* compute(void* kp, OrtKernelContext* ctx) {
         return cvl_status(ort, CVL_ORT_INVALID_ARGUMENT,
                           "DiTBlock: x (B,M,D), past_k, past_v (B,C,H,DK), chunk (1,), cos, sin (M,R), the modulations "
                           "(B,1,D) and the q|k|v, out, ff1 and ff2 weights disagree");
-    if (b.chunk < 1) return cvl_status(ort, CVL_ORT_INVALID_ARGUMENT, "DiTBlock: chunk must be >= 1");
-    void* o[3];
-    const int64_t y_dims[3] = {b.batch, b.frames, b.dim}, kv_dims[5] = {1, b.batch, b.frames, b.heads, b.head_dim};
-    for (size_t i = 0; i < 3; i++)
-        if ((s = cvl_output(ort, ctx, i, i ? kv_dims : y_dims, i ? 5 : 3, &o[i]))) return s;
-    b.y = o[0];
-    b.k = o[1];
-    b.v = o[2];
-    cvl_ort_runner runner;
-    const cvl_exec ex = cvl_kernel_exec(&kn->base, &runner, ctx, 1);
-    if (cvl_estimator_block(&b, &ex) != 0)
-        return cvl_status(ort, CVL_ORT_FAIL, "DiTBlock: out of memory for the work buffers");
-    return NULL;
+    return cvl_block_run(&kn->base, ctx, &b, "DiTBlock");
 }
 
 CVL_COMPUTE_V1(compute_v1, compute)
 CVL_CREATE_V1(create_v1, create)
 
-static const char* name(const OrtCustomOp* op) {
-    (void)op;
-    return "DiTBlock";
-}
-static int input_type(const OrtCustomOp* op, size_t i) {
-    (void)op;
-    return i < INPUTS ? types[i] : 0;
-}
-static size_t input_count(const OrtCustomOp* op) {
-    (void)op;
-    return INPUTS;
-}
-static int output_type(const OrtCustomOp* op, size_t i) {
-    (void)op;
-    return i ? CVL_T_FLOAT16 : CVL_T_FLOAT;
-}
-static size_t output_count(const OrtCustomOp* op) {
-    (void)op;
-    return 3;
-}
-
-static const OrtCustomOp ort_op = {
-    CVL_ORT_CUSTOM_OP_VERSION, create_v1, name, cvl_cpu_provider, input_type, input_count, output_type, output_count,
-    compute_v1, cvl_kernel_destroy, cvl_all_required, cvl_all_required, cvl_default_memory, cvl_one, cvl_one, cvl_one,
-    cvl_one, create, compute,
-};
-
-static const cvl_op dit_block = {"DiTBlock", &cvl_estimator_block_variants, &ort_op};
+static const int output_types[3] = {CVL_T_FLOAT, CVL_T_FLOAT16, CVL_T_FLOAT16};
+static const cvl_op_glue glue =
+    CVL_OP_GLUE("DiTBlock", types, INPUTS, INPUTS, output_types, 3, create_v1, compute_v1, create, compute);
+static const cvl_op dit_block = {"DiTBlock", &cvl_estimator_block_variants, &glue.ort};
 CVL_REGISTER_OP(dit_block);
