@@ -82,6 +82,26 @@ def int8_parts(g: Graph, node: onnx.NodeProto, bias: bool) -> tuple[np.ndarray, 
     return w, scale, np.asarray(g.constant(node.input[4]), np.float32).reshape(-1) if bias else None
 
 
+def check_whole_block(g: Graph, nodes: list[onnx.NodeProto], kept: set[str], around: str) -> None:
+    """RewriteError when a tensor made by the block's `nodes`, other than those in `kept` (its output, and its keys
+    and values, which splice_blocks checks against the cache stacks), is read outside the block or is a graph output:
+    it cannot disappear into the kernel."""
+    members = {id(n) for n in nodes}
+    graph_outputs = {o.name for o in g.graph.output}
+    for node in nodes:
+        for out in node.output:
+            outside = out in graph_outputs or any(id(c) not in members for c in g.consumers.get(out, []))
+            if out not in kept and outside:
+                raise RewriteError(f"{out!r} of the block around {around} is read outside it")
+
+
+def qkv_scales(scales: tuple[np.ndarray, ...], width: int) -> np.ndarray:
+    """The scales of one q|k|v product from each part's (one scale, or one per column, over `width` columns): one per
+    column, or a single one when they all agree."""
+    out = np.concatenate([np.repeat(s, width) if s.size == 1 else s for s in scales]).astype(np.float32)
+    return out[:1] if np.all(out == out[0]) else out
+
+
 def packed_weight(part: str, w: np.ndarray, scale: np.ndarray, bias: np.ndarray | None) -> list[tuple[str, np.ndarray]]:
     """A fused block's weight inputs: packed, colsum, scale(s) and, with one, the bias."""
     packed, colsum = pack_int8_weight(w)
@@ -98,7 +118,6 @@ def fuse_blocks(model: onnx.ModelProto) -> int:
     g = Graph(graph)
     blocks: list[tuple[list[onnx.NodeProto], onnx.NodeProto]] = []
     inits: list[onnx.TensorProto] = []
-    graph_outputs = {o.name for o in graph.output}
     new_kv: dict[str, str] = {}  # a block's k (v) product -> its float16 slice of new_k (new_v) from the fused node
     attentions = [n for n in graph.node if n.op_type == OP_NAME]
     readers = Counter(n.input[3] for n in attentions)  # a cache input per block, or one empty cache they all read
@@ -124,21 +143,12 @@ def fuse_blocks(model: onnx.ModelProto) -> int:
         if h_in != h:
             raise RewriteError(f"{ff1_mm.name}: the feed-forward does not read the attention's residual")
         nodes = [*ln1, q_mm, k_mm, v_mm, attention, out_mm, residual1, *ln3, ff1_mm, *gelu, ff2_mm, residual2]
-        members = {id(n) for n in nodes}
-        shared = {k_mm.output[0], v_mm.output[0], residual2.output[0]}  # k, v: checked with the stacks below
-        for node in nodes:
-            for out in node.output:
-                outside = out in graph_outputs or any(id(c) not in members for c in g.consumers.get(out, []))
-                if out not in shared and outside:
-                    raise RewriteError(f"{out!r} of the block around {attention.name} is read outside it")
+        check_whole_block(g, nodes, {k_mm.output[0], v_mm.output[0], residual2.output[0]}, attention.name)
         (wq, sq, _), (wk, sk, _), (wv, sv, _) = (int8_parts(g, mm, False) for mm in (q_mm, k_mm, v_mm))
         w_out, s_out, b_out = int8_parts(g, out_mm, True)
         w_ff1, s_ff1, b_ff1 = int8_parts(g, ff1_mm, True)
         w_ff2, s_ff2, b_ff2 = int8_parts(g, ff2_mm, True)
-        hd = wq.shape[1]
-        scales = np.concatenate([np.repeat(sq, hd), np.repeat(sk, hd), np.repeat(sv, hd)]).astype(np.float32)
-        if np.all(scales == scales[0]):
-            scales = scales[:1]
+        scales = qkv_scales((sq, sk, sv), wq.shape[1])
         base = f"block_{attention.input[3] if readers[attention.input[3]] == 1 else attention.name}"
         arrays: list[tuple[str, np.ndarray]] = [
             ("ln1_w", ln1_w),

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from export.fuse_layers import int8_parts, packed_weight, scaled_norm_pattern, splice_blocks
+from export.fuse_layers import check_whole_block, int8_parts, packed_weight, qkv_scales, scaled_norm_pattern, splice_blocks
 from export.twin_graph import INT8_OP_NAME, OP_NAME, Graph, RewriteError, attr
 from service.bundle import NATIVE_DOMAIN
 
@@ -95,7 +95,6 @@ def fuse_dit_blocks(model: onnx.ModelProto) -> int:
     node (in place); returns how many. Its first output keeps the block output's name, and its float16 new keys
     (rotated) and values, side by side, become the graph's new_k and new_v. RewriteError when a block does not match."""
     g = Graph(model.graph)
-    graph_outputs = {o.name for o in model.graph.output}
     blocks: list[tuple[list[onnx.NodeProto], onnx.NodeProto]] = []
     inits: list[onnx.TensorProto] = []
     new_kv: dict[str, str] = {}
@@ -127,17 +126,9 @@ def fuse_dit_blocks(model: onnx.ModelProto) -> int:
             raise RewriteError(f"{ff1_mm.name}: the feed-forward does not read the attention's residual")
         nodes = [*ln1, q_mm, *q_turn, k_mm, *k_turn, v_mm, attention, out_mm, *residual1, *ln3, ff1_mm, *gelu, ff2_mm]
         nodes += residual2
-        members = {id(n) for n in nodes}
-        for node in nodes:
-            for out in node.output:
-                outside = out in graph_outputs or any(id(c) not in members for c in g.consumers.get(out, []))
-                if out not in (k_rot, v, y) and outside:
-                    raise RewriteError(f"{out!r} of the block around {attention.name} is read outside it")
+        check_whole_block(g, nodes, {k_rot, v, y}, attention.name)
         (wq, sq, bq), (wk, sk, bk), (wv, sv, bv) = (int8_parts(g, mm, True) for mm in (q_mm, k_mm, v_mm))
-        hd = wq.shape[1]
-        scales = np.concatenate([np.repeat(s, hd) if s.size == 1 else s for s in (sq, sk, sv)]).astype(np.float32)
-        if np.all(scales == scales[0]):
-            scales = scales[:1]
+        scales = qkv_scales((sq, sk, sv), wq.shape[1])
         if bq is None or bk is None or bv is None:
             raise RewriteError(f"{attention.name}: q, k and v have no biases")
         bias = np.concatenate([bq, bk, bv]).astype(np.float32)

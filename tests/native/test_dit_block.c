@@ -6,6 +6,7 @@
 
 #include "check.h"
 #include "estimator_block.h"
+#include "half.h"
 #include "blocks.h"
 #include "weights.h"
 
@@ -67,15 +68,6 @@ static cvl_block_problem problem(const shape* s, const dit_weights* w, const blo
     };
 }
 
-static float from_half(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    uint32_t bits = sign;
-    if (e) bits |= ((e + 112u) << 23) | (m << 13); /* the tests' values are normal or zero */
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
 /* The new keys are the rotated ones: with the rotation off, the same block gives keys whose pairs, turned by the
  * tables, are the keys with it on (within float16 rounding). */
 static void check_rotation(rng* r, const shape* s) {
@@ -95,11 +87,11 @@ static void check_rotation(rng* r, const shape* s) {
         const int64_t m = (int64_t)row % s->frames;
         for (int64_t i = 0; i < (int64_t)hd; i++) {
             const uint16_t* plain = off.k + row * hd;
-            const float a = from_half(plain[i & ~1]), b = from_half(plain[i | 1]);
+            const float a = cvl_half_to_float(plain[i & ~1]), b = cvl_half_to_float(plain[i | 1]);
             const int64_t at = m * s->rope + (i < s->rope ? i : 0);
             const float c = w.cos_[at], sn = w.sin_[at];
-            const float want = i >= s->rope ? from_half(plain[i]) : (i % 2 ? b * c + a * sn : a * c - b * sn);
-            const double got = from_half(on.k[row * hd + (size_t)i]);
+            const float want = i >= s->rope ? cvl_half_to_float(plain[i]) : (i % 2 ? b * c + a * sn : a * c - b * sn);
+            const double got = cvl_half_to_float(on.k[row * hd + (size_t)i]);
             const double d = fabs((double)want - got) / (fabs(a) + fabs(b) + 1.0);
             worst = d > worst ? d : worst;
         }
