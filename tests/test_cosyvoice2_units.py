@@ -12,7 +12,7 @@ from service.families.cosyvoice2.contract import CosyVoice2Constants
 from service.families.cosyvoice2.flow import EncoderState, FlowState, check_time_first
 from service.families.cosyvoice2.voice import FlowPrompt2, Voice2
 from service.layers.chunk_schedule import HopSchedule, window_tokens
-from service.layers.frame_cache import EstimatorState, FrameCache, PromptStates
+from service.layers.frame_cache import CachePrecision, EstimatorState, FrameCache, PromptStates
 
 
 def rows(frames: int, width: int, capacity: int | None = None) -> list[FrameCache]:
@@ -175,6 +175,56 @@ def test_a_frame_cache_appends_in_place_and_grows_past_its_capacity() -> None:
     half = FrameCache.empty(1, 1, 2, np.float16, 4)
     half.append(np.full((1, 1, 2, 1, 2), 0.5, dtype=np.float32))  # a float32 graph output into a float16 cache
     assert half.view(0).dtype == np.float16 and half.view(0).shape == (1, 2, 1, 2)
+
+
+@pytest.mark.parametrize("precision", ["graph", "int8"])
+@pytest.mark.parametrize("dropping", [(2, 0), (2, 3), (2, 4), (2, 7), (0, 9)])
+def test_a_window_lets_go_before_new_frames_come_in(precision: CachePrecision, dropping: tuple[int, int]) -> None:
+    """Appending with `dropping` keeps what appending and then dropping keeps, bit for bit (the dropped frames may be
+    old, new or both), and writes no frame past those it keeps: a window's caches never touch more pages than it
+    holds."""
+    rng = np.random.default_rng(11)
+    old, new = (rng.standard_normal((3, 1, n, 2, 8)).astype(np.float16) for n in (6, 4))
+    first, count = dropping
+    after = FrameCache.empty(3, 2, 8, np.float16, 10, precision)
+    after.append(old)
+    after.append(new)
+    after.drop(first, count)
+    before = FrameCache.empty(3, 2, 8, np.float16, 10, precision)
+    before.append(old)
+    for array in before.arrays():
+        array[:, 6:] = 7  # frames nobody wrote yet
+    before.append(new, dropping)
+    assert before.frames == after.frames == 10 - count
+    for mine, theirs in zip(before.arrays(), after.arrays(), strict=True):
+        np.testing.assert_array_equal(mine[:, : before.frames], theirs[:, : after.frames])
+        assert (mine[:, max(6, before.frames) :] == 7).all()  # nothing written past the kept frames
+    with pytest.raises(ValueError):
+        before.append(new, (2, before.frames + 3))
+
+
+@pytest.mark.parametrize("precision", ["graph", "float16", "int8"])
+def test_a_copy_of_a_frozen_cache_reads_its_frames_and_feeds_what_a_copy_would(precision: CachePrecision) -> None:
+    rng = np.random.default_rng(12)
+    prompt, later = (rng.standard_normal((3, 1, n, 2, 8)).astype(np.float16) for n in (5, 7))
+    frozen = FrameCache.empty(3, 2, 8, np.float16, 0, precision)
+    frozen.append(prompt)
+    frozen.freeze()
+    alone = FrameCache.empty(3, 2, 8, np.float16, 12, precision)
+    alone.append(prompt)
+    reader = frozen.copy(capacity=12)
+    assert reader.head is frozen and reader.buffer.shape[1] == 7  # room for its own frames only
+    for cache in (reader, alone):
+        cache.append(later[:, :, :4])
+        cache.append(later[:, :, 4:], (5, 2))  # a window lets go of two of its own frames
+    assert reader.frames == alone.frames == 10
+    for b in range(3):
+        np.testing.assert_array_equal(reader.view(b).view(np.uint16), alone.view(b).view(np.uint16))
+    with pytest.raises(ValueError):
+        reader.drop(3, 2)  # the head's frames are not its own
+    with pytest.raises(ValueError, match="frozen"):
+        frozen.append(later)
+    assert frozen.frames == 5 and reader.copy(20).head is frozen  # a copy of a reader reads the same head
 
 
 class _Input:

@@ -103,7 +103,7 @@ def test_the_dit_window_bounds_a_long_streams_caches_and_keeps_the_prompt(
     assert sum(m.shape[1] for m in mels) == 2 * len(tokens)
     state = eng.flow.prompt_state(prompt_of(), 10)
     per_frame = state.bytes_per_frame()
-    most = 2 * len(prompt_of().tokens) + window + 2 * (schedule.most + schedule.look_ahead)
+    most = 2 * len(prompt_of().tokens) + window  # a call's frames go in after the window let go of what they push out
     assert budget.peak <= state.nbytes() + most * per_frame
     unbounded = StateBudget(None)
     _stream(engine(sessions, schedule=schedule), tokens, unbounded)
@@ -123,7 +123,7 @@ def test_dropping_keeps_the_prompts_frames_and_whole_chunks(sessions: tuple[Mode
         counts.append(state.cached)
         if kept is None and state.cached >= state.prompt_frames:
             kept = state.steps[1].v[1].buffer[:, : state.prompt_frames].copy()
-    assert kept is not None and max(counts) <= state.prompt_frames + 100 + 50
+    assert kept is not None and max(counts) <= state.prompt_frames + 100
     assert counts[-1] < state.frames  # frames were dropped ...
     assert (state.frames - state.cached) % 50 == 0  # ... in whole attention chunks
     assert np.array_equal(state.steps[1].v[1].buffer[:, : state.prompt_frames], kept)  # and never the prompt's

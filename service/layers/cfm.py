@@ -60,10 +60,17 @@ class GuidedEuler:
             self._lanes.shutdown(wait=False)
 
     def estimate(
-        self, feeds: dict[str, np.ndarray], state: EstimatorState, keep: bool = True, *, wide: bool = True
+        self,
+        feeds: dict[str, np.ndarray],
+        state: EstimatorState,
+        keep: bool = True,
+        *,
+        wide: bool = True,
+        dropping: tuple[int, int] = (0, 0),
     ) -> np.ndarray:
         """Velocity (2, 80, M) of the CFG rows for the new frames in `feeds`; extends `state` in place (its keys and
-        values only with `keep`: a call no later call continues from needs none of them).
+        values only with `keep`: a call no later call continues from needs none of them; `dropping`: what a window
+        lets go of as they go in, FrameCache.append).
 
         Each guidance row is its own batch-1 call on its own caches: alone (no other estimator call of this solver
         in flight) and `wide`, the two run side by side on the lane thread and this one, else one after the other
@@ -75,11 +82,11 @@ class GuidedEuler:
             lanes = self._lanes if self._in_flight == 1 and wide else None
         try:
             if lanes is None:
-                rows = [self._row(feeds, state, 0, keep), self._row(feeds, state, 1, keep)]
+                rows = [self._row(feeds, state, 0, keep, dropping), self._row(feeds, state, 1, keep, dropping)]
             else:
-                other = lanes.submit(self._row, feeds, state, 1, keep)
+                other = lanes.submit(self._row, feeds, state, 1, keep, dropping)
                 try:
-                    mine = self._row(feeds, state, 0, keep)
+                    mine = self._row(feeds, state, 0, keep, dropping)
                 finally:
                     theirs = other.result()
                 rows = [mine, theirs]
@@ -88,9 +95,16 @@ class GuidedEuler:
                 self._in_flight -= 1
         return np.stack(rows)
 
-    def _row(self, feeds: Mapping[str, np.ndarray], state: EstimatorState, row: int, keep: bool = True) -> np.ndarray:
+    def _row(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        state: EstimatorState,
+        row: int,
+        keep: bool = True,
+        dropping: tuple[int, int] = (0, 0),
+    ) -> np.ndarray:
         """The estimator on guidance row `row` alone: velocity (80, M); updates the row's tails and, with `keep`,
-        appends its keys/values."""
+        appends its keys/values (letting go of `dropping` first, FrameCache.append)."""
         mine = {name: a if name in SHARED_FEEDS else a[row : row + 1] for name, a in feeds.items()}
         mine["tails"] = state.tails[row : row + 1]
         k, v = state.k[row], state.v[row]
@@ -98,8 +112,8 @@ class GuidedEuler:
         mine.update((name, v.view(b)) for b, name in enumerate(self._v_names))
         velocity, tails, new_k, new_v = self._estimator.run(None, mine)
         if keep:
-            k.append(new_k)
-            v.append(new_v)
+            k.append(new_k, dropping)
+            v.append(new_v, dropping)
         state.tails[row] = tails[0]
         return np.asarray(velocity[0], dtype=np.float32)
 
@@ -115,6 +129,7 @@ class GuidedEuler:
         keep: bool = True,
         *,
         wide: bool = True,
+        dropping: tuple[int, int] = (0, 0),
     ) -> np.ndarray:
         """Euler CFM with classifier-free guidance for new frames start..start+M-1 -> mel (80, M).
 
@@ -122,6 +137,7 @@ class GuidedEuler:
         each estimator call is conditioned, row 1 sees zeros for mu, spks and cond; the velocity is (1 + cfg_rate) * v0
         - cfg_rate * v1. Step s reads and extends `steps[s]` (its keys and values only with `keep`); `shared` feeds go
         to both rows (the attention chunk, a position). `wide`: the guidance rows may run side by side (`estimate`).
+        `dropping`: the frames every step's caches let go of as the new ones go in (a window, FrameCache.append).
         """
         frames = mu.shape[1]
         if start + frames > self.noise.shape[1]:
@@ -137,7 +153,7 @@ class GuidedEuler:
         for step in range(1, n_timesteps + 1):
             feeds["x"] = np.stack([x, x])
             feeds["t"] = np.full(2, t, dtype=np.float32)
-            v = self.estimate(feeds, steps[step - 1], keep, wide=wide)
+            v = self.estimate(feeds, steps[step - 1], keep, wide=wide, dropping=dropping)
             x = x + dt * ((np.float32(1.0) + cfg) * v[0] - cfg * v[1])
             t = t + dt
             if step < n_timesteps:

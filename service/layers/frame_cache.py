@@ -1,13 +1,11 @@
 """Chunk-causal flow caches: every estimator block's keys and values per guidance row and Euler step, appended in
 place, so a streamed sequence solves each mel frame once (CosyVoice2's estimator; any flow that attends under chunk
 masks with left-padded convolutions). Frames are kept as the graph reads them or narrower (`CachePrecision`), and a
-voice's prompt frames once for all of its requests (`share_steps`, then `FrameCache.copy`)."""
+voice's prompt frames once for all of its requests (`freeze_steps`, then `FrameCache.copy`)."""
 
 from __future__ import annotations
 
-import mmap
 import threading
-import weakref
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -16,7 +14,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 import numpy as np
 
 from service.engine import native
-from service.engine.pages import PAGE, SharedPages, anonymous, sharing_works
+from service.engine.pages import anonymous
 
 # How a cache stores its frames: as the graph reads them ("graph": float16 in quantized bundles, float32 in fp32 ones),
 # float16, or int8 with one float32 scale per frame and head (max |x| / 127), widened for each graph call.
@@ -25,7 +23,7 @@ PRECISIONS: tuple[str, ...] = ("graph", "float16", "int8")
 # The lever's values: a stored precision, or "auto" (`stored_precision`).
 PrecisionLever = Literal["auto", "graph", "float16", "int8"]
 INT8_MAX = 127.0
-MAX_PROMPT_STATES = 64  # voices whose prompt state is kept (each shared state holds one memory file open)
+MAX_PROMPT_STATES = 64  # voices whose prompt state is kept
 
 
 def stored_precision(asked: PrecisionLever, graph_dtype: type[np.floating] | np.dtype[Any]) -> CachePrecision:
@@ -37,25 +35,24 @@ def stored_precision(asked: PrecisionLever, graph_dtype: type[np.floating] | np.
     return "int8" if np.dtype(graph_dtype) == np.float16 else "graph"
 
 
-@dataclass(frozen=True)
-class SharedSource:
-    """Where a shared cache's stored arrays live in a memory file: the file and each array's byte offset in it."""
-
-    pages: SharedPages
-    offsets: tuple[int, ...]
-
-
 class FrameCache:
-    """One guidance row's keys (or values) of every estimator block, time-first and appended in place: a buffer
-    (blocks, capacity, H, DK) whose first `frames` frames are filled, in the graph's type `graph_dtype` or narrower.
+    """One guidance row's keys (or values) of every estimator block, time-first: the frames it reads are those of its
+    `head` (a frozen cache shared with other caches: a voice's prompt state; None for a cache of its own) and then its
+    own, appended in place in a buffer (blocks, capacity, H, DK) in the graph's type `graph_dtype` or narrower.
 
-    Kept in the graph's type, a block's filled part `view(b)` (1,C,H,DK) is contiguous and fed to the graph as it is
+    A cache of its own kept in the graph's type feeds a block's frames `view(b)` (1,C,H,DK) to the graph as they are
     (no copy per call: a cache concatenated anew per call spent most of an Euler step's copying on page faults of
-    freshly allocated arrays, docs/perf-log.md); a narrower cache widens the block's frames for each call (int8: times
-    its `scales`, (blocks, capacity, H)). The buffer is an anonymous mapping sized for the whole sequence (`capacity`
-    frames): its pages take memory only once a frame is written, it is unmapped when the cache is dropped, and it is
-    kept out of transparent huge pages (numpy asks for them for its large arrays; compacting memory for them stalled
-    an allocation for seconds). A sequence longer than `capacity` moves to a buffer twice as large.
+    freshly allocated arrays, docs/perf-log.md); a cache with a head, or a narrower one, writes them into one array for
+    each call (int8: widened, times its `scales`, (blocks, capacity, H)). The buffer is an anonymous mapping sized for
+    the whole sequence (`capacity` frames of its own): its pages take memory only once a frame is written, it is
+    unmapped when the cache is dropped, and it is kept out of transparent huge pages (numpy asks for them for its large
+    arrays; compacting memory for them stalled an allocation for seconds). A sequence longer than `capacity` moves to a
+    buffer twice as large.
+
+    A frozen cache (`freeze`: a voice's prompt state, kept for every request of the voice) is never written again: a
+    `copy` of it reads its frames as the copy's head instead of copying them, so they take memory once however many
+    requests continue from them, in one mapping (a page several mappings of one process show is counted once per
+    mapping in its resident size, though it takes memory once).
     """
 
     def __init__(
@@ -65,13 +62,14 @@ class FrameCache:
         *,
         graph_dtype: type[np.floating] | None = None,
         scales: np.ndarray | None = None,
+        head: FrameCache | None = None,
     ) -> None:
         self.buffer = buffer
-        self.frames = frames
+        self.head = head
+        self.frames = frames  # frames it reads: its head's, then its own
         self.graph_dtype = np.dtype(graph_dtype or buffer.dtype)
         self.scales = scales
-        self.source: SharedSource | None = None  # set on a shared state's caches (share_steps): copies view it
-        self.viewing: SharedPages | None = None  # the shared file whose pages this cache's first frames view
+        self.frozen = False
 
     @classmethod
     def empty(
@@ -82,36 +80,63 @@ class FrameCache:
         scales = _mapped((blocks, capacity, heads), np.float32) if precision == "int8" else None
         return cls(_mapped((blocks, capacity, heads, dim), stored), graph_dtype=dtype, scales=scales)
 
-    def view(self, block: int) -> np.ndarray:
-        """Block `block`'s filled frames (1, C, H, DK) in the graph's type: in place, or widened for this call."""
-        stored = self.buffer[block, : self.frames]
-        if self.scales is not None:
-            out = np.empty((1, *stored.shape), dtype=self.graph_dtype)
-            codec = native.frame_codec()
-            if codec is not None and codec.takes(self.graph_dtype):
-                codec.widen(stored, self.scales[block, : self.frames], out[0])
-            else:
-                np.multiply(stored, self.scales[block, : self.frames, :, None], out=out[0], casting="same_kind")
-            return out
-        if stored.dtype != self.graph_dtype:
-            return stored.astype(self.graph_dtype)[None]
-        return stored[None]
+    @property
+    def base(self) -> int:
+        """Frames its head holds (the first of those it reads)."""
+        return 0 if self.head is None else self.head.frames
 
-    def append(self, new: np.ndarray) -> None:
-        """new (blocks, 1, M, H, DK): the row's keys/values of M new frames (narrowed to the cache's type)."""
-        frames = new.shape[2]
-        if self.frames + frames > self.buffer.shape[1]:
-            self._move(max(2 * self.buffer.shape[1], self.frames + frames))
-        end = self.frames + frames
+    def view(self, block: int) -> np.ndarray:
+        """Block `block`'s frames (1, C, H, DK) in the graph's type: in place, or written out for this call."""
+        if self.head is None and self.scales is None and self.buffer.dtype == self.graph_dtype:
+            return self.buffer[block, : self.frames][None]
+        out = np.empty((1, self.frames, *self.buffer.shape[2:]), dtype=self.graph_dtype)
+        self._write(block, out[0])
+        return out
+
+    def _write(self, block: int, out: np.ndarray) -> None:
+        """Block `block`'s frames into `out` (frames, H, DK) of the graph's type: the head's, then its own (int8
+        widened with the library's codec where it takes the type, else numpy: the same bits)."""
+        base = self.base
+        if self.head is not None:
+            self.head._write(block, out[:base])
+        stored, mine = self.buffer[block, : self.frames - base], out[base:]
         if self.scales is None:
-            self.buffer[:, self.frames : end] = new[:, 0]
+            mine[...] = stored
+            return
+        codec = native.frame_codec()
+        if codec is not None and codec.takes(self.graph_dtype):
+            codec.widen(stored, self.scales[block, : self.frames - base], mine)
         else:
-            self._narrow(new[:, 0], self.frames, end)
-        self.frames = end
+            np.multiply(stored, self.scales[block, : self.frames - base, :, None], out=mine, casting="same_kind")
+
+    def append(self, new: np.ndarray, dropping: tuple[int, int] = (0, 0)) -> None:
+        """new (blocks, 1, M, H, DK): the row's keys/values of M new frames (narrowed to the cache's type).
+
+        `dropping` (first, count): frames to forget, counted in the cache with the new ones appended (a window's
+        drop, `WindowedFrames.dropping`). They go before the new frames come in, so the cache never holds (nor
+        touches the pages of) more frames than it keeps: the same frames as appending and then dropping."""
+        if self.frozen:
+            raise ValueError("a frozen cache is read, never written (continue from a copy)")
+        first, count = dropping
+        if count:
+            if not self.base <= first <= first + count <= self.frames + new.shape[2]:
+                raise ValueError(f"cannot drop frames {first}..{first + count - 1} of {self.frames + new.shape[2]}")
+            old = min(count, self.frames - first)
+            self.drop(first, old)
+            new = new[:, :, count - old :]
+        frames, own = new.shape[2], self.frames - self.base
+        if own + frames > self.buffer.shape[1]:
+            self._move(max(2 * self.buffer.shape[1], own + frames))
+        if self.scales is None:
+            self.buffer[:, own : own + frames] = new[:, 0]
+        else:
+            self._narrow(new[:, 0], own, own + frames)
+        self.frames += frames
 
     def _narrow(self, values: np.ndarray, start: int, end: int) -> None:
-        """values (blocks, M, H, DK) into int8 frames start..end-1 and their scales (max |x| / 127 per frame and head,
-        the division rounded half to even): with the library's codec where it takes the type, else numpy (same bits)."""
+        """values (blocks, M, H, DK) into its own int8 frames start..end-1 and their scales (max |x| / 127 per frame
+        and head, the division rounded half to even): with the library's codec where it takes the type, else numpy
+        (same bits)."""
         assert self.scales is not None
         codec = native.frame_codec()
         if codec is not None and codec.takes(values.dtype) and values.strides[0] % values.itemsize == 0:
@@ -125,141 +150,65 @@ class FrameCache:
         self.buffer[:, start:end] = np.rint(values / scale[..., None])
 
     def drop(self, start: int, count: int) -> None:
-        """Forget frames start..start+count-1: the later frames move down in place (a window that keeps its first
-        `start` frames, a prompt, and the latest ones)."""
-        end = self.frames
+        """Forget frames start..start+count-1 (its own, not its head's): the later frames move down in place (a window
+        that keeps its first `start` frames, a prompt, and the latest ones)."""
+        if self.frozen:
+            raise ValueError("a frozen cache is read, never written (continue from a copy)")
+        end, base = self.frames, self.base
         if count <= 0:
             return
-        if not 0 <= start <= start + count <= end:
-            raise ValueError(f"cannot drop frames {start}..{start + count - 1} of {end}")
+        if not base <= start <= start + count <= end:
+            raise ValueError(f"cannot drop frames {start}..{start + count - 1} of {end} (the first {base} are shared)")
         for array in self.arrays():
-            array[:, start : end - count] = array[:, start + count : end]
+            array[:, start - base : end - base - count] = array[:, start - base + count : end - base]
         self.frames = end - count
 
+    def freeze(self) -> FrameCache:
+        """Never written again from now on: copies read its frames instead of copying them (a voice's prompt state)."""
+        self.frozen = True
+        return self
+
     def copy(self, capacity: int) -> FrameCache:
-        """An independent cache with the same frames and room for `capacity` (a request continuing from a voice's
-        shared prompt state). From a shared state's cache (`share_steps`) the frames' whole pages are a copy-on-write
-        view of the state's memory file, not a copy: they take memory once however many requests continue from them."""
+        """An independent cache with the same frames and room for `capacity` in all (a request continuing from a
+        voice's prompt state). A frozen cache's frames are read by the copy, not copied (its head)."""
         capacity = max(capacity, self.frames)
-        if self.source is None or self.frames == 0:
-            return self._like(capacity, filled=True)
-        twin = self._like(page_aligned(capacity, self.frame_strides()), filled=False)
-        _view_shared(twin, self, self.source)
-        return twin
+        if self.frozen and self.frames:
+            own = [_mapped((a.shape[0], capacity - self.frames, *a.shape[2:]), a.dtype.type) for a in self.arrays()]
+            scales = own[1] if self.scales is not None else None
+            return FrameCache(own[0], self.frames, graph_dtype=self.graph_dtype.type, scales=scales, head=self)
+        return self._like(capacity - self.base)
 
     def nbytes(self) -> int:
+        """Bytes of the frames it reads (its head's included: what a stream holds at most, whoever else reads them)."""
         return self.frames * self.bytes_per_frame()
 
     def bytes_per_frame(self) -> int:
         """What one frame takes in the stored arrays: every block's keys (or values), and an int8 cache's scales."""
-        return int(self.buffer.shape[0]) * sum(self.frame_strides())
+        return int(self.buffer.shape[0]) * sum(_frame_nbytes(a) for a in self.arrays())
 
     def arrays(self) -> tuple[np.ndarray, ...]:
-        """The stored arrays: the buffer, and the scales of an int8 cache."""
+        """Its own stored arrays: the buffer, and the scales of an int8 cache."""
         return (self.buffer,) if self.scales is None else (self.buffer, self.scales)
 
-    def frame_strides(self) -> tuple[int, ...]:
-        """Bytes of one frame of one block in each stored array."""
-        return tuple(_frame_nbytes(a) for a in self.arrays())
-
-    def _like(self, capacity: int, *, filled: bool) -> FrameCache:
-        """A cache of this one's shapes and types with room for `capacity` frames: this one's frames copied if
-        `filled`, else `frames` set and nothing written (the caller provides them)."""
+    def _like(self, capacity: int) -> FrameCache:
+        """A copy with the same head and its own frames in new arrays with room for `capacity` frames of its own."""
+        own = self.frames - self.base
         arrays = [_mapped((a.shape[0], capacity, *a.shape[2:]), a.dtype.type) for a in self.arrays()]
-        if filled:
-            for new, old in zip(arrays, self.arrays(), strict=True):
-                new[:, : self.frames] = old[:, : self.frames]
+        for new, old in zip(arrays, self.arrays(), strict=True):
+            new[:, :own] = old[:, :own]
         scales = arrays[1] if self.scales is not None else None
-        return FrameCache(arrays[0], self.frames, graph_dtype=self.graph_dtype.type, scales=scales)
+        return FrameCache(arrays[0], self.frames, graph_dtype=self.graph_dtype.type, scales=scales, head=self.head)
 
     def _move(self, capacity: int) -> None:
-        """Go on in a buffer of its own with room for `capacity` frames (a view of shared pages ends here)."""
-        moved = self._like(capacity, filled=True)
+        """Go on in arrays of its own with room for `capacity` frames of its own."""
+        moved = self._like(capacity)
         self.buffer, self.scales = moved.buffer, moved.scales
-        if self.viewing is not None:
-            self.viewing.detach()
-            self.viewing = None
-
-
-def share_caches(caches: Sequence[FrameCache]) -> list[FrameCache]:
-    """The caches' frames kept once, in one memory file (each with room for its own frames only): a `copy` of any of
-    them views the file's whole pages copy-on-write. The caches themselves where files cannot be shared here."""
-    if not caches or not sharing_works() or all(c.frames == 0 for c in caches):
-        return list(caches)
-    layout: list[tuple[FrameCache, int, list[int]]] = []
-    size = 0
-    for cache in caches:
-        capacity = page_aligned(cache.frames, cache.frame_strides())
-        offsets = []
-        for array in cache.arrays():
-            offsets.append(size)
-            size += -(-(array.shape[0] * capacity * _frame_nbytes(array)) // PAGE) * PAGE
-        layout.append((cache, capacity, offsets))
-    pages = SharedPages(size)
-    return [_in_file(cache, capacity, SharedSource(pages, tuple(offsets))) for cache, capacity, offsets in layout]
-
-
-def _in_file(cache: FrameCache, capacity: int, source: SharedSource) -> FrameCache:
-    """A copy of `cache` whose arrays live in `source`'s file at its offsets, with room for `capacity` frames."""
-    arrays = []
-    for old, offset in zip(cache.arrays(), source.offsets, strict=True):
-        shape = (old.shape[0], capacity, *old.shape[2:])
-        new = np.frombuffer(source.pages.region, dtype=old.dtype, count=int(np.prod(shape)), offset=offset).reshape(shape)
-        new[:, : cache.frames] = old[:, : cache.frames]
-        arrays.append(new)
-    scales = arrays[1] if len(arrays) > 1 else None
-    shared = FrameCache(arrays[0], cache.frames, graph_dtype=cache.graph_dtype.type, scales=scales)
-    shared.source = source
-    return shared
-
-
-def _view_shared(twin: FrameCache, shared: FrameCache, source: SharedSource) -> None:
-    """Make `twin`'s first `shared.frames` frames (its blocks page-aligned) a copy-on-write view of the whole pages of
-    `shared`'s file, and copy what is left of them (each block's last partial page)."""
-    for new, old, offset in zip(twin.arrays(), shared.arrays(), source.offsets, strict=True):
-        region = _region_of(new)
-        used = shared.frames * _frame_nbytes(old)
-        whole = used // PAGE * PAGE
-        for block in range(new.shape[0]):
-            mine, theirs = block * new.shape[1] * _frame_nbytes(new), offset + block * old.shape[1] * _frame_nbytes(old)
-            source.pages.map_over(region, mine, theirs, whole)
-        mine = new.reshape(new.shape[0], -1).view(np.uint8)
-        theirs = old.reshape(old.shape[0], -1).view(np.uint8)
-        mine[:, whole:used] = theirs[:, whole:used]
-    source.pages.attach()
-    twin.viewing = source.pages
-    weakref.finalize(twin, _detach, weakref.ref(twin), source.pages)
-
-
-def _detach(twin: weakref.ref[FrameCache], pages: SharedPages) -> None:
-    cache = twin()
-    if cache is None or cache.viewing is pages:  # one that moved to a buffer of its own has detached then
-        pages.detach()
 
 
 def _frame_nbytes(array: np.ndarray) -> int:
     """Bytes of one frame of one block of a stored (blocks, capacity, ...) array (from its shape: a zero-size array's
     strides say nothing)."""
     return int(np.prod(array.shape[2:])) * array.itemsize
-
-
-def page_aligned(capacity: int, frame_bytes: tuple[int, ...]) -> int:
-    """The least capacity >= `capacity` at which every block of arrays with these bytes per frame starts on a page."""
-    step = 1
-    for nbytes in frame_bytes:
-        need = PAGE // int(np.gcd(PAGE, nbytes))
-        step = step * need // int(np.gcd(step, need))
-    return -(-capacity // step) * step
-
-
-def _region_of(array: np.ndarray) -> mmap.mmap:
-    """The anonymous mapping `_mapped` made for `array`."""
-    base: object = array
-    while not isinstance(base, mmap.mmap):
-        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
-        if base is None:
-            raise ValueError("the array does not live in a mapping of its own")
-    return base
 
 
 def _mapped(shape: tuple[int, ...], dtype: type[np.generic]) -> np.ndarray:
@@ -285,16 +234,13 @@ class EstimatorState:
         return EstimatorState(self.tails.copy(), [c.copy(capacity) for c in self.k], [c.copy(capacity) for c in self.v])
 
 
-def share_steps(steps: Sequence[EstimatorState]) -> list[EstimatorState]:
-    """The steps' caches kept once in one memory file (`share_caches`): the state of a voice's prompt, which every
-    request of the voice continues from by `copy`."""
-    caches = share_caches([c for s in steps for c in (*s.k, *s.v)])
-    rows = len(steps[0].k) if steps else 0
-    out = []
-    for i, step in enumerate(steps):
-        mine = caches[2 * rows * i : 2 * rows * (i + 1)]
-        out.append(EstimatorState(step.tails, mine[:rows], mine[rows:]))
-    return out
+def freeze_steps(steps: Sequence[EstimatorState]) -> list[EstimatorState]:
+    """The steps with every cache frozen (`FrameCache.freeze`): the state of a voice's prompt, which every request of
+    the voice continues from by `copy`, reading its frames without copying them."""
+    for step in steps:
+        for cache in (*step.k, *step.v):
+            cache.freeze()
+    return list(steps)
 
 
 class Sized(Protocol):
@@ -309,9 +255,8 @@ class PromptStates(Generic[K, S]):
     """A voice's flow state after its prompt-only chunks, by key (voice fingerprint, steps, prompt tokens), least
     recently used dropped first, at most `max_bytes` and `max_states` in all.
 
-    States are shared, never written: a request continues from a copy (the caches that grow in place are copied, or
-    viewed copy-on-write when the state was shared: `share_steps`). A state dropped while requests still view it lives
-    until the last of them ends.
+    States are shared, never written: a request continues from a copy (a frozen state's caches, `freeze_steps`, are
+    read by the copy, not copied). A state dropped while requests still read it lives until the last of them ends.
     """
 
     def __init__(self, max_bytes: int, max_states: int = MAX_PROMPT_STATES) -> None:

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, Self
 
 import numpy as np
 
 from service.layers.chunk_schedule import HopSchedule
-from service.layers.frame_cache import CachePrecision, EstimatorState, frame_bytes
+from service.layers.frame_cache import CachePrecision, EstimatorState, frame_bytes, freeze_steps
 
 GUIDANCE_ROWS = 2  # an Euler step's estimator runs a conditioned and an unconditioned row, each with its own caches
 
@@ -47,11 +46,12 @@ def window_frames(seconds: float | None, chunk_frames: int, frame_rate_hz: float
     return max(2, math.ceil(seconds * frame_rate_hz / chunk_frames)) * chunk_frames
 
 
-def most_cached(prompt_frames: int, window: int | None, call_frames: int, sentence_frames: int) -> int:
-    """The most frames a windowed stream's caches hold at once: the prompt's, the window and one call's (the window is
-    made room in before a call); a sentence shorter than that holds its own frames at most."""
+def most_cached(prompt_frames: int, window: int | None, sentence_frames: int) -> int:
+    """The most frames a windowed stream's caches hold at once: the prompt's and the window (a call's new frames go in
+    after the window has let go of what they would push out, `WindowedFrames.dropping`); a sentence shorter than that
+    holds its own frames at most."""
     whole = prompt_frames + sentence_frames
-    return whole if window is None else min(whole, prompt_frames + window + call_frames)
+    return whole if window is None else min(whole, prompt_frames + window)
 
 
 def call_tokens(flow: ChunkCausalFlow, prompt_tokens: int, schedule: HopSchedule) -> int:
@@ -63,14 +63,22 @@ def call_tokens(flow: ChunkCausalFlow, prompt_tokens: int, schedule: HopSchedule
     return max(prompt_tokens - held + schedule.first_hop(prompt_tokens), later) + schedule.look_ahead
 
 
-def streamed_frames(
-    flow: ChunkCausalFlow, prompt_tokens: int, speech_tokens: int, window: int | None, schedule: HopSchedule
-) -> int:
+def streamed_frames(flow: ChunkCausalFlow, prompt_tokens: int, speech_tokens: int, window: int | None, look_ahead: int) -> int:
     """The most frames a streamed sentence's estimator caches hold at once (`most_cached` in mel frames) after a flow
-    prompt of `prompt_tokens` tokens, for at most `speech_tokens` speech tokens, cut by `schedule`."""
+    prompt of `prompt_tokens` tokens, for at most `speech_tokens` speech tokens and a last chunk's `look_ahead`."""
     ratio = flow.token_mel_ratio
-    call = ratio * call_tokens(flow, prompt_tokens, schedule)
-    return most_cached(ratio * prompt_tokens, window, call, ratio * (speech_tokens + schedule.look_ahead))
+    return most_cached(ratio * prompt_tokens, window, ratio * (speech_tokens + look_ahead))
+
+
+def call_frames(flow: ChunkCausalFlow, prompt_tokens: int, speech_tokens: int, schedule: HopSchedule) -> int:
+    """The most new frames one streamed call solves (`call_tokens`, at most the sentence's) in mel frames."""
+    return flow.token_mel_ratio * min(call_tokens(flow, prompt_tokens, schedule), speech_tokens + schedule.look_ahead)
+
+
+def call_frame_bytes(flow: ChunkCausalFlow, dtype: type[np.floating]) -> int:
+    """What one new frame of a call holds until the caches take it: one Euler step's keys and values of every block
+    and guidance row, as the graph returns them (steps run one after the other)."""
+    return GUIDANCE_ROWS * 2 * frame_bytes(flow.estimator_blocks, flow.estimator_heads, flow.estimator_head_dim, dtype, "graph")
 
 
 def estimator_frame_bytes(flow: ChunkCausalFlow, steps: int, dtype: type[np.floating], precision: CachePrecision) -> int:
@@ -82,8 +90,8 @@ def estimator_frame_bytes(flow: ChunkCausalFlow, steps: int, dtype: type[np.floa
 class WindowedFrames(ABC):
     """What a chunk-causal flow state with a window does: `steps` (EstimatorState per Euler step) hold the first
     `prompt_frames` frames and the latest generated ones, at most `window` of those (None: all, the official
-    computation) before each call; when a call would exceed it, the oldest generated frames go, in whole attention
-    chunks, down to half of it, so a frame keeps seeing the prompt and between window / 2 and window frames before its
+    computation); when a call's new frames would exceed it, the oldest generated frames go, in whole attention chunks,
+    down to half of it or fewer (`dropping`), so a frame keeps seeing the prompt and up to `window` frames before its
     chunk. A frame's chunk is then counted the same from the caches as from the sequence's start."""
 
     steps: list[EstimatorState]
@@ -93,6 +101,12 @@ class WindowedFrames(ABC):
     @abstractmethod
     def nbytes(self) -> int:
         """Bytes the state's caches hold now (each family's frames know their own layout)."""
+
+    def freeze(self) -> Self:
+        """This state kept for copies (a voice's prompt state): its caches are never written again, and every copy
+        reads their frames instead of copying them (frame_cache.freeze_steps)."""
+        freeze_steps(self.steps)
+        return self
 
     @property
     def cached(self) -> int:
@@ -104,28 +118,20 @@ class WindowedFrames(ABC):
         return sum(c.bytes_per_frame() for s in self.steps for c in (*s.k, *s.v))
 
     def bytes_after(self, new: int, chunk_frames: int) -> int:
-        """What the state holds once a call of `new` frames has run (the window's drop first)."""
+        """What the state holds once a call of `new` frames has run (and the window has let go of what they push out)."""
         fixed = self.nbytes() - self.cached * self.bytes_per_frame()
-        return fixed + (self.cached - self._drop(chunk_frames) + new) * self.bytes_per_frame()
+        return fixed + (self.cached + new - self.dropping(new, chunk_frames)[1]) * self.bytes_per_frame()
 
-    def make_room(self, chunk_frames: int) -> None:
-        """Drop what the window says must go before the next call (whole chunks of `chunk_frames` frames)."""
-        drop_frames(self.steps, self.prompt_frames, self._drop(chunk_frames))
-
-    def _drop(self, chunk_frames: int) -> int:
-        generated = self.cached - self.prompt_frames
+    def dropping(self, new: int, chunk_frames: int) -> tuple[int, int]:
+        """(first, count): the frames the window lets go of as a call's `new` frames go in (whole chunks of
+        `chunk_frames`), counted in the caches with those frames appended. The caches let go of them before taking the
+        new ones (`FrameCache.append`), so they never hold more than the prompt and the window; a frame sees the same
+        frames as when the window was made room in before each call."""
+        generated = self.cached + new - self.prompt_frames
         if self.window is None or generated <= self.window:
-            return 0
+            return self.prompt_frames, 0
         excess = generated - self.window // 2
-        return -(-excess // chunk_frames) * chunk_frames
-
-
-def drop_frames(steps: Sequence[EstimatorState], start: int, count: int) -> None:
-    """Forget frames start..start+count-1 of every step's caches."""
-    if count:
-        for step in steps:
-            for cache in (*step.k, *step.v):
-                cache.drop(start, count)
+        return self.prompt_frames, -(-excess // chunk_frames) * chunk_frames
 
 
 def family_window_s(lever: float | str | None, default_s: float) -> float | None:

@@ -20,7 +20,7 @@ from service.families.cosyvoice2.sentence import TAIL_WAIT_S, MelChunk, Sentence
 from service.families.cosyvoice2.voice import FlowPrompt2
 from service.layers.chunk_schedule import HopSchedule
 from service.layers.frame_cache import PromptStates
-from service.layers.frame_window import call_tokens, most_cached
+from service.layers.frame_window import most_cached
 
 PromptKey = tuple[str, int, int]  # voice fingerprint, Euler steps, prompt tokens the flow sees
 
@@ -51,9 +51,9 @@ class FlowChunks2:
         return mel[:, 2 * len(prompt.tokens) :], time.perf_counter() - clock
 
     def prompt_state(self, prompt: FlowPrompt2, steps: int, fingerprint: str | None, capacity: int) -> FlowState:
-        """The voice's prompt-only flow state (kept per fingerprint and window, its caches once in a memory file that
-        every request's copy views copy-on-write) as a copy this sentence extends to `capacity` frames, with the
-        engine's window."""
+        """The voice's prompt-only flow state (kept per fingerprint and window, frozen: every request's copy reads its
+        caches' frames instead of copying them) as a copy this sentence extends to `capacity` frames, with the engine's
+        window."""
         prompt_frames = self.extra.token_mel_ratio * len(prompt.tokens)
         if not fingerprint:
             state = self.flow.prompt_state(prompt, steps, capacity)
@@ -62,22 +62,16 @@ class FlowChunks2:
         key = (fingerprint, steps, len(prompt.tokens))
         shared = self.prompt_states.get(key)
         if shared is None:
-            shared = self.flow.prompt_state(prompt, steps, capacity=0).shared()  # room for its own frames only
+            shared = self.flow.prompt_state(prompt, steps, capacity=0).freeze()  # room for its own frames only
             self.prompt_states.put(key, shared)
         return shared.copy(capacity, self.window, prompt_frames)
 
     def capacity(self, prompt_tokens: int, max_tokens: int | None, schedule: HopSchedule) -> int:
-        """Cached frames a stream can reach: the prompt, the window (or the whole sentence) and the largest call."""
+        """Cached frames a stream can reach: the prompt and the window (or the whole sentence)."""
         if max_tokens is None:
             return int(self.flow.noise.shape[1])  # all the frames the flow can solve
         ratio = self.extra.token_mel_ratio
-        call = ratio * self.call_tokens(prompt_tokens, schedule)
-        return most_cached(ratio * prompt_tokens, self.window, call, ratio * (max_tokens + schedule.look_ahead))
-
-    def call_tokens(self, prompt_tokens: int, schedule: HopSchedule) -> int:
-        """The most tokens one streamed call solves: the first hop with the prompt tokens no shared state holds, or a
-        later hop, each with the look-ahead a sentence's last chunk takes along (layers.frame_window.call_tokens)."""
-        return call_tokens(self.extra, prompt_tokens, schedule)
+        return most_cached(ratio * prompt_tokens, self.window, ratio * (max_tokens + schedule.look_ahead))
 
     def cached(
         self,

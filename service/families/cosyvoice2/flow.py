@@ -20,7 +20,7 @@ from service.errors import BundleError
 from service.families.cosyvoice2.contract import CosyVoice2Constants
 from service.families.cosyvoice2.voice import FlowPrompt2
 from service.layers.cfm import GuidedEuler
-from service.layers.frame_cache import EstimatorState, FrameCache, PrecisionLever, share_steps, stored_precision
+from service.layers.frame_cache import EstimatorState, FrameCache, PrecisionLever, stored_precision
 from service.layers.frame_window import WindowedFrames
 
 FULL_ATTENTION = 1 << 30  # chunk size of the non-streaming masks (one chunk covers any sequence)
@@ -94,15 +94,10 @@ class FlowState(WindowedFrames):
     def copy(self, capacity: int, window: int | None = None, prompt_frames: int = 0) -> FlowState:
         """A copy to continue for up to `capacity` cached frames with `window` (a voice's prompt state serves many
         requests). The encoder's arrays are shared (encoder calls replace them, never write into them); the
-        estimator's caches, appended in place, are copied (or viewed copy-on-write: `shared`)."""
+        estimator's caches, appended in place, are copied (or, from a frozen state, read: `freeze`)."""
         e = self.encoder
         encoder = EncoderState(e.look_ahead, e.up_tail, list(e.enc_k), list(e.enc_v), list(e.up_k), list(e.up_v), e.tokens)
         return FlowState(encoder, [s.copy(capacity) for s in self.steps], self.frames, prompt_frames, window)
-
-    def shared(self) -> FlowState:
-        """This state with its estimator caches kept once in a memory file, for the copies of every request of a voice
-        (frame_cache.share_steps)."""
-        return FlowState(self.encoder, share_steps(self.steps), self.frames, self.prompt_frames, self.window)
 
 
 class FlowRunner2(GuidedEuler):
@@ -205,11 +200,13 @@ class FlowRunner2(GuidedEuler):
         keep: bool = True,
         *,
         wide: bool = True,
+        dropping: tuple[int, int] = (0, 0),
     ) -> np.ndarray:
         """Euler CFM with classifier-free guidance for new frames start..start+M-1 -> mel (80, M) (GuidedEuler's
-        solve over the state's steps, attention chunks of `chunk` frames); the state counts the new frames."""
+        solve over the state's steps, attention chunks of `chunk` frames, `dropping` what the window lets go of); the
+        state counts the new frames."""
         shared = {"chunk": np.array([chunk], dtype=np.int64)}
-        x = self.solve_steps(mu, spks, cond, start, state.steps, shared, between_steps, keep, wide=wide)
+        x = self.solve_steps(mu, spks, cond, start, state.steps, shared, between_steps, keep, wide=wide, dropping=dropping)
         state.frames += mu.shape[1]
         return x
 
@@ -241,10 +238,11 @@ class FlowRunner2(GuidedEuler):
         overlap = max(0, min(prompt.mel.shape[0] - start, mu.shape[1]))
         if overlap:
             cond[:, :overlap] = prompt.mel[start : start + overlap].T
-        if not full_attention:
-            state.make_room(e.chunk_tokens * e.token_mel_ratio)
+        dropping = (0, 0) if full_attention else state.dropping(mu.shape[1], chunk_frames)
         spks = self.speaker(prompt.embedding)
-        return self.solve(mu, spks, cond, start, state, chunk_frames, between_steps, keep=not full_attention, wide=wide)
+        return self.solve(
+            mu, spks, cond, start, state, chunk_frames, between_steps, keep=not full_attention, wide=wide, dropping=dropping
+        )
 
     def prompt_state(self, prompt: FlowPrompt2, n_timesteps: int, capacity: int | None = None) -> FlowState:
         """The state after the prompt's complete chunks whose look-ahead is still prompt: all of it depends on the

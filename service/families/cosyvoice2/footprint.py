@@ -22,7 +22,7 @@ from service.families.cosyvoice2.chunks import FlowChunks2
 from service.families.cosyvoice2.contract import CosyVoice2Constants
 from service.families.cosyvoice2.voice import FlowPrompt2, Voice2
 from service.layers.chunk_schedule import HopSchedule
-from service.layers.frame_window import estimator_frame_bytes, streamed_frames
+from service.layers.frame_window import call_frame_bytes, call_frames, estimator_frame_bytes, streamed_frames
 from service.layers.prompt import MAX_PROMPT_S
 
 
@@ -73,13 +73,16 @@ def _sentence(
 
 
 def _stream(engine: CosyVoice2Engine, prompt: FlowPrompt2, speech: int, options: SynthesisOptions) -> list[tuple[str, int]]:
-    """A streamed sentence's flow caches: the estimator's frames (prompt, window and one call) in every Euler step and
-    guidance row, and the encoder's per token (with the copy a call makes while it grows them)."""
+    """A streamed sentence's flow caches: the estimator's frames (prompt and window) in every Euler step and guidance
+    row, one call's new frames of a step as the graph returns them, and the encoder's per token (with the copy a call
+    makes while it grows them)."""
     e = engine.extra
     schedule = engine.schedule_for(options)
     steps = options.n_timesteps or engine.constants.n_timesteps
-    frames = streamed_frames(e, len(prompt.tokens), speech, engine.chunks.window, schedule)
-    per_frame = estimator_frame_bytes(e, steps, engine.chunks.flow.est_dtype, engine.chunks.flow.precision)
+    flow = engine.chunks.flow
+    frames = streamed_frames(e, len(prompt.tokens), speech, engine.chunks.window, schedule.look_ahead)
+    per_frame = estimator_frame_bytes(e, steps, flow.est_dtype, flow.precision)
+    call = call_frames(e, len(prompt.tokens), speech, schedule) * call_frame_bytes(e, flow.est_dtype)
     per_token = (e.encoder_blocks + e.token_mel_ratio * e.up_blocks) * 2 * e.encoder_heads * e.encoder_head_dim * 4
     tokens = len(prompt.tokens) + speech + schedule.look_ahead
-    return [("estimator caches", frames * per_frame), ("encoder caches", 2 * per_token * tokens)]
+    return [("estimator caches", frames * per_frame), ("estimator call", call), ("encoder caches", 2 * per_token * tokens)]

@@ -21,6 +21,7 @@ from service.families.cosyvoice3.flow import FlowRunner3, FlowState
 from service.layers.chunk_schedule import HopSchedule
 from service.layers.flow_prompt import FlowPrompt
 from service.layers.frame_cache import PromptStates
+from service.layers.frame_window import most_cached
 from service.layers.mel_stream import TAIL_WAIT_S, MelChunk, Sentence, ended
 
 PromptKey = tuple[str, int, int]  # voice fingerprint, Euler steps, prompt tokens the flow sees
@@ -48,8 +49,9 @@ class FlowChunks:
         return mel[:, 2 * len(prompt.tokens) :], time.perf_counter() - clock
 
     def prompt_state(self, prompt: FlowPrompt, steps: int, fingerprint: str | None, capacity: int) -> FlowState:
-        """The voice's prompt-only state (cached by fingerprint and window) as a copy this sentence extends, with room for
-        `capacity` cached frames and the engine's window."""
+        """The voice's prompt-only state (cached by fingerprint and window, frozen: every request's copy reads its caches'
+        frames instead of copying them) as a copy this sentence extends, with room for `capacity` cached frames and the
+        engine's window."""
         if not fingerprint:
             state = self.flow.prompt_state(prompt, steps, capacity)
             state.window = self.window
@@ -57,19 +59,16 @@ class FlowChunks:
         key = (fingerprint, steps, len(prompt.tokens))
         shared = self.prompt_states.get(key)
         if shared is None:
-            shared = self.flow.prompt_state(prompt, steps, capacity=0)  # kept: room for its own frames only
+            shared = self.flow.prompt_state(prompt, steps, capacity=0).freeze()  # kept: room for its own frames only
             self.prompt_states.put(key, shared)
         return shared.copy(capacity, self.window)
 
     def capacity(self, prompt: FlowPrompt, max_tokens: int | None, schedule: HopSchedule) -> int:
-        """Cached frames a stream can reach: the prompt and the window (or the whole sentence) and the largest call."""
-        ratio, largest = self.extra.token_mel_ratio, schedule.most + schedule.look_ahead
+        """Cached frames a stream can reach: the prompt and the window (or the whole sentence)."""
         if max_tokens is None:
             return int(self.flow.noise.shape[1])
-        whole = ratio * (len(prompt.tokens) + max_tokens + schedule.look_ahead)
-        if self.window is None:
-            return whole
-        return min(whole, ratio * len(prompt.tokens) + self.window + ratio * (largest + schedule.chunk))
+        ratio = self.extra.token_mel_ratio
+        return most_cached(ratio * len(prompt.tokens), self.window, ratio * (max_tokens + schedule.look_ahead))
 
     def cached(
         self,

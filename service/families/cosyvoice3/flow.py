@@ -146,12 +146,11 @@ class FlowRunner3(GuidedEuler):
         if overlap:
             cond[:, :overlap] = prompt.mel[start : start + overlap].T
         keep = keep and not full_attention
-        if keep:
-            state.make_room(self.chunk_frames)
+        dropping = state.dropping(mu.shape[1], self.chunk_frames) if keep else (0, 0)
         chunk = FULL_ATTENTION if full_attention else self.chunk_frames
         shared = {"chunk": np.array([chunk], dtype=np.int64), "start": np.array([start], dtype=np.int64)}
         spks = self.speaker(prompt.embedding)
-        mel = self.solve_steps(mu, spks, cond, start, state.steps, shared, between_steps, keep, wide=wide)
+        mel = self.solve_steps(mu, spks, cond, start, state.steps, shared, between_steps, keep, wide=wide, dropping=dropping)
         state.frames += mu.shape[1]
         return mel
 

@@ -27,7 +27,13 @@ from service.families.cosyvoice3.vocoder import CONTEXT_FRAMES, F0_CONTEXT_FRAME
 from service.families.cosyvoice3.voice import Voice3
 from service.layers.chunk_schedule import HopSchedule
 from service.layers.flow_prompt import FlowPrompt
-from service.layers.frame_window import GUIDANCE_ROWS, call_tokens, estimator_frame_bytes, streamed_frames
+from service.layers.frame_window import (
+    GUIDANCE_ROWS,
+    call_frame_bytes,
+    call_frames,
+    estimator_frame_bytes,
+    streamed_frames,
+)
 from service.layers.prompt import MAX_PROMPT_S
 
 LLM_SPECIAL_POSITIONS = 3  # sos, task and the first decoded position beyond the prompt, text and speech
@@ -100,12 +106,18 @@ def _sentence(
 def _stream(
     engine: CosyVoice3Engine, prompt: FlowPrompt, speech: int, steps: int, options: SynthesisOptions
 ) -> list[tuple[str, int]]:
-    """A cached stream's DiT caches (the prompt's frames, the window and one call's, in every Euler step and guidance
-    row) and its vocoder's window (CONTEXT_FRAMES and F0_CONTEXT_FRAMES of mel before one call's frames)."""
+    """A cached stream's DiT caches (the prompt's frames and the window, in every Euler step and guidance row), one
+    call's new frames of a step as the graph returns them, and its vocoder's window (CONTEXT_FRAMES and
+    F0_CONTEXT_FRAMES of mel before one call's frames)."""
     e = engine.extra
     schedule = engine.schedule_for(options)
-    frames = streamed_frames(e, len(prompt.tokens), speech, engine.chunks.window, schedule)
-    per_frame = estimator_frame_bytes(e, steps, engine.chunks.flow.est_dtype, engine.chunks.flow.precision)
-    call = e.token_mel_ratio * min(call_tokens(e, len(prompt.tokens), schedule), speech + schedule.look_ahead)
+    flow = engine.chunks.flow
+    frames = streamed_frames(e, len(prompt.tokens), speech, engine.chunks.window, schedule.look_ahead)
+    per_frame = estimator_frame_bytes(e, steps, flow.est_dtype, flow.precision)
+    call = call_frames(e, len(prompt.tokens), speech, schedule)
     window = CONTEXT_FRAMES + F0_CONTEXT_FRAMES + call
-    return [("DiT caches", frames * per_frame), ("vocoder", vocoder_bytes(engine.constants, window))]
+    return [
+        ("DiT caches", frames * per_frame),
+        ("DiT call", call * call_frame_bytes(e, flow.est_dtype)),
+        ("vocoder", vocoder_bytes(engine.constants, window)),
+    ]
