@@ -3,6 +3,7 @@ heap, the bundle records and hashes them, the engine's audio is unchanged, and a
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 from pathlib import Path
@@ -147,3 +148,43 @@ def test_dropped_twin_takes_its_weights(tmp_path: Path, monkeypatch: pytest.Monk
     drop_native_twins(copy)
     assert not any((copy / g.weights).exists() for g in twins.values())
     ModelBundle.load(copy, verify_hashes=True)
+
+
+def _mappings_of(path: Path) -> int:
+    target = str(path.resolve())
+    return sum(1 for line in Path("/proc/self/maps").read_text().splitlines() if line.endswith(" " + target))
+
+
+def test_both_vocoder_sessions_read_one_mapping_of_their_weights(tiny_copy: Path) -> None:
+    """The one- and two-thread HiFT decode sessions (SHARED_WEIGHTS_GRAPHS) read the weights file through one mapping
+    (ONNX Runtime maps each tensor of it per session otherwise), and compute what a session of their own does."""
+    from service.bundle.external import external_tensors
+    from service.engine.options import RuntimeOptions
+    from service.engine.sessions import open_sessions
+    from service.layers.acoustic_plan import wide_hift_decode
+    from service.layers.dsp import hann_window, stft
+
+    external_data.externalize_bundle(tiny_copy)
+    bundle = ModelBundle.load(tiny_copy)
+    graph = tiny_copy / bundle.manifest.graphs["hift_decode"].file
+    weights = tiny_copy / bundle.manifest.graphs["hift_decode"].weights
+    tensors = external_tensors(graph)
+    assert tensors and {t.location for t in tensors} == {weights.name} and all(t.length == t.nbytes() for t in tensors)
+    runtime = RuntimeOptions(max_batch=0, acoustic_slots=0)
+    narrow = open_sessions(bundle, runtime, names=("hift_decode",))["hift_decode"]
+    wide = wide_hift_decode(bundle, runtime)
+    assert _mappings_of(weights) == 1
+    own = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    c = bundle.constants
+    samples = 12 * int(np.prod(c.upsample_rates)) * c.istft_hop  # the source of 12 mel frames
+    spectrum = stft(np.random.default_rng(5).standard_normal(samples), c.istft_n_fft, c.istft_hop, hann_window(c.istft_n_fft))
+    feeds = {
+        "mel": np.random.default_rng(6).standard_normal((1, c.n_mels, 12)).astype(np.float32),
+        "s_stft": np.concatenate([spectrum.real, spectrum.imag])[None].astype(np.float32),
+    }
+    want = own.run(None, feeds)[0]
+    for session in (narrow, wide):
+        np.testing.assert_array_equal(session.run(None, feeds)[0], want)
+    del narrow, wide, own, session
+    gc.collect()
+    assert _mappings_of(weights) == 0  # gone with the sessions (a session of its own maps each tensor: 21 here)

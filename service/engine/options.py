@@ -26,6 +26,10 @@ GRAPH_OPTIMIZATION: tuple[str, ...] = ("all", "extended", "basic", "disabled")
 # the others run once per request or chunk, where the second copy of their weights (40-100 MB) is not
 # worth the few milliseconds it saves.
 PREPACKED_GRAPHS: frozenset[str] = frozenset({"llm_step", "flow_estimator", "hift_decode", "hift_f0"})
+# Graphs an engine opens twice (the vocoder's one- and two-thread sessions, layers/acoustic_plan.py): every session of
+# one reads its weights file through one mapping (sessions.SharedWeights), not one each (a page two mappings show counts
+# twice in the resident size).
+SHARED_WEIGHTS_GRAPHS: frozenset[str] = frozenset({"hift_decode"})
 # Graphs OpenVINO may run (acoustic_backend): faster in bf16 than ORT runs them where the CPU computes bf16 natively;
 # the LLM step stays on ORT, which runs it faster (docs/perf-log.md).
 OPENVINO_GRAPHS: frozenset[str] = frozenset({"flow_estimator", "hift_decode", "hift_f0"})

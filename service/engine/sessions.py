@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,10 @@ import numpy as np
 import onnxruntime as ort
 
 from service.bundle import GROUP_CORE, GROUP_PROMPT, GraphEntry, ModelBundle
+from service.bundle.external import external_tensors
 from service.engine import native
 from service.engine.host import lower_thread_priority, release_free_memory
-from service.engine.options import PREPACKED_GRAPHS, RuntimeOptions, graph_stage
+from service.engine.options import PREPACKED_GRAPHS, SHARED_WEIGHTS_GRAPHS, RuntimeOptions, graph_stage
 from service.engine.runtimes import GraphRuntime, graph_runtime, open_openvino
 from service.errors import BundleError
 
@@ -64,6 +66,43 @@ def _open(path: Path, so: ort.SessionOptions) -> ort.InferenceSession:
         return ort.InferenceSession(str(path), sess_options=so, providers=list(PROVIDERS))
     except Exception as e:  # ORT raises several unrelated exception types for unreadable graphs
         raise BundleError(f"{path}: ONNX Runtime cannot load this graph: {e}") from e
+
+
+class SharedWeights:
+    """A graph's external initializers as OrtValues over one private mapping of each weights file, handed to every
+    session of the graph (`add_to`: ONNX Runtime reads such initializers in place; it never writes them), so the file's
+    pages are mapped once however many sessions read them. An initializer whose bytes cannot be viewed in place (not
+    aligned to its type) is left to ONNX Runtime."""
+
+    def __init__(self, graph: Path) -> None:
+        tensors = external_tensors(graph)
+        files = {t.location: np.memmap(graph.parent / t.location, dtype=np.uint8, mode="c") for t in tensors}
+        self.values: dict[str, ort.OrtValue] = {}
+        for t in tensors:
+            if t.offset % np.dtype(t.dtype).itemsize or t.length != t.nbytes():
+                continue
+            data = files[t.location][t.offset : t.offset + t.length].view(t.dtype).reshape(t.dims)
+            self.values[t.name] = ort.OrtValue.ortvalue_from_numpy(data)
+
+    def add_to(self, so: ort.SessionOptions) -> None:
+        for name, value in self.values.items():
+            so.add_initializer(name, value)
+
+
+_shared_lock = threading.Lock()
+_shared: weakref.WeakValueDictionary[tuple[object, ...], SharedWeights] = weakref.WeakValueDictionary()
+
+
+def shared_weights(graph: Path) -> SharedWeights:
+    """The one SharedWeights of the graph file `graph` while any session holds it (a rewritten file is a new one)."""
+    files = [graph, graph.with_suffix(".weights")]
+    key = tuple((str(f.resolve()), st.st_ino, st.st_mtime_ns, st.st_size) for f in files if f.is_file() for st in [f.stat()])
+    with _shared_lock:
+        found = _shared.get(key)
+        if found is None:
+            found = SharedWeights(graph)
+            _shared[key] = found
+        return found
 
 
 class TransientSession:
@@ -175,7 +214,7 @@ def open_sessions(
 def _open_runtime(bundle: ModelBundle, name: str, runtime: GraphRuntime, opts: RuntimeOptions, *, lazy: bool) -> Any:
     """Graph `name` as `runtime` runs it: an OpenVINO model, a TransientSession (`lazy`), or an ORT session (our
     kernels' library registered with its ceiling for a native twin; input/output names checked for a prompt model;
-    arenas shrunk after each call for the acoustic graphs)."""
+    arenas shrunk after each call for the acoustic graphs; the weights of SHARED_WEIGHTS_GRAPHS mapped once)."""
     if runtime.backend == "openvino":
         return open_openvino(runtime, opts, name)
     so = make_session_options(opts, name)
@@ -186,8 +225,13 @@ def _open_runtime(bundle: ModelBundle, name: str, runtime: GraphRuntime, opts: R
     path = runtime.path
     if lazy:
         return TransientSession(path, so)
+    shared = shared_weights(path) if name in SHARED_WEIGHTS_GRAPHS else None
+    if shared is not None:
+        shared.add_to(so)
     acoustic = graph_stage(name) == "acoustic"
     session = _open_in_thread(path, so, opts.acoustic_nice) if acoustic and opts.acoustic_nice > 0 else _open(path, so)
+    if shared is not None:
+        session.shared_weights = shared  # its OrtValues' mappings live with the session
     entry = bundle.manifest.graphs[name]
     if entry.group == GROUP_PROMPT:
         _check_io(path, session, entry)
