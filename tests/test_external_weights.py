@@ -188,3 +188,15 @@ def test_both_vocoder_sessions_read_one_mapping_of_their_weights(tiny_copy: Path
     del narrow, wide, own, session
     gc.collect()
     assert _mappings_of(weights) == 0  # gone with the sessions (a session of its own maps each tensor: 21 here)
+
+
+def test_a_file_that_is_not_onnx_is_left_to_onnx_runtime(tmp_path: Path) -> None:
+    from service.bundle.external import external_tensors
+    from service.engine.sessions import shared_weights
+
+    for junk in (b"not an onnx graph", b"\x3a\xff", bytes(range(256))):
+        path = tmp_path / "graph.onnx"
+        path.write_bytes(junk)
+        with pytest.raises(ValueError):
+            external_tensors(path)
+        assert shared_weights(path) is None

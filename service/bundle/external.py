@@ -38,16 +38,20 @@ class ExternalTensor:
 
 
 def external_tensors(graph: Path) -> list[ExternalTensor]:
-    """The initializers of the ONNX file `graph` whose data is external (in a type numpy has), in file order."""
+    """The initializers of the ONNX file `graph` whose data is external (in a type numpy has), in file order; raises
+    ValueError for a file that is not a protobuf message."""
     found = []
-    for field, _, model_graph in _fields(memoryview(Path(graph).read_bytes())):
-        if field != _MODEL_GRAPH:
-            continue
-        for item, _, tensor in _fields(model_graph):
-            if item == _GRAPH_INITIALIZER:
-                external = _external(tensor)
-                if external is not None:
-                    found.append(external)
+    try:
+        for field, _, model_graph in _fields(memoryview(Path(graph).read_bytes())):
+            if field != _MODEL_GRAPH:
+                continue
+            for item, _, tensor in _fields(model_graph):
+                if item == _GRAPH_INITIALIZER:
+                    external = _external(tensor)
+                    if external is not None:
+                        found.append(external)
+    except (IndexError, UnicodeDecodeError) as e:  # a message cut short, a name that is not text
+        raise ValueError(f"{graph}: not an ONNX file ({e})") from e
     return found
 
 
@@ -116,4 +120,4 @@ def _fields(data: memoryview) -> Iterator[tuple[int, int, Any]]:
             yield field, wire, data[i : i + size]
             i += size
         else:
-            raise ValueError(f"{wire}: not a protobuf wire type an ONNX file uses")
+            raise ValueError(f"wire type {wire}: not an ONNX file")

@@ -93,16 +93,20 @@ _shared_lock = threading.Lock()
 _shared: weakref.WeakValueDictionary[tuple[object, ...], SharedWeights] = weakref.WeakValueDictionary()
 
 
-def shared_weights(graph: Path) -> SharedWeights:
-    """The one SharedWeights of the graph file `graph` while any session holds it (a rewritten file is a new one)."""
+def shared_weights(graph: Path) -> SharedWeights | None:
+    """The one SharedWeights of the graph file `graph` while any session holds it (a rewritten file is a new one);
+    None for a file that cannot be read so (ONNX Runtime then opens it alone, and says what is wrong with it)."""
     files = [graph, graph.with_suffix(".weights")]
-    key = tuple((str(f.resolve()), st.st_ino, st.st_mtime_ns, st.st_size) for f in files if f.is_file() for st in [f.stat()])
-    with _shared_lock:
-        found = _shared.get(key)
-        if found is None:
-            found = SharedWeights(graph)
-            _shared[key] = found
-        return found
+    try:
+        key = tuple((str(f.resolve()), st.st_ino, st.st_mtime_ns, st.st_size) for f in files if f.is_file() for st in [f.stat()])
+        with _shared_lock:
+            found = _shared.get(key)
+            if found is None:
+                found = SharedWeights(graph)
+                _shared[key] = found
+            return found
+    except (OSError, ValueError):
+        return None
 
 
 class TransientSession:
