@@ -173,10 +173,8 @@ class FrameCache:
         voice's prompt state). A frozen cache's frames are read by the copy, not copied (its head)."""
         capacity = max(capacity, self.frames)
         if self.frozen and self.frames:
-            own = [_mapped((a.shape[0], capacity - self.frames, *a.shape[2:]), a.dtype.type) for a in self.arrays()]
-            scales = own[1] if self.scales is not None else None
-            return FrameCache(own[0], self.frames, graph_dtype=self.graph_dtype.type, scales=scales, head=self)
-        return self._like(capacity - self.base)
+            return self._like(capacity - self.frames, head=self, copied=0)
+        return self._like(capacity - self.base, head=self.head, copied=self.frames - self.base)
 
     def nbytes(self) -> int:
         """Bytes of the frames it reads (its head's included: what a stream holds at most, whoever else reads them)."""
@@ -190,18 +188,18 @@ class FrameCache:
         """Its own stored arrays: the buffer, and the scales of an int8 cache."""
         return (self.buffer,) if self.scales is None else (self.buffer, self.scales)
 
-    def _like(self, capacity: int) -> FrameCache:
-        """A copy with the same head and its own frames in new arrays with room for `capacity` frames of its own."""
-        own = self.frames - self.base
+    def _like(self, capacity: int, *, head: FrameCache | None, copied: int) -> FrameCache:
+        """A cache of this one's frames, `head`'s first, in new arrays of this one's shapes and types with room for
+        `capacity` frames of its own, the first `copied` of them copied from this one's own."""
         arrays = [_mapped((a.shape[0], capacity, *a.shape[2:]), a.dtype.type) for a in self.arrays()]
         for new, old in zip(arrays, self.arrays(), strict=True):
-            new[:, :own] = old[:, :own]
+            new[:, :copied] = old[:, :copied]
         scales = arrays[1] if self.scales is not None else None
-        return FrameCache(arrays[0], self.frames, graph_dtype=self.graph_dtype.type, scales=scales, head=self.head)
+        return FrameCache(arrays[0], self.frames, graph_dtype=self.graph_dtype.type, scales=scales, head=head)
 
     def _move(self, capacity: int) -> None:
         """Go on in arrays of its own with room for `capacity` frames of its own."""
-        moved = self._like(capacity)
+        moved = self._like(capacity, head=self.head, copied=self.frames - self.base)
         self.buffer, self.scales = moved.buffer, moved.scales
 
 

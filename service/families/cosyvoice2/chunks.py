@@ -20,7 +20,7 @@ from service.families.cosyvoice2.sentence import TAIL_WAIT_S, MelChunk, Sentence
 from service.families.cosyvoice2.voice import FlowPrompt2
 from service.layers.chunk_schedule import HopSchedule
 from service.layers.frame_cache import PromptStates
-from service.layers.frame_window import most_cached
+from service.layers.frame_window import streamed_frames
 
 PromptKey = tuple[str, int, int]  # voice fingerprint, Euler steps, prompt tokens the flow sees
 
@@ -70,8 +70,7 @@ class FlowChunks2:
         """Cached frames a stream can reach: the prompt and the window (or the whole sentence)."""
         if max_tokens is None:
             return int(self.flow.noise.shape[1])  # all the frames the flow can solve
-        ratio = self.extra.token_mel_ratio
-        return most_cached(ratio * prompt_tokens, self.window, ratio * (max_tokens + schedule.look_ahead))
+        return streamed_frames(self.extra, prompt_tokens, max_tokens, self.window, schedule.look_ahead)
 
     def cached(
         self,

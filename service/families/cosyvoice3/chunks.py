@@ -21,7 +21,7 @@ from service.families.cosyvoice3.flow import FlowRunner3, FlowState
 from service.layers.chunk_schedule import HopSchedule
 from service.layers.flow_prompt import FlowPrompt
 from service.layers.frame_cache import PromptStates
-from service.layers.frame_window import most_cached
+from service.layers.frame_window import streamed_frames
 from service.layers.mel_stream import TAIL_WAIT_S, MelChunk, Sentence, ended
 
 PromptKey = tuple[str, int, int]  # voice fingerprint, Euler steps, prompt tokens the flow sees
@@ -67,8 +67,7 @@ class FlowChunks:
         """Cached frames a stream can reach: the prompt and the window (or the whole sentence)."""
         if max_tokens is None:
             return int(self.flow.noise.shape[1])
-        ratio = self.extra.token_mel_ratio
-        return most_cached(ratio * len(prompt.tokens), self.window, ratio * (max_tokens + schedule.look_ahead))
+        return streamed_frames(self.extra, len(prompt.tokens), max_tokens, self.window, schedule.look_ahead)
 
     def cached(
         self,
