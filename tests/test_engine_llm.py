@@ -16,7 +16,7 @@ from service.engine.sessions import make_session_options, open_sessions
 from service.errors import BundleError, InvalidInputError
 from service.families.cosyvoice1.contract import relative_pe as espnet_pe
 from service.families.cosyvoice1.llm import LLM_GRAPHS, CosyVoice1LLM
-from service.families.cosyvoice1.positions import PositionTable
+from service.families.cosyvoice1.positions import GROWTH_ROWS, PositionTable
 
 # ---------------------------------------------------------------------------------------------
 # KV cache layout
@@ -169,20 +169,40 @@ def test_espnet_pe_matches_float32_angles_at_long_range() -> None:
     np.testing.assert_allclose(pe[:, 1::2], np.cos(angle), atol=2e-6)
 
 
-def test_position_table_projects_once_and_regrows_by_doubling() -> None:
-    calls: list[int] = []
+def test_position_table_projects_each_row_once_and_grows_in_steps() -> None:
+    """Growth projects only the new distances, to the next multiple of GROWTH_ROWS, and keeps the old rows as they
+    were: the grown table equals one projected whole."""
+    calls: list[tuple[int, float]] = []
 
     def project(pe: np.ndarray) -> np.ndarray:
-        calls.append(pe.shape[0])
+        calls.append((pe.shape[0], float(pe[0, 1])))  # rows, and cos of the first row's distance (1.0 at distance 0)
         return np.broadcast_to(pe[None, None, :, :2], (3, 2, pe.shape[0], 2)).copy()
 
     table = PositionTable(project, 8, rows=4)
-    assert calls == [4]
-    assert table.table(4).shape == (3, 2, 4, 2) and calls == [4]
+    assert [n for n, _ in calls] == [4]
+    assert table.table(4).shape == (3, 2, 4, 2) and len(calls) == 1
     feeds = table.feeds(9)
-    assert calls == [4, 16] and table.rows == 16
-    assert set(feeds) == {"pos_0", "pos_1", "pos_2"} and feeds["pos_1"].shape == (2, 16, 2)
-    np.testing.assert_array_equal(feeds["pos_2"][0, :, :], espnet_pe(16, 8)[:, :2])
+    assert table.rows == GROWTH_ROWS and [n for n, _ in calls] == [4, GROWTH_ROWS - 4]
+    assert calls[1][1] == pytest.approx(float(np.cos(4.0)))  # the new rows start at distance 4
+    assert set(feeds) == {"pos_0", "pos_1", "pos_2"} and feeds["pos_1"].shape == (2, 64, 2)
+    np.testing.assert_array_equal(table.table(1)[2, 0], espnet_pe(GROWTH_ROWS, 8)[:, :2])
+    table.table(GROWTH_ROWS + 1)
+    assert table.rows == 2 * GROWTH_ROWS and [n for n, _ in calls][2:] == [GROWTH_ROWS]
+    np.testing.assert_array_equal(table.table(1)[0, 1], espnet_pe(2 * GROWTH_ROWS, 8)[:, :2])
+
+
+def test_whole_table_feeds_are_views_of_the_table() -> None:
+    """A step twin that reads only the distances in use gets every layer's whole table, without copies."""
+
+    def project(pe: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(pe[None, None, :, :2], (3, 2, pe.shape[0], 2)).copy()
+
+    table = PositionTable(project, 8, rows=512, windowed=False)
+    for needed in (1, 65, 512):
+        feeds = table.feeds(needed)
+        assert all(f.shape == (2, 512, 2) and f.flags.c_contiguous for f in feeds.values())
+        assert all(np.shares_memory(f, table.table(needed)) for f in feeds.values())
+    assert table.feeds(600)["pos_0"].shape == (2, 512 + GROWTH_ROWS, 2)
 
 
 def test_position_feeds_are_the_first_rows_in_steps_of_64() -> None:
@@ -199,7 +219,7 @@ def test_position_feeds_are_the_first_rows_in_steps_of_64() -> None:
         assert feeds["pos_0"].shape == (2, rows, 2) and all(f.flags.c_contiguous for f in feeds.values())
         np.testing.assert_array_equal(feeds["pos_2"], table.table(needed)[2, :, :rows])
     assert np.shares_memory(table.feeds(65)["pos_0"], table.feeds(70)["pos_0"])  # copied once, then reused
-    assert table.feeds(700)["pos_1"].shape == (2, 704, 2) and table.rows == 1024 and calls == [512, 1024]
+    assert table.feeds(700)["pos_1"].shape == (2, 704, 2) and table.rows == 768 and calls == [512, 256]
 
 
 def test_position_table_growth_is_built_once_under_concurrency() -> None:
@@ -221,7 +241,7 @@ def test_position_table_growth_is_built_once_under_concurrency() -> None:
         t.start()
     for t in threads:
         t.join()
-    assert calls == [2, 128]
+    assert calls == [2, GROWTH_ROWS - 2]
 
 
 # ---------------------------------------------------------------------------------------------

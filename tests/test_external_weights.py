@@ -200,3 +200,17 @@ def test_a_file_that_is_not_onnx_is_left_to_onnx_runtime(tmp_path: Path) -> None
         with pytest.raises(ValueError):
             external_tensors(path)
         assert shared_weights(path) is None
+
+
+def test_operator_types_are_read_from_the_protobuf(tiny_copy: Path, tmp_path: Path) -> None:
+    """op_types names what onnx finds in every graph of a bundle, weights outside or inside; junk is a ValueError."""
+    from service.bundle.external import op_types
+
+    external_data.externalize_bundle(tiny_copy)
+    for entry in ModelBundle.load(tiny_copy).manifest.graphs.values():
+        path = tiny_copy / entry.file
+        assert op_types(path) == {n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node}
+    junk = tmp_path / "graph.onnx"
+    junk.write_bytes(b"\x3a\xff")
+    with pytest.raises(ValueError):
+        op_types(junk)

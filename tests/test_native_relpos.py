@@ -31,7 +31,7 @@ from service.engine.options import RuntimeOptions
 from service.engine.runtimes import graph_runtime
 from service.engine.sessions import open_sessions
 from service.engine.types import SynthesisOptions
-from service.families.cosyvoice1.contract import FAMILY, relative_pe
+from service.families.cosyvoice1.contract import FAMILY, RELPOS_LAYER_OP, relative_pe
 from service.families.cosyvoice1.engine import Synthesizer
 from service.families.cosyvoice1.llm import LLM_GRAPHS, CosyVoice1LLM
 
@@ -176,13 +176,16 @@ def test_the_engine_decodes_through_the_twin_what_the_products_twin_decodes(int8
     """A v1 synthesis with the portable kernels forced: the engine opens the layer twin, samples the same tokens under
     the same seeds as with the products-only twin (the same quantization), and speaks the same audio; against ONNX
     Runtime's own graph (a prefill's rows quantized together) its teacher-forced log-probabilities stay close and choose
-    the same most likely token."""
+    the same most likely token. The layer twin reads the whole position table (its kernel reads the distances in use),
+    the products twin windows of it (ONNX Runtime's gather reads every row it is given): the same tokens either way."""
     bundle = ModelBundle.load(int8_bundle)
     chosen = graph_runtime(bundle, "llm_step", PORTABLE)
     assert chosen.path == int8_bundle / f"{TWIN}.onnx" and chosen.custom_ops == native.LIBRARY_PATH
     assert RELPOS_OP_NAME in {n.op_type for n in onnx.load(str(chosen.path)).graph.node}
     step_only = replace(PORTABLE, native_estimator=False)  # both on ONNX Runtime's estimator: the step is compared
     layer, products = Synthesizer.load(int8_bundle, step_only), Synthesizer.load(products_bundle, step_only)
+    assert RELPOS_LAYER_OP == RELPOS_OP_NAME
+    assert not layer.llm.positions.windowed and products.llm.positions.windowed
     speaker = layer.speakers[0]
     text = [15947, 1002, 13]
     emb = np.asarray(bundle.speakers[speaker], np.float32)

@@ -1,6 +1,6 @@
-"""Where a graph's initializers lie in its weights file (`<graph>.weights`, export/external_data.py): read from the
-ONNX file's protobuf encoding directly (the serving side has no `onnx` package), only as far as the initializers'
-names, types, shapes and external-data records."""
+"""Where a graph's initializers lie in its weights file (`<graph>.weights`, export/external_data.py), and which
+operators its nodes run: read from the ONNX file's protobuf encoding directly (the serving side has no `onnx`
+package), only as far as the initializers' names, types, shapes and external-data records and the nodes' types."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 
-# onnx.proto's field numbers: ModelProto.graph, GraphProto.initializer, and TensorProto's fields read here
-_MODEL_GRAPH, _GRAPH_INITIALIZER = 7, 5
+# onnx.proto's field numbers: ModelProto.graph, GraphProto.node and .initializer, NodeProto.op_type, and TensorProto's
+# fields read here
+_MODEL_GRAPH, _GRAPH_NODE, _GRAPH_INITIALIZER, _NODE_OP_TYPE = 7, 1, 5, 4
 _TENSOR_DIMS, _TENSOR_TYPE, _TENSOR_NAME, _TENSOR_EXTERNAL, _TENSOR_LOCATION = 1, 2, 8, 13, 14
 _EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
 # TensorProto.DataType -> numpy (the types a weights file holds)
@@ -53,6 +54,21 @@ def external_tensors(graph: Path) -> list[ExternalTensor]:
     except (IndexError, UnicodeDecodeError) as e:  # a message cut short, a name that is not text
         raise ValueError(f"{graph}: not an ONNX file ({e})") from e
     return found
+
+
+def op_types(graph: Path) -> frozenset[str]:
+    """The operator types of the ONNX file `graph`'s top-level nodes; raises ValueError for a file that is not a
+    protobuf message."""
+    found: set[str] = set()
+    try:
+        for field, _, model_graph in _fields(memoryview(Path(graph).read_bytes())):
+            if field == _MODEL_GRAPH:
+                for item, _, node in _fields(model_graph):
+                    if item == _GRAPH_NODE:
+                        found.update(bytes(v).decode() for f, _, v in _fields(node) if f == _NODE_OP_TYPE)
+    except (IndexError, UnicodeDecodeError) as e:
+        raise ValueError(f"{graph}: not an ONNX file ({e})") from e
+    return frozenset(found)
 
 
 def _external(tensor: memoryview) -> ExternalTensor | None:

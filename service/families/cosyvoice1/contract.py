@@ -31,6 +31,9 @@ PROMPT_GRAPHS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "speech_tokenizer": ("speech_tokenizer_v1.onnx", ("feats", "feats_length"), ("indices",)),
 }
 PROMPT_GRAPH_NAMES: tuple[str, ...] = tuple(PROMPT_GRAPHS)
+# The native operator a step twin runs each decoder layer as (export/cosyvoice1/relpos_twin.py): it reads only the rows
+# of `pos_{i}` at the distances in use, where ONNX Runtime's graph scores every row it is given.
+RELPOS_LAYER_OP = "RelPosLayer"
 LAYOUT = FamilyLayout(
     FAMILY, GRAPH_IO, PROMPT_GRAPHS, TOKENIZER_NAME, (SPEAKERS_NAME,), native_graphs=("llm_step", "flow_estimator")
 )

@@ -18,6 +18,7 @@ from service.engine.footprint import Footprint
 from service.engine.host import released_after, tune_malloc
 from service.engine.llm import kv_cache_dtype
 from service.engine.options import RuntimeOptions
+from service.engine.runtimes import graph_runtime
 from service.engine.scheduler import BatchScheduler
 from service.engine.sessions import open_sessions
 from service.engine.speech_budget import SpeechBudget
@@ -25,7 +26,7 @@ from service.engine.types import AudioChunk, StageTimings, SynthesisOptions, Tok
 from service.errors import EmptyTextError, InvalidInputError, UnknownSpeakerError
 from service.families.cosyvoice1 import footprint
 from service.families.cosyvoice1.flow import FlowRunner
-from service.families.cosyvoice1.llm import TRANSIENT_GRAPHS, CosyVoice1LLM, position_table
+from service.families.cosyvoice1.llm import TRANSIENT_GRAPHS, CosyVoice1LLM, position_table, reads_rows_in_use
 from service.families.cosyvoice1.schedule import ScheduleConfig
 from service.families.cosyvoice1.streaming import (
     RequestContext,
@@ -123,7 +124,9 @@ class Synthesizer:
         # The table is built before the big graphs are opened, so llm_pos's transient memory is reused
         # by them instead of adding to the peak.
         positions = position_table(
-            open_sessions(loaded, runtime, ["llm_pos"], transient=TRANSIENT_GRAPHS)["llm_pos"], loaded.constants
+            open_sessions(loaded, runtime, ["llm_pos"], transient=TRANSIENT_GRAPHS)["llm_pos"],
+            loaded.constants,
+            windowed=not reads_rows_in_use(graph_runtime(loaded, "llm_step", runtime).path),
         )
         sessions = open_sessions(loaded, runtime, transient=TRANSIENT_GRAPHS)
         if lanes:

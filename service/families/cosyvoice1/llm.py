@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from service.bundle import ModelConstants
+from service.bundle.external import op_types
 from service.engine.llm import LLMRunner
 from service.engine.types import LLMPrompt, as_llm_prompt
 from service.errors import InvalidInputError
+from service.families.cosyvoice1.contract import RELPOS_LAYER_OP
 from service.families.cosyvoice1.positions import PositionTable
 
 LLM_GRAPHS: tuple[str, ...] = ("llm_encoder", "llm_embed", "llm_pos", "llm_step")
@@ -20,8 +23,18 @@ PROJECT_ROWS = 128  # relative-position rows `llm_pos` projects per call
 TRANSIENT_GRAPHS: frozenset[str] = frozenset({"llm_pos"})
 
 
-def position_table(pos_session: Any, constants: ModelConstants, rows: int = 512) -> PositionTable:
-    """The projected position table of the decoder, built now with the `llm_pos` graph (and regrown with it)."""
+def reads_rows_in_use(step_graph: Path) -> bool:
+    """Whether the step graph at `step_graph` runs its layers as RELPOS_LAYER_OP (a native twin), which reads only the
+    position rows of the distances in use: it is fed the whole table then, not windows (PositionTable)."""
+    try:
+        return RELPOS_LAYER_OP in op_types(step_graph)
+    except (OSError, ValueError):  # a file ONNX Runtime itself will refuse, with its reason
+        return False
+
+
+def position_table(pos_session: Any, constants: ModelConstants, rows: int = 512, *, windowed: bool = True) -> PositionTable:
+    """The projected position table of the decoder, built now with the `llm_pos` graph (and grown with it);
+    `windowed` for a step graph that reads every row it is given (PositionTable)."""
 
     def project(pe: np.ndarray) -> np.ndarray:
         """Rows a piece at a time (each row's projection is its own): a long table (a long recording's prompt) costs
@@ -29,7 +42,7 @@ def position_table(pos_session: Any, constants: ModelConstants, rows: int = 512)
         pieces = [pos_session.run(["pos"], {"pe": pe[i : i + PROJECT_ROWS]})[0] for i in range(0, len(pe), PROJECT_ROWS)]
         return np.concatenate(pieces, axis=2, dtype=np.float32)
 
-    return PositionTable(project, constants.llm_model_dim, rows=rows)
+    return PositionTable(project, constants.llm_model_dim, rows=rows, windowed=windowed)
 
 
 class CosyVoice1LLM(LLMRunner):

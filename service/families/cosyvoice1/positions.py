@@ -15,30 +15,38 @@ Projector = Callable[[np.ndarray], np.ndarray]
 # multiple of this many rows that covers the distances in use, not the whole (512+ row) table.
 WINDOW_ROWS = 64
 _WINDOWS_KEPT = 2  # one for the decode batch, one for a prefill of another length
+# A table grows to the next multiple of this many rows (14 MB full size) when a sequence needs more distances.
+GROWTH_ROWS = 256
 
 
 class PositionTable:
     """Per-layer projected positions `pos` (NL, H, R, DK) shared by every request of one runner.
 
-    Grown (doubling) when a sequence needs more than R relative distances. Growth is serialised by
-    a lock and publishes a new array, so readers holding the old one are never disturbed.
-    The graph feeds are contiguous copies of the first rows only (`feeds`): a step reads every row it is
-    given, so a whole 512-row table makes each step slower (docs/perf-log.md). Rows past the distances
-    in use never reach a gathered score, so the result is the same.
+    Grown when a sequence needs more than R relative distances, to the next multiple of GROWTH_ROWS: only the new
+    rows are projected (a row's projection depends on its distance alone) and appended. Growth is serialised by a
+    lock and publishes a new array, so readers holding the old one are never disturbed.
+    `windowed` is for a step graph that scores every row it is given (ONNX Runtime's): its feeds are contiguous
+    copies of the first rows in use (`window`), since a whole table would make each step slower (docs/perf-log.md),
+    and rows past the distances in use never reach a gathered score. The native step twin reads only the rows of
+    the distances in use, so without `windowed` it gets views of the whole table: no copies (two windows were 87 MB
+    next to a 56 MB table for a 10 s voice, full size).
     """
 
-    def __init__(self, project: Projector, dim: int, *, rows: int = 256) -> None:
+    def __init__(self, project: Projector, dim: int, *, rows: int = 256, windowed: bool = True) -> None:
         self._project = project
         self._dim = dim
+        self.windowed = windowed
         self._lock = threading.Lock()
-        self._pos = self._build(max(1, rows))
+        self._pos = self._build(0, max(1, rows))
         self._windows: dict[int, np.ndarray] = {}  # rows -> (NL, H, rows, DK) copy of the current table
 
-    def _build(self, rows: int) -> np.ndarray:
-        pos = np.ascontiguousarray(self._project(relative_pe(rows, self._dim)), dtype=np.float32)
-        if pos.ndim != 4 or pos.shape[2] != rows:
-            raise ValueError(f"llm_pos returned shape {pos.shape}, expected (NL, H, {rows}, DK)")
-        return pos
+    def _build(self, start: int, rows: int) -> np.ndarray:
+        """Projected rows start .. rows-1."""
+        pe = relative_pe(rows, self._dim)[start:]
+        pos = np.asarray(self._project(pe), dtype=np.float32)
+        if pos.ndim != 4 or pos.shape[2] != rows - start:
+            raise ValueError(f"llm_pos returned shape {pos.shape}, expected (NL, H, {rows - start}, DK)")
+        return np.ascontiguousarray(pos)
 
     @property
     def rows(self) -> int:
@@ -50,11 +58,10 @@ class PositionTable:
         if pos.shape[2] >= needed:
             return pos
         with self._lock:
-            if self._pos.shape[2] < needed:
-                rows = self._pos.shape[2]
-                while rows < needed:
-                    rows *= 2
-                self._pos = self._build(rows)
+            old = self._pos
+            if old.shape[2] < needed:
+                rows = -(-needed // GROWTH_ROWS) * GROWTH_ROWS
+                self._pos = np.concatenate([old, self._build(old.shape[2], rows)], axis=2)
                 self._windows = {}
             return self._pos
 
@@ -74,6 +81,7 @@ class PositionTable:
         return window
 
     def feeds(self, needed: int) -> dict[str, np.ndarray]:
-        """Decode-graph inputs pos_{i} (H, R, DK): contiguous views of `window(needed)`, R >= needed."""
-        pos = self.window(needed)
+        """Decode-graph inputs pos_{i} (H, R, DK), R >= needed: contiguous views of `window(needed)`, or of the whole
+        table when not `windowed`."""
+        pos = self.window(needed) if self.windowed else self.table(needed)
         return {f"pos_{i}": pos[i] for i in range(pos.shape[0])}
