@@ -5,6 +5,7 @@ package), only as far as the initializers' names, types, shapes and external-dat
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,34 +42,32 @@ class ExternalTensor:
 def external_tensors(graph: Path) -> list[ExternalTensor]:
     """The initializers of the ONNX file `graph` whose data is external (in a type numpy has), in file order; raises
     ValueError for a file that is not a protobuf message."""
-    found = []
-    try:
-        for field, _, model_graph in _fields(memoryview(Path(graph).read_bytes())):
-            if field != _MODEL_GRAPH:
-                continue
-            for item, _, tensor in _fields(model_graph):
-                if item == _GRAPH_INITIALIZER:
-                    external = _external(tensor)
-                    if external is not None:
-                        found.append(external)
-    except (IndexError, UnicodeDecodeError) as e:  # a message cut short, a name that is not text
-        raise ValueError(f"{graph}: not an ONNX file ({e})") from e
-    return found
+    with _not_onnx(graph):
+        return [t for tensor in _graph_items(graph, _GRAPH_INITIALIZER) if (t := _external(tensor)) is not None]
 
 
 def op_types(graph: Path) -> frozenset[str]:
     """The operator types of the ONNX file `graph`'s top-level nodes; raises ValueError for a file that is not a
     protobuf message."""
-    found: set[str] = set()
+    with _not_onnx(graph):
+        nodes = _graph_items(graph, _GRAPH_NODE)
+        return frozenset(bytes(v).decode() for node in nodes for f, _, v in _fields(node) if f == _NODE_OP_TYPE)
+
+
+def _graph_items(graph: Path, wanted: int) -> Iterator[memoryview]:
+    """The GraphProto fields numbered `wanted` of the ONNX file `graph`, in file order."""
+    for field, _, model_graph in _fields(memoryview(Path(graph).read_bytes())):
+        if field == _MODEL_GRAPH:
+            yield from (value for item, _, value in _fields(model_graph) if item == wanted)
+
+
+@contextmanager
+def _not_onnx(graph: Path) -> Iterator[None]:
+    """A message cut short or a name that is not text, read as what it says of the file: a ValueError."""
     try:
-        for field, _, model_graph in _fields(memoryview(Path(graph).read_bytes())):
-            if field == _MODEL_GRAPH:
-                for item, _, node in _fields(model_graph):
-                    if item == _GRAPH_NODE:
-                        found.update(bytes(v).decode() for f, _, v in _fields(node) if f == _NODE_OP_TYPE)
+        yield
     except (IndexError, UnicodeDecodeError) as e:
         raise ValueError(f"{graph}: not an ONNX file ({e})") from e
-    return frozenset(found)
 
 
 def _external(tensor: memoryview) -> ExternalTensor | None:
