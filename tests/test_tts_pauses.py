@@ -1,4 +1,5 @@
-"""Pauses from the frontend become runs of zero samples in the audio, and change the audio cache key."""
+"""Pauses from the frontend become runs of zero samples in the audio, and change the audio cache key; a finished job
+lets go of its place before its reader sees its end."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ import threading
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+import pytest
 
 from service.audio.encode import AudioFormat
 from service.engine.types import AudioChunk, StageTimings, SynthesisOptions
 from service.families.cosyvoice1.voice import Voice
 from service.families.model import NamedVoice
 from service.frontend import Sentence
-from service.speech.job import with_pauses
+from service.speech.job import SpeechJob, with_pauses
 from service.speech.request import SpeechRequest
 from service.speech.service import TTSService
 from service.stores.audio_cache import MemoryAudioCache
@@ -119,3 +121,23 @@ def test_silence_follows_its_sentence_at_once() -> None:
     assert order(OnesEngine()).index("sent silence") < order(OnesEngine()).index("made s1")
     lagging = order(OnesEngine(marks_ends=False))  # without sentence ends: the silence waits for the next sentence
     assert lagging.index("sent silence") > lagging.index("made s1")
+
+
+def test_a_jobs_place_is_free_before_its_reader_can_see_the_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader that starts its next job on the end of this one (the WebSocket's sentence pipeline: one streaming, one
+    ahead) must never find this one still running: the gate lets go of a job before the job marks its end."""
+    service = TTSService(ScriptedFrontend([Sentence("a", (1, 2, 3))]), OnesEngine(), MemoryAudioCache(0), bundle_sha256="0" * 64)
+    at_close: list[tuple[int, int]] = []
+    close = SpeechJob.close
+
+    def recording_close(job: SpeechJob) -> None:
+        at_close.append(service.queue_state())
+        close(job)
+
+    monkeypatch.setattr(SpeechJob, "close", recording_close)
+    try:
+        request = SpeechRequest("x", NamedVoice(SPEAKER), fmt=AudioFormat.PCM, chunked=True)
+        assert b"".join(service.submit(request))
+    finally:
+        service.close()
+    assert at_close == [(0, 0)]

@@ -299,8 +299,8 @@ class TTSService:
                 self._pool.submit(context.run, self._run, job)
             except RuntimeError:  # the workers stopped (closing): the job ends without running
                 job.cancel()
-                job.close()
                 self.gate.finished(job)
+                job.close()
 
         with self._lock:
             if self._closing:
@@ -329,10 +329,12 @@ class TTSService:
         finally:
             if job.cancel_event.is_set():
                 self.observer.cancelled()
-            job.close()
             with self._lock:
                 self._jobs.discard(job)
+            # its place goes back before its reader sees the end: a reader that starts the next job on that end (the
+            # WebSocket's sentence pipeline) never finds this one still counted
             self.gate.finished(job)
+            job.close()
 
     def _produce(self, job: SpeechJob) -> list[bytes] | None:
         """Run the engine; returns the encoded pieces, or None when cancelled."""
