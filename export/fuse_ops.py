@@ -8,7 +8,17 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from export.twin_graph import INT8_OP_NAME, OP_NAME, QWEN2_OP_NAME, RELPOS_OP_NAME, Graph, RewriteError, attr, replace_nodes
+from export.twin_graph import (
+    CONV_OP_NAME,
+    INT8_OP_NAME,
+    OP_NAME,
+    QWEN2_OP_NAME,
+    RELPOS_OP_NAME,
+    Graph,
+    RewriteError,
+    attr,
+    replace_nodes,
+)
 from service.bundle import NATIVE_DOMAIN
 
 CHUNK_INPUT = "chunk"
@@ -221,3 +231,85 @@ def add_spread_input(model: onnx.ModelProto) -> int:
         graph.initializer.append(numpy_helper.from_array(np.array([1], np.int64), SPREAD_INPUT))
         graph.input.append(helper.make_tensor_value_info(SPREAD_INPUT, onnx.TensorProto.INT64, [1]))
     return len(nodes)
+
+
+def bf16_bits(w: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits (uint32 holding 16), to nearest, ties to even, as cvl_bf16_of (conv1d.c)."""
+    u = np.ascontiguousarray(w, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint32)
+    nan = np.isnan(w)
+    return np.where(nan, (u >> 16).astype(np.uint32) | 0x40, rounded)
+
+
+def pack_bf16_conv_weight(w: np.ndarray) -> np.ndarray:
+    """A Conv weight (C_out, C_in, taps) as BF16Conv1d reads it (conv1d.h): (taps, ceil(C_in / 2), C_out) int32 of
+    bf16 pairs, channel 2p in the low half, a zero channel after an odd count."""
+    c_out, c_in, taps = w.shape
+    padded = np.zeros((c_out, 2 * (-(-c_in // 2)), taps), np.float32)
+    padded[:, :c_in] = w
+    bits = bf16_bits(padded)  # (C_out, 2P, taps)
+    pairs = bits[:, 0::2] | (bits[:, 1::2] << 16)  # (C_out, P, taps)
+    return np.ascontiguousarray(pairs.transpose(2, 1, 0)).view(np.int32)
+
+
+def _snake(g: Graph, tensor: str) -> tuple[str, np.ndarray, np.ndarray] | None:
+    """(x, alpha, inv_alpha) when `tensor` is a Snake activation of x as our exporter writes HiFT's (x + Mul(Reciprocal
+    (a) * c, Pow(Sin(x * alpha), 2)), every factor a per-channel constant) and nothing else reads it; else None."""
+    add = g.producer.get(tensor)
+    if add is None or add.op_type != "Add" or len(g.consumers.get(tensor, [])) != 1:
+        return None
+    for x in add.input:
+        try:
+            scaled = g.made_by(g.other_input(add, x), "Mul")
+            power = g.made_by_either(scaled, "Pow")[0]
+            inv = g.other_input(scaled, power.output[0])
+            sin = g.made_by(power.input[0], "Sin")
+            inner = g.made_by(sin.input[0], "Mul")
+            if x not in inner.input or not np.array_equal(g.constant(power.input[1]), np.float32(2)):
+                continue
+            alpha = np.asarray(g.constant(g.other_input(inner, x)), np.float32).reshape(-1)
+            recip, c = g.made_by_either(g.made_by(inv, "Mul"), "Reciprocal")
+            inverse = (np.float32(1) / np.asarray(g.constant(recip.input[0]), np.float32)) * np.asarray(g.constant(c), np.float32)
+        except RewriteError:
+            continue
+        return x, alpha, np.ascontiguousarray(inverse, np.float32).reshape(-1)
+    return None
+
+
+def fuse_bf16_convs(model: onnx.ModelProto) -> int:
+    """Replace every one-dimensional Conv of `model` with a constant weight, stride 1 and one group by a BF16Conv1d
+    node over its packed weight (in place; strided convolutions stay), with the Snake activation before it when the
+    convolution alone reads one (_snake); returns how many."""
+    graph = model.graph
+    g = Graph(graph)
+    fused: dict[str, onnx.NodeProto] = {}
+    new_inits: list[onnx.TensorProto] = []
+    for node in [n for n in graph.node if n.op_type == "Conv"]:
+        weight = node.input[1]
+        grouped = attr(node, "group") not in (None, 1) or attr(node, "auto_pad") not in (None, b"NOTSET")
+        if weight not in g.initializers or grouped:
+            continue
+        w = numpy_helper.to_array(g.initializers[weight])
+        strides = attr(node, "strides") or [1]
+        pads = attr(node, "pads") or [0, 0]
+        dilations = attr(node, "dilations") or [1]
+        if w.ndim != 3 or w.dtype != np.float32 or list(strides) != [1]:  # type: ignore[call-overload]
+            continue
+        bias = node.input[2] if len(node.input) > 2 and node.input[2] else ""
+        base = f"{weight}_bf16conv"
+        new_inits.append(numpy_helper.from_array(pack_bf16_conv_weight(w), f"{base}_packed"))
+        inputs = [node.input[0], f"{base}_packed", bias]
+        snake = _snake(g, node.input[0])
+        if snake is not None and snake[1].size == w.shape[1] == snake[2].size:
+            new_inits.append(numpy_helper.from_array(snake[1], f"{base}_alpha"))
+            new_inits.append(numpy_helper.from_array(snake[2], f"{base}_inv_alpha"))
+            inputs = [snake[0], f"{base}_packed", bias, f"{base}_alpha", f"{base}_inv_alpha"]
+        left, right = (int(v) for v in pads)  # type: ignore[attr-defined]
+        fused[node.output[0]] = helper.make_node(
+            CONV_OP_NAME, inputs if len(inputs) > 3 or bias else inputs[:2], [node.output[0]],
+            name=f"bf16conv_{node.name or weight}", domain=NATIVE_DOMAIN,
+            dilation=int(dilations[0]), pad_left=left, pad_right=right,  # type: ignore[index]
+        )  # fmt: skip
+    graph.initializer.extend(new_inits)
+    replace_nodes(model, fused)
+    return len(fused)

@@ -13,6 +13,9 @@
   becomes one EstimatorBlock with an empty cache and an attention chunk no call reaches (fuse_blocks as above).
 * The Fun-CosyVoice3 DiT (export/cosyvoice3/dit_twin.py): attention cores and products as for CosyVoice2, then each
   AdaLN-modulated block with rotary q and k as one `cosyvoice_lite.DiTBlock` (the same kernel with its modulation).
+* The vocoder (every family's HiFT decode graph, float32 in every bundle): each stride-1 convolution as one
+  `cosyvoice_lite.BF16Conv1d` over its weight in bf16 pairs (products in bf16, sums in float32: the precision OpenVINO
+  gave it on bf16 CPUs, without a second runtime); its twin's manifest precision is "bf16".
 * The LLM step (either family): each int8 weight product as ONNX Runtime's dynamic quantization writes it
   (DynamicQuantizeLinear, MatMulInteger, Cast, Mul by the scales, and the bias Add) is one `cosyvoice_lite.Int8MatMul`
   node over the same int8 weight, packed in the order the kernel reads it; then each decoder layer is one node
@@ -32,10 +35,10 @@ from pathlib import Path
 
 import onnx
 
-from export.external_data import load_inline
+from export.external_data import externalize_graph, load_inline, weights_name
 from export.fuse_layers import fuse_blocks, fuse_qwen2_layers
-from export.fuse_ops import add_spread_input, fuse_attention, fuse_conv_windows, fuse_int8_matmuls
-from export.twin_graph import BLOCK_OP_NAME, INT8_OP_NAME, QWEN2_OP_NAME, RewriteError
+from export.fuse_ops import add_spread_input, fuse_attention, fuse_bf16_convs, fuse_conv_windows, fuse_int8_matmuls
+from export.twin_graph import BLOCK_OP_NAME, CONV_OP_NAME, INT8_OP_NAME, QWEN2_OP_NAME, RewriteError
 from service.bundle import GROUP_NATIVE, MANIFEST_NAME, NATIVE_DOMAIN, NATIVE_SUFFIX, Manifest, ModelBundle, sha256_file
 
 # Rewrites a graph into its native twin in place: (nodes replaced, what was done for the log); 0 leaves no twin.
@@ -61,6 +64,17 @@ def rewrite_qwen2_step(model: onnx.ModelProto, manifest: Manifest) -> tuple[int,
     beside = count - 7 * layers
     return count, f"{PRODUCTS}; decoder layers as {NATIVE_DOMAIN}.{QWEN2_OP_NAME} ({layers}), {beside} product(s) beside"
 
+
+def rewrite_bf16_convs(model: onnx.ModelProto, manifest: Manifest) -> tuple[int, str]:
+    """A vocoder (HiFT's decode graph, every family): each stride-1 convolution as one BF16Conv1d over its weight in
+    bf16 pairs (float32 sums); its transposed and strided convolutions stay."""
+    return fuse_bf16_convs(model), f"convolutions as {NATIVE_DOMAIN}.{CONV_OP_NAME} (bf16 products)"
+
+
+# Float32 graphs of a quantized bundle whose twin computes its products in bf16 (the twin's manifest precision): the
+# vocoder, which no quantized bundle quantizes.
+BF16_TWINS = frozenset({"hift_decode"})
+SHARED_REWRITES: dict[str, Rewrite] = {"hift_decode": rewrite_bf16_convs}  # every family's, beside its own
 
 BLOCK_PRODUCTS = 6  # a fused block's int8 products: q, k, v, out, ff1, ff2
 
@@ -90,17 +104,20 @@ def rewrite_cached_estimator(
 
 def write_native_twin(bundle_dir: Path, rewrites: Mapping[str, Rewrite], log: Callable[[str], None] = print) -> tuple[str, ...]:
     """Add the native twins the quantized bundle in `bundle_dir` lacks (file and manifest entry), one per graph its
-    family's `rewrites` name; returns the twins' graph names. An fp32 bundle takes none (the official computation stays
-    exact), nor does a graph with nothing to rewrite (a 4-bit step). RewriteError when a graph does not match."""
+    family's `rewrites` or SHARED_REWRITES name (a large twin's weights in a file of their own); returns the twins'
+    graph names. An fp32 bundle takes none (the official computation stays exact), nor does a graph with nothing to
+    rewrite (a 4-bit step). RewriteError when a graph does not match."""
     manifest = ModelBundle.load(bundle_dir).manifest
     if manifest.precision == "fp32":
         return ()
     graphs = dict(manifest.graphs)
     written: list[str] = []
-    for name, rewrite in rewrites.items():
-        if name not in graphs or name + NATIVE_SUFFIX in graphs or graphs[name].precision == "fp32":
+    for name, rewrite in (SHARED_REWRITES | dict(rewrites)).items():
+        if name not in graphs or name + NATIVE_SUFFIX in graphs:
             continue
         entry = graphs[name]
+        if entry.precision == "fp32" and name not in BF16_TWINS:
+            continue
         model = load_inline(bundle_dir / entry.file)
         try:
             count, what = rewrite(model, manifest)
@@ -111,7 +128,12 @@ def write_native_twin(bundle_dir: Path, rewrites: Mapping[str, Rewrite], log: Ca
         onnx.checker.check_model(model)
         twin = bundle_dir / f"{name}{NATIVE_SUFFIX}.onnx"
         onnx.save(model, str(twin))
-        graphs[name + NATIVE_SUFFIX] = replace(entry, file=twin.name, sha256=sha256_file(twin), group=GROUP_NATIVE)
+        weights = weights_name(twin.name) if externalize_graph(twin) else ""
+        graphs[name + NATIVE_SUFFIX] = replace(
+            entry, file=twin.name, sha256=sha256_file(twin), group=GROUP_NATIVE,
+            precision="bf16" if entry.precision == "fp32" else entry.precision,
+            weights=weights, weights_sha256=sha256_file(bundle_dir / weights) if weights else "",
+        )  # fmt: skip
         written.append(name + NATIVE_SUFFIX)
         log(f"native twin: {twin.name} ({count} {what})")
     if written:

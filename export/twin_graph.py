@@ -16,6 +16,7 @@ INT8_OP_NAME = "Int8MatMul"
 BLOCK_OP_NAME = "EstimatorBlock"
 QWEN2_OP_NAME = "Qwen2Layer"
 RELPOS_OP_NAME = "RelPosLayer"  # a CosyVoice-300M decoder layer (export/cosyvoice1/relpos_twin.py)
+CONV_OP_NAME = "BF16Conv1d"  # a vocoder's convolution with bf16 products
 
 
 class RewriteError(ExportError):

@@ -58,8 +58,10 @@ class EngineProfile(BaseModel):
     )
     acoustic_backend: Literal["auto", "ort", "openvino"] = Field(
         default="auto",
-        description="Runtime of the flow estimator and HiFT: 'auto' = OpenVINO in bf16 where the CPU computes bf16 "
-        "natively (AVX-512 BF16 or AMX), else ONNX Runtime; 'ort'; 'openvino' (bf16 where native, else f32).",
+        description="Runtime of the flow estimator and HiFT where no native twin runs them: 'auto' and 'ort' = ONNX "
+        "Runtime; 'openvino' = OpenVINO (not installed by requirements-lite.txt or the image: `pip install openvino`; "
+        "bf16 where the CPU computes it natively, else f32). On AVX-512 BF16 CPUs a quantized bundle's twins run "
+        "the estimator and HiFT's convolutions in bf16 as fast as OpenVINO did (docs/perf-log.md).",
     )
     native_kernels: Literal["auto", "no-amx", "portable", "off"] = Field(
         default="auto",

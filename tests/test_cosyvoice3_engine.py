@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -58,7 +59,10 @@ def test_a_silent_token_after_five_in_a_row_is_dropped() -> None:
 def test_the_windowed_vocoder_gives_the_official_rerun_samples_over_a_long_sentence(
     sessions: tuple[ModelBundle, dict[str, object]],
 ) -> None:
-    vocoder = engine(sessions).vocoder
+    # on the float32 graph: the vocoder twin's bf16 rounding turns last-bit differences of ONNX Runtime's own kernels
+    # at other lengths into ~1e-4 (tests/test_native_conv.py holds the twin to the float graph)
+    bundle = sessions[0]
+    vocoder = engine((bundle, open_sessions(bundle, replace(ONE, native_kernels="off"), names=tuple(GRAPH_IO)))).vocoder
     mel = (np.random.default_rng(3).standard_normal((80, 6 * CONTEXT_FRAMES)) * 2 - 5).astype(np.float32)
     cuts = [0, 20, 50, 100, 150, 200, mel.shape[1]]
     windowed, official = WindowedStream.start(vocoder), OfficialStream.start(vocoder)

@@ -66,7 +66,9 @@ def test_the_quantized_tiny_bundle_carries_the_twin(tiny_v2_bundle: Path) -> Non
     core, twin = bundle.manifest.graphs["flow_estimator"], bundle.manifest.graphs[TWIN]
     assert (twin.group, twin.precision, twin.inputs, twin.outputs) == (GROUP_NATIVE, core.precision, core.inputs, core.outputs)
     assert bundle.native_graph_path("flow_estimator") == tiny_v2_bundle / twin.file
-    assert bundle.native_graph_path("hift_decode") is None
+    vocoder = bundle.manifest.graphs["hift_decode_native"]  # every family's vocoder: bf16 convolutions
+    assert (vocoder.group, vocoder.precision, bundle.manifest.graphs["hift_decode"].precision) == (GROUP_NATIVE, "bf16", "fp32")
+    assert bundle.native_graph_path("llm_encoder") is None
     model = onnx.load(str(tiny_v2_bundle / twin.file))
     ops = [n.op_type for n in model.graph.node if n.domain == NATIVE_DOMAIN]
     blocks = constants_of(bundle.manifest).estimator_blocks
@@ -343,7 +345,7 @@ def test_float_bundles_take_no_twin_and_quantized_v1_ones_the_step_and_the_estim
     quantized = tmp_path / "v1-int8"
     write_quantized_bundle(tiny_bundle, quantized, ModelBundle.load(tiny_bundle).manifest, "int8")
     rewrites = for_family(FAMILY_V1).native_rewrites  # v1's estimator: its blocks over the whole window (no cache)
-    assert write_native_twin(quantized, rewrites, log=lambda _: None) == (STEP_TWIN, TWIN)
+    assert write_native_twin(quantized, rewrites, log=lambda _: None) == ("hift_decode_native", STEP_TWIN, TWIN)
     bundle = ModelBundle.load(quantized, verify_hashes=True)
     assert bundle.native_graph_path("flow_estimator") == quantized / f"{TWIN}.onnx"  # tests/test_native_v1_twin.py
     core = ort.InferenceSession(str(quantized / "llm_step.onnx"), providers=["CPUExecutionProvider"])

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.bundle.layout import FLOAT_SUFFIX, GROUP_NATIVE, GROUP_PROMPT, NATIVE_SUFFIX
+from service.bundle.layout import FLOAT_SUFFIX, GROUP_NATIVE, GROUP_PROMPT, NATIVE_SUFFIX, SHARED_NATIVE_GRAPHS
 from service.bundle.manifest import Manifest
 from service.errors import BundleError
 
@@ -24,7 +24,7 @@ class FamilyLayout:
     prompt_graphs: PromptGraphs
     tokenizer: str
     required_files: tuple[str, ...]
-    native_graphs: tuple[str, ...] = field(default=())  # core graphs that may have a native twin
+    native_graphs: tuple[str, ...] = field(default=())  # core graphs that may have a native twin (and SHARED_NATIVE_GRAPHS)
 
     def check(self, manifest: Manifest, root: Path) -> None:
         """Refuse (BundleError) a manifest of another family, one that lacks a core graph, lists a graph this family
@@ -37,7 +37,8 @@ class FamilyLayout:
         known = set(self.graph_io) | set(self.prompt_graphs)
         for name, entry in manifest.graphs.items():
             base = name.removesuffix(FLOAT_SUFFIX).removesuffix(NATIVE_SUFFIX)
-            if base not in known or (entry.group == GROUP_NATIVE and base not in self.native_graphs):
+            twins = (*self.native_graphs, *SHARED_NATIVE_GRAPHS)
+            if base not in known or (entry.group == GROUP_NATIVE and base not in twins):
                 raise BundleError(f"{root}: manifest graph {name!r} is not a graph of a {self.family} bundle")
             if (entry.group == GROUP_PROMPT) != (name in self.prompt_graphs):
                 raise BundleError(f"{root}: manifest graph {name!r} is in group {entry.group!r}")

@@ -23,10 +23,14 @@ GROUP_FLOAT = "float"
 FLOAT_SUFFIX = "_float"
 # The optional "native" group: twins of core graphs of a quantized bundle in which some nodes are kernels of ours
 # (domain NATIVE_DOMAIN) that ONNX Runtime runs from service/engine/native. A twin is named `<core name>_native`, has
-# the core graph's inputs, outputs and precision; export/native_twin.py writes it.
+# the core graph's inputs, outputs and precision (bf16 for an fp32 graph whose kernels take bf16 products);
+# export/native_twin.py writes it.
 GROUP_NATIVE = "native"
 NATIVE_SUFFIX = "_native"
 NATIVE_DOMAIN = "cosyvoice_lite"
+# Core graphs any family's bundle may give a native twin, beside the family's own (FamilyLayout.native_graphs): the
+# vocoder, whose convolutions take bf16 products (export/native_twin.py SHARED_REWRITES).
+SHARED_NATIVE_GRAPHS: tuple[str, ...] = ("hift_decode",)
 
 
 def expand_io_names(names: tuple[str, ...], num_layers: int, counts: dict[str, int] | None = None) -> list[str]:

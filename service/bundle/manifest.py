@@ -27,7 +27,8 @@ class GraphEntry:
 
     file: str
     sha256: str
-    precision: str  # "fp32", "int8", "int4" (4-bit weight-only MatMulNBits) or "int8-weights" (a float twin)
+    precision: str  # "fp32", "int8", "int4" (4-bit weight-only MatMulNBits), "int8-weights" (a float twin) or "bf16" (a
+    # native twin of an fp32 graph whose kernels take bf16 products: the vocoder's)
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     opset: int = 13
@@ -175,8 +176,8 @@ def _check_groups(manifest: Manifest) -> None:
             raise BundleError(
                 f"manifest graph {name!r} must be named `<core graph>{suffix}` and have the inputs and outputs of its core graph"
             )
-        if g.group == GROUP_NATIVE and g.precision != core.precision:
-            raise BundleError(f"manifest graph {name!r} must have the precision of its core graph")
+        if g.group == GROUP_NATIVE and g.precision != core.precision and (core.precision, g.precision) != ("fp32", "bf16"):
+            raise BundleError(f"manifest graph {name!r} must have the precision of its core graph (or bf16 for an fp32 one)")
     caps, prompt = manifest.capabilities, manifest.graphs_in(GROUP_PROMPT)
     if prompt and not caps.prompt_analysis:
         raise BundleError(f"manifest lists prompt graphs ({', '.join(prompt)}) but does not declare prompt_analysis")

@@ -34,10 +34,12 @@ SPREAD_INPUT = "decode_spread"
 AVX2_VARIANT = "avx2"
 # The operators whose fast variant decides whether a graph's twin pays here (service.bundle NATIVE_GRAPHS): the
 # estimator's attention (bf16, or float32 on AVX2) and its int8 products; the decode step's int8 products and its
-# relative-position decoder layers (a step twin of Qwen2Layer nodes has none; RelPosLayer has the same fast variants).
+# relative-position decoder layers (a step twin of Qwen2Layer nodes has none; RelPosLayer has the same fast variants);
+# the vocoder's bf16 convolutions (AVX-512 BF16 only: elsewhere ONNX Runtime's float32 graph runs).
 KERNELS_OF_GRAPH: dict[str, tuple[str, ...]] = {
     "flow_estimator": ("CachedAttention", "Int8MatMul"),
     "llm_step": ("Int8MatMul", "RelPosLayer"),
+    "hift_decode": ("BF16Conv1d",),
 }
 
 

@@ -30,8 +30,8 @@ PREPACKED_GRAPHS: frozenset[str] = frozenset({"llm_step", "flow_estimator", "hif
 # one reads its weights file through one mapping (sessions.SharedWeights), not one each (a page two mappings show counts
 # twice in the resident size).
 SHARED_WEIGHTS_GRAPHS: frozenset[str] = frozenset({"hift_decode"})
-# Graphs OpenVINO may run (acoustic_backend): faster in bf16 than ORT runs them where the CPU computes bf16 natively;
-# the LLM step stays on ORT, which runs it faster (docs/perf-log.md).
+# Graphs OpenVINO runs when asked (acoustic_backend=openvino): faster in bf16 than ORT's float32 graphs where the CPU
+# computes bf16 natively, as fast as our twins; the LLM step stays on ORT, which runs it faster (docs/perf-log.md).
 OPENVINO_GRAPHS: frozenset[str] = frozenset({"flow_estimator", "hift_decode", "hift_f0"})
 
 
@@ -157,9 +157,8 @@ class EngineLevers:
     acoustic_arena: AcousticArena = "shrink"
     # Megabytes streamed sentences' growing state may hold at once (service.engine.memory); None: auto, 0: no bound.
     flow_cache_mb: int | None = None
-    # Runtime of the OPENVINO_GRAPHS: "auto" = OpenVINO in bf16 where the CPU computes bf16 natively (AVX-512 BF16,
-    # AMX) and the openvino package is installed, else ORT; "ort"; "openvino" (bf16 where native, else f32).
-    # The engine's own default is ORT (parity checks, tools); the service's setting defaults to "auto".
+    # Runtime of the OPENVINO_GRAPHS where no native twin of ours runs them: "auto" and "ort" = ONNX Runtime;
+    # "openvino" (the openvino package installed apart: bf16 where the CPU computes it natively, else f32).
     acoustic_backend: AcousticBackend = "ort"
     # Native twins (a quantized bundle's graphs with kernels of ours: an estimator's attention, the LLM step's int8
     # products): "auto" runs a twin where the bundle has one and our library's kernel for it has a fast variant here

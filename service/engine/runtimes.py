@@ -31,21 +31,21 @@ def graph_runtime(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> Graph
     A graph runs as its native twin on ORT with our kernels when the bundle has the twin, native_kernels is not "off"
     (nor native_estimator False, for the estimator) and the library has a fast variant of the twin's deciding kernels
     here under that ceiling (native.KERNELS_OF_GRAPH; their AVX2 code counts unless native_on_avx2 is off, or for the
-    estimator under native_estimator "auto"), or the ceiling is "portable". Else OpenVINO runs
-    OPENVINO_GRAPHS when asked (or on "auto" where bf16 is native), from floating-point weights: the graph itself, or
-    the float twin of a quantized graph; a quantized graph without a twin stays on ORT.
+    estimator under native_estimator "auto"), or the ceiling is "portable". Else OpenVINO runs OPENVINO_GRAPHS only
+    when asked by name (acoustic_backend "openvino": bf16 where native, else f32), from floating-point weights: the
+    graph itself, or the float twin of a quantized graph; a quantized graph without a twin stays on ORT. "auto" is ORT:
+    on bf16 CPUs our twins (the estimator's blocks, the vocoder's bf16 convolutions) ran as fast as OpenVINO without a
+    second runtime (docs/perf-log.md, 2026-11-30), so serving no longer installs it.
     """
     ort_runtime = GraphRuntime("ort", bundle.graph_path(name), bundle.manifest.graphs[name].precision)
     twin = native_twin(bundle, name, opts)
     if twin is not None:
         return twin
-    if name not in OPENVINO_GRAPHS or opts.acoustic_backend == "ort":
+    if name not in OPENVINO_GRAPHS or opts.acoustic_backend != "openvino":
         return ort_runtime
     from service.engine import ov_session
 
     bf16 = ov_session.native_bf16()
-    if opts.acoustic_backend == "auto" and not bf16:
-        return ort_runtime
     if not ov_session.available():
         raise BundleError("TTS_ENGINE_PROFILE=acoustic_backend=openvino needs the openvino package (pip install openvino)")
     path = bundle.float_graph_path(name)
@@ -95,6 +95,7 @@ _OP_NOTE = {
     "CachedAttention": "its attention",
     "Int8MatMul": "its int8 products",
     "RelPosLayer": "its relative-position layers (where it has them)",
+    "BF16Conv1d": "its bf16 convolutions",
 }
 
 

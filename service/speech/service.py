@@ -331,8 +331,7 @@ class TTSService:
                 self.observer.cancelled()
             with self._lock:
                 self._jobs.discard(job)
-            # its place goes back before its reader sees the end: a reader that starts the next job on that end (the
-            # WebSocket's sentence pipeline) never finds this one still counted
+            # its place goes back before its reader sees the end (the WebSocket starts its next sentence on that end)
             self.gate.finished(job)
             job.close()
 

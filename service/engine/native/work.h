@@ -11,7 +11,8 @@ enum {
     CVL_WORK_QWEN_SCORES = 3,
     CVL_WORK_RELPOS = 4,
     CVL_WORK_RELPOS_SCORES = 5,
-    CVL_WORK_SLOTS = 6
+    CVL_WORK_CONV = 6,
+    CVL_WORK_SLOTS = 7
 };
 
 /* A 64-byte aligned buffer of at least `floats` floats for this thread and `slot` (its contents are not kept when it

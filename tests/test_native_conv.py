@@ -1,0 +1,144 @@
+"""The vocoder's native twin (export/native_twin.py `rewrite_bf16_convs`, every family): each stride-1 convolution of
+HiFT's decode graph as one `cosyvoice_lite.BF16Conv1d` (bf16 products, float32 sums). What the twin computes against
+the float32 graph, the packing, and where the engine runs it."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from export.external_data import load_inline
+from export.fuse_ops import bf16_bits, fuse_bf16_convs, pack_bf16_conv_weight
+from export.twin_graph import CONV_OP_NAME
+from service.bundle import NATIVE_DOMAIN, ModelBundle
+from service.engine import native
+from service.engine.options import RuntimeOptions
+from service.engine.runtimes import graph_runtime, native_kernels_note
+
+TWIN = "hift_decode_native"
+
+
+@pytest.fixture(scope="module")
+def kernels() -> native.NativeKernels:
+    if not native.LIBRARY_PATH.is_file():
+        pytest.skip(native.probe().reason)
+    return native.probe(kernel=CONV_OP_NAME)
+
+
+def session(path: Path | bytes, ceiling: str = "auto", threads: int = 1) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.register_custom_ops_library(str(native.LIBRARY_PATH))
+    so.add_session_config_entry("cosyvoice_lite.kernels", ceiling)
+    return ort.InferenceSession(path if isinstance(path, bytes) else str(path), so, providers=["CPUExecutionProvider"])
+
+
+def vocoder_feeds(bundle: ModelBundle, frames: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """A mel of `frames` frames and a source STFT of the length the vocoder takes with it (one STFT frame per sample
+    hop, service/layers/hift.py)."""
+    rng = np.random.default_rng(seed)
+    steps = frames * math.prod(bundle.constants.upsample_rates) + 1
+    mel = rng.standard_normal((1, 80, frames)).astype(np.float32)
+    return {"mel": mel, "s_stft": (rng.standard_normal((1, 18, steps)) * 0.1).astype(np.float32)}
+
+
+def test_bf16_rounding_is_to_nearest_with_ties_to_even_and_the_pairs_are_channel_pairs() -> None:
+    values = np.array([1.0, -2.0, np.float32(1.0) + np.float32(2**-8), np.float32(1.0) + np.float32(3 * 2**-8)], np.float32)
+    assert [hex(int(b)) for b in bf16_bits(values)] == ["0x3f80", "0xc000", "0x3f80", "0x3f82"]
+    assert int(bf16_bits(np.array([np.nan], np.float32))[0]) & 0x7F80 == 0x7F80
+    w = np.random.default_rng(1).standard_normal((5, 3, 2)).astype(np.float32)  # C_out 5, C_in 3 (odd), taps 2
+    packed = pack_bf16_conv_weight(w).view(np.uint32)
+    assert packed.shape == (2, 2, 5)  # (taps, pairs, C_out)
+    rounded = (bf16_bits(w).astype(np.uint32) << 16).view(np.float32)
+    low = ((packed & 0xFFFF) << 16).view(np.float32)
+    high = ((packed >> 16) << 16).view(np.float32)
+    np.testing.assert_array_equal(low[:, 0], rounded[:, 0].T)  # channel 0, every tap and output
+    np.testing.assert_array_equal(high[:, 0], rounded[:, 1].T)
+    np.testing.assert_array_equal(low[:, 1], rounded[:, 2].T)
+    assert not high[:, 1].any()  # the zero channel after an odd count
+
+
+@pytest.mark.parametrize("bundle_name", ["tiny-cosyvoice2", "tiny-cosyvoice3"])
+def test_the_committed_vocoder_twin_computes_what_the_float_graph_computes(
+    bundle_name: str, kernels: native.NativeKernels
+) -> None:
+    """Every stride-1 convolution is ours; outputs within bf16's reach of the float32 graph (a miswired convolution
+    would be off by O(1)), for lengths that are no multiple of the kernel's tiles, and the same numbers from the
+    portable C and the fast code, on one thread and two."""
+    root = Path(__file__).resolve().parents[1] / "models" / bundle_name
+    bundle = ModelBundle.load(root, verify_hashes=True)
+    twin_path = bundle.native_graph_path("hift_decode")
+    assert twin_path == root / f"{TWIN}.onnx" and bundle.manifest.graphs[TWIN].precision == "bf16"
+    twin_model = onnx.load(str(twin_path))
+    ours = [n for n in twin_model.graph.node if n.domain == NATIVE_DOMAIN]
+    core_model = onnx.load(str(root / "hift_decode.onnx"))
+    convs = [n for n in core_model.graph.node if n.op_type == "Conv"]
+    strided = [n for n in convs if any(a.name == "strides" and a.ints != [1] for a in n.attribute)]
+    assert {n.op_type for n in ours} == {CONV_OP_NAME}
+    if bundle_name == "tiny-cosyvoice2":  # each Snake activation is read by its convolution alone: the kernel takes it
+        assert not any(n.op_type == "Sin" for n in twin_model.graph.node)
+        assert sum(len(n.input) == 5 for n in ours) == sum(n.op_type == "Sin" for n in core_model.graph.node) > 0
+    assert len(ours) + len(strided) == sum(n.op_type == "Conv" for n in core_model.graph.node)
+    core = ort.InferenceSession(str(root / "hift_decode.onnx"), providers=["CPUExecutionProvider"])
+    for frames in (7, 33):
+        feeds = vocoder_feeds(bundle, frames, seed=frames)
+        want = core.run(None, feeds)[0]
+        for threads in (1, 2):  # (ONNX Runtime's own kernels sum in another order on two threads)
+            portable = session(twin_path, "portable", threads).run(None, feeds)[0]
+            assert np.linalg.norm(portable - want) / np.linalg.norm(want) < 2e-2
+            np.testing.assert_array_equal(session(twin_path, "auto", threads).run(None, feeds)[0], portable)
+
+
+def test_a_convolution_the_kernel_does_not_take_stays(tmp_path: Path) -> None:
+    """Strided, grouped and two-dimensional convolutions and one whose weight is an input stay ONNX Conv nodes."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w1 = numpy_helper.from_array(np.ones((4, 2, 3), np.float32), "w1")
+    w2 = numpy_helper.from_array(np.ones((4, 1, 3), np.float32), "w2")
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1]),
+        helper.make_node("Conv", ["x", "w1"], ["b"], strides=[2]),
+        helper.make_node("Conv", ["x", "w2"], ["c"], group=2),
+        helper.make_node("Conv", ["x", "wi"], ["d"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("x", "wi")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "abcd"], [w1, w2],
+    )  # fmt: skip
+    model = helper.make_model(graph)
+    assert fuse_bf16_convs(model) == 1
+    assert [n.op_type for n in model.graph.node] == [CONV_OP_NAME, "Conv", "Conv", "Conv"]
+    attrs = {a.name: a.i for a in model.graph.node[0].attribute}
+    assert attrs == {"dilation": 1, "pad_left": 1, "pad_right": 1}
+
+
+def test_the_engine_runs_the_vocoder_twin_only_where_its_kernel_has_bf16(
+    tiny_v2_bundle: Path, kernels: native.NativeKernels, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = ModelBundle.load(tiny_v2_bundle)
+    chosen = graph_runtime(bundle, "hift_decode", RuntimeOptions())
+    fast = kernels.usable and kernels.variant == "avx512_bf16"
+    assert chosen.path == tiny_v2_bundle / (f"{TWIN}.onnx" if fast else "hift_decode.onnx")
+    assert graph_runtime(bundle, "hift_decode", RuntimeOptions(native_kernels="portable")).path == tiny_v2_bundle / f"{TWIN}.onnx"
+    off = graph_runtime(bundle, "hift_decode", RuntimeOptions(native_kernels="off", acoustic_backend="ort"))
+    assert (off.path, off.custom_ops) == (tiny_v2_bundle / "hift_decode.onnx", None)
+    note = native_kernels_note(bundle, RuntimeOptions(native_kernels="portable"))
+    assert note is not None and "hift_decode runs its bf16 convolutions: portable" in note
+    monkeypatch.setattr(native, "probe", lambda **_: native.NativeKernels(None, "no AVX-512 BF16"))
+    assert graph_runtime(bundle, "hift_decode", RuntimeOptions(acoustic_backend="ort")).custom_ops is None
+
+
+def test_the_rewrite_of_a_float_vocoder_is_the_committed_twin(tiny_v2_bundle: Path) -> None:
+    """The twin is the rewrite of the bundle's own graph, reproducibly (the exporter and `export.add_twins` write it)."""
+    model = load_inline(tiny_v2_bundle / "hift_decode.onnx")
+    fuse_bf16_convs(model)
+    committed = onnx.load(str(tiny_v2_bundle / f"{TWIN}.onnx"))
+    assert [n.op_type for n in model.graph.node] == [n.op_type for n in committed.graph.node]
+    got = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    for init in committed.graph.initializer:
+        np.testing.assert_array_equal(got[init.name], onnx.numpy_helper.to_array(init), err_msg=init.name)
