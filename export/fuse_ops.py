@@ -276,10 +276,59 @@ def _snake(g: Graph, tensor: str) -> tuple[str, np.ndarray, np.ndarray] | None:
     return None
 
 
+def _evaluated(g: Graph, tensor: str) -> np.ndarray | None:
+    """The value of `tensor` when only constants feed it (e.g. the pads F.pad's export computes with Reshape, Slice,
+    Concat...): its producers run by ONNX's reference evaluator; None when a graph input reaches it."""
+    from onnx.reference import ReferenceEvaluator
+
+    if tensor in g.initializers:
+        return numpy_helper.to_array(g.initializers[tensor])
+    needed: list[onnx.NodeProto] = []
+    stack, seen = [tensor], set()
+    while stack:
+        name = stack.pop()
+        if name in seen or not name or name in g.initializers:
+            continue
+        seen.add(name)
+        node = g.producer.get(name)
+        if node is None:
+            return None  # a graph input
+        needed.append(node)
+        stack += list(node.input)
+    order = {id(n): i for i, n in enumerate(g.graph.node)}
+    nodes = sorted({id(n): n for n in needed}.values(), key=lambda n: order[id(n)])
+    inits = [g.initializers[i] for n in nodes for i in n.input if i in g.initializers]
+    sub = helper.make_graph(
+        nodes, "constant", [], [helper.make_tensor_value_info(tensor, onnx.TensorProto.UNDEFINED, None)], inits
+    )
+    model = helper.make_model(sub, opset_imports=[helper.make_opsetid("", 13)])
+    return np.asarray(ReferenceEvaluator(model).run(None, {})[0])
+
+
+def _time_pad(g: Graph, tensor: str) -> tuple[str, int, int] | None:
+    """(x, left, right) when `tensor` is a constant zero Pad of x (B, C, T) along time alone that nothing else reads."""
+    pad = g.producer.get(tensor)
+    if (
+        pad is None
+        or pad.op_type != "Pad"
+        or len(g.consumers.get(tensor, [])) != 1
+        or attr(pad, "mode") not in (None, b"constant")
+    ):
+        return None
+    if len(pad.input) > 2 and pad.input[2]:
+        value = _evaluated(g, pad.input[2])
+        if value is None or np.any(value != 0):
+            return None
+    pads = _evaluated(g, pad.input[1])
+    if pads is None or pads.shape != (6,) or np.any(pads[[0, 1, 3, 4]] != 0) or np.any(pads < 0):
+        return None
+    return pad.input[0], int(pads[2]), int(pads[5])
+
+
 def fuse_bf16_convs(model: onnx.ModelProto) -> int:
     """Replace every one-dimensional Conv of `model` with a constant weight, stride 1 and one group by a BF16Conv1d
-    node over its packed weight (in place; strided convolutions stay), with the Snake activation before it when the
-    convolution alone reads one (_snake); returns how many."""
+    node over its packed weight (in place; strided convolutions stay), taking along a zero Pad along time before it
+    (_time_pad) and the Snake activation before that when the convolution alone reads one (_snake); returns how many."""
     graph = model.graph
     g = Graph(graph)
     fused: dict[str, onnx.NodeProto] = {}
@@ -298,13 +347,17 @@ def fuse_bf16_convs(model: onnx.ModelProto) -> int:
         bias = node.input[2] if len(node.input) > 2 and node.input[2] else ""
         base = f"{weight}_bf16conv"
         new_inits.append(numpy_helper.from_array(pack_bf16_conv_weight(w), f"{base}_packed"))
-        inputs = [node.input[0], f"{base}_packed", bias]
-        snake = _snake(g, node.input[0])
+        left, right = (int(v) for v in pads)  # type: ignore[attr-defined]
+        source = node.input[0]
+        padded = _time_pad(g, source)  # a causal convolution's explicit Pad (CosyVoice3's HiFT) joins its pads
+        if padded is not None:
+            source, left, right = padded[0], left + padded[1], right + padded[2]
+        inputs = [source, f"{base}_packed", bias]
+        snake = _snake(g, source)
         if snake is not None and snake[1].size == w.shape[1] == snake[2].size:
             new_inits.append(numpy_helper.from_array(snake[1], f"{base}_alpha"))
             new_inits.append(numpy_helper.from_array(snake[2], f"{base}_inv_alpha"))
             inputs = [snake[0], f"{base}_packed", bias, f"{base}_alpha", f"{base}_inv_alpha"]
-        left, right = (int(v) for v in pads)  # type: ignore[attr-defined]
         fused[node.output[0]] = helper.make_node(
             CONV_OP_NAME, inputs if len(inputs) > 3 or bias else inputs[:2], [node.output[0]],
             name=f"bf16conv_{node.name or weight}", domain=NATIVE_DOMAIN,

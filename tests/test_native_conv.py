@@ -80,9 +80,12 @@ def test_the_committed_vocoder_twin_computes_what_the_float_graph_computes(
     convs = [n for n in core_model.graph.node if n.op_type == "Conv"]
     strided = [n for n in convs if any(a.name == "strides" and a.ints != [1] for a in n.attribute)]
     assert {n.op_type for n in ours} == {CONV_OP_NAME}
-    if bundle_name == "tiny-cosyvoice2":  # each Snake activation is read by its convolution alone: the kernel takes it
-        assert not any(n.op_type == "Sin" for n in twin_model.graph.node)
-        assert sum(len(n.input) == 5 for n in ours) == sum(n.op_type == "Sin" for n in core_model.graph.node) > 0
+    # each Snake activation is read by its convolution alone (CosyVoice3's through a causal zero Pad): the kernel takes
+    # both, the pads computed by the Pad's constant subgraph joining the convolution's own
+    made = {out: n for n in twin_model.graph.node for out in n.output}
+    assert not any(n.op_type == "Sin" for n in twin_model.graph.node)
+    assert not any(n.input[0] in made and made[n.input[0]].op_type == "Pad" for n in ours)
+    assert sum(len(n.input) == 5 for n in ours) == sum(n.op_type == "Sin" for n in core_model.graph.node) > 0
     assert len(ours) + len(strided) == sum(n.op_type == "Conv" for n in core_model.graph.node)
     core = ort.InferenceSession(str(root / "hift_decode.onnx"), providers=["CPUExecutionProvider"])
     for frames in (7, 33):
@@ -115,6 +118,35 @@ def test_a_convolution_the_kernel_does_not_take_stays(tmp_path: Path) -> None:
     assert [n.op_type for n in model.graph.node] == [CONV_OP_NAME, "Conv", "Conv", "Conv"]
     attrs = {a.name: a.i for a in model.graph.node[0].attribute}
     assert attrs == {"dilation": 1, "pad_left": 1, "pad_right": 1}
+
+
+def test_a_pad_joins_the_convolution_only_when_it_is_zeros_along_time_read_by_it_alone() -> None:
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((4, 2, 3), np.float32), "w")
+    time_pads = numpy_helper.from_array(np.array([0, 0, 2, 0, 0, 1], np.int64), "time_pads")
+    channel_pads = numpy_helper.from_array(np.array([0, 1, 2, 0, 0, 1], np.int64), "channel_pads")
+    one = numpy_helper.from_array(np.array(1.0, np.float32), "one")
+    nodes = [
+        helper.make_node("Pad", ["x", "time_pads"], ["p1"], mode="constant"),
+        helper.make_node("Conv", ["p1", "w"], ["a"], pads=[1, 0]),
+        helper.make_node("Pad", ["x", "channel_pads"], ["p2"]),
+        helper.make_node("Conv", ["p2", "w"], ["b"]),
+        helper.make_node("Pad", ["x", "time_pads", "one"], ["p3"]),
+        helper.make_node("Conv", ["p3", "w"], ["c"]),
+        helper.make_node("Pad", ["x", "time_pads"], ["p4"], mode="reflect"),
+        helper.make_node("Conv", ["p4", "w"], ["d"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "abcd"], [w, time_pads, channel_pads, one],
+    )  # fmt: skip
+    model = helper.make_model(graph)
+    assert fuse_bf16_convs(model) == 4
+    convs = {n.output[0]: n for n in model.graph.node if n.op_type == CONV_OP_NAME}
+    attrs = {a.name: a.i for a in convs["a"].attribute}
+    assert (convs["a"].input[0], attrs["pad_left"], attrs["pad_right"]) == ("x", 3, 1)
+    assert all(convs[o].input[0] != "x" for o in "bcd")  # across channels, not zeros, or reflected: the Pad stays
 
 
 def test_the_engine_runs_the_vocoder_twin_only_where_its_kernel_has_bf16(
