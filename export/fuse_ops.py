@@ -352,14 +352,14 @@ def fuse_bf16_convs(model: onnx.ModelProto) -> int:
         padded = _time_pad(g, source)  # a causal convolution's explicit Pad (CosyVoice3's HiFT) joins its pads
         if padded is not None:
             source, left, right = padded[0], left + padded[1], right + padded[2]
-        inputs = [source, f"{base}_packed", bias]
+        inputs = [source, f"{base}_packed", bias] if bias else [source, f"{base}_packed"]
         snake = _snake(g, source)
         if snake is not None and snake[1].size == w.shape[1] == snake[2].size:
             new_inits.append(numpy_helper.from_array(snake[1], f"{base}_alpha"))
             new_inits.append(numpy_helper.from_array(snake[2], f"{base}_inv_alpha"))
             inputs = [snake[0], f"{base}_packed", bias, f"{base}_alpha", f"{base}_inv_alpha"]
         fused[node.output[0]] = helper.make_node(
-            CONV_OP_NAME, inputs if len(inputs) > 3 or bias else inputs[:2], [node.output[0]],
+            CONV_OP_NAME, inputs, [node.output[0]],
             name=f"bf16conv_{node.name or weight}", domain=NATIVE_DOMAIN,
             dilation=int(dilations[0]), pad_left=left, pad_right=right,  # type: ignore[index]
         )  # fmt: skip

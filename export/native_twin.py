@@ -40,6 +40,7 @@ from export.fuse_layers import fuse_blocks, fuse_qwen2_layers
 from export.fuse_ops import add_spread_input, fuse_attention, fuse_bf16_convs, fuse_conv_windows, fuse_int8_matmuls
 from export.twin_graph import BLOCK_OP_NAME, CONV_OP_NAME, INT8_OP_NAME, QWEN2_OP_NAME, RewriteError
 from service.bundle import GROUP_NATIVE, MANIFEST_NAME, NATIVE_DOMAIN, NATIVE_SUFFIX, Manifest, ModelBundle, sha256_file
+from service.bundle.layout import SHARED_NATIVE_GRAPHS
 
 # Rewrites a graph into its native twin in place: (nodes replaced, what was done for the log); 0 leaves no twin.
 Rewrite = Callable[[onnx.ModelProto, Manifest], tuple[int, str]]
@@ -71,10 +72,9 @@ def rewrite_bf16_convs(model: onnx.ModelProto, manifest: Manifest) -> tuple[int,
     return fuse_bf16_convs(model), f"convolutions as {NATIVE_DOMAIN}.{CONV_OP_NAME} (bf16 products)"
 
 
-# Float32 graphs of a quantized bundle whose twin computes its products in bf16 (the twin's manifest precision): the
-# vocoder, which no quantized bundle quantizes.
-BF16_TWINS = frozenset({"hift_decode"})
-SHARED_REWRITES: dict[str, Rewrite] = {"hift_decode": rewrite_bf16_convs}  # every family's, beside its own
+# The rewrites of service.bundle SHARED_NATIVE_GRAPHS (every family's, beside its own): float32 graphs of a quantized
+# bundle, the vocoder, whose twin computes its products in bf16 (the twin's manifest precision).
+SHARED_REWRITES: dict[str, Rewrite] = {"hift_decode": rewrite_bf16_convs}
 
 BLOCK_PRODUCTS = 6  # a fused block's int8 products: q, k, v, out, ff1, ff2
 
@@ -116,7 +116,7 @@ def write_native_twin(bundle_dir: Path, rewrites: Mapping[str, Rewrite], log: Ca
         if name not in graphs or name + NATIVE_SUFFIX in graphs:
             continue
         entry = graphs[name]
-        if entry.precision == "fp32" and name not in BF16_TWINS:
+        if entry.precision == "fp32" and name not in SHARED_NATIVE_GRAPHS:
             continue
         model = load_inline(bundle_dir / entry.file)
         try:

@@ -35,9 +35,9 @@ class FamilyLayout:
         if missing:
             raise BundleError(f"{root}: manifest lists no graph for {', '.join(missing)}")
         known = set(self.graph_io) | set(self.prompt_graphs)
+        twins = (*self.native_graphs, *SHARED_NATIVE_GRAPHS)
         for name, entry in manifest.graphs.items():
             base = name.removesuffix(FLOAT_SUFFIX).removesuffix(NATIVE_SUFFIX)
-            twins = (*self.native_graphs, *SHARED_NATIVE_GRAPHS)
             if base not in known or (entry.group == GROUP_NATIVE and base not in twins):
                 raise BundleError(f"{root}: manifest graph {name!r} is not a graph of a {self.family} bundle")
             if (entry.group == GROUP_PROMPT) != (name in self.prompt_graphs):

@@ -198,10 +198,8 @@ __attribute__((always_inline, target(FAST))) static inline void tile_fast(const 
         float* y = p->y + (b * c_out + o0 + r) * jb->t_out + t0;
         const __m512 bias = _mm512_set1_ps(p->bias ? p->bias[o0 + r] : 0.f);
         for (int v = 0; v < TV; v++) {
-            const int64_t n = left - 16 * v;
-            if (n <= 0) break;
-            const __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
-            _mm512_mask_storeu_ps(y + 16 * v, m, _mm512_add_ps(acc[r][v], bias));
+            if (left <= 16 * v) break;
+            _mm512_mask_storeu_ps(y + 16 * v, cvl_tail_mask(left - 16 * v), _mm512_add_ps(acc[r][v], bias));
         }
     }
 }
@@ -243,14 +241,8 @@ int cvl_conv1d(const cvl_conv1d_problem* p, const cvl_exec* ex) {
     const int fast = cvl_pick_variant(&cvl_conv1d_variants, ex->have, 0) == 1;
     job jb = {p, xp, width, t_out, pairs, (tiles + BLOCK_TILES - 1) / BLOCK_TILES, fast};
     const size_t rows = (size_t)(p->batch * pairs), tasks = (size_t)(p->batch * jb.blocks);
-    if (ex->parallel != NULL && rows > 1)
-        ex->parallel(ex->runner, pack_pairs, &jb, rows);
-    else
-        for (size_t i = 0; i < rows; i++) pack_pairs(&jb, i);
-    if (ex->parallel != NULL && tasks > 1)
-        ex->parallel(ex->runner, run_block, &jb, tasks);
-    else
-        for (size_t i = 0; i < tasks; i++) run_block(&jb, i);
+    cvl_run_tasks(ex, pack_pairs, &jb, rows);
+    cvl_run_tasks(ex, run_block, &jb, tasks);
     cvl_work_trim(CVL_WORK_CONV);
     return 0;
 }

@@ -2,8 +2,8 @@
  * (B, C, T) with stride 1 and one group.
  * Inputs: x (B, C_in, T) float32; packed (taps, ceil(C_in / 2), C_out) int32: W's bf16 pairs (cvl_conv1d_pack,
  * export/fuse_ops.py); bias (C_out,) float32, optional; alpha and inv_alpha (C_in,) float32, optional together: a
- * Snake activation of x first (the one before each HiFT resblock convolution). Output (B, C_out, T + pads - dilation * (taps - 1)) float32.
- * Attributes: dilation (default 1), pad_left, pad_right (default 0). Its work is shared out over the session's
+ * Snake activation of x first (the one before each HiFT resblock convolution). Output (B, C_out, T + pads - dilation *
+ * (taps - 1)) float32. Attributes: dilation (default 1), pad_left, pad_right (default 0). Its work is shared out over the session's
  * intra-op threads. */
 
 #include "conv1d.h"

@@ -25,4 +25,13 @@ typedef struct {
 
 #define CVL_MAX_SPREAD 16
 
+/* Runs task(ctx, i) for i in [0, tasks): over ex->parallel when there is one and more than one task, else here. */
+static inline void cvl_run_tasks(const cvl_exec* ex, cvl_task_fn task, void* ctx, size_t tasks) {
+    if (ex->parallel != NULL && tasks > 1) {
+        ex->parallel(ex->runner, task, ctx, tasks);
+        return;
+    }
+    for (size_t i = 0; i < tasks; i++) task(ctx, i);
+}
+
 #endif

@@ -242,14 +242,6 @@ static void product_task(void* ctx, size_t i) {
     }
 }
 
-static void run(const cvl_exec* ex, cvl_task_fn task, void* ctx, size_t tasks) {
-    if (tasks <= 1 || ex->parallel == NULL) {
-        for (size_t i = 0; i < tasks; i++) task(ctx, i);
-    } else {
-        ex->parallel(ex->runner, task, ctx, tasks);
-    }
-}
-
 /* The job of `p`'s rows: its work buffer allocated and every row quantized (once for all products of the same rows). */
 static int quantize_rows(cvl_int8_job* jb, const cvl_int8_problem* p, const cvl_exec* ex) {
     const int spread = ex->spread < 1 ? 1 : (ex->spread > MAX_TASKS ? MAX_TASKS : ex->spread);
@@ -274,7 +266,7 @@ static int quantize_rows(cvl_int8_job* jb, const cvl_int8_problem* p, const cvl_
     jb->xw = jb->avx2 ? (int16_t*)jb->xq : NULL;
     memset(jb->xq + p->rows * jb->kp, 0, (size_t)((padded_rows - p->rows) * jb->kp));
     jb->row_tasks = p->rows * p->k >= 65536 ? (p->rows < MAX_TASKS ? p->rows : MAX_TASKS) : 1;
-    run(ex, quantize_task, jb, (size_t)jb->row_tasks);
+    cvl_run_tasks(ex, quantize_task, jb, (size_t)jb->row_tasks);
     return 0;
 }
 
@@ -294,7 +286,7 @@ static void products(cvl_int8_job* jb, const cvl_int8_problem* p, const cvl_exec
     tasks = tasks < 1 ? 1 : tasks;
     tasks = tasks > MAX_TASKS ? MAX_TASKS : tasks;
     jb->tasks = tasks > jb->panels ? jb->panels : tasks;
-    run(ex, product_task, jb, (size_t)jb->tasks);
+    cvl_run_tasks(ex, product_task, jb, (size_t)jb->tasks);
 }
 
 int cvl_int8_matmul(const cvl_int8_problem* p, const cvl_exec* ex) {

@@ -340,11 +340,7 @@ static void attention_task(void* ctx, size_t task) {
 
 static void run(block_job* j, int stage, cvl_task_fn task, size_t tasks, const cvl_exec* ex) {
     j->stage = stage;
-    if (ex->parallel != NULL && tasks > 1) {
-        ex->parallel(ex->runner, task, j, tasks);
-        return;
-    }
-    for (size_t i = 0; i < tasks; i++) task(j, i);
+    cvl_run_tasks(ex, task, j, tasks);
 }
 
 int cvl_estimator_block(const cvl_block_problem* p, const cvl_exec* ex) {
