@@ -47,7 +47,7 @@ EXPORTERS: tuple[FamilyExporter, ...] = (
     FamilyExporter(
         cosyvoice1.FAMILY, cosyvoice1.is_cosyvoice1_dir, checkpoint.model_name_for, checkpoint.is_instruct_dir,
         cosyvoice1.run_export, cosyvoice1.write_int4, cosyvoice1.NATIVE_REWRITES,
-        {"llm_step": "RelPosLayer", "flow_estimator": "EstimatorBlock"},
+        {"llm_step": "RelPosLayer", "flow_estimator": "BF16Conv1d"},
     ),
 )  # fmt: skip
 

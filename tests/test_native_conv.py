@@ -5,6 +5,7 @@ the float32 graph, the packing, and where the engine runs it."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -149,18 +150,39 @@ def test_a_pad_joins_the_convolution_only_when_it_is_zeros_along_time_read_by_it
     assert all(convs[o].input[0] != "x" for o in "bcd")  # across channels, not zeros, or reflected: the Pad stays
 
 
-def test_the_engine_runs_the_vocoder_twin_only_where_its_kernel_has_bf16(
+def test_the_engine_runs_the_vocoder_twin_only_where_its_kernel_has_avx512(
     tiny_v2_bundle: Path, kernels: native.NativeKernels, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The vocoder's twin runs on the kernel's AVX-512 code, with BF16 or without; never on its AVX2 code (slower than
+    ONNX Runtime's float32 graph), whatever native_on_avx2 says; the portable C only when asked."""
     bundle = ModelBundle.load(tiny_v2_bundle)
     chosen = graph_runtime(bundle, "hift_decode", RuntimeOptions())
-    fast = kernels.usable and kernels.variant == "avx512_bf16"
+    fast = kernels.usable and kernels.variant in ("avx512", "avx512_bf16")
     assert chosen.path == tiny_v2_bundle / (f"{TWIN}.onnx" if fast else "hift_decode.onnx")
     assert graph_runtime(bundle, "hift_decode", RuntimeOptions(native_kernels="portable")).path == tiny_v2_bundle / f"{TWIN}.onnx"
     off = graph_runtime(bundle, "hift_decode", RuntimeOptions(native_kernels="off", acoustic_backend="ort"))
     assert (off.path, off.custom_ops) == (tiny_v2_bundle / "hift_decode.onnx", None)
     note = native_kernels_note(bundle, RuntimeOptions(native_kernels="portable"))
     assert note is not None and "hift_decode runs its bf16 convolutions: portable" in note
+    library = native.LIBRARY_PATH
+
+    def host(variant: str) -> Callable[..., native.NativeKernels]:
+        def probe(
+            path: Path = library, head_dim: int = 64, kernel: str = "", kernels: str = "auto", avx2: bool = True
+        ) -> native.NativeKernels:
+            if variant == native.AVX2_VARIANT and not avx2:
+                return native.NativeKernels(None, "avx2 left out")
+            return native.NativeKernels(library, "", variant)
+
+        return probe
+
+    monkeypatch.setattr(native, "runtime_refusal", lambda path: "")
+    monkeypatch.setattr(native, "probe", host("avx512"))  # AVX-512 without BF16: bf16 widened to float32
+    assert graph_runtime(bundle, "hift_decode", RuntimeOptions()).path == tiny_v2_bundle / f"{TWIN}.onnx"
+    monkeypatch.setattr(native, "probe", host(native.AVX2_VARIANT))
+    for avx2 in (True, False):
+        ort_graph = graph_runtime(bundle, "hift_decode", RuntimeOptions(acoustic_backend="ort", native_on_avx2=avx2))
+        assert (ort_graph.path, ort_graph.custom_ops) == (tiny_v2_bundle / "hift_decode.onnx", None)
     monkeypatch.setattr(native, "probe", lambda **_: native.NativeKernels(None, "no AVX-512 BF16"))
     assert graph_runtime(bundle, "hift_decode", RuntimeOptions(acoustic_backend="ort")).custom_ops is None
 

@@ -79,6 +79,10 @@ def test_a_quantized_v1_bundle_carries_the_estimator_twin(v1_int8: Path) -> None
     assert not {"Softmax", "MatMulInteger", "Erf", "CachedAttention"} & set(ops)
     assert ops.count("Int8MatMul") == core_ops.count("MatMulInteger") - 6 * blocks  # the time and ResNet projections
     assert ops.count("ConstantOfShape") == core_ops.count("ConstantOfShape") + 1  # one empty cache for all blocks
+    twin_graph = onnx.load(str(v1_int8 / twin.file)).graph
+    strided = [n for n in twin_graph.node if n.op_type == "Conv"]
+    assert strided and all(helper.get_attribute_value(a) == [2] for n in strided for a in n.attribute if a.name == "strides")
+    assert ops.count("BF16Conv1d") == core_ops.count("Conv") - len(strided) > 0  # the ResNet blocks' convolutions
 
 
 @pytest.mark.parametrize(("frames", "rows"), [(1, 2), (7, 2), (36, 2), (69, 4), (200, 2)])

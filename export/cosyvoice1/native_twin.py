@@ -7,7 +7,8 @@ kernel runs them with no cache (`cached` = 0: an empty float16 cache made once p
 attention chunk no call reaches (FULL_ATTENTION_CHUNK: every frame sees every frame, cached_attention.h). The bias is
 dropped: the twin attends over every frame, which is what the core graph computes where `mask` is all ones, and the
 engine never pads (the rows of one call have equal lengths: cosyvoice1/flow.py feeds a mask of ones). The ResNet
-blocks keep reading `mask`.
+blocks keep reading `mask`; their stride-1 convolutions become BF16Conv1d nodes (bf16 products, float32 sums: the
+vocoder's kernel), which took a call at 200 frames from 184 to 164 ms on one Zen 4 thread (docs/perf-log.md).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from export.fuse_layers import fuse_blocks
-from export.fuse_ops import fuse_int8_matmuls
+from export.fuse_ops import fuse_bf16_convs, fuse_int8_matmuls
 from export.native_twin import PRODUCTS
-from export.twin_graph import BLOCK_OP_NAME, OP_NAME, Graph, RewriteError, attr, replace_nodes
+from export.twin_graph import BLOCK_OP_NAME, CONV_OP_NAME, OP_NAME, Graph, RewriteError, attr, replace_nodes
 from service.bundle import NATIVE_DOMAIN, Manifest
 
 FULL_ATTENTION_CHUNK = int(np.iinfo(np.int64).max)  # an attention chunk no call reaches: full attention
@@ -141,7 +142,9 @@ def fuse_full_attention(model: onnx.ModelProto) -> int:
 
 def rewrite_full_estimator(model: onnx.ModelProto, manifest: Manifest) -> tuple[int, str]:
     """The v1 estimator's twin: each attention core over the whole window, its int8 products, then each transformer
-    block around an attention as one EstimatorBlock (RewriteError when they do not pair up)."""
+    block around an attention as one EstimatorBlock (RewriteError when they do not pair up); then each stride-1
+    convolution of its ResNet blocks (float32 in the int8 graph: ONNX Runtime's dynamic quantization leaves Conv) as
+    one BF16Conv1d, as the vocoder's (a fifth of a call's time in ONNX Runtime's float32 Conv; its downsampling stays)."""
     cores = fuse_full_attention(model)
     if cores == 0:
         raise RewriteError("the estimator has no attention core")
@@ -149,5 +152,6 @@ def rewrite_full_estimator(model: onnx.ModelProto, manifest: Manifest) -> tuple[
     fused = fuse_blocks(model)
     if fused != cores:
         raise RewriteError(f"fused {fused} transformer blocks around {cores} attention cores")
+    convs = fuse_bf16_convs(model)
     what = f"transformer blocks as {NATIVE_DOMAIN}.{BLOCK_OP_NAME} over the whole window"
-    return fused, f"{what}, {count - 6 * fused} more {PRODUCTS}"
+    return fused, f"{what}, {count - 6 * fused} more {PRODUCTS}, {convs} convolutions as {NATIVE_DOMAIN}.{CONV_OP_NAME}"

@@ -106,7 +106,11 @@ def _kernel_note(op: str, ceiling: native.KernelsCeiling) -> str:
 
 def _takes_avx2(name: str, opts: RuntimeOptions) -> bool:
     """Whether graph `name`'s twin counts its kernels' AVX2 code as fast: not the estimator's under native_estimator
-    "auto" (its AVX2 twin was slower than ONNX Runtime's int8 graph on an AVX2-only host, docs/perf-log.md)."""
+    "auto" (its AVX2 twin was slower than ONNX Runtime's int8 graph on an AVX2-only host), nor ever the vocoder's (its
+    convolutions' AVX2 code, bf16 widened to float32, took 1.07 s for 100 frames where ONNX Runtime's float32 graph
+    took 0.65 s; docs/perf-log.md)."""
+    if name == "hift_decode":
+        return False
     return opts.native_on_avx2 and not (name == "flow_estimator" and opts.native_estimator == "auto")
 
 

@@ -38,7 +38,7 @@ uint16_t cvl_bf16_of(float v);
  * degree 9 (within 4e-6 of sin^2 for |x| < 2^12 * pi: far below a bf16 step), the same operations in every code path. */
 float cvl_sin_squared(float x);
 
-/* The code paths: portable, avx512_bf16. */
+/* The code paths: portable; avx2 and avx512 (bf16 widened to float32: the same sums); avx512_bf16. */
 extern const cvl_variants cvl_conv1d_variants;
 
 /* 0 on success, -1 when the work buffer cannot be allocated. */
