@@ -326,19 +326,22 @@ def _time_pad(g: Graph, tensor: str) -> tuple[str, int, int] | None:
 
 
 def fuse_bf16_convs(model: onnx.ModelProto) -> int:
-    """Replace every one-dimensional Conv of `model` with a constant weight, stride 1 and one group by a BF16Conv1d
-    node over its packed weight (in place; strided convolutions stay), taking along a zero Pad along time before it
-    (_time_pad) and the Snake activation before that when the convolution alone reads one (_snake); returns how many."""
+    """Replace every one-dimensional Conv of `model` with a constant weight and stride 1 (one group, or groups of an
+    even count of input channels: a channel pair never spans two) by a BF16Conv1d node over its packed weight (in
+    place; strided convolutions stay), taking along a zero Pad along time before it (_time_pad) and the Snake
+    activation before that when the convolution alone reads one (_snake); returns how many."""
     graph = model.graph
     g = Graph(graph)
     fused: dict[str, onnx.NodeProto] = {}
     new_inits: list[onnx.TensorProto] = []
     for node in [n for n in graph.node if n.op_type == "Conv"]:
         weight = node.input[1]
-        grouped = attr(node, "group") not in (None, 1) or attr(node, "auto_pad") not in (None, b"NOTSET")
-        if weight not in g.initializers or grouped:
+        groups = int(attr(node, "group") or 1)  # type: ignore[call-overload]
+        if weight not in g.initializers or attr(node, "auto_pad") not in (None, b"NOTSET"):
             continue
         w = numpy_helper.to_array(g.initializers[weight])
+        if groups > 1 and (w.ndim != 3 or w.shape[1] % 2):
+            continue
         strides = attr(node, "strides") or [1]
         pads = attr(node, "pads") or [0, 0]
         dilations = attr(node, "dilations") or [1]
@@ -354,7 +357,7 @@ def fuse_bf16_convs(model: onnx.ModelProto) -> int:
             source, left, right = padded[0], left + padded[1], right + padded[2]
         inputs = [source, f"{base}_packed", bias] if bias else [source, f"{base}_packed"]
         snake = _snake(g, source)
-        if snake is not None and snake[1].size == w.shape[1] == snake[2].size:
+        if snake is not None and snake[1].size == w.shape[1] * groups == snake[2].size:
             new_inits.append(numpy_helper.from_array(snake[1], f"{base}_alpha"))
             new_inits.append(numpy_helper.from_array(snake[2], f"{base}_inv_alpha"))
             inputs = [snake[0], f"{base}_packed", bias, f"{base}_alpha", f"{base}_inv_alpha"]
@@ -362,6 +365,7 @@ def fuse_bf16_convs(model: onnx.ModelProto) -> int:
             CONV_OP_NAME, inputs, [node.output[0]],
             name=f"bf16conv_{node.name or weight}", domain=NATIVE_DOMAIN,
             dilation=int(dilations[0]), pad_left=left, pad_right=right,  # type: ignore[index]
+            **({"group": groups} if groups > 1 else {}),
         )  # fmt: skip
     graph.initializer.extend(new_inits)
     replace_nodes(model, fused)

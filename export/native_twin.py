@@ -12,7 +12,8 @@
 * The CosyVoice-300M flow estimator (export/cosyvoice1/native_twin.py): its blocks attend over the whole window; each
   becomes one EstimatorBlock with an empty cache and an attention chunk no call reaches (fuse_blocks as above).
 * The Fun-CosyVoice3 DiT (export/cosyvoice3/dit_twin.py): attention cores and products as for CosyVoice2, then each
-  AdaLN-modulated block with rotary q and k as one `cosyvoice_lite.DiTBlock` (the same kernel with its modulation).
+  AdaLN-modulated block with rotary q and k as one `cosyvoice_lite.DiTBlock` (the same kernel with its modulation);
+  its grouped position convolutions (float32 in the int8 graph) as `cosyvoice_lite.BF16Conv1d` (the vocoder's kernel).
 * The vocoder (every family's HiFT decode graph, float32 in every bundle): each stride-1 convolution as one
   `cosyvoice_lite.BF16Conv1d` over its weight in bf16 pairs (products in bf16, sums in float32: the precision OpenVINO
   gave it on bf16 CPUs, without a second runtime); its twin's manifest precision is "bf16".
@@ -84,8 +85,8 @@ def rewrite_cached_estimator(
 ) -> Rewrite:
     """The rewrite of a chunk-causal estimator with `blocks` transformer blocks that attend over cached frames: each
     attention core, its int8 products, then each whole block as one `op_name` node (`fuse`: fuse_blocks for the
-    EstimatorBlock, or a family's own, e.g. the DiT's), convolution windows read in place (RewriteError when the blocks
-    found are not `blocks`)."""
+    EstimatorBlock, or a family's own, e.g. the DiT's), convolution windows read in place, the float32 convolutions left
+    (the DiT's grouped position convolutions) as BF16Conv1d (RewriteError when the blocks found are not `blocks`)."""
 
     def rewrite(model: onnx.ModelProto, manifest: Manifest) -> tuple[int, str]:
         cores = fuse_attention(model)
@@ -96,8 +97,10 @@ def rewrite_cached_estimator(
         if fused != cores:
             raise RewriteError(f"fused {fused} blocks around {cores} attention cores")
         windows = fuse_conv_windows(model)
+        convs = fuse_bf16_convs(model)
         what = f"blocks as {NATIVE_DOMAIN}.{op_name}, {count - BLOCK_PRODUCTS * fused} more {PRODUCTS}"
-        return cores, what + (f" ({windows} reading convolution windows in place)" if windows else "")
+        what += f" ({windows} reading convolution windows in place)" if windows else ""
+        return cores, what + (f", {convs} convolutions as {NATIVE_DOMAIN}.{CONV_OP_NAME}" if convs else "")
 
     return rewrite
 

@@ -42,7 +42,7 @@ EXPORTERS: tuple[FamilyExporter, ...] = (
     FamilyExporter(
         cosyvoice3.FAMILY, cosyvoice3.is_cosyvoice3_dir, lambda _: cosyvoice3.MODEL_NAME, lambda _: False,
         cosyvoice3.run_export, cosyvoice3.write_int4, cosyvoice3.NATIVE_REWRITES,
-        {"flow_estimator": "DiTBlock", "llm_step": "Qwen2Layer"},
+        {"flow_estimator": "BF16Conv1d", "llm_step": "Qwen2Layer"},
     ),
     FamilyExporter(
         cosyvoice1.FAMILY, cosyvoice1.is_cosyvoice1_dir, checkpoint.model_name_for, checkpoint.is_instruct_dir,

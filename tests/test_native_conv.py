@@ -99,7 +99,8 @@ def test_the_committed_vocoder_twin_computes_what_the_float_graph_computes(
 
 
 def test_a_convolution_the_kernel_does_not_take_stays(tmp_path: Path) -> None:
-    """Strided, grouped and two-dimensional convolutions and one whose weight is an input stay ONNX Conv nodes."""
+    """Strided convolutions, grouped ones whose groups have an odd count of input channels, two-dimensional ones and
+    one whose weight is an input stay ONNX Conv nodes."""
     from onnx import TensorProto, helper, numpy_helper
 
     w1 = numpy_helper.from_array(np.ones((4, 2, 3), np.float32), "w1")
@@ -119,6 +120,36 @@ def test_a_convolution_the_kernel_does_not_take_stays(tmp_path: Path) -> None:
     assert [n.op_type for n in model.graph.node] == [CONV_OP_NAME, "Conv", "Conv", "Conv"]
     attrs = {a.name: a.i for a in model.graph.node[0].attribute}
     assert attrs == {"dilation": 1, "pad_left": 1, "pad_right": 1}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_grouped_convolution_computes_what_onnx_runtime_computes(kernels: native.NativeKernels, threads: int) -> None:
+    """Groups of an even count of input channels (the v3 DiT's position convolutions: 16 groups, 31 taps) are taken,
+    with a bias and pads; the kernel's fast code gives the portable C's numbers bit for bit."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((12, 4, 5)).astype(np.float32) * 0.3
+    bias = rng.standard_normal(12).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=3, pads=[2, 1])
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 12, None])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    want_session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert fuse_bf16_convs(model) == 1
+    (twin,) = model.graph.node
+    assert (twin.op_type, {a.name: a.i for a in twin.attribute}["group"]) == (CONV_OP_NAME, 3)
+    x = rng.standard_normal((2, 12, 77)).astype(np.float32)
+    (want,) = want_session.run(None, {"x": x})
+    portable = session(model.SerializeToString(), "portable", threads).run(None, {"x": x})[0]
+    assert portable.shape == want.shape == (2, 12, 76)
+    assert np.linalg.norm(portable - want) / np.linalg.norm(want) < 1e-2  # bf16 products
+    if kernels.usable:
+        np.testing.assert_array_equal(session(model.SerializeToString(), "auto", threads).run(None, {"x": x})[0], portable)
 
 
 def test_a_pad_joins_the_convolution_only_when_it_is_zeros_along_time_read_by_it_alone() -> None:

@@ -141,8 +141,11 @@ __attribute__((target(AVX512))) static void pack_row_fast(const cvl_conv1d_probl
 
 typedef struct {
     const cvl_conv1d_problem* p;
-    uint32_t* xp; /* (batch, pairs, width) */
-    int64_t width, t_out, pairs, blocks;
+    uint32_t* xp; /* (batch, x_pairs, width) */
+    int64_t width, t_out, blocks;
+    int64_t x_pairs; /* rows of pairs of x: ceil(c_in / 2) */
+    int64_t pairs;   /* of them, what one group reads (all with one group): the weight's pairs */
+    int64_t c_out_g; /* output channels of a group */
     int code; /* CODE_* */
 } job;
 
@@ -150,21 +153,32 @@ typedef struct {
 static void pack_pairs(void* ctx, size_t i) {
     const job* jb = ctx;
     const cvl_conv1d_problem* pr = jb->p;
-    const int64_t b = (int64_t)i / jb->pairs, q = (int64_t)i % jb->pairs, c = 2 * q;
+    const int64_t b = (int64_t)i / jb->x_pairs, q = (int64_t)i % jb->x_pairs, c = 2 * q;
     const float* lo = pr->x + (b * pr->c_in + c) * pr->t_in;
     const float* hi = c + 1 < pr->c_in ? lo + pr->t_in : NULL;
-    uint32_t* row = jb->xp + (b * jb->pairs + q) * jb->width;
+    uint32_t* row = jb->xp + (b * jb->x_pairs + q) * jb->width;
     if (jb->code >= CODE_AVX512)
         pack_row_fast(pr, c, lo, hi, jb->width, row);
     else
         pack_row_portable(pr, c, lo, hi, jb->width, row);
 }
 
+/* The rows of pairs output channel o reads: its group's, of batch entry b. */
+static inline const uint32_t* group_rows(const job* jb, int64_t b, int64_t o) {
+    return jb->xp + (b * jb->x_pairs + o / jb->c_out_g * jb->pairs) * jb->width;
+}
+
+/* How many output channels from o0, at most `most`, a tile takes: none past o0's group. */
+static inline int tile_rows(const job* jb, int64_t o0, int most) {
+    const int64_t left = (o0 / jb->c_out_g + 1) * jb->c_out_g - o0;
+    return left < most ? (int)left : most;
+}
+
 static void block_portable(const job* jb, int64_t b, int64_t t0, int64_t t1) {
     const cvl_conv1d_problem* p = jb->p;
-    const uint32_t* xp = jb->xp + b * jb->pairs * jb->width;
     for (int64_t o = 0; o < p->c_out; o++)
         for (int64_t t = t0; t < t1; t++) {
+            const uint32_t* xp = group_rows(jb, b, o);
             float acc = 0.f;
             for (int64_t j = 0; j < p->taps; j++)
                 for (int64_t q = 0; q < jb->pairs; q++) {
@@ -182,7 +196,7 @@ __attribute__((always_inline, target(FAST))) static inline void tile_fast(const 
                                                                            int64_t t0) {
     const cvl_conv1d_problem* p = jb->p;
     const int64_t width = jb->width, pairs = jb->pairs, c_out = p->c_out;
-    const uint32_t* xp = jb->xp + b * pairs * width + t0;
+    const uint32_t* xp = group_rows(jb, b, o0) + t0;
     __m512 acc[RO][TV];
     for (int r = 0; r < R; r++)
         for (int v = 0; v < TV; v++) acc[r][v] = _mm512_setzero_ps();
@@ -211,9 +225,8 @@ __attribute__((always_inline, target(FAST))) static inline void tile_fast(const 
 }
 
 __attribute__((target(FAST))) static void block_fast(const job* jb, int64_t b, int64_t t0, int64_t t1) {
-    const int64_t c_out = jb->p->c_out;
-    for (int64_t o0 = 0; o0 < c_out; o0 += RO) {
-        const int64_t rows = c_out - o0 < RO ? c_out - o0 : RO;
+    for (int64_t o0 = 0, rows; o0 < jb->p->c_out; o0 += rows) {
+        rows = tile_rows(jb, o0, RO);
         for (int64_t t = t0; t < t1; t += TT) switch (rows) {
                 case 1: tile_fast(jb, b, o0, 1, t); break;
                 case 2: tile_fast(jb, b, o0, 2, t); break;
@@ -238,7 +251,7 @@ __attribute__((target(FAST))) static void block_fast(const job* jb, int64_t b, i
                                                                            int64_t t0) {                               \
         const cvl_conv1d_problem* p = jb->p;                                                                         \
         const int64_t width = jb->width, pairs = jb->pairs, c_out = p->c_out;                                        \
-        const uint32_t* xp = jb->xp + b * pairs * width + t0;                                                        \
+        const uint32_t* xp = group_rows(jb, b, o0) + t0;                                                             \
         const IVEC high = SET1((int)0xffff0000u);                                                                     \
         VEC acc[ROWS][TV_W];                                                                                           \
         for (int r = 0; r < R; r++)                                                                                    \
@@ -282,9 +295,8 @@ WIDENED_TILE(tile_avx512, AVX512, __m512, __m512i, 16, RO, _mm512_loadu_si512, _
              _mm512_slli_epi32, _mm512_castsi512_ps, _mm512_fmadd_ps, _mm512_setzero_ps, add16, store16)
 
 __attribute__((target(AVX2))) static void block_avx2(const job* jb, int64_t b, int64_t t0, int64_t t1) {
-    const int64_t c_out = jb->p->c_out;
-    for (int64_t o0 = 0; o0 < c_out; o0 += R_AVX2) {
-        const int64_t rows = c_out - o0 < R_AVX2 ? c_out - o0 : R_AVX2;
+    for (int64_t o0 = 0, rows; o0 < jb->p->c_out; o0 += rows) {
+        rows = tile_rows(jb, o0, R_AVX2);
         for (int64_t t = t0; t < t1; t += 8 * TV_W) switch (rows) {
                 case 1: tile_avx2(jb, b, o0, 1, t); break;
                 case 2: tile_avx2(jb, b, o0, 2, t); break;
@@ -295,9 +307,8 @@ __attribute__((target(AVX2))) static void block_avx2(const job* jb, int64_t b, i
 }
 
 __attribute__((target(AVX512))) static void block_avx512(const job* jb, int64_t b, int64_t t0, int64_t t1) {
-    const int64_t c_out = jb->p->c_out;
-    for (int64_t o0 = 0; o0 < c_out; o0 += RO) {
-        const int64_t rows = c_out - o0 < RO ? c_out - o0 : RO;
+    for (int64_t o0 = 0, rows; o0 < jb->p->c_out; o0 += rows) {
+        rows = tile_rows(jb, o0, RO);
         for (int64_t t = t0; t < t1; t += 16 * TV_W) switch (rows) {
                 case 1: tile_avx512(jb, b, o0, 1, t); break;
                 case 2: tile_avx512(jb, b, o0, 2, t); break;
@@ -326,15 +337,17 @@ static void run_block(void* ctx, size_t i) {
 int cvl_conv1d(const cvl_conv1d_problem* p, const cvl_exec* ex) {
     const int64_t t_out = cvl_conv1d_out_len(p);
     if (t_out <= 0 || p->batch <= 0 || p->c_out <= 0) return 0;
-    const int64_t pairs = (p->c_in + 1) / 2;
+    const int64_t groups = p->groups > 1 ? p->groups : 1, x_pairs = (p->c_in + 1) / 2;
+    if (p->c_in % groups || p->c_out % groups || (groups > 1 && (p->c_in / groups) % 2)) return -2;
     /* every tile reads TT steps from each tap's offset: the rows run to the last tile's end */
     const int64_t tiles = (t_out + TT - 1) / TT, width = tiles * TT + p->dilation * (p->taps - 1);
-    const size_t words = (size_t)(p->batch * pairs * width);
+    const size_t words = (size_t)(p->batch * x_pairs * width);
     uint32_t* xp = (uint32_t*)cvl_work_floats(CVL_WORK_CONV, words);
     if (xp == NULL) return -1;
     const int code = cvl_pick_variant(&cvl_conv1d_variants, ex->have, 0);
-    job jb = {p, xp, width, t_out, pairs, (tiles + BLOCK_TILES - 1) / BLOCK_TILES, code};
-    const size_t rows = (size_t)(p->batch * pairs), tasks = (size_t)(p->batch * jb.blocks);
+    job jb = {p, xp, width, t_out, (tiles + BLOCK_TILES - 1) / BLOCK_TILES, x_pairs, (p->c_in / groups + 1) / 2,
+              p->c_out / groups, code};
+    const size_t rows = (size_t)(p->batch * x_pairs), tasks = (size_t)(p->batch * jb.blocks);
     cvl_run_tasks(ex, pack_pairs, &jb, rows);
     cvl_run_tasks(ex, run_block, &jb, tasks);
     cvl_work_trim(CVL_WORK_CONV);

@@ -1,4 +1,5 @@
-/* One-dimensional convolutions with bf16 products and float32 sums (a vocoder's convolutions: HiFT's resblocks). */
+/* One-dimensional convolutions with bf16 products and float32 sums (a vocoder's convolutions: HiFT's resblocks; a flow
+ * estimator's: v1's ResNet blocks, the v3 DiT's grouped position convolutions). */
 #ifndef COSYVOICE_LITE_CONV1D_H
 #define COSYVOICE_LITE_CONV1D_H
 
@@ -23,6 +24,9 @@ typedef struct {
     float* y;               /* (batch, c_out, cvl_conv1d_out_len) */
     const float* alpha;     /* (c_in,): the Snake activation's, or NULL for none */
     const float* inv_alpha; /* (c_in,) with alpha */
+    int64_t groups;         /* 0 or 1: one group; G: each output channel o reads the c_in / G input channels of its group
+                             * o / (c_out / G) (an even count: a pair never spans two groups), `packed` then (taps,
+                             * c_in / G / 2, c_out) */
 } cvl_conv1d_problem;
 
 /* Output length: t_in + pad_left + pad_right - dilation * (taps - 1) (negative: the input is too short). */
@@ -41,7 +45,7 @@ float cvl_sin_squared(float x);
 /* The code paths: portable; avx2 and avx512 (bf16 widened to float32: the same sums); avx512_bf16. */
 extern const cvl_variants cvl_conv1d_variants;
 
-/* 0 on success, -1 when the work buffer cannot be allocated. */
+/* 0 on success, -1 when the work buffer cannot be allocated, -2 when the groups do not divide the channels as above. */
 int cvl_conv1d(const cvl_conv1d_problem* p, const cvl_exec* ex);
 
 #endif

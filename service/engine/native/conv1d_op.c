@@ -1,10 +1,10 @@
 /* cosyvoice_lite.BF16Conv1d: cvl_conv1d (conv1d.h) as an ONNX Runtime custom operator, the twin of an ONNX Conv on
- * (B, C, T) with stride 1 and one group.
+ * (B, C, T) with stride 1.
  * Inputs: x (B, C_in, T) float32; packed (taps, ceil(C_in / 2), C_out) int32: W's bf16 pairs (cvl_conv1d_pack,
  * export/fuse_ops.py); bias (C_out,) float32, optional; alpha and inv_alpha (C_in,) float32, optional together: a
  * Snake activation of x first (the one before each HiFT resblock convolution). Output (B, C_out, T + pads - dilation *
- * (taps - 1)) float32. Attributes: dilation (default 1), pad_left, pad_right (default 0). Its work is shared out over the session's
- * intra-op threads. */
+ * (taps - 1)) float32. Attributes: dilation (default 1), pad_left, pad_right (default 0), group (default 1: with G, packed
+ * is (taps, C_in / G / 2, C_out), C_in / G even). Its work is shared out over the session's intra-op threads. */
 
 #include "conv1d.h"
 #include "op.h"
@@ -12,7 +12,7 @@
 
 typedef struct {
     cvl_kernel_base base;
-    int64_t dilation, pad_left, pad_right;
+    int64_t dilation, pad_left, pad_right, group;
 } kernel;
 
 static OrtStatus* create(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info, void** out) {
@@ -23,6 +23,7 @@ static OrtStatus* create(const OrtCustomOp* op, const OrtApi* api, const OrtKern
     kn->dilation = cvl_attr_int64(&kn->base.ort, info, "dilation", 1);
     kn->pad_left = cvl_attr_int64(&kn->base.ort, info, "pad_left", 0);
     kn->pad_right = cvl_attr_int64(&kn->base.ort, info, "pad_right", 0);
+    kn->group = cvl_attr_int64(&kn->base.ort, info, "group", 1);
     return NULL;
 }
 
@@ -37,10 +38,15 @@ static OrtStatus* compute(void* kp, OrtKernelContext* ctx) {
     if (s) return s;
     const int64_t* xd = t[X].dims;
     const int64_t* wd = t[PACKED].dims;
-    if (t[X].rank != 3 || t[PACKED].rank != 3 || wd[0] < 1 || wd[1] != (xd[1] + 1) / 2 || wd[2] < 1 ||
+    const int64_t g = kn->group;
+    if (g < 1 || (t[X].rank == 3 && t[PACKED].rank == 3 &&
+                  (xd[1] % g || wd[2] % g || (g > 1 && (xd[1] / g) % 2))))
+        return cvl_status(ort, CVL_ORT_INVALID_ARGUMENT,
+                          "BF16Conv1d: group must divide C_in and C_out, with an even C_in / group");
+    if (t[X].rank != 3 || t[PACKED].rank != 3 || wd[0] < 1 || wd[1] != (xd[1] / g + 1) / 2 || wd[2] < 1 ||
         (t[BIAS].data != NULL && (t[BIAS].rank != 1 || t[BIAS].dims[0] != wd[2])))
         return cvl_status(ort, CVL_ORT_INVALID_ARGUMENT,
-                          "BF16Conv1d: x (B, C_in, T), packed (taps, ceil(C_in/2), C_out) and bias (C_out,) disagree");
+                          "BF16Conv1d: x (B, C_in, T), packed (taps, ceil(C_in/group/2), C_out) and bias (C_out,) disagree");
     const int snake = t[ALPHA].data != NULL;
     if (snake != (t[INV_ALPHA].data != NULL) ||
         (snake && (t[ALPHA].rank != 1 || t[ALPHA].dims[0] != xd[1] || t[INV_ALPHA].rank != 1 || t[INV_ALPHA].dims[0] != xd[1])))
@@ -50,7 +56,7 @@ static OrtStatus* compute(void* kp, OrtKernelContext* ctx) {
     cvl_conv1d_problem prob = {.batch = xd[0], .c_in = xd[1], .c_out = wd[2], .t_in = xd[2], .taps = wd[0],
                                .dilation = kn->dilation, .pad_left = kn->pad_left, .pad_right = kn->pad_right,
                                .x = t[X].data, .packed = t[PACKED].data, .bias = t[BIAS].data,
-                               .alpha = t[ALPHA].data, .inv_alpha = t[INV_ALPHA].data};
+                               .alpha = t[ALPHA].data, .inv_alpha = t[INV_ALPHA].data, .groups = g};
     const int64_t t_out = cvl_conv1d_out_len(&prob);
     if (t_out < 0)
         return cvl_status(ort, CVL_ORT_INVALID_ARGUMENT, "BF16Conv1d: the input is shorter than the kernel's reach");
