@@ -20,7 +20,7 @@
 #define AVX512 "avx512f,avx512bw,avx512vl,fma,f16c" /* the packing, and the products of CPUs without AVX-512 BF16 */
 #define AVX2 "avx2,fma,f16c"
 #define NEEDS_AVX512 (CVL_AVX512F | CVL_AVX512BW | CVL_AVX512VL | CVL_FMA | CVL_F16C)
-#define TV 2                  /* time vectors per tile: 32 steps (4 was a quarter slower on Zen 4) */
+#define TV 2                  /* time vectors per tile: 32 steps (4: a quarter slower alone on Zen 4, in HiFT the same) */
 #define TT (16 * TV)          /* time steps per tile */
 #define RO 6                  /* output channels per tile: 12 accumulators (the switch in block_fast) */
 #define BLOCK_TILES 6         /* time tiles per task: 192 steps */
