@@ -36,7 +36,7 @@ AVX2_VARIANT = "avx2"
 # estimator's attention (bf16, or float32 on AVX2) and its int8 products; the decode step's int8 products and its
 # relative-position decoder layers (a step twin of Qwen2Layer nodes has none; RelPosLayer has the same fast variants);
 # the vocoder's bf16 convolutions (AVX-512, with BF16 or without; never their AVX2 code, runtimes._takes_avx2: on an
-# AVX2 CPU ONNX Runtime's float32 graph runs). A v1 estimator twin's convolutions run on whichever variant is there
+# AVX2 CPU ONNX Runtime's float32 graph runs). An estimator twin's convolutions run on whichever variant is there
 # (their AVX2 and AVX-512 code about as fast as ONNX Runtime's Conv): its attention and products decide.
 KERNELS_OF_GRAPH: dict[str, tuple[str, ...]] = {
     "flow_estimator": ("CachedAttention", "Int8MatMul"),

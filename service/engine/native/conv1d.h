@@ -1,5 +1,5 @@
 /* One-dimensional convolutions with bf16 products and float32 sums (a vocoder's convolutions: HiFT's resblocks; a flow
- * estimator's: v1's ResNet blocks, the v3 DiT's grouped position convolutions). */
+ * estimator's: a U-Net's ResNet blocks, a DiT's grouped position convolutions). */
 #ifndef COSYVOICE_LITE_CONV1D_H
 #define COSYVOICE_LITE_CONV1D_H
 
