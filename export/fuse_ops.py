@@ -340,12 +340,12 @@ def fuse_bf16_convs(model: onnx.ModelProto) -> int:
         if weight not in g.initializers or attr(node, "auto_pad") not in (None, b"NOTSET"):
             continue
         w = numpy_helper.to_array(g.initializers[weight])
-        if groups > 1 and (w.ndim != 3 or w.shape[1] % 2):
-            continue
         strides = attr(node, "strides") or [1]
         pads = attr(node, "pads") or [0, 0]
         dilations = attr(node, "dilations") or [1]
         if w.ndim != 3 or w.dtype != np.float32 or list(strides) != [1]:  # type: ignore[call-overload]
+            continue
+        if groups > 1 and w.shape[1] % 2:  # a channel pair would span two groups
             continue
         bias = node.input[2] if len(node.input) > 2 and node.input[2] else ""
         base = f"{weight}_bf16conv"

@@ -39,10 +39,7 @@ static OrtStatus* compute(void* kp, OrtKernelContext* ctx) {
     const int64_t* xd = t[X].dims;
     const int64_t* wd = t[PACKED].dims;
     const int64_t g = kn->group;
-    if (g < 1 || (t[X].rank == 3 && t[PACKED].rank == 3 &&
-                  (xd[1] % g || wd[2] % g || (g > 1 && (xd[1] / g) % 2))))
-        return cvl_status(ort, CVL_ORT_INVALID_ARGUMENT,
-                          "BF16Conv1d: group must divide C_in and C_out, with an even C_in / group");
+    if (g < 1) return cvl_status(ort, CVL_ORT_INVALID_ARGUMENT, "BF16Conv1d: group must be >= 1");
     if (t[X].rank != 3 || t[PACKED].rank != 3 || wd[0] < 1 || wd[1] != (xd[1] / g + 1) / 2 || wd[2] < 1 ||
         (t[BIAS].data != NULL && (t[BIAS].rank != 1 || t[BIAS].dims[0] != wd[2])))
         return cvl_status(ort, CVL_ORT_INVALID_ARGUMENT,
@@ -66,7 +63,11 @@ static OrtStatus* compute(void* kp, OrtKernelContext* ctx) {
     prob.y = o;
     cvl_ort_runner runner;
     const cvl_exec ex = cvl_kernel_exec(&kn->base, &runner, ctx, 1);
-    if (cvl_conv1d(&prob, &ex) != 0) return cvl_status(ort, CVL_ORT_FAIL, "BF16Conv1d: out of memory for the work buffer");
+    const int done = cvl_conv1d(&prob, &ex);
+    if (done == -2)
+        return cvl_status(ort, CVL_ORT_INVALID_ARGUMENT,
+                          "BF16Conv1d: group must divide C_in and C_out, with an even C_in / group");
+    if (done != 0) return cvl_status(ort, CVL_ORT_FAIL, "BF16Conv1d: out of memory for the work buffer");
     return NULL;
 }
 
