@@ -14,6 +14,8 @@
 * The Fun-CosyVoice3 DiT (export/cosyvoice3/dit_twin.py): attention cores and products as for CosyVoice2, then each
   AdaLN-modulated block with rotary q and k as one `cosyvoice_lite.DiTBlock` (the same kernel with its modulation);
   its grouped position convolutions (float32 in the int8 graph) as `cosyvoice_lite.BF16Conv1d` (the vocoder's kernel).
+* Both chunk-causal estimators: what they compute from the time step alone, tabulated at the solver's step times
+  behind an `If` that computes any other time (export/time_table.py; tabulate_step_times).
 * The vocoder (every family's HiFT decode graph, float32 in every bundle): each stride-1 convolution as one
   `cosyvoice_lite.BF16Conv1d` over its weight in bf16 pairs (products in bf16, sums in float32: the precision OpenVINO
   gave it on bf16 CPUs, without a second runtime); its twin's manifest precision is "bf16".
@@ -39,13 +41,18 @@ import onnx
 from export.external_data import externalize_graph, load_inline, weights_name
 from export.fuse_layers import fuse_blocks, fuse_qwen2_layers
 from export.fuse_ops import add_spread_input, fuse_attention, fuse_bf16_convs, fuse_conv_windows, fuse_int8_matmuls
+from export.time_table import tabulate_time_inputs
 from export.twin_graph import BLOCK_OP_NAME, CONV_OP_NAME, INT8_OP_NAME, QWEN2_OP_NAME, RewriteError
 from service.bundle import GROUP_NATIVE, MANIFEST_NAME, NATIVE_DOMAIN, NATIVE_SUFFIX, Manifest, ModelBundle, sha256_file
 from service.bundle.layout import SHARED_NATIVE_GRAPHS
+from service.bundle.solver import euler_times
 
 # Rewrites a graph into its native twin in place: (nodes replaced, what was done for the log); 0 leaves no twin.
 Rewrite = Callable[[onnx.ModelProto, Manifest], tuple[int, str]]
 PRODUCTS = f"int8 weight products as {NATIVE_DOMAIN}.{INT8_OP_NAME}"
+# Our kernels as `make native` builds them (service.engine.native.LIBRARY_PATH; export reads no engine module): a time
+# table is computed with them.
+NATIVE_LIBRARY = Path(__file__).resolve().parents[1] / "service" / "engine" / "native" / "libcosyvoice_lite_native.so"
 
 
 def rewrite_int8_products(model: onnx.ModelProto, manifest: Manifest) -> tuple[int, str]:
@@ -98,11 +105,22 @@ def rewrite_cached_estimator(
             raise RewriteError(f"fused {fused} blocks around {cores} attention cores")
         windows = fuse_conv_windows(model)
         convs = fuse_bf16_convs(model)
+        tabulated = tabulate_step_times(model, manifest)
         what = f"blocks as {NATIVE_DOMAIN}.{op_name}, {count - BLOCK_PRODUCTS * fused} more {PRODUCTS}"
         what += f" ({windows} reading convolution windows in place)" if windows else ""
-        return cores, what + (f", {convs} convolutions as {NATIVE_DOMAIN}.{CONV_OP_NAME}" if convs else "")
+        what += f", {convs} convolutions as {NATIVE_DOMAIN}.{CONV_OP_NAME}" if convs else ""
+        return cores, what + (f", {tabulated} tensors of the time step tabulated at the solver's times" if tabulated else "")
 
     return rewrite
+
+
+def tabulate_step_times(model: onnx.ModelProto, manifest: Manifest) -> int:
+    """What an estimator twin computes from its time step alone, tabulated at the Euler solver's step times
+    (export/time_table.py); none without our library to compute them (the twin then computes them every call)."""
+    if not NATIVE_LIBRARY.is_file():
+        return 0
+    times, _ = euler_times(manifest.constants.n_timesteps)
+    return tabulate_time_inputs(model, [float(t) for t in times], str(NATIVE_LIBRARY))
 
 
 def write_native_twin(bundle_dir: Path, rewrites: Mapping[str, Rewrite], log: Callable[[str], None] = print) -> tuple[str, ...]:

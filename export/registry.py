@@ -30,19 +30,20 @@ class FamilyExporter:
     run_export: Callable[[ExportOptions], ExportReport]
     write_int4: Callable[[Path], tuple[Path, dict[str, float]]]  # OUT-int4 beside an fp32 bundle, and its deviation
     native_rewrites: Mapping[str, Rewrite]  # graph -> the rewrite that makes its native twin
-    fused_ops: Mapping[str, str] = field(default_factory=dict)  # graph -> an op its twin has since its fused kernel
+    # graph -> an op its twin has had since its latest rewrite (a fused kernel; "If": the estimator's time table)
+    fused_ops: Mapping[str, str] = field(default_factory=dict)
 
 
 EXPORTERS: tuple[FamilyExporter, ...] = (
     FamilyExporter(
         cosyvoice2.FAMILY, cosyvoice2.is_cosyvoice2_dir, lambda _: cosyvoice2.MODEL_NAME, lambda _: False,
         cosyvoice2.run_export, cosyvoice2.write_int4, cosyvoice2.NATIVE_REWRITES,
-        {"flow_estimator": "EstimatorBlock", "llm_step": "Qwen2Layer"},
+        {"flow_estimator": "If", "llm_step": "Qwen2Layer"},
     ),
     FamilyExporter(
         cosyvoice3.FAMILY, cosyvoice3.is_cosyvoice3_dir, lambda _: cosyvoice3.MODEL_NAME, lambda _: False,
         cosyvoice3.run_export, cosyvoice3.write_int4, cosyvoice3.NATIVE_REWRITES,
-        {"flow_estimator": "BF16Conv1d", "llm_step": "Qwen2Layer"},
+        {"flow_estimator": "If", "llm_step": "Qwen2Layer"},
     ),
     FamilyExporter(
         cosyvoice1.FAMILY, cosyvoice1.is_cosyvoice1_dir, checkpoint.model_name_for, checkpoint.is_instruct_dir,

@@ -3,7 +3,6 @@ Euler solve of a chunk-causal estimator whose guidance rows keep their own cache
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -12,16 +11,12 @@ from typing import Any
 import numpy as np
 
 from service.bundle import ModelConstants
+from service.bundle.solver import cosine_t_span as cosine_t_span
+from service.bundle.solver import euler_times as euler_times
 from service.layers.frame_cache import EstimatorState
 
 # Feeds every guidance row of an estimator call reads whole (the rest are sliced per row).
 SHARED_FEEDS = frozenset({"chunk", "start"})
-
-
-def cosine_t_span(n_timesteps: int) -> np.ndarray:
-    """Time grid 1 - cos(linspace(0, 1, n + 1) * pi / 2) in float32, (n + 1,)."""
-    lin = np.linspace(0.0, 1.0, n_timesteps + 1, dtype=np.float32)
-    return np.asarray((np.float32(1.0) - np.cos(lin * np.float32(0.5 * math.pi))).astype(np.float32), dtype=np.float32)
 
 
 class GuidedEuler:
@@ -148,16 +143,13 @@ class GuidedEuler:
         feeds = {"mu": np.stack([mu, zero]), "spks": np.stack([spks, np.zeros_like(spks)]), "cond": np.stack([cond, zero])}
         feeds.update(shared)
         x = self.noise[:, start : start + frames] * np.float32(self.constants.temperature)
-        t_span = cosine_t_span(n_timesteps)
-        t, dt = t_span[0], t_span[1] - t_span[0]
+        times, steps_dt = euler_times(n_timesteps)
         for step in range(1, n_timesteps + 1):
+            t, dt = times[step - 1], steps_dt[step - 1]
             feeds["x"] = np.stack([x, x])
             feeds["t"] = np.full(2, t, dtype=np.float32)
             v = self.estimate(feeds, steps[step - 1], keep, wide=wide, dropping=dropping)
             x = x + dt * ((np.float32(1.0) + cfg) * v[0] - cfg * v[1])
-            t = t + dt
-            if step < n_timesteps:
-                dt = t_span[step + 1] - t
-                if between_steps is not None:
-                    between_steps()
+            if step < n_timesteps and between_steps is not None:
+                between_steps()
         return np.asarray(x, dtype=np.float32)
