@@ -1,5 +1,6 @@
 /* The relative-position decoder layer (relpos_layer.h): every feature set the run allows against the portable C within
- * the tolerance of its vector math, on decode steps (one token) and 7-token prefills, batches of 1 to 5 rows whose
+ * the tolerance of its vector math, on decode steps (one token), 7-token prefills and prefills of 16 to 40 (the AVX-512
+ * code's tiles, held to 1e-3), batches of 1 to 5 rows whose
  * past lengths differ (0, 1, part of the cache, all of it, more than the cache holds), caches of 0, 1, 63 and 200
  * columns, head sizes 64, 32 and odd ones (20, 12: the vectors' last lanes). The cache columns at or past a row's
  * length hold NaN and `pos` holds exactly the distances the step reads (AddressSanitizer sees a read beyond), so a
@@ -28,6 +29,12 @@ static const shape SHAPES[] = {
     {1, 7, 200, 128, 2, 64, 128, {200}},
     {3, 7, 0, 36, 3, 12, 20, {0, 0, 0}},
     {2, 1, 200, 1024 / 8, 2, 64, 256, {120, 200}},
+    /* prefills of 16 positions or more: the AVX-512 code takes them in tiles of 16 (the last one partial), the
+     * positions following the cache (past length = cached columns, or none) or, past the cache, row by row */
+    {2, 37, 0, 64, 2, 32, 96, {0, 0}},
+    {3, 40, 63, 128, 2, 64, 128, {63, 0, 90}},
+    {1, 16, 5, 48, 3, 16, 40, {5}},
+    {2, 21, 7, 40, 2, 20, 24, {7, 3}},
 };
 
 typedef struct {
@@ -151,7 +158,10 @@ static void check_shape(rng* r, const shape* s, cvl_features allowed) {
             const int exact = sets[i] == 0;
             const double worst = worst_relative(got.y, ref.y, ref.ny, 1.0);
             const double kv = fmax(worst_relative(got.k, ref.k, ref.nkv, 1.0), worst_relative(got.v, ref.v, ref.nkv, 1.0));
-            CHECK(exact ? worst == 0.0 && kv == 0.0 : worst < 3e-2 && kv < 2e-2,
+            /* float32 sums in another order (and a polynomial exp): far inside the tolerance on a prefill, where a
+             * wrong key or distance in a tile would show */
+            const double bound = s->steps >= 16 ? 1e-3 : 3e-2;
+            CHECK(exact ? worst == 0.0 && kv == 0.0 : worst < bound && kv < 2e-2,
                   "features 0x%x spread %d vs portable: y %g, k/v %g (batch %ld steps %ld cached %ld head %ld)",
                   (unsigned)sets[i], spread, worst, kv, (long)s->batch, (long)s->steps, (long)s->cached,
                   (long)s->head_dim);

@@ -82,7 +82,7 @@ static void attention_row_portable(const cvl_relpos_problem* p, const cvl_relpos
         for (int64_t d = 0; d < dk; d++) a->out[d] += s[a->valid + j] * inv * a->nv[j * dk + d];
 }
 
-static const cvl_relpos_passes portable_passes = {layer_norm_portable, relu_portable, attention_row_portable};
+static const cvl_relpos_passes portable_passes = {layer_norm_portable, relu_portable, attention_row_portable, NULL};
 
 static const cvl_relpos_passes* passes_for(cvl_features have) {
     switch (cvl_pick_variant(&cvl_relpos_layer_variants, have, 0)) {
@@ -108,22 +108,41 @@ typedef struct {
 
 static void attention_task(void* ctx, size_t task) {
     attention_job* jb = ctx;
-    float* s = cvl_work_floats(CVL_WORK_RELPOS_SCORES, (size_t)cvl_relpos_scratch_floats(jb->p));
+    const cvl_relpos_problem* p = jb->p;
+    const int tiled = jb->passes->attention_tile != NULL && p->steps >= CVL_RELPOS_TILE;
+    const int64_t row_floats = cvl_relpos_scratch_floats(p), tile_floats = tiled ? cvl_relpos_tile_scratch_floats(p) : 0;
+    float* s = cvl_work_floats(CVL_WORK_RELPOS_SCORES, (size_t)(row_floats > tile_floats ? row_floats : tile_floats));
     if (s == NULL) {
         jb->failed = 1;
         return;
     }
     const int64_t from = jb->rows * (int64_t)task / jb->tasks, to = jb->rows * (int64_t)(task + 1) / jb->tasks;
+    if (!tiled) {
+        for (int64_t i = from; i < to; i++) {
+            const cvl_relpos_row row = cvl_relpos_row_of(p, jb->q, jb->att, i);
+            jb->passes->attention_row(p, &row, s);
+        }
+        return;
+    }
+    /* a prefill: unit i is tile i % tiles of (batch row, head) i / tiles */
+    const int64_t tiles = (p->steps + CVL_RELPOS_TILE - 1) / CVL_RELPOS_TILE;
     for (int64_t i = from; i < to; i++) {
-        const cvl_relpos_row row = cvl_relpos_row_of(jb->p, jb->q, jb->att, i);
-        jb->passes->attention_row(jb->p, &row, s);
+        const int64_t bh = i / tiles, t0 = (i % tiles) * CVL_RELPOS_TILE, b = bh / p->heads, h = bh % p->heads;
+        const int64_t n = p->steps - t0 < CVL_RELPOS_TILE ? p->steps - t0 : CVL_RELPOS_TILE;
+        if (jb->passes->attention_tile(p, b, h, t0, n, jb->q, jb->att, s) == 0) continue;
+        for (int64_t t = t0; t < t0 + n; t++) {
+            const cvl_relpos_row row = cvl_relpos_row_of(p, jb->q, jb->att, bh * p->steps + t);
+            jb->passes->attention_row(p, &row, s);
+        }
     }
 }
 
 static int attention(const cvl_relpos_problem* p, const cvl_relpos_passes* passes, const float* q, float* att,
                      const cvl_exec* ex) {
-    attention_job jb = {p, passes, q, att, p->batch * p->heads * p->steps, 1, 0};
-    const int64_t work = jb.rows * (p->cached + p->steps) * p->head_dim; /* what the rows read, about */
+    const int tiled = passes->attention_tile != NULL && p->steps >= CVL_RELPOS_TILE;
+    const int64_t units = p->batch * p->heads * (tiled ? (p->steps + CVL_RELPOS_TILE - 1) / CVL_RELPOS_TILE : p->steps);
+    attention_job jb = {p, passes, q, att, units, 1, 0};
+    const int64_t work = p->batch * p->heads * p->steps * (p->cached + p->steps) * p->head_dim; /* what it reads, about */
     jb.tasks = ex->parallel && work >= (1 << 20) ? (jb.rows < MAX_TASKS ? jb.rows : MAX_TASKS) : 1;
     if (jb.tasks > 1)
         ex->parallel(ex->runner, attention_task, &jb, (size_t)jb.tasks);

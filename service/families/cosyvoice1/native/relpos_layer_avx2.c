@@ -132,4 +132,4 @@ __attribute__((target(AVX2))) static void attention_row(const cvl_relpos_problem
     }
 }
 
-const cvl_relpos_passes cvl_relpos_avx2_passes = {layer_norm, relu, attention_row};
+const cvl_relpos_passes cvl_relpos_avx2_passes = {layer_norm, relu, attention_row, NULL};

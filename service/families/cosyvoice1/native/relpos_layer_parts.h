@@ -38,12 +38,27 @@ static inline int64_t cvl_relpos_scratch_floats(const cvl_relpos_problem* p) {
     return (p->cached + p->steps + 15) / 16 * 16 + 2 * ((p->head_dim + 15) / 16 * 16) + 16;
 }
 
+/* New positions per attention tile of a prefill (the vector lanes of the tile's scores). */
+#define CVL_RELPOS_TILE 16
+
+/* Floats of one attention tile's scratch: the tile's q + u and q + v_bias dim-major, its positional and full scores
+ * for every key it reaches (C + T + a tile), the cached keys and values widened to float32, and its outputs. */
+static inline int64_t cvl_relpos_tile_scratch_floats(const cvl_relpos_problem* p) {
+    const int64_t dk = (p->head_dim + 15) / 16 * 16, keys = p->cached + p->steps + CVL_RELPOS_TILE;
+    return 2 * dk * CVL_RELPOS_TILE + 2 * keys * CVL_RELPOS_TILE + 2 * p->cached * dk + dk * CVL_RELPOS_TILE + 64;
+}
+
 /* The passes of one code path: LayerNorm over rows of n ((x - mean) / sqrt(var + eps) * w + b, two passes as the
- * graph computes it), ReLU in place, and one attention row into row.out (s: cvl_relpos_scratch_floats). */
+ * graph computes it), ReLU in place, one attention row into row.out (s: cvl_relpos_scratch_floats), and optionally
+ * (NULL: none) a tile of a prefill's new positions t0 .. t0 + n - 1 (n <= CVL_RELPOS_TILE) of batch row b, head h, the
+ * positions as vector lanes (s: cvl_relpos_tile_scratch_floats); it returns 0, or nonzero for a tile it does not take
+ * (its rows then go one by one). */
 typedef struct {
     void (*layer_norm)(const float* x, int64_t rows, int64_t n, const float* w, const float* b, float eps, float* y);
     void (*relu)(float* x, int64_t count);
     void (*attention_row)(const cvl_relpos_problem* p, const cvl_relpos_row* row, float* s);
+    int (*attention_tile)(const cvl_relpos_problem* p, int64_t b, int64_t h, int64_t t0, int64_t n, const float* q,
+                          float* att, float* s);
 } cvl_relpos_passes;
 
 extern const cvl_relpos_passes cvl_relpos_avx2_passes, cvl_relpos_avx512_passes;
