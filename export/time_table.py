@@ -99,9 +99,10 @@ def tabulate_time_inputs(model: onnx.ModelProto, times: Sequence[float], library
     for name, value in zip(frontier, values, strict=True):
         if value.ndim == 0 or value.shape[0] != len(grid):
             raise RewriteError(f"{name!r} computed from {time_input!r} alone has shape {value.shape}: no row per time")
-        # a result computed row by row must not depend on its batch: one row alone gives the same bits
-        alone = _evaluate(model, region, [name], time_input, grid[:1], library)[0]
-        if not np.array_equal(alone[0], value[0]):
+    # a result computed row by row must not depend on its batch: the first time alone gives the same bits
+    alone = _evaluate(model, region, frontier, time_input, grid[:1], library)
+    for name, value, first_row in zip(frontier, values, alone, strict=True):
+        if not np.array_equal(first_row[0], value[0]):
             raise RewriteError(f"{name!r} computed from {time_input!r} alone depends on the batch it is computed in")
     p = TABLE_PREFIX
     tables = [numpy_helper.from_array(np.ascontiguousarray(v), f"{p}/{name}") for name, v in zip(frontier, values, strict=True)]
@@ -129,8 +130,7 @@ def tabulate_time_inputs(model: onnx.ModelProto, times: Sequence[float], library
     renamed = {name: f"{name}/computed" for name in frontier}
     computed_nodes = []
     for node in region:
-        copy = onnx.NodeProto()
-        copy.CopyFrom(node)
+        copy = _copy(node)
         for i, out in enumerate(copy.output):
             if out in renamed:
                 copy.output[i] = renamed[out]
@@ -147,14 +147,10 @@ def tabulate_time_inputs(model: onnx.ModelProto, times: Sequence[float], library
     moved = {k for k, n in enumerate(all_nodes) if n.op_type == "Constant" and n.output[0] in used}
     inside = set(indices) | moved
     first = min(inside)
-    copies = []
-    for node in [all_nodes[k] for k in sorted(moved)] + lookup + [choose]:
-        copy = onnx.NodeProto()
-        copy.CopyFrom(node)
-        copies.append(copy)
+    placed = [all_nodes[k] for k in sorted(moved)] + lookup + [choose]
     before = [all_nodes[k] for k in range(first) if k not in inside]
     after = [all_nodes[k] for k in range(first, len(all_nodes)) if k not in inside]
-    nodes = [*(_copy(n) for n in before), *copies, *(_copy(n) for n in after)]
+    nodes = [_copy(n) for n in (*before, *placed, *after)]
     del graph.node[:]
     graph.node.extend(nodes)
     graph.initializer.extend([*tables, grid_init, axes, zero])

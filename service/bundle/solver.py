@@ -1,5 +1,5 @@
 """The Euler solver's time grid, which the bundle's constants define (t_scheduler "cosine", n_timesteps): shared by the
-flow solver (service.layers.cfm) and the exporter (a native twin's time table, export/time_table.py)."""
+flow solvers (service.layers.cfm, the U-Net flow's) and the exporter (a native twin's time table, export/time_table.py)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ def cosine_t_span(n_timesteps: int) -> np.ndarray:
 
 
 def euler_times(n_timesteps: int) -> tuple[np.ndarray, np.ndarray]:
-    """The time t each of the n Euler steps feeds its estimator and the step dt it takes, both (n,) float32, as
-    `GuidedEuler.solve_steps` reaches them: t_span[0], then t + dt in float32 and dt = t_span[next] - t (so a step's t
-    may differ from t_span[step] in its last bit). A native twin tabulates what its estimator computes from t alone at
-    these times (export/time_table.py): the solve (service.layers.cfm) and the table use this one function."""
+    """The time t each of the n Euler steps feeds its estimator and the step dt it takes, both (n,) float32, as the
+    flow solvers walk them (`GuidedEuler.solve_steps`, the U-Net flow's own batch solve): t_span[0], then t + dt in
+    float32 and dt = t_span[next] - t (so a step's t may differ from t_span[step] in its last bit). A native twin
+    tabulates what its estimator computes from t alone at these times (export/time_table.py): the solves and the table
+    use this one function."""
     t_span = cosine_t_span(n_timesteps)
     times = np.empty(n_timesteps, dtype=np.float32)
     steps = np.empty(n_timesteps, dtype=np.float32)

@@ -12,7 +12,7 @@ import numpy as np
 
 from service.bundle import ModelConstants
 from service.families.cosyvoice1.voice import FlowPrompt, as_flow_prompt
-from service.layers.cfm import cosine_t_span
+from service.layers.cfm import euler_times
 from service.layers.dsp import interpolate_linear
 
 
@@ -188,19 +188,16 @@ class FlowRunner:
         if conds is not None:  # conditioned rows see the prompt mel; the unconditioned ones see zeros, as mu and spks
             cond_rows[:k] = np.stack(conds)
         feeds = {"mask": np.ones((2 * k, 1, m), dtype=np.float32), "mu": mu_rows, "spks": spk_rows, "cond": cond_rows}
-        t_span = cosine_t_span(n_timesteps)
+        times, steps_dt = euler_times(n_timesteps)
         x = np.stack(zs).astype(np.float32)
-        t, dt = t_span[0], t_span[1] - t_span[0]
         for step in range(1, n_timesteps + 1):
+            t, dt = times[step - 1], steps_dt[step - 1]
             feeds["x"] = np.concatenate([x, x])
             feeds["t"] = np.full(2 * k, t, dtype=np.float32)
             v = self._velocity(feeds, k, lanes)
             x = x + dt * ((np.float32(1.0) + cfg) * v[:k] - cfg * v[k:])
-            t = t + dt
-            if step < n_timesteps:
-                dt = t_span[step + 1] - t
-                if between_steps is not None:
-                    between_steps()
+            if step < n_timesteps and between_steps is not None:
+                between_steps()
         return [row.astype(np.float32) for row in x]
 
     def _velocity(self, feeds: Mapping[str, np.ndarray], k: int, lanes: CoresFree | None) -> np.ndarray:
