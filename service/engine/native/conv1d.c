@@ -350,6 +350,5 @@ int cvl_conv1d(const cvl_conv1d_problem* p, const cvl_exec* ex) {
     const size_t rows = (size_t)(p->batch * x_pairs), tasks = (size_t)(p->batch * jb.blocks);
     cvl_run_tasks(ex, pack_pairs, &jb, rows);
     cvl_run_tasks(ex, run_block, &jb, tasks);
-    cvl_work_trim(CVL_WORK_CONV);
     return 0;
 }

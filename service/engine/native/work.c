@@ -33,7 +33,8 @@ float* cvl_work_floats(int slot, size_t floats) {
             return NULL;
         }
     }
-    if (floats > w->floats[slot]) {
+    const int large_held = w->floats[slot] * sizeof(float) > CVL_WORK_KEEP_BYTES;
+    if (floats > w->floats[slot] || (large_held && floats * sizeof(float) <= CVL_WORK_KEEP_BYTES)) {
         free(w->data[slot]);
         size_t bytes = (floats * sizeof(float) + 63) & ~(size_t)63;
         w->data[slot] = aligned_alloc(64, bytes);
@@ -42,13 +43,9 @@ float* cvl_work_floats(int slot, size_t floats) {
     return w->data[slot];
 }
 
-void cvl_work_trim(int slot) {
-    if (slot < 0 || slot >= CVL_WORK_SLOTS) return;
+size_t cvl_work_held(int slot) {
+    if (slot < 0 || slot >= CVL_WORK_SLOTS) return 0;
     pthread_once(&work_once, work_init);
     work_buffers* w = pthread_getspecific(work_key);
-    if (w != NULL && w->floats[slot] * sizeof(float) > CVL_WORK_KEEP_BYTES) {
-        free(w->data[slot]);
-        w->data[slot] = NULL;
-        w->floats[slot] = 0;
-    }
+    return w == NULL || w->data[slot] == NULL ? 0 : w->floats[slot] * sizeof(float);
 }

@@ -386,6 +386,5 @@ int cvl_estimator_block(const cvl_block_problem* p, const cvl_exec* ex) {
     run(&j, STAGE_GELU, stage_task, ranges, ex);
     int failed = cvl_int8_weight_matmul(j.f, rows, F, &p->ff2, p->y, NULL, ex);
     if (!failed) run(&j, STAGE_RESIDUAL2, stage_task, ranges, ex);
-    cvl_work_trim(CVL_WORK_BLOCK);
     return failed ? -1 : 0;
 }

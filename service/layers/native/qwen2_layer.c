@@ -421,7 +421,5 @@ int cvl_qwen2_layer(const cvl_qwen2_problem* p, const cvl_exec* ex) {
     silu_mul(passes, g, u, R * F);
     int failed = cvl_int8_weight_matmul(g, R, F, &p->down, p->y, NULL, ex);
     if (!failed) add_into(p->y, x1, R * D);
-    cvl_work_trim(CVL_WORK_QWEN);
-    cvl_work_trim(CVL_WORK_QWEN_SCORES);
     return failed ? -1 : 0;
 }

@@ -208,7 +208,5 @@ int cvl_relpos_layer(const cvl_relpos_problem* p, const cvl_exec* ex) {
     passes->relu(f, R * F);
     const int failed = cvl_int8_weight_matmul(f, R, F, &p->ff2, p->y, NULL, ex);
     if (!failed) add_into(p->y, x1, R * D);
-    cvl_work_trim(CVL_WORK_RELPOS);
-    cvl_work_trim(CVL_WORK_RELPOS_SCORES);
     return failed ? CVL_RELPOS_NO_MEMORY : 0;
 }
