@@ -339,7 +339,10 @@ def test_disconnect_cancels_the_synthesis(server: AppServer) -> None:
 
 def test_a_reader_that_stops_reading_holds_at_most_two_jobs(server: AppServer) -> None:
     """Ten sentences arrive at once and the client reads nothing: one sentence streams (blocked on the socket), one is
-    synthesized ahead, and the other eight wait as text; running jobs never exceed two."""
+    synthesized ahead, and the other eight wait as text; running jobs never exceed two. The count starts from an idle
+    server: a job an earlier test cancelled (its session gone) may still be reaching its next chunk."""
+    with server.client() as http:
+        wait_until(lambda: metric_value(http.get("/metrics").text, "tts_jobs_running") == 0, 30, "idle server")
     ws, _ = open_stream(server)
     send_text(ws, "".join(f"这是第{i}句话，内容稍微长一点，好让合成需要一些时间。" for i in range(10)) + "好")
     peak = 0.0
