@@ -1,4 +1,4 @@
-"""Our kernels on AMX tiles (service/engine/native/amx.c, attention_amx.c) against their AVX-512 code in a process that
+"""Our kernels on AMX tiles (service/engine/native/amx.c, attention_heads.c) against their AVX-512 code in a process that
 refuses AMX (COSYVOICE_LITE_AMX=0): the int8 products give the same numbers bit for bit (the same integer sums and
 the same quantization), the estimator's attention and an LLM layer's prefill agree to bf16 rounding. Skipped on CPUs
 without AMX, where the AVX-512 code is the only one (tests/test_native_int8.py, test_native_attention.py and

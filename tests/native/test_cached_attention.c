@@ -19,6 +19,9 @@ static const shape SHAPES[] = {
     {1, 65, 31, 2, 32, 4}, {2, 70, 17, 2, 16, 7}, {1, 3, 5, 2, 8, 2},   {1, 6, 0, 1, 24, 1000},  {1, 17, 1, 3, 64, 1},
     {1, 1, 900, 2, 64, 50}, {2, 33, 601, 2, 32, 25}, {1, 9, 0, 2, 64, 4}, {1, 13, 40, 1, 48, 5}, {1, 4, 7, 2, 12, 3},
     {2, 70, 0, 2, 64, INT64_MAX}, {1, 9, 0, 3, 32, INT64_MAX}, /* full attention, no cache: the v1 estimator's */
+    /* frames past the last whole vector of query lanes taken one at a time (the fast kernel's remainder): head sizes
+     * 16, 32, 64; a remainder whose keys reach past the lanes' (a chunk boundary inside the tile); full attention */
+    {1, 18, 5, 2, 16, 3}, {2, 20, 10, 2, 32, 7}, {1, 36, 0, 2, 64, INT64_MAX}, {1, 52, 33, 1, 64, 50},
 };
 
 /* A finite float16 of magnitude 2^-5 .. 2^3, as bits, and its value. */

@@ -1,8 +1,8 @@
 /* The Qwen2 decoder layer (qwen2_layer.h): every feature set the run allows against the portable C within the
  * tolerance of its vector math and bf16 tile attention, on a decode step (one token), a batch with padding columns
- * masked, a prefill of 16 tokens or more (the tile attention where the CPU has AMX), grouped key/value heads and head
- * sizes the tiles do not hold (and that are no multiple of 8: the vector code's tails), a decode step over a long
- * cache; the spread of a step's products over threads changes nothing, bit for bit. */
+ * masked, a prefill of 16 tokens or more (head by head in bf16: AVX-512 BF16, or tiles where the CPU has AMX), grouped
+ * key/value heads and head sizes the head-by-head code does not hold (and that are no multiple of 8: the vector code's
+ * tails), a decode step over a long cache; the spread of a step's products over threads changes nothing, bit for bit. */
 
 #include "check.h"
 #include "qwen2_layer.h"
@@ -130,6 +130,8 @@ int main(int argc, char** argv) {
     CHECK(vs->variants[0].needs == 0, "variant 0 is the portable C");
     CHECK(picks(vs, CVL_NEEDS_AMX_BF16, 16, "avx512"), "head size 16 keeps the vector attention");
     CHECK(picks(vs, CVL_NEEDS_AMX_BF16, 64, "amx_bf16"), "head size 64 takes tiles in a prefill");
+    CHECK(picks(vs, CVL_NEEDS_AVX512_BF16, 64, "avx512_bf16") && picks(vs, CVL_NEEDS_AVX512_BF16, 16, "avx512"),
+          "without AMX, head sizes 32 and 64 go head by head in bf16, 16 stays row by row");
     CHECK(picks(vs, CVL_NEEDS_AVX2, 64, "avx2") && picks(vs, CVL_AVX2 | CVL_FMA, 64, "portable"), "AVX2 needs F16C");
     for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++) check_shape(&r, &SHAPES[i], allowed);
     report("test_qwen2_layer", allowed);

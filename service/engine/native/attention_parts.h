@@ -1,4 +1,5 @@
-/* What the attention kernels (cached_attention.c: AVX-512 BF16, attention_amx.c: AMX, attention_avx2.c) share. */
+/* What the attention kernels (cached_attention.c: AVX-512 BF16, attention_heads.c: one head at a time, on AMX tiles
+ * or AVX-512 BF16; attention_avx2.c) share. */
 #ifndef COSYVOICE_LITE_ATTENTION_PARTS_H
 #define COSYVOICE_LITE_ATTENTION_PARTS_H
 
@@ -41,7 +42,7 @@ __attribute__((target(CVL_ATTENTION_VEC), unused)) static inline void cvl_load_f
     for (int c = 0; c < nc; c++) r[c] = _mm512_loadu_ps(row + 16 * c);
 }
 
-/* One query head's attention for the AMX kernel (attention_amx.c): `rows` query rows over `cached` float16 keys then
+/* One query head's attention (attention_heads.c): `rows` query rows over `cached` float16 keys then
  * `new_keys` float32 ones (row strides in elements), scores scaled by `scale`, masked either by attention chunks
  * (`chunks`: row i sees cvl_key_limit(chunks, i) keys, the estimator's) or, with `mask`, by an additive mask (row i's
  * column j is added to the score where it is >= `masked_below`, else dropped: the LLM's). Head sizes 32 and 64. */
@@ -64,6 +65,10 @@ typedef struct {
 
 /* 0, or -1 when the work buffer cannot be allocated. Where cvl_amx_bf16(). */
 int cvl_amx_head_attention(const cvl_head_attention* a);
+
+/* The same with AVX-512 BF16 dot products instead of tiles (bf16 products, float32 sums and softmax; the same
+ * layouts): a prefill's attention where the CPU has AVX-512 BF16 but no AMX. Where CVL_NEEDS_AVX512_BF16. */
+int cvl_bf16_head_attention(const cvl_head_attention* a);
 
 /* cvl_cached_attention's contract on AMX tiles, head by head (cvl_amx_head_attention). */
 int cvl_amx_attention(const cvl_attention_shape* s, const float* q, const float* k, const float* v, const uint16_t* pk,

@@ -5,8 +5,9 @@
  * products (the RMSNorm pattern twice, rotary halves, reshapes and transposes of q, k and v and the shape arithmetic
  * behind them, the casts of the float16 cache, the attention's matmuls, softmax and slices, SiLU): ~1,800 small
  * kernels a step, the rest of its time. Here a layer is its products, with the rest as single passes over one per-thread
- * buffer; the attention reads the float16 cache in place. A prefill's attention (16 new tokens or more) takes AMX
- * tiles where the CPU has them (attention_amx.c; it was a quarter of a 285-position prefill on one thread).
+ * buffer; the attention reads the float16 cache in place. A prefill's attention (16 new tokens or more) goes head by
+ * head in bf16 (attention_heads.c): on AMX tiles where the CPU has them (it was a quarter of a 285-position prefill on
+ * one thread), else with AVX-512 BF16 dot products (15 % of it row by row in float32).
  * The AVX2 code of the passes and the attention: qwen2_layer_avx2.c. */
 
 #include "qwen2_layer.h"
@@ -28,9 +29,12 @@
 
 #define NEEDS_VECTOR (CVL_AVX512F | CVL_AVX512BW | CVL_AVX512VL | CVL_FMA | CVL_F16C)
 
-enum { PORTABLE = CVL_QWEN2_PORTABLE, AVX2 = CVL_QWEN2_AVX2, VECTOR = CVL_QWEN2_AVX512, TILES };
-static const cvl_variant variants[] = {
-    {"portable", 0}, {"avx2", CVL_NEEDS_AVX2}, {"avx512", NEEDS_VECTOR}, {"amx_bf16", CVL_NEEDS_AMX_BF16}};
+enum { PORTABLE = CVL_QWEN2_PORTABLE, AVX2 = CVL_QWEN2_AVX2, VECTOR = CVL_QWEN2_AVX512, HEADS_BF16, TILES };
+static const cvl_variant variants[] = {{"portable", 0},
+                                       {"avx2", CVL_NEEDS_AVX2},
+                                       {"avx512", NEEDS_VECTOR},
+                                       {"avx512_bf16", NEEDS_VECTOR | CVL_NEEDS_AVX512_BF16},
+                                       {"amx_bf16", CVL_NEEDS_AMX_BF16}};
 
 /* The code of the layer's own passes and one-token attention under `have`: PORTABLE, AVX2 or VECTOR. */
 static int passes_of(cvl_features have) {
@@ -38,13 +42,16 @@ static int passes_of(cvl_features have) {
     return cvl_has(have, CVL_NEEDS_AVX2) ? AVX2 : PORTABLE;
 }
 
-/* The tiles hold head sizes 32 and 64 (head_dim 0 asks for any). */
+/* A prefill's attention one head at a time (attention_heads.c) holds head sizes 32 and 64 (head_dim 0 asks for any):
+ * on AMX tiles, else with AVX-512 BF16 dot products. */
 static int pick(cvl_features have, int64_t head_dim) {
     if (passes_of(have) != VECTOR) return passes_of(have);
-    return cvl_has(have, CVL_NEEDS_AMX_BF16) && (head_dim == 0 || head_dim == 32 || head_dim == 64) ? TILES : VECTOR;
+    const int heads = head_dim == 0 || head_dim == 32 || head_dim == 64;
+    if (heads && cvl_has(have, CVL_NEEDS_AMX_BF16)) return TILES;
+    return heads && cvl_has(have, CVL_NEEDS_AVX512_BF16) ? HEADS_BF16 : VECTOR;
 }
 
-const cvl_variants cvl_qwen2_layer_variants = {variants, 4, pick};
+const cvl_variants cvl_qwen2_layer_variants = {variants, 5, pick};
 
 /* ---- RMSNorm over rows of n: w * (x * (1 / sqrt(mean(x^2) + eps))), as the step graph computes it ---- */
 
@@ -323,15 +330,17 @@ static void attention_task(void* ctx, size_t task) {
     }
 }
 
-/* ---- the attention of many new tokens (a prefill) on AMX tiles: one task per (row, query head) ---- */
+/* ---- the attention of many new tokens (a prefill) one query head at a time: one task per (batch row, query head),
+ * on AMX tiles or with AVX-512 BF16 dot products (attention_heads.c) ---- */
 
-#define TILE_ROWS 16 /* new tokens from which the attention takes tiles: a prefill (decode steps have one) */
+#define TILE_ROWS 16 /* new tokens from which the attention goes head by head: a prefill (decode steps have one) */
 
 typedef struct {
     const cvl_qwen2_problem* p;
     const float* q;
     float* att;
     int64_t units, tasks; /* units: batch x heads */
+    int tiles;            /* AMX tiles, else AVX-512 BF16 */
     volatile int failed;
 } tile_job;
 
@@ -349,12 +358,15 @@ static void tile_task(void* ctx, size_t task) {
             .out = jb->att + (b * T * p->heads + h) * dk, .out_stride = p->heads * dk,
             .mask = p->mask + b * T * (C + T), .mask_stride = C + T, .masked_below = MASKED,
         };
-        if (cvl_amx_head_attention(&a) != 0) jb->failed = 1;
+        if ((jb->tiles ? cvl_amx_head_attention(&a) : cvl_bf16_head_attention(&a)) != 0) jb->failed = 1;
     }
 }
 
-static int use_tiles(const cvl_qwen2_problem* p, cvl_features have) {
-    return p->steps >= TILE_ROWS && (p->head_dim == 32 || p->head_dim == 64) && pick(have, p->head_dim) == TILES;
+/* TILES or HEADS_BF16 where a prefill's attention goes head by head, else 0. */
+static int head_by_head(const cvl_qwen2_problem* p, cvl_features have) {
+    const int picked = pick(have, p->head_dim);
+    const int heads = p->steps >= TILE_ROWS && (p->head_dim == 32 || p->head_dim == 64);
+    return heads && (picked == TILES || picked == HEADS_BF16) ? picked : 0;
 }
 
 int cvl_qwen2_layer(const cvl_qwen2_problem* p, const cvl_exec* ex) {
@@ -394,8 +406,9 @@ int cvl_qwen2_layer(const cvl_qwen2_problem* p, const cvl_exec* ex) {
             memcpy(p->v_out + to, v + r * KD + c * dk, row_bytes);
         }
     int failed_attention;
-    if (use_tiles(p, ex->have)) {
-        tile_job tj = {p, q, att, p->batch * p->heads, 1, 0};
+    const int by_head = head_by_head(p, ex->have);
+    if (by_head) {
+        tile_job tj = {p, q, att, p->batch * p->heads, 1, by_head == TILES, 0};
         tj.tasks = parallel ? (tj.units < MAX_TASKS ? tj.units : MAX_TASKS) : 1;
         if (tj.tasks > 1)
             parallel(runner, tile_task, &tj, (size_t)tj.tasks);

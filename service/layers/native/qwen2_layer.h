@@ -31,9 +31,9 @@ typedef struct {
 } cvl_qwen2_problem;
 
 /* The code paths of the layer's own passes and attention: portable, avx2 (AVX2 with FMA and F16C; float32 attention,
- * qwen2_layer_avx2.c), avx512 (AVX-512F/BW/VL with FMA and F16C), and amx_bf16 (a prefill's attention of 16 new tokens
- * or more on AMX tiles, head sizes 32 and 64; attention_amx.c); its products take theirs from the same features
- * (int8_matmul.h). */
+ * qwen2_layer_avx2.c), avx512 (AVX-512F/BW/VL with FMA and F16C), avx512_bf16 (with AVX-512 BF16 too: a prefill's
+ * attention of 16 new tokens or more head by head in bf16, head sizes 32 and 64; attention_heads.c) and amx_bf16 (that
+ * attention on AMX tiles); its products take theirs from the same features (int8_matmul.h). */
 extern const cvl_variants cvl_qwen2_layer_variants;
 
 /* 0 on success, -1 when a work buffer cannot be allocated. Products and attention rows may be shared out over

@@ -1,13 +1,16 @@
-/* Attention on AMX bf16 tiles, one query head at a time (attention_parts.h): a chunk-causal flow estimator's cached
- * chunk-masked attention (cached_attention.h's contract) and the LLM's prefill under its additive mask (qwen2_layer.c),
- * head sizes 32 and 64.
+/* Attention one query head at a time (attention_parts.h): a chunk-causal flow estimator's cached chunk-masked attention
+ * (cached_attention.h's contract) and the LLM's prefill under its additive mask (qwen2_layer.c), head sizes 32 and 64;
+ * the products on AMX bf16 tiles, or with AVX-512 BF16 dot products on the same layouts (the prefill on a CPU without
+ * AMX).
  *
  * Why: with AVX-512 BF16 the attention was the largest part of a flow estimator call on a CPU with AMX (about a third
- * of it; docs/perf-log.md); a tile product does 16 x 16 x 32 bf16 multiply-adds at once. Per head: the keys go to bf16 dim pairs transposed (kt[pair][key], 16 x 16 blocks transposed in registers),
- * the values to key pairs (vp[key pair][dim]), the scaled queries to bf16 rows. Then for each block of 16 new
- * frames: scores = Q . K^T (frames x keys, float32), a softmax along each frame's row up to its last visible key, the
- * probabilities in bf16, and out = P . V, each row divided by its sum. As the AVX-512 kernel: bf16 products, float32
- * sums, float32 softmax. */
+ * of it; docs/perf-log.md); a tile product does 16 x 16 x 32 bf16 multiply-adds at once. Without AMX, a prefill's
+ * attention row by row in float32 was 15 % of a 286-position Qwen2 prefill. Per head: the keys go to bf16 dim pairs
+ * transposed (kt[pair][key], 16 x 16 blocks transposed in registers), the values to key pairs (vp[key pair][dim]), the
+ * scaled queries to bf16 rows. Then for each block of 16 new frames: scores = Q . K^T (frames x keys, float32), a
+ * softmax along each frame's row up to its last visible key, the probabilities in bf16, and out = P . V, each row
+ * divided by its sum. As the AVX-512 kernel: bf16 products, float32 sums, float32 softmax. The vector products take the
+ * keys (scores) and the head's dims (values) as lanes, four frames at a time. */
 
 #include "amx.h"
 #include "attention_parts.h"
@@ -254,7 +257,74 @@ __attribute__((target(TILES))) static void values(const head_work* w, int blocks
 }
 #undef VALUE
 
-int cvl_amx_head_attention(const cvl_head_attention* a) {
+/* The same products with AVX-512 BF16 dot products (a CPU without AMX): scores of four frames over four blocks of 16
+ * keys at a time (the keys as lanes: a broadcast query pair against a row of kt), then their values (the head's dims
+ * as lanes: a broadcast probability pair against a row of vp). */
+__attribute__((target(VEC), always_inline)) static inline void scores_vec_blocks(const head_work* w, const uint32_t* q0,
+                                                                                 const int N, int kb, float* sc) {
+    const int NP = w->DK / 2;
+    const uint32_t* q[4] = {q0, q0 + NP, q0 + 2 * NP, q0 + 3 * NP};
+    __m512 acc[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < N; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int p = 0; p < NP; p++) {
+        const uint32_t* kt = w->kt + (size_t)p * w->Tp + (size_t)kb * 16;
+        __m512bh k[4];
+        for (int c = 0; c < N; c++) k[c] = (__m512bh)_mm512_loadu_si512(kt + 16 * c);
+        for (int r = 0; r < 4; r++) {
+            const __m512bh qq = (__m512bh)_mm512_set1_epi32((int)q[r][p]);
+            for (int c = 0; c < N; c++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], k[c], qq);
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < N; c++) _mm512_storeu_ps(sc + (size_t)r * w->Tp + (size_t)(kb + c) * 16, acc[r][c]);
+}
+
+__attribute__((target(VEC))) static void scores_vec(const head_work* w, int i0, int blocks) {
+    for (int r0 = 0; r0 < 16 && i0 + r0 < w->M; r0 += 4) { /* rows past the queries: zero queries in qb */
+        const uint32_t* q0 = (const uint32_t*)(w->qb + (size_t)(i0 + r0) * w->DK);
+        float* sc = w->sc + (size_t)r0 * w->Tp;
+        int kb = 0;
+        for (; kb + 4 <= blocks; kb += 4) scores_vec_blocks(w, q0, 4, kb, sc);
+        for (; kb < blocks; kb++) scores_vec_blocks(w, q0, 1, kb, sc);
+    }
+}
+
+__attribute__((target(VEC), always_inline)) static inline void values_vec_rows(const head_work* w, const int NC, int pairs,
+                                                                              int i0, int r0, const float* inv) {
+    __m512 o[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < NC; c++) o[r][c] = _mm512_setzero_ps();
+    const uint32_t* pr = (const uint32_t*)(w->pb + (size_t)r0 * w->Tp);
+    const int row_words = w->Tp / 2;
+    for (int jp = 0; jp < pairs; jp++) {
+        const uint32_t* vr = w->vp + (size_t)jp * w->DK;
+        __m512bh vv[4];
+        for (int c = 0; c < NC; c++) vv[c] = (__m512bh)_mm512_loadu_si512(vr + 16 * c);
+        for (int r = 0; r < 4; r++) {
+            const __m512bh pb = (__m512bh)_mm512_set1_epi32((int)pr[(size_t)r * row_words + jp]);
+            for (int c = 0; c < NC; c++) o[r][c] = _mm512_dpbf16_ps(o[r][c], vv[c], pb);
+        }
+    }
+    for (int r = 0; r < 4 && i0 + r0 + r < w->M; r++) {
+        float* dst = w->a->out + (size_t)(i0 + r0 + r) * w->a->out_stride;
+        const __m512 scale = _mm512_set1_ps(inv[r0 + r]);
+        for (int c = 0; c < NC; c++) _mm512_storeu_ps(dst + 16 * c, _mm512_mul_ps(o[r][c], scale));
+    }
+}
+
+/* out rows i0 .. i0+15 = P . V over keys [0, 32 * blocks), divided by the row sums. */
+__attribute__((target(VEC))) static void values_vec(const head_work* w, int blocks, int i0, const float* inv) {
+    for (int r0 = 0; r0 < 16 && i0 + r0 < w->M; r0 += 4) {
+        if (w->DK == 64)
+            values_vec_rows(w, 4, 16 * blocks, i0, r0, inv);
+        else
+            values_vec_rows(w, 2, 16 * blocks, i0, r0, inv);
+    }
+}
+
+static int head_attention(const cvl_head_attention* a, int tiles) {
+
     head_work w = {.a = a, .M = a->rows, .C = a->cached, .T = a->cached + a->new_keys, .DK = a->head_dim};
     w.Tp = (w.T + 31) / 32 * 32;
     w.Mp = (w.M + 15) / 16 * 16;
@@ -269,7 +339,7 @@ int cvl_amx_head_attention(const cvl_head_attention* a) {
     w.pb = (uint16_t*)(w.sc + sc);
     w.ob = (float*)w.pb + pb;
     float inv[16];
-    cvl_amx_begin();
+    if (tiles) cvl_amx_begin();
     prepare_head(&w);
     for (int i0 = 0; i0 < w.M; i0 += 16) {
         int lims[16], lim = 0; /* each row's visible keys, once (a mask row is scanned for them); the block's widest */
@@ -277,13 +347,23 @@ int cvl_amx_head_attention(const cvl_head_attention* a) {
             lims[r] = row_limit(&w, i0 + r);
             lim = lims[r] > lim ? lims[r] : lim;
         }
-        scores(&w, i0, (lim + 15) / 16);
+        if (tiles)
+            scores(&w, i0, (lim + 15) / 16);
+        else
+            scores_vec(&w, i0, (lim + 15) / 16);
         softmax_rows(&w, i0, (lim + 31) / 32 * 32, lims, inv);
-        values(&w, (lim + 31) / 32, i0, inv);
+        if (tiles)
+            values(&w, (lim + 31) / 32, i0, inv);
+        else
+            values_vec(&w, (lim + 31) / 32, i0, inv);
     }
-    cvl_amx_end();
+    if (tiles) cvl_amx_end();
     return 0;
 }
+
+int cvl_amx_head_attention(const cvl_head_attention* a) { return head_attention(a, 1); }
+
+int cvl_bf16_head_attention(const cvl_head_attention* a) { return head_attention(a, 0); }
 
 int cvl_amx_attention(const cvl_attention_shape* s, const float* q, const float* k, const float* v, const uint16_t* pk,
                       const uint16_t* pv, float* out) {
