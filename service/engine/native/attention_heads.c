@@ -324,7 +324,6 @@ __attribute__((target(VEC))) static void values_vec(const head_work* w, int bloc
 }
 
 static int head_attention(const cvl_head_attention* a, int tiles) {
-
     head_work w = {.a = a, .M = a->rows, .C = a->cached, .T = a->cached + a->new_keys, .DK = a->head_dim};
     w.Tp = (w.T + 31) / 32 * 32;
     w.Mp = (w.M + 15) / 16 * 16;

@@ -83,13 +83,13 @@ typedef struct {
     uint32_t* vp; /* [TE/2][DK] value pairs */
     uint32_t* pp; /* [TE/2][QL] probability pairs */
     uint32_t* kb; /* [TE+4][DK/2] the keys in bf16 pairs, key-major */
-    float* tq;    /* [QL][DK/2] words: the queries in bf16 pairs, frame-major (then transposed into qp) */
+    uint32_t* qrows; /* [QL][DK/2] the queries in bf16 pairs, frame-major (then transposed into qp) */
     float* sr;    /* [TE+16] one remainder frame's scores */
 } tiles;
 
 static size_t tile_floats(int T, int DK) {
     size_t te = (size_t)T + 2;
-    return (size_t)DK / 2 * QL + te * QL + te / 2 * DK + te / 2 * QL + (te + 4) * (size_t)DK / 2 + (size_t)DK * QL +
+    return (size_t)DK / 2 * QL + te * QL + te / 2 * DK + te / 2 * QL + (te + 4) * (size_t)DK / 2 + (size_t)QL * DK / 2 +
            (te + 16) + 64;
 }
 
@@ -101,8 +101,8 @@ static tiles tiles_in(float* w, int T, int DK) {
     t.vp = (uint32_t*)(t.st + te * QL);
     t.pp = t.vp + te / 2 * DK;
     t.kb = t.pp + te / 2 * QL;
-    t.tq = (float*)(t.kb + (te + 4) * (size_t)DK / 2);
-    t.sr = t.tq + (size_t)DK * QL;
+    t.qrows = t.kb + (te + 4) * (size_t)DK / 2;
+    t.sr = (float*)(t.qrows + (size_t)QL * DK / 2);
     return t;
 }
 
@@ -159,9 +159,9 @@ __attribute__((always_inline, target(FAST))) static inline void tile_bf16(
     const float* qb = q + (size_t)b * M * D;
     const float* kn = k + (size_t)b * M * D;
     const uint16_t* kc = pk + (size_t)b * C * D;
-    const float scale2 = s->scale * 1.44269504088896341f; /* scores in log2 units: the softmax takes 2^x */
+    const float scale2 = s->scale * CVL_LOG2E; /* scores in log2 units: the softmax takes 2^x */
     const int QR = QG > QV * 16 ? QG - QV * 16 : 0; /* remainder frames */
-    uint32_t* rows = (uint32_t*)t.tq; /* [QV*16+QR][DK/2]: each frame's scaled query as bf16 pairs */
+    uint32_t* rows = t.qrows; /* [QV*16+QR][DK/2]: each frame's scaled query as bf16 pairs */
     const __m512 sc = _mm512_set1_ps(scale2);
     for (int i = 0; i < QV * 16 + QR; i++) {
         uint32_t* r = rows + (size_t)i * DK / 2;

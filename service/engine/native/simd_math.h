@@ -6,6 +6,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#define CVL_LOG2E 1.44269504088896341f /* log2(e): e^x = 2^(x log2 e) */
+
 /* The lanes of a 16-float vector that hold the last `left` values (all 16 when 16 or more are left). */
 static inline __mmask16 cvl_tail_mask(int64_t left) {
     return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
@@ -15,7 +17,7 @@ static inline __mmask16 cvl_tail_mask(int64_t left) {
  * scalef; float32 accuracy. */
 __attribute__((target("avx512f,fma"), unused)) static inline __m512 cvl_exp_nonpositive(__m512 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(CVL_LOG2E)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
@@ -65,7 +67,7 @@ __attribute__((target("avx512f,fma"), unused)) static inline __m512 cvl_erf(__m5
     p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.284496736f));
     p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.254829592f));
     p = _mm512_mul_ps(p, t);
-    __m512 e = cvl_exp2_nonpositive(_mm512_mul_ps(_mm512_mul_ps(a, _mm512_set1_ps(-1.44269504088896341f)), a));
+    __m512 e = cvl_exp2_nonpositive(_mm512_mul_ps(_mm512_mul_ps(a, _mm512_set1_ps(-CVL_LOG2E)), a));
     __m512 r = _mm512_fnmadd_ps(p, e, one);
     return _mm512_castsi512_ps(
         _mm512_or_si512(_mm512_castps_si512(r), _mm512_and_si512(_mm512_castps_si512(x), sign)));
@@ -111,7 +113,7 @@ __attribute__((target(CVL_AVX2_MATH), unused)) static inline float cvl_max8(__m2
  * the clamp, so the result stays a normal float). */
 __attribute__((target(CVL_AVX2_MATH), unused)) static inline __m256 cvl_exp_nonpositive8(__m256 x) {
     x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(CVL_LOG2E)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);

@@ -143,7 +143,7 @@ static void gelu(int passes, float* x, int64_t count) {
 /* tanh(u) = sign(u) (1 - e) / (1 + e) with e = exp(-2 |u|) <= 1 (no overflow for any u; 1 + e in [1, 2]). */
 __attribute__((target(VEC))) static void gelu_tanh_fast(float* x, int64_t count) {
     const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f), k0 = _mm512_set1_ps(GELU_K0);
-    const __m512 k1 = _mm512_set1_ps(GELU_K1), minus2 = _mm512_set1_ps(-2.0f * 1.44269504088896341f); /* log2 units */
+    const __m512 k1 = _mm512_set1_ps(GELU_K1), minus2 = _mm512_set1_ps(-2.0f * CVL_LOG2E); /* log2 units */
     const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
     for (int64_t i = 0; i < count; i += 16) {
         __mmask16 k = cvl_tail_mask(count - i);

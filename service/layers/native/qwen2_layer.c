@@ -362,11 +362,10 @@ static void tile_task(void* ctx, size_t task) {
     }
 }
 
-/* TILES or HEADS_BF16 where a prefill's attention goes head by head, else 0. */
+/* TILES or HEADS_BF16 where a prefill's attention goes head by head (pick holds the head sizes), else 0. */
 static int head_by_head(const cvl_qwen2_problem* p, cvl_features have) {
     const int picked = pick(have, p->head_dim);
-    const int heads = p->steps >= TILE_ROWS && (p->head_dim == 32 || p->head_dim == 64);
-    return heads && (picked == TILES || picked == HEADS_BF16) ? picked : 0;
+    return p->steps >= TILE_ROWS && (picked == TILES || picked == HEADS_BF16) ? picked : 0;
 }
 
 int cvl_qwen2_layer(const cvl_qwen2_problem* p, const cvl_exec* ex) {
