@@ -54,8 +54,11 @@ def test_a_later_sentence_does_not_restart_with_the_first_hop() -> None:
     assert next_hop(ADAPTIVE, start(audio_s=1.0, llm_done=True, buffered=200), FAST, C) < 100
 
 
-def test_adaptive_schedule_before_any_measurement_takes_the_official_hop() -> None:
-    assert hops(ADAPTIVE, None, 3) == [21, 100, 100]
+def test_adaptive_schedule_before_any_measurement_takes_short_hops_growing_to_the_official_one() -> None:
+    """1 s of speech after the first chunk, then the audio delivered so far, up to the official hop."""
+    assert ADAPTIVE.short_hop == 50 and ADAPTIVE.steady_hop == C.token_hop_len == 100
+    assert hops(ADAPTIVE, None, 5) == [21, 50, 71, 100, 100]  # 21 + 50 tokens' audio out: 71, then capped
+    assert hops(dataclasses.replace(ADAPTIVE, short_hop=0), None, 3) == [21, 100, 100]  # without short hops
 
 
 def test_each_chunk_covers_the_time_the_next_takes() -> None:
@@ -85,14 +88,28 @@ def test_waiting_for_tokens_counts_unless_the_llm_is_done() -> None:
     slow_llm = dataclasses.replace(FAST, token_s=0.03)  # slower than real time (50 tokens/s)
     waiting = next_hop(ADAPTIVE, start(chunks=1, last_hop=21, buffered=20), slow_llm, C)
     done = next_hop(ADAPTIVE, start(chunks=1, last_hop=21, buffered=500, llm_done=True), slow_llm, C)
-    assert waiting == ADAPTIVE.steady_hop  # nothing covers: the official hop
+    assert waiting == ADAPTIVE.short_hop  # nothing covers, and only the first chunk is out: a short hop
     assert done < waiting  # everything decoded: only the acoustic cost counts
 
 
-def test_a_host_slower_than_real_time_gets_the_official_hop_not_the_largest() -> None:
-    """No hop covers: one max_hop chunk right after the short first one would be the largest wait a listener can get."""
-    assert hops(ADAPTIVE, SLOW, 3) == [21, 100, 100]
-    assert ADAPTIVE.steady_hop == C.token_hop_len < ADAPTIVE.max_hop
+def test_a_host_slower_than_real_time_gets_short_hops_not_the_largest() -> None:
+    """No hop covers: one max_hop chunk right after the short first one would be the largest wait a listener can get;
+    a short one is made while the listener plays what is out, and the hops grow with the audio delivered."""
+    assert hops(ADAPTIVE, SLOW, 5) == [21, 50, 71, 100, 100]
+    at_double_speed = start(chunks=2, last_hop=50, buffered=20, audio_s=0.71, speed=2.0)  # 71 tokens' audio at twice the tempo
+    assert next_hop(ADAPTIVE, at_double_speed, SLOW, C) == 71
+    assert next_hop(ADAPTIVE, start(chunks=3, audio_s=10.0, buffered=20), SLOW, C) == ADAPTIVE.steady_hop < ADAPTIVE.max_hop
+
+
+def test_a_covering_hop_longer_than_the_official_one_waits_for_as_much_audio_delivered() -> None:
+    """A host that keeps up only with long chunks: right after the short first chunk the hop stays the official one
+    (a longer chunk would keep the listener waiting for all of it); once the audio out is longer, the covering hop."""
+    tight = Rates(token_s=0.007, solver_frame_s=0.0095, vocoder_frame_s=0.0006)  # covers from about 140 tokens
+    after_first = next_hop(ADAPTIVE, start(chunks=1, last_hop=21, buffered=20, audio_s=0.19), tight, C)
+    later = next_hop(ADAPTIVE, start(chunks=3, last_hop=100, buffered=20, audio_s=5.0), tight, C)
+    assert after_first == ADAPTIVE.short_hop  # none up to the official hop covers: a short one
+    assert ADAPTIVE.steady_hop < later < ADAPTIVE.max_hop
+    assert chunk_audio_s(later, C) >= chunk_cost_s(later, ADAPTIVE, tight, C, 0)
 
 
 def test_the_adaptive_schedule_takes_a_tail_of_up_to_two_overlaps_the_official_none() -> None:
@@ -137,3 +154,18 @@ def test_rate_meter_learns_every_part_before_it_answers() -> None:
     meter.token_interval(0.0)  # nothing to learn from
     rates = meter.rates()
     assert rates is not None and rates.solver_frame_s == pytest.approx(0.003) and rates.token_s == 0.01
+
+
+def test_rate_meter_keeps_chunks_made_beside_the_decode_apart_from_those_made_after() -> None:
+    """A chunk made while its tokens are still decoded shares the cores with the decode; one made after has both. A mix
+    of the two made a chunk planned beside the decode look about twice as cheap as it is."""
+    meter = RateMeter(smoothing=0.5)
+    meter.token_interval(0.01)
+    meter.flow_call(100, 0.8, beside_decode=False)
+    meter.vocoder_call(100, 0.1, beside_decode=False)
+    after = Rates(token_s=0.01, solver_frame_s=0.008, vocoder_frame_s=0.001)
+    assert meter.rates(beside_decode=True) == meter.rates(beside_decode=False) == after  # only one kind seen yet
+    meter.flow_call(100, 2.0)
+    meter.vocoder_call(100, 0.3)
+    assert meter.rates() == Rates(token_s=0.01, solver_frame_s=0.02, vocoder_frame_s=0.003)  # beside is the default
+    assert meter.rates(beside_decode=False) == after

@@ -213,10 +213,12 @@ class DecodedAhead(EndingTokens):
 
 
 def _adaptive_windows(n_tokens: int, *, tail: bool, ahead: bool = False) -> tuple[list[tuple[int, int]], list[float]]:
-    """Windows of the adaptive schedule with nothing measured (hops 21, then 100) over a stream that tells its end."""
+    """Windows of the adaptive schedule with nothing measured, without short hops (hops 21, then 100), over a stream
+    that tells its end."""
     c = ModelConstants()
     fake, tokens = FakeT2W(c), (DecodedAhead if ahead else EndingTokens)(range(n_tokens))
-    ctx = RequestContext.alone(GeneratorNoise(np.random.default_rng()), ScheduleConfig.default(c, tail=tail), c.sample_rate)
+    schedule = dataclasses.replace(ScheduleConfig.default(c, tail=tail), short_hop=0)
+    ctx = RequestContext.alone(GeneratorNoise(np.random.default_rng()), schedule, c.sample_rate)
     list(stream_sentence(tokens, np.zeros(192, np.float32), fake, ctx))
     return [(w[0], w[-1] + 1) for w in fake.windows], tokens.waits
 
@@ -246,7 +248,8 @@ def test_the_tail_gives_the_audio_length_of_the_official_split(t2w: Token2Wav, r
     lengths, calls = [], []
     for tail in (True, False):
         rec = RecordingT2W(t2w)
-        ctx = RequestContext.alone(GeneratorNoise(np.random.default_rng(3)), ScheduleConfig.default(c, tail=tail), c.sample_rate)
+        schedule = dataclasses.replace(ScheduleConfig.default(c, tail=tail), short_hop=0)  # hops 21, then 100
+        ctx = RequestContext.alone(GeneratorNoise(np.random.default_rng(3)), schedule, c.sample_rate)
         chunks = list(stream_sentence(EndingTokens(tokens), ref["embedding"], rec, ctx))
         assert chunks[-1].is_last and sum(ch.tokens for ch in chunks) == len(tokens)
         lengths.append(sum(len(ch.audio) for ch in chunks))

@@ -90,15 +90,19 @@ def first_audio(progress: Progress) -> bool:
 class RateMeter:
     """Learns `Rates` from what the engine does (warm-up first, then every request): moving averages per bundle and host.
 
-    Thread-safe; observations are cheap (a lock and three floats). `rates()` is None until every part was seen once.
+    The acoustic rates are kept twice, for calls made while their sentence's tokens were still being decoded beside
+    them (`beside_decode`: the decode step holds a core, so a flow call gets about one) and for calls made after
+    (both cores free, e.g. a sentence's last chunk): a mix of the two made a chunk planned beside the decode look
+    about twice as cheap as it is (docs/perf-log.md). Thread-safe; observations are cheap (a lock and a few floats).
+    `rates()` is None until a token, a flow call and a vocoder call were seen once.
     """
 
     def __init__(self, smoothing: float = 0.2) -> None:
         self._alpha = smoothing
         self._lock = threading.Lock()
         self._token_s: float | None = None
-        self._solver_frame_s: float | None = None
-        self._vocoder_frame_s: float | None = None
+        self._solver_frame_s: dict[bool, float] = {}  # beside_decode -> seconds per solver frame
+        self._vocoder_frame_s: dict[bool, float] = {}
 
     def token_interval(self, seconds: float) -> None:
         """One stream got its next token `seconds` after the previous one (a decode step, pauses included)."""
@@ -106,21 +110,27 @@ class RateMeter:
             with self._lock:
                 self._token_s = self._mix(self._token_s, seconds)
 
-    def flow_call(self, solver_frames: int, seconds: float) -> None:
+    def flow_call(self, solver_frames: int, seconds: float, *, beside_decode: bool = True) -> None:
         """One flow solve of `solver_frames` frames (one request's) took `seconds`."""
         if solver_frames > 0 and seconds > 0:
             with self._lock:
-                self._solver_frame_s = self._mix(self._solver_frame_s, seconds / solver_frames)
+                found = self._solver_frame_s.get(beside_decode)
+                self._solver_frame_s[beside_decode] = self._mix(found, seconds / solver_frames)
 
-    def vocoder_call(self, frames: int, seconds: float) -> None:
+    def vocoder_call(self, frames: int, seconds: float, *, beside_decode: bool = True) -> None:
         """One HiFT call over `frames` mel frames took `seconds`."""
         if frames > 0 and seconds > 0:
             with self._lock:
-                self._vocoder_frame_s = self._mix(self._vocoder_frame_s, seconds / frames)
+                found = self._vocoder_frame_s.get(beside_decode)
+                self._vocoder_frame_s[beside_decode] = self._mix(found, seconds / frames)
 
-    def rates(self) -> Rates | None:
+    def rates(self, *, beside_decode: bool = True) -> Rates | None:
+        """The rates of a chunk made beside the decode (or, with False, after it); until calls of that kind were seen,
+        those of the other kind."""
         with self._lock:
-            token, solver, vocoder = self._token_s, self._solver_frame_s, self._vocoder_frame_s
+            token = self._token_s
+            solver = self._solver_frame_s.get(beside_decode, self._solver_frame_s.get(not beside_decode))
+            vocoder = self._vocoder_frame_s.get(beside_decode, self._vocoder_frame_s.get(not beside_decode))
         if token is None or solver is None or vocoder is None:
             return None
         return Rates(token_s=token, solver_frame_s=solver, vocoder_frame_s=vocoder)

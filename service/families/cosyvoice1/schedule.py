@@ -10,11 +10,13 @@ Two schedules:
   `ScheduleConfig.official(constants)` every boundary is the official v1 one (hop 100, scale 1): the parity setting.
 * adaptive (the default): the first hop is small (first audio), and every later chunk is the smallest that carries
   enough audio to cover the time the next chunk of its size takes: the tokens still to decode at the measured
-  token interval, plus the measured acoustic cost of its solver frames (prompt frames included) and vocoded frames.
-  When no hop up to `max_hop` covers it (the host is slower than real time for this voice), the official hop
-  (`steady_hop`, token_hop_len) is taken. A listener then waits in any case; what decides how long is the largest
-  single deficit (a chunk's making time against the audio already delivered), and one `max_hop` chunk right after
-  the short first chunk makes that deficit as large as it can be (a higher TTCA than hops of 100; docs/perf-log.md).
+  token interval, plus the measured acoustic cost of its solver frames (prompt frames included) and vocoded frames,
+  at the rates measured for chunks made beside the decode or after it, as this one will be (RateMeter). A hop longer
+  than the official one (`steady_hop`, token_hop_len) must also not be longer than the audio already delivered.
+  When no hop covers (the host is slower than real time for this voice), or nothing is measured yet, the hop is the
+  audio delivered so far, at least `short_hop` (1 s) and at most the official hop. A listener then waits in any case;
+  what decides how long is the largest single deficit (a chunk's making time against the audio already delivered),
+  and a long chunk right after the short first chunk makes that deficit as large as it can be (docs/perf-log.md).
 
 What else it answers for the shared interface (service.engine.chunking.ChunkSchedule), as CosyVoice2's schedule does:
 * the look-ahead tail (`takes_tail`, adaptive only): a chunk cut when its sentence's tokens end within one overlap
@@ -33,6 +35,10 @@ from service.bundle import ModelConstants
 from service.engine.chunking import Hop, Progress, Rates, first_audio
 
 OFFICIAL = ModelConstants()  # the released CosyVoice-300M's constants
+# The adaptive schedule's hop when no hop covers and less audio than that is out: 1 s of speech (50 tokens), half the
+# official hop. On a 2-core host slower than real time for v1 it cut the built-in voice's TTCA by about a third and a
+# 10 s voice's by about a tenth against the official hop there (docs/perf-log.md, 2026-12-01).
+SHORT_HOP_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -45,9 +51,10 @@ class ScheduleConfig:
     max_hop: int  # largest hop
     growth: float = 1.0  # fixed schedule: hop multiplier per chunk
     adaptive: bool = True
-    steady_hop: int = 100  # adaptive hop when nothing is measured yet or no hop covers (token_hop_len)
+    steady_hop: int = 100  # adaptive hop that short hops grow back to (token_hop_len)
     constants: ModelConstants = OFFICIAL  # the model's frame and sample rates, for the adaptive cost
     tail: int = 0  # most tokens after a chunk's hop it takes along as the sentence's last (takes_tail); 0: never
+    short_hop: int = 0  # adaptive hop when no hop covers and little audio is out (_short_hop); 0: the steady hop
 
     def __post_init__(self) -> None:
         if self.first_hop <= self.overlap:
@@ -71,7 +78,9 @@ class ScheduleConfig:
         with `tail`, a chunk takes along up to two overlaps of tokens after its hop when they end the sentence."""
         overlap = c.token_overlap_len
         first = overlap + 1 if first_hop is None else first_hop
-        return cls(first, overlap, overlap + 1, c.token_max_hop_len, 1.0, True, c.token_hop_len, c, 2 * overlap if tail else 0)
+        short = max(overlap + 1, round(SHORT_HOP_S * c.token_rate_hz))
+        last = 2 * overlap if tail else 0
+        return cls(first, overlap, overlap + 1, c.token_max_hop_len, 1.0, True, c.token_hop_len, c, last, short)
 
     def with_first_hop(self, first_hop: int) -> ScheduleConfig:
         return replace(self, first_hop=first_hop)
@@ -115,7 +124,7 @@ def next_hop(config: ScheduleConfig, progress: Progress, rates: Rates | None, c:
     if not config.adaptive:
         return _fixed_hop(config, progress)
     if rates is None:
-        return _steady_hop(config)
+        return _short_hop(config, progress, c)
     return _covering_hop(config, progress, rates, c)
 
 
@@ -144,7 +153,8 @@ def _covering_hop(config: ScheduleConfig, progress: Progress, rates: Rates, c: M
     The next chunk needs `hop + overlap` tokens after this one; those not yet decoded when this chunk is done
     arrive at `rates.token_s` each (the LLM keeps decoding while this chunk is vocoded).
     """
-    for hop in range(config.min_hop, config.max_hop + 1):
+    most = min(config.max_hop, max(_steady_hop(config), _delivered_tokens(progress, c)))
+    for hop in range(config.min_hop, most + 1):
         cost = chunk_cost_s(hop, config, rates, c, progress.prompt_frames)
         wait = 0.0
         if not progress.llm_done:
@@ -152,8 +162,23 @@ def _covering_hop(config: ScheduleConfig, progress: Progress, rates: Rates, c: M
             wait = max(0.0, hop + config.overlap - have) * rates.token_s
         if chunk_audio_s(hop, c) / progress.speed >= wait + cost:
             return hop
-    return _steady_hop(config)
+    return _short_hop(config, progress, c)
 
 
 def _steady_hop(config: ScheduleConfig) -> int:
     return min(config.max_hop, max(config.min_hop, config.steady_hop))
+
+
+def _delivered_tokens(progress: Progress, c: ModelConstants) -> int:
+    """Speech tokens' worth of the audio the request has delivered so far."""
+    return round(progress.audio_s * progress.speed * c.token_rate_hz)
+
+
+def _short_hop(config: ScheduleConfig, progress: Progress, c: ModelConstants) -> int:
+    """The hop when none covers: as much as the request has delivered, at least `short_hop` and at most the steady
+    hop. Each chunk is then made while the listener plays the one before, and the largest deficit (a chunk's making
+    time against the audio delivered before it) is that of a short chunk, not of a steady one right after the short
+    first chunk; the hops grow back to the steady one as audio accumulates, so a long stream pays the extra overlap
+    frames of short chunks only at its start."""
+    short = config.short_hop or config.steady_hop
+    return _steady_hop(replace(config, steady_hop=min(config.steady_hop, max(short, _delivered_tokens(progress, c)))))

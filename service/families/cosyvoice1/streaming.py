@@ -210,13 +210,14 @@ def stream_sentence(
     try:
         while True:
             progress = _progress(ctx, chunks, last_hop, pipe, flow_prompt)
-            hop = ctx.schedule.next_hop(progress, ctx.meter.rates() if ctx.meter else None).tokens
+            rates = ctx.meter.rates(beside_decode=not pipe.done) if ctx.meter else None
+            hop = ctx.schedule.next_hop(progress, rates).tokens
             if not pipe.fill(hop + ctx.schedule.overlap):
                 break
             if ctx.schedule.takes_tail(len(pipe.buf) - hop) and pipe.ended(TAIL_WAIT_S if chunks else 0.0):
                 break  # the sentence ends within the tail: this chunk is its last and takes the rest along
             window = tuple(pipe.buf[: hop + ctx.schedule.overlap])
-            wav = _chunk(window, flow_prompt, t2w, state, ctx, first_audio(progress), consumed)
+            wav = _chunk(window, flow_prompt, t2w, state, ctx, first_audio(progress), consumed, beside_decode=not pipe.done)
             yield SpeechChunk(wav.audio, False, pipe.take_wait(), wav.flow_s, wav.hift_s, hop)
             del pipe.buf[:hop]
             chunks, last_hop, consumed = chunks + 1, hop, consumed + hop
@@ -271,6 +272,8 @@ def _chunk(
     ctx: RequestContext,
     first: bool,
     before: int,
+    *,
+    beside_decode: bool,
 ) -> WavChunk:
     """One non-final chunk after `before` tokens of its sentence. The request's first audio is pooled with other
     requests' first chunks at the gate."""
@@ -285,7 +288,7 @@ def _chunk(
                 chunk, prompt, state, ctx.noise, finalize=False, n_timesteps=ctx.n_timesteps, between_steps=step_aside,
                 lanes=lanes, wide_vocoder=wide,
             )  # fmt: skip
-        _observe(ctx.meter, wav)
+        _observe(ctx.meter, wav, beside_decode)
     ctx.pace.delivered(wav.audio.size)
     return wav
 
@@ -309,12 +312,13 @@ def _finalize(
             buf, prompt, state, ctx.noise, finalize=True, speed=speed, n_timesteps=ctx.n_timesteps, between_steps=step_aside,
             lanes=lanes, wide_vocoder=wide,
         )  # fmt: skip
-    _observe(ctx.meter, wav)
+    _observe(ctx.meter, wav, False)  # its sentence's tokens are all decoded
     ctx.pace.delivered(wav.audio.size)
     return SpeechChunk(wav.audio, True, llm_s, wav.flow_s, wav.hift_s, len(buf))
 
 
-def _observe(meter: RateMeter | None, wav: WavChunk) -> None:
+def _observe(meter: RateMeter | None, wav: WavChunk, beside_decode: bool) -> None:
+    """Record a chunk's acoustic rates, made `beside_decode` (its sentence's tokens still being decoded) or after."""
     if meter is not None:
-        meter.flow_call(wav.solver_frames, wav.flow_s)
-        meter.vocoder_call(wav.vocoded_frames, wav.hift_s)
+        meter.flow_call(wav.solver_frames, wav.flow_s, beside_decode=beside_decode)
+        meter.vocoder_call(wav.vocoded_frames, wav.hift_s, beside_decode=beside_decode)
