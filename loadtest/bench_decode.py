@@ -17,6 +17,7 @@ from service.bundle import ModelBundle
 from service.engine.llm import kv_cache_dtype
 from service.engine.options import RuntimeOptions
 from service.engine.sessions import open_sessions
+from service.families.cosyvoice1.llm import position_dtype
 from service.families.cosyvoice1.positions import PositionTable
 
 
@@ -26,6 +27,8 @@ def step_feeds(bundle: ModelBundle, sessions: dict, past: int, batch: int) -> di
     rng = np.random.default_rng(0)
     x = sessions["llm_embed"].run(None, {"token": rng.integers(0, c.speech_token_size, (batch, 1))})[0]
     table = PositionTable(lambda pe: sessions["llm_pos"].run(None, {"pe": pe})[0], c.llm_model_dim, rows=past + 1)
+    if "llm_step" in sessions:
+        table.hold_as(position_dtype(sessions["llm_step"]))
     feeds: dict[str, np.ndarray] = {"x": x, "past_len": np.full((batch,), past, dtype=np.int64)}
     shape = (batch, c.llm_num_heads, past, c.llm_head_dim)
     kv = kv_cache_dtype(sessions["llm_step"]) if "llm_step" in sessions else np.float32

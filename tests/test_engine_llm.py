@@ -205,6 +205,23 @@ def test_whole_table_feeds_are_views_of_the_table() -> None:
     assert table.feeds(600)["pos_0"].shape == (2, 512 + GROWTH_ROWS, 2)
 
 
+def test_a_table_held_in_float16_feeds_and_grows_in_float16() -> None:
+    """A step twin whose position inputs are float16 (halve_positions): the table is kept in float16 (half its bytes),
+    its feeds are float16 views, and rows it grows by are projected in float32 and stored in float16."""
+
+    def project(pe: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(pe[None, None, :, :2], (3, 2, pe.shape[0], 2)).copy()
+
+    table = PositionTable(project, 8, rows=512, windowed=False)
+    wide = table.table(512).copy()
+    table.hold_as(np.float16)
+    assert table.dtype == np.float16 and table.table(1).dtype == np.float16
+    np.testing.assert_array_equal(table.table(1), wide.astype(np.float16))
+    feeds = table.feeds(600)
+    assert all(f.dtype == np.float16 and f.shape == (2, 512 + GROWTH_ROWS, 2) for f in feeds.values())
+    np.testing.assert_array_equal(feeds["pos_1"], espnet_pe(512 + GROWTH_ROWS, 8)[:, :2].astype(np.float16)[None].repeat(2, 0))
+
+
 def test_position_feeds_are_the_first_rows_in_steps_of_64() -> None:
     """The graph gets contiguous copies of the rows in use (rounded up to 64), not the whole table."""
     calls: list[int] = []

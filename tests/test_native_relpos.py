@@ -77,14 +77,19 @@ def steps(native_library: Path, int8_bundle: Path) -> dict[str, ort.InferenceSes
     return sessions(native_library, int8_bundle)
 
 
-def feeds_for(bundle: Path, past_len: list[int], cached: int, new: int, rows: int | None = None) -> dict[str, np.ndarray]:
+def feeds_for(
+    bundle: Path, past_len: list[int], cached: int, new: int, rows: int | None = None, *, exact_positions: bool = False
+) -> dict[str, np.ndarray]:
     """Step inputs as the engine feeds them: the layers' projected positions (`rows` distances, default those the step
-    reads), float16 caches of `cached` columns whose columns past each row's length hold garbage (1e3)."""
+    reads; rounded to float16, the twin's precision for them, unless `exact_positions`), float16 caches of `cached`
+    columns whose columns past each row's length hold garbage (1e3). `twin_feeds` hands them to the layer twin."""
     c = ModelBundle.load(bundle).constants
     rng = np.random.default_rng(len(past_len) * 1000 + cached * 10 + new)
     rows = rows or max([*past_len, 0]) + new
     pos_graph = ort.InferenceSession(str(bundle / "llm_pos.onnx"), providers=["CPUExecutionProvider"])
     (pos,) = pos_graph.run(["pos"], {"pe": relative_pe(rows, c.llm_model_dim)})
+    if not exact_positions:
+        pos = pos.astype(np.float16).astype(np.float32)
     feeds = {
         "x": rng.standard_normal((len(past_len), new, c.llm_model_dim)).astype(np.float32),
         "past_len": np.asarray(past_len, np.int64),
@@ -97,6 +102,11 @@ def feeds_for(bundle: Path, past_len: list[int], cached: int, new: int, rows: in
                 cache[b, :, n:] = 1e3
             feeds[f"{name}_{i}"] = cache
     return feeds
+
+
+def twin_feeds(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The same feeds for the layer twin, whose position inputs are float16."""
+    return {name: value.astype(np.float16) if name.startswith("pos_") else value for name, value in feeds.items()}
 
 
 def test_the_twin_runs_each_decoder_layer_as_one_node(int8_bundle: Path) -> None:
@@ -116,6 +126,19 @@ def test_the_twin_runs_each_decoder_layer_as_one_node(int8_bundle: Path) -> None
     assert all(n.domain == NATIVE_DOMAIN and n.input[1] == "past_len" and n.input[-1] == native.SPREAD_INPUT for n in nodes)
     assert [n.input[2:5] for n in nodes] == [[f"past_k_{i}", f"past_v_{i}", f"pos_{i}"] for i in range(layers)]
     assert [o.name for o in twin.graph.output] == ["logp", "new_k", "new_v"]
+    pos_types = {i.type.tensor_type.elem_type for i in twin.graph.input if i.name.startswith("pos_")}
+    assert pos_types == {onnx.TensorProto.FLOAT16}  # read only by the layers: halved (halve_positions)
+
+
+def test_positions_in_float16_move_the_step_by_their_rounding_only(
+    int8_bundle: Path, steps: dict[str, ort.InferenceSession]
+) -> None:
+    """The twin's one deviation beyond the int8 graph's: the projected positions in float16. Against ONNX Runtime's
+    int8 graph on the exact float32 positions, a decode step after 40 positions stays within float16 roundings."""
+    exact = feeds_for(int8_bundle, [40], 40, 1, exact_positions=True)
+    want = steps["core"].run(None, exact)[0]
+    got = steps["auto"].run(None, twin_feeds(exact))[0]
+    assert np.abs(got - want).max() < 2e-2 and int(got.argmax()) == int(want.argmax())
 
 
 @pytest.mark.parametrize(("past_len", "cached"), [([0], 0), ([7], 7), ([40], 63)], ids=["first", "decode", "spare columns"])
@@ -127,7 +150,7 @@ def test_one_row_steps_are_the_int8_graphs_numbers(
     the scores and the softmax summed in another order move the log-probabilities by float32 roundings only."""
     feeds = feeds_for(int8_bundle, past_len, cached, 1, rows=128)
     for name, want, got in zip(
-        ("logp", "new_k", "new_v"), steps["core"].run(None, feeds), steps[ceiling].run(None, feeds), strict=True
+        ("logp", "new_k", "new_v"), steps["core"].run(None, feeds), steps[ceiling].run(None, twin_feeds(feeds)), strict=True
     ):
         assert want.shape == got.shape, name
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-4, err_msg=name)
@@ -146,7 +169,7 @@ def test_batches_and_prefills_compute_what_the_products_twin_computes(
     twin's numbers (float32 roundings apart) whatever lies past a row's length; ONNX Runtime's graph quantizes the rows
     of a call together, a few percent away."""
     feeds = feeds_for(int8_bundle, past_len, cached, new)
-    got = steps[ceiling].run(None, feeds)
+    got = steps[ceiling].run(None, twin_feeds(feeds))
     for name, want, out in zip(("logp", "new_k", "new_v"), steps["products"].run(None, feeds), got, strict=True):
         np.testing.assert_allclose(out, want, rtol=1e-4, atol=2e-4, err_msg=name)
     for name, want, out in zip(("logp", "new_k", "new_v"), steps["core"].run(None, feeds), got, strict=True):
@@ -158,7 +181,7 @@ def test_positions_shorter_than_a_row_reads_are_refused(int8_bundle: Path, steps
     Runtime's gather refuses the same step), never a read past the input."""
     feeds = feeds_for(int8_bundle, [20, 3], 24, 1, rows=20)
     with pytest.raises(Exception, match="RelPosLayer: pos holds fewer relative distances"):
-        steps["portable"].run(None, feeds)
+        steps["portable"].run(None, twin_feeds(feeds))
     with pytest.raises(Exception, match="GatherElements"):
         steps["core"].run(None, feeds)
 
@@ -177,7 +200,8 @@ def test_the_engine_decodes_through_the_twin_what_the_products_twin_decodes(int8
     the same seeds as with the products-only twin (the same quantization), and speaks the same audio; against ONNX
     Runtime's own graph (a prefill's rows quantized together) its teacher-forced log-probabilities stay close and choose
     the same most likely token. The layer twin reads the whole position table (its kernel reads the distances in use),
-    the products twin windows of it (ONNX Runtime's gather reads every row it is given): the same tokens either way."""
+    in float16, the products twin windows of it (ONNX Runtime's gather reads every row it is given) in float32 holding
+    the same values: the same tokens either way."""
     bundle = ModelBundle.load(int8_bundle)
     chosen = graph_runtime(bundle, "llm_step", PORTABLE)
     assert chosen.path == int8_bundle / f"{TWIN}.onnx" and chosen.custom_ops == native.LIBRARY_PATH
@@ -186,6 +210,10 @@ def test_the_engine_decodes_through_the_twin_what_the_products_twin_decodes(int8
     layer, products = Synthesizer.load(int8_bundle, step_only), Synthesizer.load(products_bundle, step_only)
     assert RELPOS_LAYER_OP == RELPOS_OP_NAME
     assert not layer.llm.positions.windowed and products.llm.positions.windowed
+    assert layer.llm.positions.dtype == np.float16 and products.llm.positions.dtype == np.float32
+    rounded = products.llm.positions  # the values the layer twin reads (float16), held as the products twin takes them
+    rounded.hold_as(np.float16)
+    rounded.hold_as(np.float32)
     speaker = layer.speakers[0]
     text = [15947, 1002, 13]
     emb = np.asarray(bundle.speakers[speaker], np.float32)

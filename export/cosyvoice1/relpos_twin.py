@@ -24,6 +24,7 @@ from export.twin_graph import INT8_OP_NAME, RELPOS_OP_NAME, Graph, RewriteError,
 from service.bundle import NATIVE_DOMAIN, Manifest
 
 PAST_LEN_INPUT = "past_len"
+POS_INPUT_PREFIX = "pos_"  # the step's per-layer projected positions pos_0 .. pos_{NL-1}
 LAYER_PRODUCTS = 6  # q, k, v, out, w_1, w_2
 
 
@@ -204,6 +205,27 @@ def rewrite_relpos_step(model: onnx.ModelProto, manifest: Manifest) -> tuple[int
     if count == 0:  # a 4-bit step: nothing of ours to run
         return 0, PRODUCTS
     layers = fuse_relpos_layers(model)
+    halved = halve_positions(model)
     add_spread_input(model)
     beside = count - LAYER_PRODUCTS * layers
-    return count, f"{PRODUCTS}; decoder layers as {NATIVE_DOMAIN}.{RELPOS_OP_NAME} ({layers}), {beside} product(s) beside"
+    return count, (
+        f"{PRODUCTS}; decoder layers as {NATIVE_DOMAIN}.{RELPOS_OP_NAME} ({layers}), {beside} product(s) beside; "
+        f"{halved} position input(s) float16"
+    )
+
+
+def halve_positions(model: onnx.ModelProto) -> int:
+    """Make each `pos_i` graph input float16 where only RelPosLayer nodes read it (after fuse_relpos_layers): a decode
+    step reads a layer's projected position rows for every cached position, as many bytes as its float16 keys and
+    values in float32, half of that in float16 (the engine builds its table in the input's type). Returns how many."""
+    readers: dict[str, set[str]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, set()).add(f"{node.domain}.{node.op_type}")
+    ours = f"{NATIVE_DOMAIN}.{RELPOS_OP_NAME}"
+    halved = 0
+    for graph_input in model.graph.input:
+        if graph_input.name.startswith(POS_INPUT_PREFIX) and readers.get(graph_input.name) == {ours}:
+            graph_input.type.tensor_type.elem_type = onnx.TensorProto.FLOAT16
+            halved += 1
+    return halved

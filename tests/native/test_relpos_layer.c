@@ -8,6 +8,7 @@
  * one distance short is refused before anything is read. */
 
 #include "check.h"
+#include "half.h"
 #include "relpos_layer.h"
 #include "weights.h"
 
@@ -77,6 +78,7 @@ typedef struct {
     int64_t* past_len;
     uint16_t *past_k, *past_v;
     int64_t pos_rows;
+    uint16_t* pos_half; /* the positions in float16 in place of pos, or NULL */
 } layer_inputs;
 
 static uint16_t random_half(rng* r) { /* magnitudes 2^-4 .. 2^0 */
@@ -89,7 +91,7 @@ static layer_inputs make_inputs(rng* r, const shape* s) {
     const size_t nc = (size_t)(s->batch * H * C * dk);
     layer_inputs in = {random_floats(r, (size_t)(s->batch * s->steps * s->dim), 1.f),
                        random_floats(r, (size_t)(H * R * dk), 0.5f), malloc((size_t)s->batch * sizeof(int64_t)),
-                       malloc((nc ? nc : 1) * 2), malloc((nc ? nc : 1) * 2), R};
+                       malloc((nc ? nc : 1) * 2), malloc((nc ? nc : 1) * 2), R, NULL};
     for (int64_t b = 0; b < s->batch; b++) {
         in.past_len[b] = s->past[b];
         for (int64_t h = 0; h < H; h++)
@@ -128,7 +130,8 @@ static cvl_relpos_problem problem(const shape* s, const layer_weights* w, const 
 
 static void run_layer(const shape* s, const layer_weights* w, const layer_inputs* in, const layer_outputs* out,
                       cvl_features have, int spread) {
-    const cvl_relpos_problem p = problem(s, w, in, out);
+    cvl_relpos_problem p = problem(s, w, in, out);
+    if (in->pos_half) p.pos = NULL, p.pos_half = in->pos_half;
     const cvl_exec ex = {have, spread, threads_parallel, NULL};
     CHECK(cvl_relpos_layer(&p, &ex) == 0, "features 0x%x", (unsigned)have);
 }
@@ -143,6 +146,29 @@ static void check_refusal(const shape* s, const layer_weights* w, layer_inputs* 
     CHECK(!cvl_relpos_positions_fit(&p) && cvl_relpos_layer(&p, &ex) == CVL_RELPOS_POSITIONS_SHORT && out->y[0] == marker,
           "pos of %ld rows where %ld are read", (long)in->pos_rows, (long)in->pos_rows + 1);
     in->pos_rows += 1;
+}
+
+/* Positions in float16 (a step twin whose pos inputs are float16): every feature set computes what the portable C
+ * computes from the same positions widened to float32 (the portable C itself bit for bit), so the float16 rows are
+ * read at the same distances, in the decode rows and in a prefill's tiles alike. */
+static void check_half_positions(const shape* s, const layer_weights* w, layer_inputs* in, const layer_outputs* ref,
+                                 const layer_outputs* got, const cvl_features* sets, int count) {
+    const size_t n = (size_t)(s->heads * in->pos_rows * s->head_dim);
+    uint16_t* half = malloc(n * sizeof(uint16_t));
+    float* full = in->pos;
+    for (size_t i = 0; i < n; i++) half[i] = cvl_float_to_half(full[i]), full[i] = cvl_half_to_float(half[i]);
+    run_layer(s, w, in, ref, 0, 1); /* the reference: float32 positions holding the float16 values */
+    in->pos_half = half;
+    for (int i = 0; i < count; i++) {
+        run_layer(s, w, in, got, sets[i], 1);
+        const int exact = sets[i] == 0;
+        const double worst = worst_relative(got->y, ref->y, ref->ny, 1.0);
+        CHECK(exact ? worst == 0.0 : worst < (s->steps >= 16 ? 1e-3 : 3e-2),
+              "float16 positions, features 0x%x vs portable float32: y %g (batch %ld steps %ld cached %ld)",
+              (unsigned)sets[i], worst, (long)s->batch, (long)s->steps, (long)s->cached);
+    }
+    in->pos_half = NULL;
+    free(half);
 }
 
 static void check_shape(rng* r, const shape* s, cvl_features allowed) {
@@ -167,6 +193,7 @@ static void check_shape(rng* r, const shape* s, cvl_features allowed) {
                   (long)s->head_dim);
         }
     check_refusal(s, &w, &in, &got);
+    check_half_positions(s, &w, &in, &ref, &got, sets, count);
     free_outputs(&ref), free_outputs(&got);
     free(in.x), free(in.pos), free(in.past_len), free(in.past_k), free(in.past_v);
     free_layer(&w);

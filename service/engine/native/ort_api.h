@@ -30,7 +30,8 @@ typedef struct {
 #define CVL_ORT_API_VERSION 24
 
 enum { CVL_ORT_FAIL = 1, CVL_ORT_INVALID_ARGUMENT = 2 };                                    /* OrtErrorCode */
-enum { CVL_T_FLOAT = 1, CVL_T_INT8 = 3, CVL_T_INT32 = 6, CVL_T_INT64 = 7, CVL_T_FLOAT16 = 10 }; /* element types */
+/* element types; CVL_T_ANY (ONNX's undefined) declares an input of any type, the kernel checks it (cvl_tensor.type) */
+enum { CVL_T_ANY = 0, CVL_T_FLOAT = 1, CVL_T_INT8 = 3, CVL_T_INT32 = 6, CVL_T_INT64 = 7, CVL_T_FLOAT16 = 10 };
 
 /* A custom operator as ONNX Runtime reads it, up to the members of OrtCustomOp version 16 (CreateKernelV2 and
  * KernelComputeV2, which can fail with a status); `version` = 16 tells the runtime to read no further. */

@@ -71,7 +71,9 @@ static OrtStatus* shape_of(const cvl_ort* ort, const OrtValue* value, int want_t
         s = cvl_status(ort, CVL_ORT_INVALID_ARGUMENT, "cosyvoice_lite: an input has too many dimensions");
     if (!s) s = ort->GetDimensions(info, t->dims, t->rank);
     ort->ReleaseTensorTypeAndShapeInfo(info);
-    if (!s && type != want_type) s = cvl_status(ort, CVL_ORT_INVALID_ARGUMENT, "cosyvoice_lite: an input has the wrong element type");
+    t->type = type;
+    if (!s && want_type != CVL_T_ANY && type != want_type)
+        s = cvl_status(ort, CVL_ORT_INVALID_ARGUMENT, "cosyvoice_lite: an input has the wrong element type");
     return s;
 }
 
@@ -87,6 +89,7 @@ OrtStatus* cvl_read_inputs(const cvl_ort* ort, OrtKernelContext* ctx, const int*
         if (s) return s;
         t[i].rank = 0;
         t[i].data = NULL;
+        t[i].type = CVL_T_ANY;
         if (value == NULL) {
             if (i < required) return cvl_status(ort, CVL_ORT_INVALID_ARGUMENT, missing);
             continue;

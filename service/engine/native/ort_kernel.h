@@ -35,9 +35,10 @@ typedef struct {
     int64_t dims[CVL_MAX_DIMS];
     size_t rank;
     void* data;
+    int type; /* its element type (CVL_T_*) */
 } cvl_tensor;
 
-/* The node's inputs 0 .. count-1 into `t`, each element type checked against `types`. Inputs from `required` on are
+/* The node's inputs 0 .. count-1 into `t`, each element type checked against `types` (except CVL_T_ANY's). Inputs from `required` on are
  * optional. `missing`: the error for an absent required one. */
 OrtStatus* cvl_read_inputs(const cvl_ort* ort, OrtKernelContext* ctx, const int* types, size_t count, size_t required,
                            const char* missing, cvl_tensor* t);

@@ -32,6 +32,16 @@ def reads_rows_in_use(step_graph: Path) -> bool:
         return False
 
 
+def position_dtype(step_session: Any) -> type[np.floating]:
+    """The element type of the step graph's `pos_i` inputs: float16 (a native twin since its positions were halved,
+    export/cosyvoice1/relpos_twin.py) or float32. Sessions without ORT's `get_inputs` (test doubles) get float32."""
+    inputs = getattr(step_session, "get_inputs", None)
+    if inputs is None:
+        return np.float32
+    types = {i.type for i in inputs() if i.name.startswith("pos_")}
+    return np.float16 if types == {"tensor(float16)"} else np.float32
+
+
 def position_table(pos_session: Any, constants: ModelConstants, rows: int = 512, *, windowed: bool = True) -> PositionTable:
     """The projected position table of the decoder, built now with the `llm_pos` graph (and grown with it);
     `windowed` for a step graph that reads every row it is given (PositionTable)."""
@@ -68,6 +78,7 @@ class CosyVoice1LLM(LLMRunner):
         self._encoder = sessions["llm_encoder"]
         given = self._given_positions
         self.positions = given or position_table(sessions["llm_pos"], self.constants, self._position_rows)
+        self.positions.hold_as(position_dtype(sessions["llm_step"]))
 
     def encode(self, text_ids: Sequence[int], prompt: LLMPrompt | np.ndarray) -> np.ndarray:
         """LM input sequence (L, DI) float32, official order: [sos, speaker, encoded prompt text ++ text, task,

@@ -37,6 +37,7 @@ class PositionTable:
         self._dim = dim
         self.windowed = windowed
         self._lock = threading.Lock()
+        self._dtype: type[np.floating] = np.float32
         self._pos = self._build(0, max(1, rows))
         self._windows: dict[int, np.ndarray] = {}  # rows -> (NL, H, rows, DK) copy of the current table
 
@@ -46,7 +47,20 @@ class PositionTable:
         pos = np.asarray(self._project(pe), dtype=np.float32)
         if pos.ndim != 4 or pos.shape[2] != rows - start:
             raise ValueError(f"llm_pos returned shape {pos.shape}, expected (NL, H, {rows - start}, DK)")
-        return np.ascontiguousarray(pos)
+        return np.ascontiguousarray(pos, dtype=self._dtype)
+
+    @property
+    def dtype(self) -> type[np.floating]:
+        return self._dtype
+
+    def hold_as(self, dtype: type[np.floating]) -> None:
+        """Keep the table (and what it grows by) in `dtype`, the step graph's `pos_i` type: float16 for a native step
+        twin that reads them so (half the bytes a decode step reads per cached position for them, and half the table)."""
+        with self._lock:
+            if dtype != self._dtype:
+                self._dtype = dtype
+                self._pos = np.ascontiguousarray(self._pos, dtype=dtype)
+                self._windows = {}
 
     @property
     def rows(self) -> int:

@@ -43,16 +43,13 @@ static void relu_portable(float* x, int64_t count) {
     for (int64_t i = 0; i < count; i++) x[i] = x[i] > 0.f ? x[i] : 0.f;
 }
 
-/* qu . k + qv . p over dk: a key's content term and its positional term, in one pass */
-static float score_half(const float* qu, const uint16_t* k, const float* qv, const float* p, int64_t dk) {
+/* qu . k + qv . p over dk (k float16 or, with kf, float32; p float32 or, with p16, float16): a key's content term and
+ * its positional term, in one pass */
+static float score(const float* qu, const uint16_t* k, const float* kf, const float* qv, const float* p,
+                   const uint16_t* p16, int64_t dk) {
     float s = 0.f;
-    for (int64_t d = 0; d < dk; d++) s += qu[d] * cvl_half_to_float(k[d]) + qv[d] * p[d];
-    return s;
-}
-
-static float score(const float* qu, const float* k, const float* qv, const float* p, int64_t dk) {
-    float s = 0.f;
-    for (int64_t d = 0; d < dk; d++) s += qu[d] * k[d] + qv[d] * p[d];
+    for (int64_t d = 0; d < dk; d++)
+        s += qu[d] * (kf ? kf[d] : cvl_half_to_float(k[d])) + qv[d] * (p16 ? cvl_half_to_float(p16[d]) : p[d]);
     return s;
 }
 
@@ -64,10 +61,14 @@ static void attention_row_portable(const cvl_relpos_problem* p, const cvl_relpos
         qu[d] = a->q[d] + a->u[d];
         qv[d] = a->q[d] + a->bv[d];
     }
-    for (int64_t j = 0; j < a->valid; j++)
-        s[j] = score_half(qu, a->pk + j * dk, qv, a->pos + (a->position - j) * dk, dk) * p->scale;
-    for (int64_t j = 0; j <= a->t; j++)
-        s[a->valid + j] = score(qu, a->nk + j * dk, qv, a->pos + (a->t - j) * dk, dk) * p->scale;
+    for (int64_t j = 0; j < a->valid; j++) {
+        const int64_t r = (a->position - j) * dk;
+        s[j] = score(qu, a->pk + j * dk, NULL, qv, CVL_RELPOS_POS_AT(a, r), dk) * p->scale;
+    }
+    for (int64_t j = 0; j <= a->t; j++) {
+        const int64_t r = (a->t - j) * dk;
+        s[a->valid + j] = score(qu, NULL, a->nk + j * dk, qv, CVL_RELPOS_POS_AT(a, r), dk) * p->scale;
+    }
     float top = -INFINITY, sum = 0.f;
     for (int64_t j = 0; j < n; j++) top = s[j] > top ? s[j] : top;
     for (int64_t j = 0; j < n; j++) {

@@ -5,7 +5,8 @@
  *              positions up to this one, where d(j) is the relative distance from this position to key j
  *   x1 = x + out(softmax(score) · v);  y = x1 + w2(relu(w1(LN2(x1))))
  * LayerNorms over the last axis with their own epsilon, every product int8 (int8_matmul.h) with its activations
- * quantized per row, the cache float16, `pos` the layer's projected positions as the step graph gets them. */
+ * quantized per row, the cache float16, `pos` the layer's projected positions as the step graph gets them (float32, or
+ * float16 like the cache: half the bytes a decode step reads per cached position for them). */
 #ifndef COSYVOICE_LITE_RELPOS_LAYER_H
 #define COSYVOICE_LITE_RELPOS_LAYER_H
 
@@ -24,7 +25,8 @@ typedef struct {
     const int64_t* past_len;         /* (B,): cache columns >= past_len[b] are not attended; new token t of row b sits at
                                       * position past_len[b] + t */
     const uint16_t *past_k, *past_v; /* (B, heads, C, head_dim) float16 bits, heads-first */
-    const float* pos;                /* (heads, R, head_dim): row d is distance d */
+    const float* pos;                /* (heads, R, head_dim): row d is distance d; NULL with pos_half */
+    const uint16_t* pos_half;        /* the same in float16 bits (a step twin whose pos inputs are float16), or NULL */
     const float *bias_u, *bias_v;    /* (heads, head_dim): pos_bias_u (with the keys), pos_bias_v (with the positions) */
     const float *ln1_w, *ln1_b, *ln2_w, *ln2_b; /* (dim,) */
     cvl_int8_weight q, k, v;         /* dim -> heads x head_dim, each with its bias */

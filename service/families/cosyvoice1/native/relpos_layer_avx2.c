@@ -52,18 +52,22 @@ __attribute__((target(AVX2))) static void relu(float* x, int64_t count) {
     }
 }
 
-/* qu . k + qv . p over dk (k float16 or, with kf, float32): a key's content term and its positional term */
+/* qu . k + qv . p over dk (k float16 or, with kf, float32; p float32 or, with p16, float16): a key's content term and
+ * its positional term */
 __attribute__((target(AVX2))) static inline float score(const float* qu, const uint16_t* k, const float* kf,
-                                                        const float* qv, const float* p, int64_t dk) {
+                                                        const float* qv, const float* p, const uint16_t* p16,
+                                                        int64_t dk) {
     __m256 a = _mm256_setzero_ps(), c = _mm256_setzero_ps();
     int64_t d = 0;
     for (; d + 8 <= dk; d += 8) {
         const __m256 key = kf ? _mm256_loadu_ps(kf + d) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(k + d)));
+        const __m256 pos = p16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p16 + d))) : _mm256_loadu_ps(p + d);
         a = _mm256_fmadd_ps(_mm256_loadu_ps(qu + d), key, a);
-        c = _mm256_fmadd_ps(_mm256_loadu_ps(qv + d), _mm256_loadu_ps(p + d), c);
+        c = _mm256_fmadd_ps(_mm256_loadu_ps(qv + d), pos, c);
     }
     float s = lane_sum(_mm256_add_ps(a, c));
-    for (; d < dk; d++) s += qu[d] * (kf ? kf[d] : cvl_half_to_float(k[d])) + qv[d] * p[d];
+    for (; d < dk; d++)
+        s += qu[d] * (kf ? kf[d] : cvl_half_to_float(k[d])) + qv[d] * (p16 ? cvl_half_to_float(p16[d]) : p[d]);
     return s;
 }
 
@@ -113,9 +117,9 @@ __attribute__((target(AVX2))) static void attention_row(const cvl_relpos_problem
         _mm256_maskstore_ps(qv + d, m, _mm256_add_ps(q, _mm256_maskload_ps(a->bv + d, m)));
     }
     for (int64_t j = 0; j < a->valid; j++)
-        s[j] = score(qu, a->pk + j * dk, NULL, qv, a->pos + (a->position - j) * dk, dk) * p->scale;
+        s[j] = score(qu, a->pk + j * dk, NULL, qv, CVL_RELPOS_POS_AT(a, (a->position - j) * dk), dk) * p->scale;
     for (int64_t j = 0; j <= a->t; j++)
-        s[a->valid + j] = score(qu, NULL, a->nk + j * dk, qv, a->pos + (a->t - j) * dk, dk) * p->scale;
+        s[a->valid + j] = score(qu, NULL, a->nk + j * dk, qv, CVL_RELPOS_POS_AT(a, (a->t - j) * dk), dk) * p->scale;
     const float inv = 1.f / softmax_numerators(s, n);
     for (int64_t d0 = 0; d0 < whole; d0 += 8 * VALUE_VECTORS) {
         const int nv = whole - d0 >= 8 * VALUE_VECTORS ? VALUE_VECTORS : (int)((whole - d0) / 8);

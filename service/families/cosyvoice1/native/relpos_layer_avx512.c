@@ -39,15 +39,17 @@ __attribute__((target(VEC))) static void relu(float* x, int64_t count) {
     }
 }
 
-/* qu . k + qv . p over dk (k float16 or, with kf, float32): a key's content term and its positional term */
+/* qu . k + qv . p over dk (k float16 or, with kf, float32; p float32 or, with p16, float16): a key's content term and
+ * its positional term */
 __attribute__((target(VEC))) static inline float score(const float* qu, const uint16_t* k, const float* kf,
-                                                       const float* qv, const float* p, int64_t dk) {
+                                                       const float* qv, const float* p, const uint16_t* p16, int64_t dk) {
     __m512 a = _mm512_setzero_ps(), c = _mm512_setzero_ps();
     for (int64_t d = 0; d < dk; d += 16) {
         const __mmask16 m = cvl_tail_mask(dk - d);
         const __m512 key = kf ? _mm512_maskz_loadu_ps(m, kf + d) : _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, k + d));
+        const __m512 pos = p16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p16 + d)) : _mm512_maskz_loadu_ps(m, p + d);
         a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qu + d), key, a);
-        c = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qv + d), _mm512_maskz_loadu_ps(m, p + d), c);
+        c = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qv + d), pos, c);
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(a, c));
 }
@@ -95,9 +97,9 @@ __attribute__((target(VEC))) static void attention_row(const cvl_relpos_problem*
         _mm512_mask_storeu_ps(qv + d, m, _mm512_add_ps(q, _mm512_maskz_loadu_ps(m, a->bv + d)));
     }
     for (int64_t j = 0; j < a->valid; j++)
-        s[j] = score(qu, a->pk + j * dk, NULL, qv, a->pos + (a->position - j) * dk, dk) * p->scale;
+        s[j] = score(qu, a->pk + j * dk, NULL, qv, CVL_RELPOS_POS_AT(a, (a->position - j) * dk), dk) * p->scale;
     for (int64_t j = 0; j <= a->t; j++)
-        s[a->valid + j] = score(qu, NULL, a->nk + j * dk, qv, a->pos + (a->t - j) * dk, dk) * p->scale;
+        s[a->valid + j] = score(qu, NULL, a->nk + j * dk, qv, CVL_RELPOS_POS_AT(a, (a->t - j) * dk), dk) * p->scale;
     const float inv = 1.f / softmax_numerators(s, n);
     for (int64_t d0 = 0; d0 < dk; d0 += 16 * VALUE_VECTORS) {
         const int64_t left = (dk - d0 + 15) / 16;
@@ -168,11 +170,16 @@ __attribute__((target(VEC))) static int attention_tile(const cvl_relpos_problem*
     }
     const float* nk = p->k_out + bh * T * dk;
     const float* nv = p->v_out + bh * T * dk;
-    const float* pos = p->pos + h * p->pos_rows * dk;
+    const float* pos = p->pos_half ? NULL : p->pos + h * p->pos_rows * dk;
+    const uint16_t* pos16 = p->pos_half ? p->pos_half + h * p->pos_rows * dk : NULL;
+    float* widened = ot + 16 * TL; /* [KB][dk]: a block of float16 positions in float32 */
     __m512 sums[KB];
     for (int64_t r = 0; r < keys; r += KB) { /* the positional term of every distance the tile reads */
         const int nr = keys - r < KB ? (int)(keys - r) : KB;
-        dot_rows(qv, pos + r * dk, dk, nr, sums);
+        if (pos16)
+            for (int64_t i = 0; i < nr * dk; i += 16)
+                _mm512_storeu_ps(widened + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(pos16 + r * dk + i))));
+        dot_rows(qv, pos16 ? widened : pos + r * dk, dk, nr, sums);
         for (int k = 0; k < nr; k++) _mm512_store_ps(bd + (r + k) * TL, sums[k]);
     }
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);

@@ -1,6 +1,7 @@
 /* cosyvoice_lite.RelPosLayer: cvl_relpos_layer (relpos_layer.h) as an ONNX Runtime custom operator, registered by this
  * file (op.h) into the library's domain.
- * Inputs: x (B, T, D) float32; past_len (B,) int64; past_k, past_v (B, H, C, DK) float16; pos (H, R, DK) float32;
+ * Inputs: x (B, T, D) float32; past_len (B,) int64; past_k, past_v (B, H, C, DK) float16; pos (H, R, DK) float32 or
+ * float16;
  * LayerNorm 1 weight, bias (D,); q, k, v weights as Int8MatMul takes them, each with its bias (4 inputs each);
  * pos_bias_u, pos_bias_v (H x DK values); out (4 inputs); LayerNorm 2 weight, bias; ff1, ff2 (4 inputs each): 35
  * inputs; then spread (1,) int64, optional (exec.h: a step twin's graph input `decode_spread`). Outputs: y (B, T, D),
@@ -37,7 +38,7 @@ enum { X, PAST_LEN, PK, PV, POS, LN1_W, LN1_B, Q, K = 11, V = 15, BIAS_U = 19, B
        SPREAD = 35 };
 #define WEIGHT_TYPES CVL_T_INT8, CVL_T_INT32, CVL_T_FLOAT, CVL_T_FLOAT /* packed, colsum, scale(s), bias */
 static const int types[INPUTS] = {
-    CVL_T_FLOAT, CVL_T_INT64, CVL_T_FLOAT16, CVL_T_FLOAT16, CVL_T_FLOAT, CVL_T_FLOAT, CVL_T_FLOAT, /* x .. ln1 */
+    CVL_T_FLOAT, CVL_T_INT64, CVL_T_FLOAT16, CVL_T_FLOAT16, CVL_T_ANY, CVL_T_FLOAT, CVL_T_FLOAT, /* x .. ln1 */
     WEIGHT_TYPES, WEIGHT_TYPES, WEIGHT_TYPES,                                                       /* q, k, v */
     CVL_T_FLOAT,  CVL_T_FLOAT,                                                                      /* pos biases */
     WEIGHT_TYPES, CVL_T_FLOAT,  CVL_T_FLOAT,  WEIGHT_TYPES, WEIGHT_TYPES,                           /* out .. ff2 */
@@ -54,7 +55,8 @@ static int activations_agree(const kernel* kn, const cvl_tensor* t, int64_t D, i
     const int64_t* pd = t[POS].dims;
     return t[X].rank == 3 && D >= 1 && t[PAST_LEN].rank == 1 && t[PAST_LEN].dims[0] == xd[0] && t[PK].rank == 4 &&
            t[PV].rank == 4 && same_dims(t[PV].dims, kd, 4) && kd[0] == xd[0] && kn->heads >= 1 && kd[1] == kn->heads &&
-           dk >= 1 && dk <= 1024 && t[POS].rank == 3 && pd[0] == kn->heads && pd[2] == dk && kn->ff >= 1 &&
+           dk >= 1 && dk <= 1024 && t[POS].rank == 3 && (t[POS].type == CVL_T_FLOAT || t[POS].type == CVL_T_FLOAT16) &&
+           pd[0] == kn->heads && pd[2] == dk && kn->ff >= 1 &&
            cvl_count(t[LN1_W].dims, t[LN1_W].rank) == D && cvl_count(t[LN1_B].dims, t[LN1_B].rank) == D &&
            cvl_count(t[LN2_W].dims, t[LN2_W].rank) == D && cvl_count(t[LN2_B].dims, t[LN2_B].rank) == D &&
            cvl_count(t[BIAS_U].dims, t[BIAS_U].rank) == kn->heads * dk &&
@@ -73,7 +75,8 @@ static int problem_of(const kernel* kn, const cvl_tensor* t, cvl_relpos_problem*
     *q = (cvl_relpos_problem){
         .batch = t[X].dims[0], .steps = t[X].dims[1], .cached = t[PK].dims[2], .dim = D, .heads = kn->heads,
         .head_dim = dk, .ff = F, .pos_rows = t[POS].dims[1], .scale = kn->scale, .eps1 = kn->eps1, .eps2 = kn->eps2,
-        .x = t[X].data, .past_len = t[PAST_LEN].data, .past_k = t[PK].data, .past_v = t[PV].data, .pos = t[POS].data,
+        .x = t[X].data, .past_len = t[PAST_LEN].data, .past_k = t[PK].data, .past_v = t[PV].data,
+        .pos = t[POS].type == CVL_T_FLOAT ? t[POS].data : NULL, .pos_half = t[POS].type == CVL_T_FLOAT16 ? t[POS].data : NULL,
         .bias_u = t[BIAS_U].data, .bias_v = t[BIAS_V].data, .ln1_w = t[LN1_W].data, .ln1_b = t[LN1_B].data,
         .ln2_w = t[LN2_W].data, .ln2_b = t[LN2_B].data, .q = q->q, .k = q->k, .v = q->v, .out = q->out,
         .ff1 = q->ff1, .ff2 = q->ff2,
@@ -90,7 +93,7 @@ static OrtStatus* compute(void* kp, OrtKernelContext* ctx) {
     cvl_relpos_problem q = {0};
     if (!problem_of(kn, t, &q))
         return cvl_status(ort, CVL_ORT_INVALID_ARGUMENT,
-                          "RelPosLayer: x (B,T,D), past_len (B,), past_k, past_v (B,H,C,DK), pos (H,R,DK), the "
+                          "RelPosLayer: x (B,T,D), past_len (B,), past_k, past_v (B,H,C,DK), pos (H,R,DK) float or float16, the "
                           "LayerNorms (D,), pos_bias_u/v (H*DK) and the q, k, v, out, ff1 and ff2 weights disagree");
     if (!cvl_relpos_positions_fit(&q))
         return cvl_status(ort, CVL_ORT_INVALID_ARGUMENT,

@@ -14,7 +14,8 @@ typedef struct {
     int64_t position;         /* past_len + t: the distance to cache column 0 (column j: position - j) */
     const float* q;           /* (head_dim) */
     const float *u, *bv;      /* (head_dim) pos_bias_u, pos_bias_v of head h */
-    const float* pos;         /* (R, head_dim) of head h */
+    const float* pos;         /* (R, head_dim) of head h, float32; NULL when pos16 */
+    const uint16_t* pos16;    /* the same in float16 bits, or NULL */
     const uint16_t *pk, *pv;  /* (C, head_dim) float16 */
     const float *nk, *nv;     /* (T, head_dim): the new positions' keys and values */
     float* out;               /* (head_dim) */
@@ -27,11 +28,16 @@ static inline cvl_relpos_row cvl_relpos_row_of(const cvl_relpos_problem* p, cons
     const int64_t past = p->past_len[b], valid = past < 0 ? 0 : (past > C ? C : past);
     return (cvl_relpos_row){
         .t = t, .valid = valid, .position = past + t, .q = q + (r * H + h) * dk, .u = p->bias_u + h * dk,
-        .bv = p->bias_v + h * dk, .pos = p->pos + h * p->pos_rows * dk,
+        .bv = p->bias_v + h * dk, .pos = p->pos_half ? NULL : p->pos + h * p->pos_rows * dk,
+        .pos16 = p->pos_half ? p->pos_half + h * p->pos_rows * dk : NULL,
         .pk = valid ? p->past_k + bh * C * dk : NULL, .pv = valid ? p->past_v + bh * C * dk : NULL,
         .nk = p->k_out + bh * T * dk, .nv = p->v_out + bh * T * dk, .out = att + (r * H + h) * dk,
     };
 }
+
+/* The positional rows of distance-row offset r (distance x head_dim) for score(): (float32 row, NULL) or (NULL, float16
+ * row), whichever the layer got. */
+#define CVL_RELPOS_POS_AT(a, r) ((a)->pos16 ? NULL : (a)->pos + (r)), ((a)->pos16 ? (a)->pos16 + (r) : NULL)
 
 /* Floats of one attention row's scratch: C + T scores, then q + u and q + v_bias, each padded to 16. */
 static inline int64_t cvl_relpos_scratch_floats(const cvl_relpos_problem* p) {
@@ -42,10 +48,11 @@ static inline int64_t cvl_relpos_scratch_floats(const cvl_relpos_problem* p) {
 #define CVL_RELPOS_TILE 16
 
 /* Floats of one attention tile's scratch: the tile's q + u and q + v_bias dim-major, its positional and full scores
- * for every key it reaches (C + T + a tile), the cached keys and values widened to float32, and its outputs. */
+ * for every key it reaches (C + T + a tile), the cached keys and values widened to float32, its outputs, and a block
+ * of 8 float16 position rows widened. */
 static inline int64_t cvl_relpos_tile_scratch_floats(const cvl_relpos_problem* p) {
     const int64_t dk = (p->head_dim + 15) / 16 * 16, keys = p->cached + p->steps + CVL_RELPOS_TILE;
-    return 2 * dk * CVL_RELPOS_TILE + 2 * keys * CVL_RELPOS_TILE + 2 * p->cached * dk + dk * CVL_RELPOS_TILE + 64;
+    return 2 * dk * CVL_RELPOS_TILE + 2 * keys * CVL_RELPOS_TILE + 2 * p->cached * dk + dk * CVL_RELPOS_TILE + 8 * dk + 64;
 }
 
 /* The passes of one code path: LayerNorm over rows of n ((x - mean) / sqrt(var + eps) * w + b, two passes as the
