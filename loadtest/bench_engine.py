@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,42 @@ LONG_TEXT = "2024年3月15日，我们在北京发布了新版本，售价99.5�
 SHORT_TEXT = "今天天气很好，我们一起去公园散步吧。"
 SHORT_TOKENS = 200
 SPEAKER_INDEX = 0
+
+
+def one_request_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments every one-request tool takes (loadtest/timeline.py, profile_stages.py): the bundle, `--tokens`
+    (each sentence forced to that many speech tokens; default 5 s of audio, `sentence_tokens`), `--env` and `--json`."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("bundle", type=Path)
+    p.add_argument("--tokens", type=int, help="speech tokens per sentence (default: 5 s of audio)")
+    p.add_argument("--env", nargs="*", default=[], help="TTS_*=value settings, as the server reads them")
+    p.add_argument("--json", type=Path)
+    return p
+
+
+def sentence_tokens(bundle: ModelBundle, tokens: int | None, seconds: float = 5.0) -> int:
+    """`tokens`, or `seconds` of audio at the bundle's token rate (the sentence loadtest/bench_listen.py forces)."""
+    return tokens or round(seconds * bundle.constants.token_rate_hz)
+
+
+def apply_env(items: Sequence[str]) -> None:
+    """Put `TTS_*=value` items into this process's environment, where the service's settings read them."""
+    for item in items:
+        key, _, value = item.partition("=")
+        os.environ[key] = value
+
+
+def forced_engines(tokens: int) -> Callable[[ModelBundle, RuntimeOptions], object]:
+    """An engine loader (ModelContext.engine_loader) for any family whose engines speak every sentence in exactly
+    `tokens` speech tokens (ForcedLength: random weights never stop by themselves)."""
+    from service.families.registry import family
+
+    def load(bundle: ModelBundle, options: RuntimeOptions) -> object:
+        engine = family(bundle.family).load_engine(bundle, options)
+        engine.llm = ForcedLength(engine.llm, tokens)  # type: ignore[attr-defined]  # the same generate() signature
+        return engine
+
+    return load
 
 
 class ForcedLength:

@@ -13,9 +13,7 @@ names). Calls of one graph may overlap (two streams' lanes), so shares may add u
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import tempfile
 import threading
@@ -29,16 +27,15 @@ import onnx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import service.engine.sessions as sessions_mod
-from loadtest.bench_engine import SHORT_TEXT, ForcedLength, text_ids
+from loadtest.bench_engine import SHORT_TEXT, apply_env, forced_engines, one_request_parser, sentence_tokens, text_ids
 from service.bundle import ModelBundle
 from service.engine.options import RuntimeOptions
 from service.engine.types import SynthesisOptions
 from service.families.model import ModelContext
-from service.families.registry import family, load_model
+from service.families.registry import load_model
 from service.runtime import runtime_options
 from service.settings import Settings
 
-SENTENCE_S = 5.0  # the default forced sentence, as loadtest/bench_listen.py forces it
 OPENED: dict[str, tuple[str, Any]] = {}  # graph file stem (a second session of it: "stem#2") -> (stem, InferenceSession)
 
 
@@ -92,28 +89,17 @@ def summarize(profile: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("bundle", type=Path)
-    p.add_argument("--tokens", type=int, help="speech tokens per sentence (default: 5 s of audio)")
+    p = one_request_parser(__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--env", nargs="*", default=[], help="TTS_*=value settings, as the server reads them")
-    p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
-    for item in args.env:
-        key, _, value = item.partition("=")
-        os.environ[key] = value
+    apply_env(args.env)
     bundle = ModelBundle.load(args.bundle)
-    tokens = args.tokens or round(SENTENCE_S * bundle.constants.token_rate_hz)
+    tokens = sentence_tokens(bundle, args.tokens)
     out = Path(tempfile.mkdtemp(prefix="ort-profile-"))
     _profiled(out)
     runtime = runtime_options(Settings(_env_file=None, model_dir=args.bundle))  # type: ignore[call-arg]
 
-    def forced(b: ModelBundle, options: RuntimeOptions) -> object:
-        engine = family(b.family).load_engine(b, options)
-        engine.llm = ForcedLength(engine.llm, tokens)  # type: ignore[attr-defined]  # the same generate() signature
-        return engine
-
-    model = load_model(bundle, ModelContext(options=runtime, engine_loader=forced, prompt_analysis=False))
+    model = load_model(bundle, ModelContext(options=runtime, engine_loader=forced_engines(tokens), prompt_analysis=False))
     ids = text_ids(model.frontend, SHORT_TEXT)
     voice = model.voice(model.speakers[0]) if model.speakers else model.warmup_voice()
     timings: dict[str, float] = {}

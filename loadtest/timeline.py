@@ -18,9 +18,7 @@ from the request's start.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import tempfile
 import threading
@@ -32,18 +30,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import service.engine.sessions as sessions_mod
-from loadtest.bench_engine import SHORT_TEXT, ForcedLength, text_ids
+from loadtest.bench_engine import SHORT_TEXT, apply_env, forced_engines, one_request_parser, sentence_tokens, text_ids
 from loadtest.bench_http import write_saved_voice
 from service.bundle import ModelBundle
-from service.engine.options import RuntimeOptions
 from service.engine.types import SynthesisOptions
 from service.families.model import ModelContext
-from service.families.registry import family, load_model
+from service.families.registry import load_model
 from service.runtime import runtime_options
 from service.settings import Settings
 from service.stores.voices import DirectoryVoiceStore
 
-SENTENCE_S = 5.0  # the default forced sentence, as loadtest/bench_listen.py forces it
 BIN_S = 0.5  # the decode steps' pace is reported per bin of this many seconds
 DECODE_GRAPH = "llm_step"
 
@@ -115,26 +111,15 @@ def decode_pace(rows: list[tuple[str, str, float, float, tuple[int, ...]]]) -> d
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("bundle", type=Path)
+    p = one_request_parser(__doc__.splitlines()[0])
     p.add_argument("--voice", default="builtin", help="builtin, or N: a voice saved from an N-second recording")
-    p.add_argument("--tokens", type=int, help="speech tokens of the sentence (default: 5 s of audio)")
-    p.add_argument("--env", nargs="*", default=[], help="TTS_*=value settings, as the server reads them")
-    p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
-    for item in args.env:
-        key, _, value = item.partition("=")
-        os.environ[key] = value
+    apply_env(args.env)
     bundle = ModelBundle.load(args.bundle)
-    tokens = args.tokens or round(SENTENCE_S * bundle.constants.token_rate_hz)
+    tokens = sentence_tokens(bundle, args.tokens)
     calls = Calls()
     calls.record()
     runtime = runtime_options(Settings(_env_file=None, model_dir=args.bundle))  # type: ignore[call-arg]
-
-    def forced(b: ModelBundle, options: RuntimeOptions) -> object:
-        engine = family(b.family).load_engine(b, options)
-        engine.llm = ForcedLength(engine.llm, tokens)  # type: ignore[attr-defined]  # the same generate() signature
-        return engine
 
     store, saved = None, None
     if args.voice != "builtin" and not bundle.speakers:
@@ -143,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(tempfile.mkdtemp(prefix="timeline-voices-"))
         saved = write_saved_voice(args.bundle, folder, float(args.voice))
         store = DirectoryVoiceStore(folder)
-    context = ModelContext(options=runtime, engine_loader=forced, prompt_analysis=False, voice_store=store)
+    context = ModelContext(options=runtime, engine_loader=forced_engines(tokens), prompt_analysis=False, voice_store=store)
     model = load_model(bundle, context)
     ids = text_ids(model.frontend, SHORT_TEXT)
     if saved is not None:
