@@ -121,14 +121,19 @@ def max_speech_tokens(text_len: int, constants: ModelConstants) -> int:
     return int(text_len * constants.max_token_text_ratio)
 
 
-def kv_cache_dtype(step_session: Any) -> type[np.floating]:
-    """The K/V element type the decode graph takes: float16 (quantized bundles) or float32. Sessions without ORT's
-    `get_inputs` (test doubles) get float32."""
-    inputs = getattr(step_session, "get_inputs", None)
+def inputs_dtype(session: Any, prefixes: tuple[str, ...]) -> type[np.floating]:
+    """float16 when every input of `session` whose name starts with one of `prefixes` is float16, else float32.
+    Sessions without ORT's `get_inputs` (test doubles) get float32."""
+    inputs = getattr(session, "get_inputs", None)
     if inputs is None:
         return np.float32
-    types = {i.type for i in inputs() if i.name.startswith(("past_k_", "past_v_"))}
+    types = {i.type for i in inputs() if i.name.startswith(prefixes)}
     return np.float16 if types == {"tensor(float16)"} else np.float32
+
+
+def kv_cache_dtype(step_session: Any) -> type[np.floating]:
+    """The K/V element type the decode graph takes: float16 (quantized bundles) or float32."""
+    return inputs_dtype(step_session, ("past_k_", "past_v_"))
 
 
 class LLMRunner(ABC):

@@ -10,7 +10,7 @@ import numpy as np
 
 from service.bundle import ModelConstants
 from service.bundle.external import op_types
-from service.engine.llm import LLMRunner
+from service.engine.llm import LLMRunner, inputs_dtype
 from service.engine.types import LLMPrompt, as_llm_prompt
 from service.errors import InvalidInputError
 from service.families.cosyvoice1.contract import RELPOS_LAYER_OP
@@ -34,12 +34,8 @@ def reads_rows_in_use(step_graph: Path) -> bool:
 
 def position_dtype(step_session: Any) -> type[np.floating]:
     """The element type of the step graph's `pos_i` inputs: float16 (a native twin since its positions were halved,
-    export/cosyvoice1/relpos_twin.py) or float32. Sessions without ORT's `get_inputs` (test doubles) get float32."""
-    inputs = getattr(step_session, "get_inputs", None)
-    if inputs is None:
-        return np.float32
-    types = {i.type for i in inputs() if i.name.startswith("pos_")}
-    return np.float16 if types == {"tensor(float16)"} else np.float32
+    export/cosyvoice1/relpos_twin.py) or float32."""
+    return inputs_dtype(step_session, ("pos_",))
 
 
 def position_table(pos_session: Any, constants: ModelConstants, rows: int = 512, *, windowed: bool = True) -> PositionTable:

@@ -180,5 +180,5 @@ def _short_hop(config: ScheduleConfig, progress: Progress, c: ModelConstants) ->
     time against the audio delivered before it) is that of a short chunk, not of a steady one right after the short
     first chunk; the hops grow back to the steady one as audio accumulates, so a long stream pays the extra overlap
     frames of short chunks only at its start."""
-    short = config.short_hop or config.steady_hop
-    return _steady_hop(replace(config, steady_hop=min(config.steady_hop, max(short, _delivered_tokens(progress, c)))))
+    grown = max(config.short_hop or config.steady_hop, _delivered_tokens(progress, c))
+    return min(_steady_hop(config), max(config.min_hop, grown))
