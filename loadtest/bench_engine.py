@@ -30,7 +30,9 @@ from service.engine.types import SynthesisOptions, TokenGenerator
 from service.families.cosyvoice1.contract import TOKENIZER_NAME
 from service.families.cosyvoice1.engine import Synthesizer
 from service.families.cosyvoice1.voice import Voice
+from service.families.registry import family
 from service.frontend import TextFrontend
+from service.levers import EngineProfile
 from service.settings import Settings
 
 # One normalized sentence of ordinary Chinese text (48 text tokens), for the 250-token single-stream runs.
@@ -68,7 +70,6 @@ def apply_env(items: Sequence[str]) -> None:
 def forced_engines(tokens: int) -> Callable[[ModelBundle, RuntimeOptions], object]:
     """An engine loader (ModelContext.engine_loader) for any family whose engines speak every sentence in exactly
     `tokens` speech tokens (ForcedLength: random weights never stop by themselves)."""
-    from service.families.registry import family
 
     def load(bundle: ModelBundle, options: RuntimeOptions) -> object:
         engine = family(bundle.family).load_engine(bundle, options)
@@ -323,7 +324,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--spinning", action="store_true")
     p.add_argument("--no-first-audio-priority", action="store_true")
     p.add_argument("--first-hop", type=int, help="first streaming hop in tokens (engine default when omitted)")
-    defaults = Settings.model_fields  # the service's defaults: the benchmark measures what users get
+    # the service's defaults: the benchmark measures what users get (the engine's levers live in its profile)
+    defaults = {**Settings.model_fields, **EngineProfile.model_fields}
     p.add_argument("--acoustic-backend", choices=["auto", "ort", "openvino"], default=defaults["acoustic_backend"].default)
     p.add_argument("--native-kernels", choices=["auto", "off"], default=defaults["native_kernels"].default)
     p.add_argument("--stream-schedule", choices=["adaptive", "official"], default=defaults["stream_schedule"].default)
