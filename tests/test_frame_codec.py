@@ -8,7 +8,7 @@ import pytest
 
 from service.engine import native
 from service.layers import frame_cache
-from service.layers.frame_cache import FrameCache, stored_precision
+from service.layers.frame_cache import CachePrecision, FrameCache, stored_precision
 
 needs_library = pytest.mark.skipif(native.frame_codec() is None, reason="native library not built (make native)")
 
@@ -48,6 +48,35 @@ def test_native_codec_equals_numpy(dtype: type[np.floating], monkeypatch: pytest
         assert rel.max() < 1 / 127 + 2e-3  # half a step of 127 per row, plus float16's own rounding
 
 
+@pytest.mark.parametrize("codec", [True, False])
+@pytest.mark.parametrize("precision", ["int8", "float16"])
+def test_views_of_every_block_equal_each_block_alone(
+    codec: bool, precision: CachePrecision, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy of a frozen cache (a voice's prompt state) reads its head's frames and then its own: `views` writes every
+    block's out in one call (the codec or numpy) and gives what each block's frames are, head first."""
+    if not codec:
+        monkeypatch.setattr(frame_cache.native, "frame_codec", lambda: None)
+    elif native.frame_codec() is None:
+        pytest.skip("native library not built (make native)")
+    new = _frames(np.float16, blocks=5, frames=11)
+    prompt = FrameCache.empty(5, 4, 64, np.float16, 8, precision)
+    prompt.append(new[:, :, :6])
+    request = prompt.freeze().copy(20)
+    request.append(new[:, :, 6:])
+    views = request.views()
+    assert len(views) == 5 and all(v.shape == (1, 11, 4, 64) and v.dtype == np.float16 for v in views)
+    for b, view in enumerate(views):
+        head = np.asarray(prompt.buffer[b, :6], dtype=np.float32)
+        own = np.asarray(request.buffer[b, :5], dtype=np.float32)
+        if precision == "int8":
+            assert prompt.scales is not None and request.scales is not None
+            head, own = head * prompt.scales[b, :6, :, None], own * request.scales[b, :5, :, None]
+        expected = np.concatenate([head, own]).astype(np.float16)
+        np.testing.assert_array_equal(view[0].view(np.uint16), expected.view(np.uint16))
+        np.testing.assert_array_equal(request.view(b), view)
+
+
 @needs_library
 def test_codec_refuses_mismatched_arrays() -> None:
     codec = native.frame_codec()
@@ -57,6 +86,11 @@ def test_codec_refuses_mismatched_arrays() -> None:
         codec.narrow(x, np.zeros((2, 8), np.int8), np.zeros(3, np.float32))
     with pytest.raises(ValueError):
         codec.widen(np.zeros((2, 16), np.int8)[:, ::2], np.zeros(2, np.float32), np.zeros((2, 8), np.float16))
+    with pytest.raises(ValueError):  # a block that is not contiguous
+        strided = np.zeros((2, 3, 16), np.int8)[:, :, ::2]
+        codec.widen_blocks(strided, np.zeros((2, 3), np.float32), np.zeros((2, 3, 8), np.float16))
+    with pytest.raises(ValueError):  # scales that do not match the rows
+        codec.widen_blocks(np.zeros((2, 3, 8), np.int8), np.zeros((2, 4), np.float32), np.zeros((2, 3, 8), np.float16))
 
 
 def test_auto_precision_is_int8_only_for_float16_caches() -> None:

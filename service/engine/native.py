@@ -203,6 +203,9 @@ class FrameCodec:
             blocks = getattr(lib, f"cvl_frames_narrow_blocks_{kind}")
             blocks.restype = None
             blocks.argtypes = [pointer, size, size, size, size, pointer, size, pointer, size]
+            wide = getattr(lib, f"cvl_frames_widen_blocks_{kind}")
+            wide.restype = None
+            wide.argtypes = [pointer, size, size, pointer, size, size, size, pointer, size]
 
     @staticmethod
     def takes(dtype: np.dtype[Any] | type[Any]) -> bool:
@@ -233,6 +236,20 @@ class FrameCodec:
         dim = q.shape[-1]
         widen = getattr(self._lib, f"cvl_frames_widen_{_CODEC_TYPES[out.dtype]}")
         widen(q.ctypes.data, scale.ctypes.data, q.size // dim, dim, out.ctypes.data)
+
+    def widen_blocks(self, q: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:
+        """q (blocks, ..., dim) int8 times scale (blocks, ...) -> out (blocks, ..., dim) float16/float32: each block
+        contiguous, the blocks of all three at any stride (every block's frames of a graph call, in one call)."""
+        if out.shape != q.shape or scale.shape != q.shape[:-1] or q.dtype != np.int8 or scale.dtype != np.float32:
+            raise ValueError(f"frame codec: out {out.shape} {out.dtype}, q {q.shape}, scale {scale.shape} {scale.dtype}")
+        if out.size == 0:
+            return
+        if not all(a[0].flags.c_contiguous for a in (out, q, scale)) or out.strides[0] % out.itemsize:
+            raise ValueError("frame codec: each block must be contiguous")
+        dim, rows = q.shape[-1], q[0].size // q.shape[-1]
+        widen = getattr(self._lib, f"cvl_frames_widen_blocks_{_CODEC_TYPES[out.dtype]}")
+        widen(q.ctypes.data, len(q), q.strides[0], scale.ctypes.data, scale.strides[0] // 4, rows, dim, out.ctypes.data,
+              out.strides[0] // out.itemsize)  # fmt: skip
 
 
 def _check_rows(x: np.ndarray, q: np.ndarray, scale: np.ndarray) -> None:

@@ -103,8 +103,8 @@ class GuidedEuler:
         mine = {name: a if name in SHARED_FEEDS else a[row : row + 1] for name, a in feeds.items()}
         mine["tails"] = state.tails[row : row + 1]
         k, v = state.k[row], state.v[row]
-        mine.update((name, k.view(b)) for b, name in enumerate(self._k_names))
-        mine.update((name, v.view(b)) for b, name in enumerate(self._v_names))
+        mine.update(zip(self._k_names, k.views(), strict=True))
+        mine.update(zip(self._v_names, v.views(), strict=True))
         velocity, tails, new_k, new_v = self._estimator.run(None, mine)
         if keep:
             k.append(new_k, dropping)

@@ -51,6 +51,23 @@ static void check_dim(rng* r, cvl_features have, int64_t dim) {
     cvl_frames_widen_f16(qr, sr, ROWS, dim, whp);
     CHECK(!memcmp(w, wp, (size_t)n * sizeof *w), "widen f32 (dim %ld)", (long)dim);
     for (int64_t i = 0; i < n; i++) CHECK(whp[i] == cvl_float_to_half(wp[i]) && wh[i] == whp[i], "widen f16 at %ld", (long)i);
+    /* the same rows as 3 blocks (12, 12 and 13 rows of the first 37) widened in one call into strided blocks: each block
+     * as its own rows widen (the last row of each output block left alone, so a stride past the rows is honoured) */
+    enum { BLOCKS = 3, BROWS = 12 };
+    float* wb = malloc((size_t)BLOCKS * (BROWS + 1) * (size_t)dim * sizeof *wb);
+    uint16_t* whb = malloc((size_t)BLOCKS * (BROWS + 1) * (size_t)dim * sizeof *whb);
+    for (int64_t i = 0; i < BLOCKS * (BROWS + 1) * dim; i++) wb[i] = -7.f, whb[i] = 0x1234;
+    cvl_frames_limit(have);
+    cvl_frames_widen_blocks_f32(qr, BLOCKS, BROWS * dim, sr, BROWS, BROWS, dim, wb, (BROWS + 1) * dim);
+    cvl_frames_widen_blocks_f16(qr, BLOCKS, BROWS * dim, sr, BROWS, BROWS, dim, whb, (BROWS + 1) * dim);
+    for (int64_t b = 0; b < BLOCKS; b++)
+        for (int64_t i = 0; i < (BROWS + 1) * dim; i++) {
+            const int64_t at = b * (BROWS + 1) * dim + i, from = b * BROWS * dim + i;
+            const int pad = i >= BROWS * dim;
+            CHECK(pad ? wb[at] == -7.f : wb[at] == wp[from], "widen blocks f32 (block %ld, at %ld)", (long)b, (long)i);
+            CHECK(pad ? whb[at] == 0x1234 : whb[at] == whp[from], "widen blocks f16 (block %ld, at %ld)", (long)b, (long)i);
+        }
+    free(wb), free(whb);
     free(x), free(h), free(hx), free(q), free(qp), free(qr), free(s), free(sp), free(sr), free(w), free(wp), free(wh), free(whp);
 }
 

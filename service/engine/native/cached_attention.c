@@ -25,6 +25,14 @@
 #include <string.h>
 
 #define QL 64 /* query lanes of one score tile: 4 vectors of 16 frames */
+/* Cached rows fetched this many keys ahead of their conversion: a head's rows are a row stride apart (every head's
+ * values in between), read once per call from a cache no recent call touched. */
+#define PREFETCH_KEYS 16
+
+/* The cache lines of one cached float16 row of `dk` values. */
+__attribute__((always_inline, unused)) static inline void cvl_prefetch_row(const uint16_t* row, int dk) {
+    for (int at = 0; at < dk; at += 32) _mm_prefetch((const char*)(row + at), _MM_HINT_T0);
+}
 #define FAST CVL_ATTENTION_VEC
 
 /* ---- portable float32 kernel (any head size; the reference for the fast one) ---- */
@@ -202,6 +210,7 @@ __attribute__((always_inline, target(FAST))) static inline void tile_bf16(
     }
     for (int j0 = 0; j0 < maxlim; j0 += 4) { /* scores, four keys at a time */
         const int nk = maxlim - j0 < 4 ? maxlim - j0 : 4;
+        for (int r = 0; r < 4 && j0 + PREFETCH_KEYS + r < C; r++) cvl_prefetch_row(kc + (size_t)(j0 + PREFETCH_KEYS + r) * D + h * DK, DK);
         for (int r = 0; r < 4; r++) {
             int j = j0 + (r < nk ? r : 0);
             __m512 f[4];
@@ -291,6 +300,7 @@ __attribute__((always_inline, target(FAST))) static inline void head_bf16(
     const uint16_t* vc = pv + (size_t)b * C * D;
     for (int jp = 0; jp < TE / 2; jp++) { /* value pairs of this head */
         __m512 r0[4], r1[4];
+        for (int e = 0; e < 2 && 2 * jp + PREFETCH_KEYS + e < C; e++) cvl_prefetch_row(vc + (size_t)(2 * jp + PREFETCH_KEYS + e) * D + h * DK, DK);
         for (int e = 0; e < 2; e++) {
             int j = 2 * jp + e;
             __m512* r = e ? r1 : r0;

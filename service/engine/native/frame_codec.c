@@ -155,3 +155,15 @@ void cvl_frames_narrow_blocks_f32(const float* x, int64_t blocks, int64_t x_stri
     for (int64_t b = 0; b < blocks; b++)
         cvl_frames_narrow_f32(x + b * x_stride, rows, dim, q + b * q_stride, scale + b * s_stride);
 }
+
+void cvl_frames_widen_blocks_f16(const int8_t* q, int64_t blocks, int64_t q_stride, const float* scale, int64_t s_stride,
+                                 int64_t rows, int64_t dim, uint16_t* out, int64_t out_stride) {
+    for (int64_t b = 0; b < blocks; b++)
+        cvl_frames_widen_f16(q + b * q_stride, scale + b * s_stride, rows, dim, out + b * out_stride);
+}
+
+void cvl_frames_widen_blocks_f32(const int8_t* q, int64_t blocks, int64_t q_stride, const float* scale, int64_t s_stride,
+                                 int64_t rows, int64_t dim, float* out, int64_t out_stride) {
+    for (int64_t b = 0; b < blocks; b++)
+        cvl_frames_widen_f32(q + b * q_stride, scale + b * s_stride, rows, dim, out + b * out_stride);
+}

@@ -22,6 +22,13 @@ void cvl_frames_narrow_blocks_f32(const float* x, int64_t blocks, int64_t x_stri
 void cvl_frames_widen_f16(const int8_t* q, const float* scale, int64_t rows, int64_t dim, uint16_t* out);
 void cvl_frames_widen_f32(const int8_t* q, const float* scale, int64_t rows, int64_t dim, float* out);
 
+/* Widening for `blocks` blocks of `rows` rows each, block b's at q + b * q_stride, scale + b * s_stride and
+ * out + b * out_stride (elements): every block's frames a graph call reads, in one call. */
+void cvl_frames_widen_blocks_f16(const int8_t* q, int64_t blocks, int64_t q_stride, const float* scale, int64_t s_stride,
+                                 int64_t rows, int64_t dim, uint16_t* out, int64_t out_stride);
+void cvl_frames_widen_blocks_f32(const int8_t* q, int64_t blocks, int64_t q_stride, const float* scale, int64_t s_stride,
+                                 int64_t rows, int64_t dim, float* out, int64_t out_stride);
+
 /* Let the codec use only the features in `have` (the C tests compare each path with the portable C; default: all). */
 void cvl_frames_limit(cvl_features have);
 
