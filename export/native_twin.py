@@ -43,7 +43,16 @@ from export.fuse_layers import fuse_blocks, fuse_qwen2_layers
 from export.fuse_ops import add_spread_input, fuse_attention, fuse_bf16_convs, fuse_conv_windows, fuse_int8_matmuls
 from export.time_table import tabulate_time_inputs
 from export.twin_graph import BLOCK_OP_NAME, CONV_OP_NAME, INT8_OP_NAME, QWEN2_OP_NAME, RewriteError
-from service.bundle import GROUP_NATIVE, MANIFEST_NAME, NATIVE_DOMAIN, NATIVE_SUFFIX, Manifest, ModelBundle, sha256_file
+from service.bundle import (
+    CACHE_SCALE_SUFFIX,
+    GROUP_NATIVE,
+    MANIFEST_NAME,
+    NATIVE_DOMAIN,
+    NATIVE_SUFFIX,
+    Manifest,
+    ModelBundle,
+    sha256_file,
+)
 from service.bundle.layout import SHARED_NATIVE_GRAPHS
 from service.bundle.solver import euler_times
 
@@ -85,15 +94,20 @@ def rewrite_bf16_convs(model: onnx.ModelProto, manifest: Manifest) -> tuple[int,
 SHARED_REWRITES: dict[str, Rewrite] = {"hift_decode": rewrite_bf16_convs}
 
 BLOCK_PRODUCTS = 6  # a fused block's int8 products: q, k, v, out, ff1, ff2
+BLOCK_INPUTS = 23  # an EstimatorBlock's inputs before the optional pair of int8 caches' scales
 
 
 def rewrite_cached_estimator(
-    blocks: int, fuse: Callable[[onnx.ModelProto], int] = fuse_blocks, op_name: str = BLOCK_OP_NAME
+    blocks: int,
+    fuse: Callable[[onnx.ModelProto], int] = fuse_blocks,
+    op_name: str = BLOCK_OP_NAME,
+    block_inputs: int = BLOCK_INPUTS,
 ) -> Rewrite:
     """The rewrite of a chunk-causal estimator with `blocks` transformer blocks that attend over cached frames: each
     attention core, its int8 products, then each whole block as one `op_name` node (`fuse`: fuse_blocks for the
-    EstimatorBlock, or a family's own, e.g. the DiT's), convolution windows read in place, the float32 convolutions left
-    (the DiT's grouped position convolutions) as BF16Conv1d (RewriteError when the blocks found are not `blocks`)."""
+    EstimatorBlock, or a family's own, e.g. the DiT's, whose nodes take `block_inputs` before the caches' scales),
+    convolution windows read in place, the float32 convolutions left (the DiT's grouped position convolutions) as
+    BF16Conv1d, the caches read in int8 (int8_block_caches) (RewriteError when the blocks found are not `blocks`)."""
 
     def rewrite(model: onnx.ModelProto, manifest: Manifest) -> tuple[int, str]:
         cores = fuse_attention(model)
@@ -106,12 +120,53 @@ def rewrite_cached_estimator(
         windows = fuse_conv_windows(model)
         convs = fuse_bf16_convs(model)
         tabulated = tabulate_step_times(model, manifest)
-        what = f"blocks as {NATIVE_DOMAIN}.{op_name}, {count - BLOCK_PRODUCTS * fused} more {PRODUCTS}"
+        int8 = int8_block_caches(model, op_name, block_inputs)
+        what = f"blocks as {NATIVE_DOMAIN}.{op_name} ({int8} caches read in int8)"
+        what += f", {count - BLOCK_PRODUCTS * fused} more {PRODUCTS}"
         what += f" ({windows} reading convolution windows in place)" if windows else ""
         what += f", {convs} convolutions as {NATIVE_DOMAIN}.{CONV_OP_NAME}" if convs else ""
         return cores, what + (f", {tabulated} tensors of the time step tabulated at the solver's times" if tabulated else "")
 
     return rewrite
+
+
+def int8_block_caches(model: onnx.ModelProto, op_name: str, required: int) -> int:
+    """Every float16 cache input (B, C, H, DK) that only `op_name` nodes read as their past_k or past_v (inputs 1 and 2
+    of `required`, which their optional scales follow) becomes int8,
+    with its scales (B, C, H) float32 as a new input `<name>_scale` that the nodes read too: the engine's int8 frames
+    (service/layers/frame_cache.py) go to the kernel as they are kept, no float16 copy per call. Returns the caches
+    retyped (0: the graph has none, e.g. CosyVoice-300M's blocks over an empty cache)."""
+    graph = model.graph
+    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            readers.setdefault(name, []).append((node, i))
+    retyped = 0
+    for graph_input in list(graph.input):
+        tensor = graph_input.type.tensor_type
+        uses = readers.get(graph_input.name, [])
+        if tensor.elem_type != onnx.TensorProto.FLOAT16 or len(tensor.shape.dim) != 4 or not uses:
+            continue
+        if not all(node.op_type == op_name and index in (1, 2) for node, index in uses):
+            continue
+        dims = [onnx.TensorShapeProto.Dimension() for _ in range(3)]
+        for dim, source in zip(dims, tensor.shape.dim[:3], strict=True):
+            dim.CopyFrom(source)
+        tensor.elem_type = onnx.TensorProto.INT8
+        scale = onnx.helper.make_tensor_value_info(graph_input.name + CACHE_SCALE_SUFFIX, onnx.TensorProto.FLOAT, None)
+        scale.type.tensor_type.shape.dim.extend(dims)
+        graph.input.append(scale)
+        for node, index in uses:
+            if len(node.input) < required:
+                raise RewriteError(f"{node.name}: {len(node.input)} inputs, {op_name} takes {required}")
+            while len(node.input) < required + 2:
+                node.input.append("")
+            node.input[required + index - 1] = scale.name
+        retyped += 1
+    for node in graph.node:  # a block reads both caches in one type: both int8 with their scales, or neither
+        if node.op_type == op_name and len(node.input) > required and "" in node.input[required:]:
+            raise RewriteError(f"{node.name}: one cache int8, the other not")
+    return retyped
 
 
 def tabulate_step_times(model: onnx.ModelProto, manifest: Manifest) -> int:
@@ -152,6 +207,7 @@ def write_native_twin(bundle_dir: Path, rewrites: Mapping[str, Rewrite], log: Ca
         weights = weights_name(twin.name) if externalize_graph(twin) else ""
         graphs[name + NATIVE_SUFFIX] = replace(
             entry, file=twin.name, sha256=sha256_file(twin), group=GROUP_NATIVE,
+            inputs=tuple(i.name for i in model.graph.input),  # the core's, and an estimator's int8 caches' scales
             precision="bf16" if entry.precision == "fp32" else entry.precision,
             weights=weights, weights_sha256=sha256_file(bundle_dir / weights) if weights else "",
         )  # fmt: skip

@@ -128,10 +128,11 @@ class EngineProfile(BaseModel):
     flow_cache_precision: Literal["auto", "graph", "float16", "int8"] = Field(
         default="auto",
         description="CosyVoice2 and CosyVoice3: how streamed sentences' flow caches keep their frames: 'graph' = as the "
-        "estimator reads them (float16 in quantized bundles, float32 in fp32 ones; the official computation), "
-        "'float16', or 'int8' with a scale per frame and head (half of float16's bytes; each call widens the frames "
-        "it reads, in our native code where it is built); 'auto' = int8 in quantized bundles, 'graph' in fp32 ones. "
-        "docs/deviations.md gives the error of each against fp32.",
+        "estimator's core graph reads them (float16 in quantized bundles, float32 in fp32 ones; the official "
+        "computation), 'float16', or 'int8' with a scale per frame and head (half of float16's bytes; a quantized "
+        "bundle's estimator twin reads them as they are kept, the core graph widens them for each call); 'auto' = "
+        "int8 in quantized bundles, 'graph' in fp32 ones. 'graph' and 'float16' run the core graph where the twin "
+        "reads int8. docs/deviations.md gives the error of each against fp32.",
     )
     acoustic_arena: Literal["shrink", "keep", "off"] = Field(
         default="shrink",

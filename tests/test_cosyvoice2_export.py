@@ -103,6 +103,18 @@ def test_int8_twin_quantizes_weights_and_halves_the_caches(exported: Path) -> No
         model = onnx.load(str(twin.graph_path(name)), load_external_data=False)
         kinds = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
         assert kinds["past_k_0"] == onnx.TensorProto.FLOAT16 and kinds["x"] == onnx.TensorProto.FLOAT
+    # the native twin reads the engine's int8 frames as they are kept: each cache int8 with its scales (B, C, H)
+    native = onnx.load(str(twin.graph_path("flow_estimator_native")), load_external_data=False)
+    inputs = {i.name: i.type.tensor_type for i in native.graph.input}
+    caches = [n for n in inputs if n.startswith(("past_k_", "past_v_")) and not n.endswith("_scale")]
+    assert caches and all(inputs[n].elem_type == onnx.TensorProto.INT8 for n in caches)
+    for n in caches:
+        scale = inputs[n + "_scale"]
+        assert scale.elem_type == onnx.TensorProto.FLOAT and len(scale.shape.dim) == 3
+        dims = [d.dim_value or d.dim_param for d in inputs[n].shape.dim]
+        assert [d.dim_value or d.dim_param for d in scale.shape.dim] == dims[:3]
+    blocks = [node for node in native.graph.node if node.op_type == "EstimatorBlock"]
+    assert blocks and all(list(node.input[23:]) == [node.input[1] + "_scale", node.input[2] + "_scale"] for node in blocks)
 
 
 def test_missing_weights_is_one_line(checkpoint: Path, tmp_path: Path) -> None:

@@ -97,3 +97,35 @@ def test_auto_precision_is_int8_only_for_float16_caches() -> None:
     assert stored_precision("auto", np.float16) == "int8"
     assert stored_precision("auto", np.float32) == "graph"  # an fp32 bundle: the official computation
     assert stored_precision("graph", np.float16) == "graph" and stored_precision("float16", np.float32) == "float16"
+
+
+def test_a_graph_that_reads_int8_frames_takes_them_as_kept() -> None:
+    """A native twin that reads int8 caches (export/native_twin.int8_block_caches) gets each block's int8 frames and
+    scales: a cache's own in place (no copy per call), with a frozen head (a voice's prompt) one copy, head first."""
+    new = _frames(np.float16, blocks=3, frames=10)
+    prompt = FrameCache.empty(3, 4, 64, np.float16, 8, "int8", reads_int8=True)
+    prompt.append(new[:, :, :4])
+    own_frames, own_scales = prompt.feeds()
+    assert len(own_frames) == len(own_scales) == 3
+    assert own_frames[1].dtype == np.int8 and own_frames[1].shape == (1, 4, 4, 64) and own_scales[1].shape == (1, 4, 4)
+    assert np.shares_memory(own_frames[1], prompt.buffer) and np.shares_memory(own_scales[1], prompt.scales)
+    request = prompt.freeze().copy(20)
+    request.append(new[:, :, 4:])
+    frames, scales = request.feeds()
+    assert request.scales is not None and prompt.scales is not None
+    for b in range(3):
+        np.testing.assert_array_equal(frames[b][0], np.concatenate([prompt.buffer[b, :4], request.buffer[b, :6]]))
+        np.testing.assert_array_equal(scales[b][0], np.concatenate([prompt.scales[b, :4], request.scales[b, :6]]))
+        widened = frames[b][0].astype(np.float32) * scales[b][0][..., None]  # the values a float16 graph would read
+        np.testing.assert_allclose(widened, request.view(b)[0].astype(np.float32), rtol=1e-3, atol=1e-6)
+    float_frames, no_scales = FrameCache.empty(3, 4, 64, np.float16, 8, "int8").feeds()
+    assert no_scales == [] and float_frames[0].dtype == np.float16  # a float16 graph: widened, no scales
+
+
+def test_int8_reading_graphs_store_int8() -> None:
+    for asked in ("auto", "graph", "int8"):
+        assert stored_precision(asked, np.float16, reads_int8=True) == "int8"  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="native_estimator=false"):
+        stored_precision("float16", np.float16, reads_int8=True)
+    with pytest.raises(ValueError):
+        FrameCache.empty(2, 4, 64, np.float16, 8, "float16", reads_int8=True)

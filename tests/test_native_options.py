@@ -83,3 +83,33 @@ def test_the_portable_kernels_serve_a_request_on_any_cpu(tiny_v2_bundle: Path, n
         engine.close()
     audio = np.concatenate([c.audio for c in chunks])
     assert chunks[-1].is_final and audio.size > 0 and np.isfinite(audio).all()
+
+
+def test_float_caches_run_the_estimator_core_graph_when_its_twin_reads_int8(tiny_v2_bundle: Path, native_library: Path) -> None:
+    """The estimator twin reads the streamed flow's caches in int8 as they are kept; asking for them in the graph's
+    float type (flow_cache_precision=graph, the switch back from int8 frames, or float16) runs the core graph, which
+    reads float16, and the start-up note says why. A stream gives audio either way."""
+    bundle = ModelBundle.load(tiny_v2_bundle)
+    twin = bundle.manifest.graphs["flow_estimator_native"]
+    assert {f"{c}_scale" for c in twin.inputs if c.startswith(("past_k_", "past_v_")) and not c.endswith("_scale")} <= set(
+        twin.inputs
+    )
+    for precision, runs_twin in (("auto", True), ("int8", True), ("graph", False), ("float16", False)):
+        runtime = RuntimeOptions(intra_op_threads=1, native_kernels="portable", flow_cache_precision=precision)
+        path = graph_runtime(bundle, "flow_estimator", runtime).path
+        assert path == (bundle.native_graph_path("flow_estimator") if runs_twin else bundle.graph_path("flow_estimator"))
+        note = str(native_kernels_note(bundle, runtime))
+        assert ("its twin reads the caches in int8" in note) == (not runs_twin), note
+    for precision in ("auto", "graph"):
+        runtime = RuntimeOptions(intra_op_threads=1, native_kernels="portable", flow_cache_precision=precision)
+        engine = CosyVoice2Engine.load(tiny_v2_bundle, runtime)
+        try:
+            rng = np.random.default_rng(5)
+            tokens = tuple(int(t) for t in rng.integers(0, 6561, 30))
+            mel = rng.standard_normal((60, 80)).astype(np.float32) - 5
+            voice = Voice2.cloned("v", rng.standard_normal(192).astype(np.float32), tokens, mel, (5, 6, 7))
+            chunks = list(engine.synthesize([[100, 200, 300]], voice, SynthesisOptions(stream=True, seed=3)))
+        finally:
+            engine.close()
+        audio = np.concatenate([c.audio for c in chunks])
+        assert audio.size > 0 and np.isfinite(audio).all()

@@ -29,7 +29,7 @@ from export.capabilities import VoicePlan, plan_voices
 from export.cosyvoice3 import tokenizer as cv3_tokenizer
 from export.cosyvoice3.config import YAML_NAME, CosyVoice3Config, load_config
 from export.cosyvoice3.constants import cosyvoice3_constants, model_constants
-from export.cosyvoice3.dit_twin import DIT_OP_NAME, fuse_dit_blocks
+from export.cosyvoice3.dit_twin import DIT_INPUTS, DIT_OP_NAME, fuse_dit_blocks
 from export.cosyvoice3.graphs.flow import export_flow, verify_flow
 from export.cosyvoice3.modules.flow import CausalMaskedDiffWithDiT
 from export.cosyvoice3.modules.hift import CausalHiFT
@@ -68,7 +68,7 @@ INT4_TWIN = dataclasses.replace(INT8_TWIN, precisions={**INT8_PLAN, "llm_step": 
 
 def _estimator_rewrite(model: onnx.ModelProto, manifest: Manifest) -> tuple[int, str]:
     blocks = constants_of(manifest).estimator_blocks
-    return rewrite_cached_estimator(blocks, fuse_dit_blocks, DIT_OP_NAME)(model, manifest)
+    return rewrite_cached_estimator(blocks, fuse_dit_blocks, DIT_OP_NAME, DIT_INPUTS)(model, manifest)
 
 
 # Graphs with a native twin in a quantized bundle: the DiT's blocks (the kit's estimator block with AdaLN-zero

@@ -21,6 +21,7 @@ from export.twin_graph import INT8_OP_NAME, OP_NAME, Graph, RewriteError, attr
 from service.bundle import NATIVE_DOMAIN
 
 DIT_OP_NAME = "DiTBlock"
+DIT_INPUTS = 28  # a DiTBlock's inputs before the optional pair of int8 caches' scales (dit_block_op.c)
 GELU_OPS = frozenset({"Mul", "Add", "Pow", "Tanh"})  # GELU's tanh approximation as torch exports it at opset 13
 
 

@@ -23,11 +23,15 @@ GROUP_FLOAT = "float"
 FLOAT_SUFFIX = "_float"
 # The optional "native" group: twins of core graphs of a quantized bundle in which some nodes are kernels of ours
 # (domain NATIVE_DOMAIN) that ONNX Runtime runs from service/engine/native. A twin is named `<core name>_native`, has
-# the core graph's inputs, outputs and precision (bf16 for an fp32 graph whose kernels take bf16 products);
-# export/native_twin.py writes it.
+# the core graph's inputs (then any of its kernels' own: a step's decode_spread; an estimator twin's caches may be
+# int8, each with its scales as one more input, CACHE_SCALE_SUFFIX), outputs and precision (bf16 for an fp32 graph
+# whose kernels take bf16 products); export/native_twin.py writes it.
 GROUP_NATIVE = "native"
 NATIVE_SUFFIX = "_native"
 NATIVE_DOMAIN = "cosyvoice_lite"
+# A twin's estimator may read its key/value caches in int8 (the engine's int8 frames as kept): each such cache input
+# `past_k_3` is int8 (B, C, H, DK) and its scales (B, C, H) float32 are the input `past_k_3_scale`.
+CACHE_SCALE_SUFFIX = "_scale"
 # Core graphs any family's bundle may give a native twin, beside the family's own (FamilyLayout.native_graphs): the
 # vocoder, whose convolutions take bf16 products (export/native_twin.py SHARED_REWRITES).
 SHARED_NATIVE_GRAPHS: tuple[str, ...] = ("hift_decode",)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from service.bundle import GROUP_NATIVE, NATIVE_SUFFIX, ModelBundle
+from service.bundle import CACHE_SCALE_SUFFIX, GROUP_NATIVE, NATIVE_SUFFIX, ModelBundle
 from service.engine import native
 from service.engine.host import lower_thread_priority
 from service.engine.options import OPENVINO_GRAPHS, RuntimeOptions, graph_stage
@@ -61,11 +61,25 @@ def native_twin(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> GraphRu
     path = bundle.native_graph_path(name)
     if path is None or ceiling == "off" or (name == "flow_estimator" and opts.native_estimator is False):
         return None
+    if float_caches_asked(bundle, name, opts):
+        return None
     kernels = _native_kernels(name, ceiling, _takes_avx2(name, opts))
     if not kernels.usable:
         return None
     entry = bundle.manifest.graphs[name + NATIVE_SUFFIX]
     return GraphRuntime("ort", path, entry.precision, entry.sha256, kernels.path)
+
+
+def reads_int8_caches(bundle: ModelBundle, name: str) -> bool:
+    """Whether graph `name`'s native twin reads its caches in int8 (an input per cache for its scales)."""
+    entry = bundle.manifest.graphs.get(name + NATIVE_SUFFIX)
+    return entry is not None and any(i.endswith(CACHE_SCALE_SUFFIX) for i in entry.inputs)
+
+
+def float_caches_asked(bundle: ModelBundle, name: str, opts: RuntimeOptions) -> bool:
+    """Whether the settings keep a streamed flow's caches in the graph's float type (flow_cache_precision "graph" or
+    "float16") while graph `name`'s twin reads them in int8: its core graph runs instead, which reads float16."""
+    return opts.flow_cache_precision in ("graph", "float16") and reads_int8_caches(bundle, name)
 
 
 def native_kernels_note(bundle: ModelBundle, opts: RuntimeOptions) -> str | None:
@@ -80,6 +94,10 @@ def native_kernels_note(bundle: ModelBundle, opts: RuntimeOptions) -> str | None
     for name in twins:
         if name == "flow_estimator" and opts.native_estimator is False:
             parts.append(f"{name} on its core graph (TTS_ENGINE_PROFILE=native_estimator=false)")
+            continue
+        if float_caches_asked(bundle, name, opts):
+            parts.append(f"{name} on its core graph (flow_cache_precision={opts.flow_cache_precision}: its twin reads "
+                         "the caches in int8)")  # fmt: skip
             continue
         kernels = _native_kernels(name, ceiling, _takes_avx2(name, opts))
         if not kernels.usable and _native_kernels(name, ceiling, opts.native_on_avx2).usable:

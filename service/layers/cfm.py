@@ -10,13 +10,23 @@ from typing import Any
 
 import numpy as np
 
-from service.bundle import ModelConstants
+from service.bundle import CACHE_SCALE_SUFFIX, ModelConstants
 from service.bundle.solver import cosine_t_span as cosine_t_span
 from service.bundle.solver import euler_times as euler_times
 from service.layers.frame_cache import EstimatorState
 
 # Feeds every guidance row of an estimator call reads whole (the rest are sliced per row).
 SHARED_FEEDS = frozenset({"chunk", "start"})
+# A cache input's scales, for a graph that reads its caches in int8 (past_k_3 -> past_k_3_scale).
+SCALE_SUFFIX = CACHE_SCALE_SUFFIX
+
+
+def reads_int8(session: Any, prefix: str = "past_k_") -> bool:
+    """Whether the graph's cache inputs named `prefix`* are int8 frames with their scales (a native twin's); False for
+    objects without inputs (test doubles)."""
+    inputs = getattr(getattr(session, "session", session), "get_inputs", None)
+    names = [i for i in (inputs() if inputs is not None else []) if i.name.startswith(prefix)]
+    return {i.type for i in names if not i.name.endswith(SCALE_SUFFIX)} == {"tensor(int8)"}
 
 
 class GuidedEuler:
@@ -103,8 +113,11 @@ class GuidedEuler:
         mine = {name: a if name in SHARED_FEEDS else a[row : row + 1] for name, a in feeds.items()}
         mine["tails"] = state.tails[row : row + 1]
         k, v = state.k[row], state.v[row]
-        mine.update(zip(self._k_names, k.views(), strict=True))
-        mine.update(zip(self._v_names, v.views(), strict=True))
+        for cache, names in ((k, self._k_names), (v, self._v_names)):
+            frames, scales = cache.feeds()
+            mine.update(zip(names, frames, strict=True))
+            if scales:  # a graph that reads int8 frames
+                mine.update((name + SCALE_SUFFIX, scale) for name, scale in zip(names, scales, strict=True))
         velocity, tails, new_k, new_v = self._estimator.run(None, mine)
         if keep:
             k.append(new_k, dropping)

@@ -26,10 +26,21 @@ INT8_MAX = 127.0
 MAX_PROMPT_STATES = 64  # voices whose prompt state is kept
 
 
-def stored_precision(asked: PrecisionLever, graph_dtype: type[np.floating] | np.dtype[Any]) -> CachePrecision:
+def stored_precision(
+    asked: PrecisionLever, graph_dtype: type[np.floating] | np.dtype[Any], reads_int8: bool = False
+) -> CachePrecision:
     """What "auto" stores: int8 where the graph reads float16 caches (a quantized bundle, which is already not the
     official float32; int8 frames add no error against fp32 that the window's output shows, docs/deviations.md), and
-    the graph's own type in an fp32 bundle (the official computation)."""
+    the graph's own type in an fp32 bundle (the official computation). A graph that reads int8 frames with their scales
+    (`reads_int8`: a native twin's, export/native_twin.int8_block_caches) takes them as they are kept: "auto", "graph"
+    and "int8" store int8; "float16" is refused (ValueError: its caches would be narrowed for every call)."""
+    if reads_int8:
+        if asked == "float16":
+            raise ValueError(
+                "flow_cache_precision=float16: this bundle's estimator twin reads its caches in int8 "
+                "(set native_estimator=false for ONNX Runtime's graph, which reads float16)"
+            )
+        return "int8"
     if asked != "auto":
         return asked
     return "int8" if np.dtype(graph_dtype) == np.float16 else "graph"
@@ -49,6 +60,9 @@ class FrameCache:
     arrays; compacting memory for them stalled an allocation for seconds). A sequence longer than `capacity` moves to a
     buffer twice as large.
 
+    A graph that reads int8 frames (`reads_int8`, int8 precision) takes a cache's own frames and scales in place
+    (`feeds`), or, with a head, one int8 copy of the head's and its own per call: no float16 widening.
+
     A frozen cache (`freeze`: a voice's prompt state, kept for every request of the voice) is never written again: a
     `copy` of it reads its frames as the copy's head instead of copying them, so they take memory once however many
     requests continue from them, in one mapping (a page several mappings of one process show is counted once per
@@ -63,27 +77,64 @@ class FrameCache:
         graph_dtype: type[np.floating] | None = None,
         scales: np.ndarray | None = None,
         head: FrameCache | None = None,
+        reads_int8: bool = False,
     ) -> None:
         self.buffer = buffer
         self.head = head
         self.frames = frames  # frames it reads: its head's, then its own
         self.graph_dtype = np.dtype(graph_dtype or buffer.dtype)
         self.scales = scales
+        self.reads_int8 = reads_int8
         self.frozen = False
 
     @classmethod
     def empty(
-        cls, blocks: int, heads: int, dim: int, dtype: type[np.floating], capacity: int, precision: CachePrecision = "graph"
+        cls,
+        blocks: int,
+        heads: int,
+        dim: int,
+        dtype: type[np.floating],
+        capacity: int,
+        precision: CachePrecision = "graph",
+        *,
+        reads_int8: bool = False,
     ) -> FrameCache:
-        """Room for `capacity` frames of a graph that reads `dtype`, stored as `precision` says."""
+        """Room for `capacity` frames of a graph whose new frames come in `dtype` and which reads `dtype` frames, or
+        (`reads_int8`, int8 precision only) int8 frames with their scales; stored as `precision` says."""
+        if reads_int8 and precision != "int8":
+            raise ValueError(f"a graph that reads int8 frames takes them as they are kept: precision int8, not {precision}")
         stored = {"graph": dtype, "float16": np.float16, "int8": np.int8}[precision]
         scales = _mapped((blocks, capacity, heads), np.float32) if precision == "int8" else None
-        return cls(_mapped((blocks, capacity, heads, dim), stored), graph_dtype=dtype, scales=scales)
+        return cls(_mapped((blocks, capacity, heads, dim), stored), graph_dtype=dtype, scales=scales, reads_int8=reads_int8)
 
     @property
     def base(self) -> int:
         """Frames its head holds (the first of those it reads)."""
         return 0 if self.head is None else self.head.frames
+
+    def feeds(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """What the graph reads of every block: its frames (1, C, H, DK), and for a graph that reads int8 frames their
+        scales (1, C, H) (else no scales): in place where the frames are its own, else written out for this call."""
+        if not self.reads_int8:
+            return self.views(), []
+        assert self.scales is not None
+        if self.head is None:
+            blocks = range(self.buffer.shape[0])
+            return [self.buffer[b, : self.frames][None] for b in blocks], [self.scales[b, : self.frames][None] for b in blocks]
+        frames = np.empty((self.buffer.shape[0], 1, self.frames, *self.buffer.shape[2:]), dtype=np.int8)
+        scales = np.empty((self.buffer.shape[0], 1, self.frames, self.buffer.shape[2]), dtype=np.float32)
+        self._copy_int8(frames[:, 0], scales[:, 0])
+        return list(frames), list(scales)
+
+    def _copy_int8(self, frames: np.ndarray, scales: np.ndarray) -> None:
+        """Every block's int8 frames and scales into `frames` (blocks, C, H, DK) and `scales` (blocks, C, H): the
+        head's, then its own."""
+        assert self.scales is not None
+        base = self.base
+        if self.head is not None:
+            self.head._copy_int8(frames[:, :base], scales[:, :base])
+        frames[:, base:] = self.buffer[:, : self.frames - base]
+        scales[:, base:] = self.scales[:, : self.frames - base]
 
     def views(self) -> list[np.ndarray]:
         """Every block's frames, block b's (1, C, H, DK) in the graph's type: in place, or written out for this call
@@ -205,7 +256,9 @@ class FrameCache:
         for new, old in zip(arrays, self.arrays(), strict=True):
             new[:, :copied] = old[:, :copied]
         scales = arrays[1] if self.scales is not None else None
-        return FrameCache(arrays[0], self.frames, graph_dtype=self.graph_dtype.type, scales=scales, head=head)
+        return FrameCache(
+            arrays[0], self.frames, graph_dtype=self.graph_dtype.type, scales=scales, head=head, reads_int8=self.reads_int8
+        )
 
     def _move(self, capacity: int) -> None:
         """Go on in arrays of its own with room for `capacity` frames of its own."""

@@ -8,6 +8,7 @@
 
 #include "cached_attention.h"
 #include "check.h"
+#include "half.h"
 
 typedef struct {
     int batch, frames, cached, heads, head_dim;
@@ -77,6 +78,40 @@ static double worst_of(const float* got, const float* want, size_t n) {
     return worst;
 }
 
+/* int8 caches (cvl_attention_cached): every variant the run may take against the same attention over the caches
+ * widened to float16 as the engine widens them (frame_codec.h: int8 x scale, rounded once to float16). The kernels
+ * that read float16 widen them so, and give the same bits; the AVX-512 BF16 kernel rounds int8 x scale to bf16 without
+ * the float16 step, within its products' tolerance. */
+static void check_int8_caches(rng* r, const shape* s, const cvl_attention_shape* as, const float* q, const float* k,
+                              const float* v, cvl_features allowed) {
+    const size_t n = (size_t)s->batch * s->frames * s->heads * s->head_dim;
+    const size_t rows = (size_t)s->batch * s->cached * s->heads, nc = rows * s->head_dim;
+    int8_t *k8 = malloc(nc ? nc : 1), *v8 = malloc(nc ? nc : 1);
+    float *ks = malloc((rows ? rows : 1) * sizeof(float)), *vs8 = malloc((rows ? rows : 1) * sizeof(float));
+    uint16_t *kh = malloc((nc ? nc : 1) * sizeof(uint16_t)), *vh = malloc((nc ? nc : 1) * sizeof(uint16_t));
+    for (size_t i = 0; i < rows; i++) ks[i] = 0.02f * (1.f + rng_float(r)), vs8[i] = 0.03f * (1.f + rng_float(r));
+    for (size_t i = 0; i < nc; i++) {
+        k8[i] = (int8_t)((int)(rng_next(r) % 255) - 127), v8[i] = (int8_t)((int)(rng_next(r) % 255) - 127);
+        kh[i] = cvl_float_to_half((float)k8[i] * ks[i / s->head_dim]);
+        vh[i] = cvl_float_to_half((float)v8[i] * vs8[i / s->head_dim]);
+    }
+    float *wide = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+    const cvl_cached q8 = {NULL, NULL, k8, v8, ks, vs8};
+    const cvl_variants* vs = &cvl_cached_attention_variants;
+    FOR_EACH_VARIANT(vs, allowed, i) {
+        const cvl_features have = vs->variants[i].needs;
+        if (cvl_pick_variant(vs, have, s->head_dim) != i) continue;
+        CHECK(cvl_cached_attention(as, have, q, k, v, kh, vh, wide) == 0, "%s, widened caches", vs->variants[i].name);
+        memset(got, 0xff, n * sizeof(float));
+        CHECK(cvl_attention_cached(as, have, q, k, v, &q8, got) == 0, "%s, int8 caches", vs->variants[i].name);
+        const int direct = strcmp(vs->variants[i].name, "avx512_bf16") == 0;
+        const double worst = worst_of(got, wide, n);
+        CHECK(direct ? worst < 2e-2 : worst == 0.0, "%s, int8 caches vs widened: %g (frames %d cached %d dk %d)",
+              vs->variants[i].name, worst, s->frames, s->cached, s->head_dim);
+    }
+    free(k8), free(v8), free(ks), free(vs8), free(kh), free(vh), free(wide), free(got);
+}
+
 static void check_shape(rng* r, const shape* s, cvl_features allowed) {
     const size_t n = (size_t)s->batch * s->frames * s->heads * s->head_dim;
     const size_t nc = (size_t)s->batch * s->cached * s->heads * s->head_dim;
@@ -101,6 +136,7 @@ static void check_shape(rng* r, const shape* s, cvl_features allowed) {
         CHECK(worst < bound, "%s vs portable: %g (frames %d cached %d dk %d chunk %ld)", vs->variants[i].name, worst,
               s->frames, s->cached, s->head_dim, (long)s->chunk);
     }
+    check_int8_caches(r, s, &as, q, k, v, allowed);
     free(q), free(k), free(v), free(pk), free(pv), free(want), free(portable), free(got);
 }
 

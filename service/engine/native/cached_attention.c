@@ -25,15 +25,42 @@
 #include <string.h>
 
 #define QL 64 /* query lanes of one score tile: 4 vectors of 16 frames */
+#define FAST CVL_ATTENTION_VEC
 /* Cached rows fetched this many keys ahead of their conversion: a head's rows are a row stride apart (every head's
  * values in between), read once per call from a cache no recent call touched. */
 #define PREFETCH_KEYS 16
 
-/* The cache lines of one cached float16 row of `dk` values. */
-__attribute__((always_inline, unused)) static inline void cvl_prefetch_row(const uint16_t* row, int dk) {
-    for (int at = 0; at < dk; at += 32) _mm_prefetch((const char*)(row + at), _MM_HINT_T0);
+/* One batch entry's cached keys (or values), (C, H, DK) time-first: float16 rows, or int8 rows times one float32
+ * scale per frame and head (`scale` (C, H): the engine's int8 frames, frame_codec.h). */
+typedef struct {
+    const uint16_t* half;
+    const int8_t* q8;
+    const float* scale;
+} cached_rows;
+
+/* The cache lines of cached row j of head h (and its scale) fetched ahead of their use. */
+__attribute__((always_inline, unused)) static inline void prefetch_cached(const cached_rows* c, size_t j, int D, int H,
+                                                                          int h, int DK) {
+    if (c->q8 != NULL) {
+        _mm_prefetch((const char*)(c->q8 + j * D + (size_t)h * DK), _MM_HINT_T0);
+        _mm_prefetch((const char*)(c->scale + j * H + h), _MM_HINT_T0);
+        return;
+    }
+    for (int at = 0; at < DK; at += 32) _mm_prefetch((const char*)(c->half + j * D + (size_t)h * DK + at), _MM_HINT_T0);
 }
-#define FAST CVL_ATTENTION_VEC
+
+/* Cached row j of head h in float32 (NC vectors of 16): float16 widened, or int8 times its scale (one rounding). */
+__attribute__((always_inline, target(FAST))) static inline void load_cached(const cached_rows* c, size_t j, int D, int H,
+                                                                            int h, int NC, __m512* f) {
+    if (c->q8 == NULL) {
+        cvl_load_half(c->half + j * D + (size_t)h * 16 * NC, NC, f);
+        return;
+    }
+    const __m512 scale = _mm512_set1_ps(c->scale[j * H + h]);
+    const int8_t* row = c->q8 + j * D + (size_t)h * 16 * NC;
+    for (int i = 0; i < NC; i++)
+        f[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(row + 16 * i)))), scale);
+}
 
 /* ---- portable float32 kernel (any head size; the reference for the fast one) ---- */
 
@@ -162,11 +189,10 @@ __attribute__((always_inline, target(FAST))) static inline float remainder_probs
  * time (remainder_scores). */
 __attribute__((always_inline, target(FAST))) static inline void tile_bf16(
     const int NC, const int QV, const cvl_attention_shape* s, int b, int h, int i0, int QG, const float* q,
-    const float* k, const uint16_t* pk, float* out, tiles t, __m512i il) {
-    const int M = s->new_frames, C = s->cached, DK = 16 * NC, D = s->heads * DK;
+    const float* k, const cached_rows* kc, float* out, tiles t, __m512i il) {
+    const int M = s->new_frames, C = s->cached, H = s->heads, DK = 16 * NC, D = H * DK;
     const float* qb = q + (size_t)b * M * D;
     const float* kn = k + (size_t)b * M * D;
-    const uint16_t* kc = pk + (size_t)b * C * D;
     const float scale2 = s->scale * CVL_LOG2E; /* scores in log2 units: the softmax takes 2^x */
     const int QR = QG > QV * 16 ? QG - QV * 16 : 0; /* remainder frames */
     uint32_t* rows = t.qrows; /* [QV*16+QR][DK/2]: each frame's scaled query as bf16 pairs */
@@ -210,12 +236,12 @@ __attribute__((always_inline, target(FAST))) static inline void tile_bf16(
     }
     for (int j0 = 0; j0 < maxlim; j0 += 4) { /* scores, four keys at a time */
         const int nk = maxlim - j0 < 4 ? maxlim - j0 : 4;
-        for (int r = 0; r < 4 && j0 + PREFETCH_KEYS + r < C; r++) cvl_prefetch_row(kc + (size_t)(j0 + PREFETCH_KEYS + r) * D + h * DK, DK);
+        for (int r = 0; r < 4 && j0 + PREFETCH_KEYS + r < C; r++) prefetch_cached(kc, (size_t)(j0 + PREFETCH_KEYS + r), D, H, h, DK);
         for (int r = 0; r < 4; r++) {
             int j = j0 + (r < nk ? r : 0);
             __m512 f[4];
             if (j < C)
-                cvl_load_half(kc + (size_t)j * D + h * DK, NC, f);
+                load_cached(kc, (size_t)j, D, H, h, NC, f);
             else
                 cvl_load_float(kn + (size_t)(j - C) * D + h * DK, NC, f);
             if (NC == 1) {
@@ -294,18 +320,17 @@ __attribute__((always_inline, target(FAST))) static inline void tile_bf16(
 
 __attribute__((always_inline, target(FAST))) static inline void head_bf16(
     const int NC, const cvl_attention_shape* s, int b, int h, const float* q, const float* k, const float* v,
-    const uint16_t* pk, const uint16_t* pv, float* out, tiles t, __m512i il) {
-    const int M = s->new_frames, C = s->cached, DK = 16 * NC, D = s->heads * DK, T = C + M, TE = (T + 1) & ~1;
+    const cached_rows* kc, const cached_rows* vc, float* out, tiles t, __m512i il) {
+    const int M = s->new_frames, C = s->cached, H = s->heads, DK = 16 * NC, D = H * DK, T = C + M, TE = (T + 1) & ~1;
     const float* vn = v + (size_t)b * M * D;
-    const uint16_t* vc = pv + (size_t)b * C * D;
     for (int jp = 0; jp < TE / 2; jp++) { /* value pairs of this head */
         __m512 r0[4], r1[4];
-        for (int e = 0; e < 2 && 2 * jp + PREFETCH_KEYS + e < C; e++) cvl_prefetch_row(vc + (size_t)(2 * jp + PREFETCH_KEYS + e) * D + h * DK, DK);
+        for (int e = 0; e < 2 && 2 * jp + PREFETCH_KEYS + e < C; e++) prefetch_cached(vc, (size_t)(2 * jp + PREFETCH_KEYS + e), D, H, h, DK);
         for (int e = 0; e < 2; e++) {
             int j = 2 * jp + e;
             __m512* r = e ? r1 : r0;
             if (j < C)
-                cvl_load_half(vc + (size_t)j * D + h * DK, NC, r);
+                load_cached(vc, (size_t)j, D, H, h, NC, r);
             else if (j < T)
                 cvl_load_float(vn + (size_t)(j - C) * D + h * DK, NC, r);
             else
@@ -317,21 +342,27 @@ __attribute__((always_inline, target(FAST))) static inline void head_bf16(
         const int QG = M - i0 < QL ? M - i0 : QL;
         const int whole = QG / 16, vectors = whole == 0 || QG % 16 > REM_MAX ? (QG + 15) / 16 : whole;
         switch (vectors) {
-            case 1: tile_bf16(NC, 1, s, b, h, i0, QG, q, k, pk, out, t, il); break;
-            case 2: tile_bf16(NC, 2, s, b, h, i0, QG, q, k, pk, out, t, il); break;
-            case 3: tile_bf16(NC, 3, s, b, h, i0, QG, q, k, pk, out, t, il); break;
-            default: tile_bf16(NC, 4, s, b, h, i0, QG, q, k, pk, out, t, il); break;
+            case 1: tile_bf16(NC, 1, s, b, h, i0, QG, q, k, kc, out, t, il); break;
+            case 2: tile_bf16(NC, 2, s, b, h, i0, QG, q, k, kc, out, t, il); break;
+            case 3: tile_bf16(NC, 3, s, b, h, i0, QG, q, k, kc, out, t, il); break;
+            default: tile_bf16(NC, 4, s, b, h, i0, QG, q, k, kc, out, t, il); break;
         }
     }
 }
 
 #define HEADS_BF16(NC)                                                                                                 \
     __attribute__((target(FAST))) static void heads_bf16_##NC(const cvl_attention_shape* s, const float* q,            \
-                                                               const float* k, const float* v, const uint16_t* pk,      \
-                                                               const uint16_t* pv, float* out, tiles t) {               \
+                                                               const float* k, const float* v, const cvl_cached* kv,    \
+                                                               float* out, tiles t) {                                   \
         __m512i il = cvl_pair_order();                                                                                 \
-        for (int b = 0; b < s->batch; b++)                                                                             \
-            for (int h = 0; h < s->heads; h++) head_bf16(NC, s, b, h, q, k, v, pk, pv, out, t, il);                    \
+        const size_t rows = (size_t)s->cached * s->heads, values = rows * (size_t)s->head_dim;                         \
+        for (int b = 0; b < s->batch; b++) {                                                                           \
+            const cached_rows kc = {kv->k ? kv->k + b * values : NULL, kv->k8 ? kv->k8 + b * values : NULL,            \
+                                    kv->k_scale ? kv->k_scale + b * rows : NULL};                                      \
+            const cached_rows vc = {kv->v ? kv->v + b * values : NULL, kv->v8 ? kv->v8 + b * values : NULL,            \
+                                    kv->v_scale ? kv->v_scale + b * rows : NULL};                                      \
+            for (int h = 0; h < s->heads; h++) head_bf16(NC, s, b, h, q, k, v, &kc, &vc, out, t, il);                  \
+        }                                                                                                              \
     }
 HEADS_BF16(1)
 HEADS_BF16(2)
@@ -356,21 +387,45 @@ static int pick(cvl_features have, int64_t head_dim) {
 
 const cvl_variants cvl_cached_attention_variants = {variants, 4, pick};
 
-int cvl_cached_attention(const cvl_attention_shape* s, cvl_features have, const float* q, const float* k,
-                         const float* v, const uint16_t* past_k, const uint16_t* past_v, float* out) {
+/* Int8 rows times their scales into float16 bits (rounded to nearest even, as the engine's widening rounds them). */
+static void widen_rows(const int8_t* q8, const float* scale, size_t rows, int dk, uint16_t* out) {
+    for (size_t r = 0; r < rows; r++)
+        for (int d = 0; d < dk; d++) out[r * dk + d] = cvl_float_to_half((float)q8[r * dk + d] * scale[r]);
+}
+
+int cvl_attention_cached(const cvl_attention_shape* s, cvl_features have, const float* q, const float* k,
+                         const float* v, const cvl_cached* kv, float* out) {
     const int variant = s->head_dim > 0 ? pick(have, s->head_dim) : PORTABLE; /* 0 in pick: any head size */
-    if (variant == PORTABLE) return attention_portable(s, q, k, v, past_k, past_v, out);
-    if (variant == TILES) return cvl_amx_attention(s, q, k, v, past_k, past_v, out);
-    if (variant == AVX2) return cvl_avx2_attention(s, q, k, v, past_k, past_v, out);
+    if (variant != VECTOR && (kv->k8 != NULL || kv->v8 != NULL)) {
+        /* the other kernels read float16 caches: the int8 rows widened first, as the engine would widen them */
+        const size_t rows = (size_t)s->batch * s->cached * s->heads, values = rows * (size_t)s->head_dim;
+        uint16_t* half = malloc(2 * (values ? values : 1) * sizeof(uint16_t));
+        if (half == NULL) return -1;
+        cvl_cached wide = *kv;
+        if (kv->k8 != NULL) widen_rows(kv->k8, kv->k_scale, rows, s->head_dim, half), wide.k = half, wide.k8 = NULL;
+        if (kv->v8 != NULL) widen_rows(kv->v8, kv->v_scale, rows, s->head_dim, half + values), wide.v = half + values, wide.v8 = NULL;
+        const int done = cvl_attention_cached(s, have, q, k, v, &wide, out);
+        free(half);
+        return done;
+    }
+    if (variant == PORTABLE) return attention_portable(s, q, k, v, kv->k, kv->v, out);
+    if (variant == TILES) return cvl_amx_attention(s, q, k, v, kv->k, kv->v, out);
+    if (variant == AVX2) return cvl_avx2_attention(s, q, k, v, kv->k, kv->v, out);
     const int T = s->cached + s->new_frames;
     float* w = cvl_work_floats(CVL_WORK_ATTENTION, tile_floats(T, s->head_dim));
     if (w == NULL) return -1;
     tiles t = tiles_in(w, T, s->head_dim);
     if (s->head_dim == 16)
-        heads_bf16_1(s, q, k, v, past_k, past_v, out, t);
+        heads_bf16_1(s, q, k, v, kv, out, t);
     else if (s->head_dim == 32)
-        heads_bf16_2(s, q, k, v, past_k, past_v, out, t);
+        heads_bf16_2(s, q, k, v, kv, out, t);
     else
-        heads_bf16_4(s, q, k, v, past_k, past_v, out, t);
+        heads_bf16_4(s, q, k, v, kv, out, t);
     return 0;
+}
+
+int cvl_cached_attention(const cvl_attention_shape* s, cvl_features have, const float* q, const float* k,
+                         const float* v, const uint16_t* past_k, const uint16_t* past_v, float* out) {
+    const cvl_cached kv = {past_k, past_v, NULL, NULL, NULL, NULL};
+    return cvl_attention_cached(s, have, q, k, v, &kv, out);
 }

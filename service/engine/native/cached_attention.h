@@ -24,6 +24,19 @@ typedef struct {
 /* The code paths: portable, avx2, avx512_bf16, amx_bf16; which one a call takes depends on the head size too. */
 extern const cvl_variants cvl_cached_attention_variants;
 
+/* The cached keys and values, (B, C, H, DK) time-first: float16 bits (k, v), or int8 (k8, v8) each row of DK values
+ * times its float32 scale (k_scale, v_scale: (B, C, H)), the engine's int8 frames (frame_codec.h). The AVX-512 BF16
+ * kernel reads int8 rows as they are (int8 x scale in float32, then bf16); the others widen them to float16 first. */
+typedef struct {
+    const uint16_t *k, *v;
+    const int8_t *k8, *v8;
+    const float *k_scale, *v_scale;
+} cvl_cached;
+
+/* The attention over caches of either kind (cvl_cached): 0 on success, -1 when a work buffer cannot be allocated. */
+int cvl_attention_cached(const cvl_attention_shape* s, cvl_features have, const float* q, const float* k,
+                         const float* v, const cvl_cached* kv, float* out);
+
 /* 0 on success, -1 when the work buffer cannot be allocated. `have`: the features the call may use (exec.h). */
 int cvl_cached_attention(const cvl_attention_shape* s, cvl_features have, const float* q, const float* k,
                          const float* v, const uint16_t* past_k, const uint16_t* past_v, float* out);

@@ -19,7 +19,7 @@ from service.bundle import ModelConstants, expand_io_names
 from service.errors import BundleError
 from service.families.cosyvoice2.contract import CosyVoice2Constants
 from service.families.cosyvoice2.voice import FlowPrompt2
-from service.layers.cfm import GuidedEuler
+from service.layers.cfm import SCALE_SUFFIX, GuidedEuler, reads_int8
 from service.layers.frame_cache import EstimatorState, FrameCache, PrecisionLever, stored_precision
 from service.layers.frame_window import WindowedFrames
 
@@ -49,10 +49,11 @@ def check_time_first(session: Any, extra: CosyVoice2Constants) -> None:
 
 
 def input_type(session: Any, prefix: str) -> type[np.floating]:
-    """float16 when the graph's inputs named `prefix`* are float16 (an int8 twin's caches), else float32 (also for
-    objects without inputs, test doubles)."""
-    types = {i.type for i in graph_inputs(session) if i.name.startswith(prefix)}
-    return np.float16 if types == {"tensor(float16)"} else np.float32
+    """The type of the graph's frames: float16 when its inputs named `prefix`* are float16 (an int8 bundle's caches) or
+    int8 frames with their scales (a native twin's, whose new frames come in float16), else float32 (also for objects
+    without inputs, test doubles)."""
+    types = {i.type for i in graph_inputs(session) if i.name.startswith(prefix) and not i.name.endswith(SCALE_SUFFIX)}
+    return np.float16 if types in ({"tensor(float16)"}, {"tensor(int8)"}) else np.float32
 
 
 @dataclass
@@ -130,7 +131,8 @@ class FlowRunner2(GuidedEuler):
         self._encoder = sessions["flow_encoder"]
         self.extra = extra
         self.est_dtype = input_type(estimator, "past_k_")
-        self.precision = stored_precision(precision, self.est_dtype)
+        self.reads_int8 = reads_int8(estimator)
+        self.precision = stored_precision(precision, self.est_dtype, self.reads_int8)
         check_time_first(estimator, extra)
         self._enc_names = expand_io_names(("enc_k_{e}", "enc_v_{e}", "up_k_{u}", "up_v_{u}"), 0, counts)
 
@@ -156,7 +158,8 @@ class FlowRunner2(GuidedEuler):
         def step() -> EstimatorState:
             def rows() -> list[FrameCache]:
                 shape = (e.estimator_blocks, e.estimator_heads, e.estimator_head_dim)
-                return [FrameCache.empty(*shape, self.est_dtype, frames, self.precision) for _ in (0, 1)]
+                int8 = self.reads_int8
+                return [FrameCache.empty(*shape, self.est_dtype, frames, self.precision, reads_int8=int8) for _ in (0, 1)]
 
             return EstimatorState(np.zeros((2, e.estimator_tail_channels, e.conv_tail), dtype=np.float32), rows(), rows())
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from service.bundle import ModelConstants, expand_io_names
 from service.families.cosyvoice3.contract import CosyVoice3Constants
-from service.layers.cfm import GuidedEuler
+from service.layers.cfm import SCALE_SUFFIX, GuidedEuler, reads_int8
 from service.layers.flow_prompt import FlowPrompt
 from service.layers.frame_cache import EstimatorState, FrameCache, PrecisionLever, stored_precision
 from service.layers.frame_window import WindowedFrames
@@ -28,11 +28,13 @@ LOOKAHEAD_TAIL = 2  # conv1 outputs the look-ahead layer's causal conv2 reads be
 
 
 def input_type(session: Any, prefix: str) -> type[np.floating]:
-    """float16 when the graph's inputs named `prefix`* are float16 (an int8 bundle's caches), else float32 (also for
-    objects without inputs, test doubles)."""
+    """The type of the graph's frames: float16 when its inputs named `prefix`* are float16 (an int8 bundle's caches) or
+    int8 frames with their scales (a native twin's, whose new frames come in float16), else float32 (also for objects
+    without inputs, test doubles)."""
     inputs = getattr(getattr(session, "session", session), "get_inputs", None)
-    types = {i.type for i in (inputs() if inputs is not None else []) if i.name.startswith(prefix)}
-    return np.float16 if types == {"tensor(float16)"} else np.float32
+    names = [i for i in (inputs() if inputs is not None else []) if i.name.startswith(prefix)]
+    types = {i.type for i in names if not i.name.endswith(SCALE_SUFFIX)}
+    return np.float16 if types in ({"tensor(float16)"}, {"tensor(int8)"}) else np.float32
 
 
 @dataclass
@@ -83,7 +85,8 @@ class FlowRunner3(GuidedEuler):
         self._encoder = sessions["flow_encoder"]
         self.extra = extra
         self.est_dtype = input_type(estimator, "past_k_")
-        self.precision = stored_precision(precision, self.est_dtype)
+        self.reads_int8 = reads_int8(estimator)
+        self.precision = stored_precision(precision, self.est_dtype, self.reads_int8)
         self.chunk_frames = extra.chunk_tokens * extra.token_mel_ratio
 
     def empty_state(self, n_timesteps: int, capacity: int | None = None) -> FlowState:
@@ -94,7 +97,8 @@ class FlowRunner3(GuidedEuler):
         def step() -> EstimatorState:
             def rows() -> list[FrameCache]:
                 shape = (e.estimator_blocks, e.estimator_heads, e.estimator_head_dim)
-                return [FrameCache.empty(*shape, self.est_dtype, frames, self.precision) for _ in (0, 1)]
+                int8 = self.reads_int8
+                return [FrameCache.empty(*shape, self.est_dtype, frames, self.precision, reads_int8=int8) for _ in (0, 1)]
 
             tails = np.zeros((2, 2 * e.estimator_dim, e.conv_tail), dtype=np.float32)
             return EstimatorState(tails, rows(), rows())

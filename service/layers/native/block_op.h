@@ -17,6 +17,12 @@ typedef struct {
 /* CreateKernelV2 of block operator `op`, the LayerNorms' epsilon `eps` where the node gives none. */
 OrtStatus* cvl_block_create(const OrtApi* api, const OrtKernelInfo* info, const char* op, float eps, void** out);
 
+/* The caches of b from a block operator's past_k, past_v inputs (both float16, or both int8) and its optional
+ * past_k_scale, past_v_scale (B, C, H) float32 (present exactly when the caches are int8), b's batch, cached frames
+ * and heads already set; 0 when they disagree. */
+int cvl_block_caches(const cvl_tensor* past_k, const cvl_tensor* past_v, const cvl_tensor* k_scale,
+                     const cvl_tensor* v_scale, cvl_block_problem* b);
+
 /* Check b's chunk, make the three outputs, run the block; NULL, or an error status naming operator `op`. */
 OrtStatus* cvl_block_run(const cvl_kernel_base* base, OrtKernelContext* ctx, cvl_block_problem* b, const char* op);
 

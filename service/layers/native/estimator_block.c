@@ -331,10 +331,15 @@ static void attention_task(void* ctx, size_t task) {
     block_job* j = ctx;
     const cvl_block_problem* p = j->p;
     const int64_t b = (int64_t)task, HD = p->heads * p->head_dim, rows = b * p->frames * HD, past = b * p->cached * HD;
+    const int64_t scales = b * p->cached * p->heads;
     const cvl_attention_shape shape = {1, (int)p->frames, (int)p->cached, (int)p->heads, (int)p->head_dim, p->chunk,
                                        p->scale};
-    if (cvl_cached_attention(&shape, j->have, j->q + rows, j->k + rows, j->v + rows, p->past_k + past, p->past_v + past,
-                             j->att + rows) != 0)
+    const cvl_cached kv = {
+        p->past_k ? p->past_k + past : NULL,        p->past_v ? p->past_v + past : NULL,
+        p->past_k8 ? p->past_k8 + past : NULL,      p->past_v8 ? p->past_v8 + past : NULL,
+        p->past_k8 ? p->past_k_scale + scales : NULL, p->past_v8 ? p->past_v_scale + scales : NULL,
+    };
+    if (cvl_attention_cached(&shape, j->have, j->q + rows, j->k + rows, j->v + rows, &kv, j->att + rows) != 0)
         j->failed = 1;
 }
 

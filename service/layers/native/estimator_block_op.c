@@ -1,8 +1,9 @@
 /* cosyvoice_lite.EstimatorBlock: cvl_estimator_block (estimator_block.h) as an ONNX Runtime custom operator,
  * registered by this file (op.h) into the library's domain.
- * Inputs: x (B, M, D) float32; past_k, past_v (B, C, H, DK) float16; chunk (1,) int64; ln1 weight and bias (D,); the
- * q|k|v weight as Int8MatMul takes it (n = 3*H*DK) with scales (1,) or (3*H*DK,); ln3 weight and bias; then out
- * (n = D), ff1 (n = F) and ff2 (n = D), each packed, colsum, scale (1,) and bias: 23 inputs. Outputs: y (B, M, D)
+ * Inputs: x (B, M, D) float32; past_k, past_v (B, C, H, DK) float16, or int8 with their scales (inputs 23, 24);
+ * chunk (1,) int64; ln1 weight and bias (D,); the q|k|v weight as Int8MatMul takes it (n = 3*H*DK) with scales (1,)
+ * or (3*H*DK,); ln3 weight and bias; then out (n = D), ff1 (n = F) and ff2 (n = D), each packed, colsum, scale (1,)
+ * and bias: 23 inputs; then, with int8 caches, past_k_scale and past_v_scale (B, C, H) float32. Outputs: y (B, M, D)
  * float32, the new frames' k and v (1, B, M, H, DK) float16 (one block's slice of the estimator's new_k, new_v).
  * Attributes: heads (int), scale, eps1, eps3 (float). This file also holds what every block operator shares
  * (block_op.h: its kernel's attributes, outputs and call), which a family's DiTBlock uses too. */
@@ -21,15 +22,17 @@ static OrtStatus* create(const OrtCustomOp* op, const OrtApi* api, const OrtKern
     return cvl_block_create(api, info, "EstimatorBlock", 1e-5f, out);
 }
 
-#define INPUTS 23
-enum { X, PK, PV, CHUNK, LN1W, LN1B, QKV, OUT = 9, LN3W = 13, LN3B, FF1, FF2 = 19 };
+#define REQUIRED 23
+#define INPUTS 25
+enum { X, PK, PV, CHUNK, LN1W, LN1B, QKV, OUT = 9, LN3W = 13, LN3B, FF1, FF2 = 19, KS = 23, VS };
 static const int types[INPUTS] = {
-    CVL_T_FLOAT, CVL_T_FLOAT16, CVL_T_FLOAT16, CVL_T_INT64, CVL_T_FLOAT, CVL_T_FLOAT, /* x, past_k, past_v, chunk, ln1 */
+    CVL_T_FLOAT, CVL_T_ANY,     CVL_T_ANY,     CVL_T_INT64, CVL_T_FLOAT, CVL_T_FLOAT, /* x, past_k, past_v, chunk, ln1 */
     CVL_T_INT8,  CVL_T_INT32,   CVL_T_FLOAT,                                         /* qkv */
     CVL_T_INT8,  CVL_T_INT32,   CVL_T_FLOAT,   CVL_T_FLOAT,                          /* out */
     CVL_T_FLOAT, CVL_T_FLOAT,                                                        /* ln3 */
     CVL_T_INT8,  CVL_T_INT32,   CVL_T_FLOAT,   CVL_T_FLOAT,                          /* ff1 */
     CVL_T_INT8,  CVL_T_INT32,   CVL_T_FLOAT,   CVL_T_FLOAT,                          /* ff2 */
+    CVL_T_FLOAT, CVL_T_FLOAT,                                                        /* int8 caches' scales */
 };
 
 /* The block's problem from its inputs, or 0 when they disagree. */
@@ -57,8 +60,7 @@ static int problem_of(const kernel* kn, const cvl_tensor* t, cvl_block_problem* 
     b->eps1 = kn->eps1;
     b->eps3 = kn->eps3;
     b->x = t[X].data;
-    b->past_k = t[PK].data;
-    b->past_v = t[PV].data;
+    if (!cvl_block_caches(&t[PK], &t[PV], &t[KS], &t[VS], b)) return 0;
     b->ln1_w = t[LN1W].data;
     b->ln1_b = t[LN1B].data;
     b->ln3_w = t[LN3W].data;
@@ -70,14 +72,34 @@ static OrtStatus* compute(void* kp, OrtKernelContext* ctx) {
     const kernel* kn = kp;
     const cvl_ort* ort = &kn->base.ort;
     cvl_tensor t[INPUTS];
-    OrtStatus* s = cvl_read_inputs(ort, ctx, types, INPUTS, INPUTS, "EstimatorBlock: an input is missing", t);
+    OrtStatus* s = cvl_read_inputs(ort, ctx, types, INPUTS, REQUIRED, "EstimatorBlock: an input is missing", t);
     if (s) return s;
     cvl_block_problem b = {0};
     if (!problem_of(kn, t, &b))
         return cvl_status(ort, CVL_ORT_INVALID_ARGUMENT,
-                          "EstimatorBlock: x (B,M,D), past_k, past_v (B,C,H,DK), chunk (1,), the LayerNorms (D,) and "
-                          "the q|k|v, out, ff1 and ff2 weights disagree");
+                          "EstimatorBlock: x (B,M,D), past_k, past_v (B,C,H,DK) float16 (or int8 with their scales "
+                          "(B,C,H)), chunk (1,), the LayerNorms (D,) and the q|k|v, out, ff1 and ff2 weights disagree");
     return cvl_block_run(&kn->base, ctx, &b, "EstimatorBlock");
+}
+
+int cvl_block_caches(const cvl_tensor* past_k, const cvl_tensor* past_v, const cvl_tensor* k_scale,
+                     const cvl_tensor* v_scale, cvl_block_problem* b) {
+    if (past_k->type != past_v->type) return 0;
+    if (past_k->type == CVL_T_FLOAT16) {
+        if (k_scale->data != NULL || v_scale->data != NULL) return 0; /* scales belong to int8 caches only */
+        b->past_k = past_k->data;
+        b->past_v = past_v->data;
+        return 1;
+    }
+    const int64_t dims[3] = {b->batch, b->cached, b->heads};
+    for (const cvl_tensor* s = k_scale; s != NULL; s = s == k_scale ? v_scale : NULL)
+        if (s->data == NULL || s->rank != 3 || memcmp(s->dims, dims, sizeof dims) != 0) return 0;
+    if (past_k->type != CVL_T_INT8) return 0;
+    b->past_k8 = past_k->data;
+    b->past_v8 = past_v->data;
+    b->past_k_scale = k_scale->data;
+    b->past_v_scale = v_scale->data;
+    return 1;
 }
 
 OrtStatus* cvl_block_create(const OrtApi* api, const OrtKernelInfo* info, const char* op, float eps, void** out) {
@@ -122,6 +144,6 @@ CVL_CREATE_V1(create_v1, create)
 
 static const int output_types[3] = {CVL_T_FLOAT, CVL_T_FLOAT16, CVL_T_FLOAT16};
 static const cvl_op_glue glue =
-    CVL_OP_GLUE("EstimatorBlock", types, INPUTS, INPUTS, output_types, 3, create_v1, compute_v1, create, compute);
+    CVL_OP_GLUE("EstimatorBlock", types, INPUTS, REQUIRED, output_types, 3, create_v1, compute_v1, create, compute);
 static const cvl_op estimator_block = {"EstimatorBlock", &cvl_estimator_block_variants, &glue.ort};
 CVL_REGISTER_OP(estimator_block);
