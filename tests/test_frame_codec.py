@@ -125,7 +125,7 @@ def test_a_graph_that_reads_int8_frames_takes_them_as_kept() -> None:
 def test_int8_reading_graphs_store_int8() -> None:
     for asked in ("auto", "graph", "int8"):
         assert stored_precision(asked, np.float16, reads_int8=True) == "int8"  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="native_estimator=false"):
+    with pytest.raises(ValueError, match="reads its caches in int8"):
         stored_precision("float16", np.float16, reads_int8=True)
     with pytest.raises(ValueError):
         FrameCache.empty(2, 4, 64, np.float16, 8, "float16", reads_int8=True)

@@ -32,14 +32,12 @@ def stored_precision(
     """What "auto" stores: int8 where the graph reads float16 caches (a quantized bundle, which is already not the
     official float32; int8 frames add no error against fp32 that the window's output shows, docs/deviations.md), and
     the graph's own type in an fp32 bundle (the official computation). A graph that reads int8 frames with their scales
-    (`reads_int8`: a native twin's, export/native_twin.int8_block_caches) takes them as they are kept: "auto", "graph"
-    and "int8" store int8; "float16" is refused (ValueError: its caches would be narrowed for every call)."""
+    (`reads_int8`: a native twin's, export/native_twin.int8_block_caches) takes them as they are kept: int8. The
+    engine runs the core graph instead where "graph" or "float16" is asked (runtimes.float_caches_asked), so a twin
+    that reads int8 never meets them; "float16" with one is refused (ValueError), "graph" means its int8."""
     if reads_int8:
         if asked == "float16":
-            raise ValueError(
-                "flow_cache_precision=float16: this bundle's estimator twin reads its caches in int8 "
-                "(set native_estimator=false for ONNX Runtime's graph, which reads float16)"
-            )
+            raise ValueError("flow_cache_precision=float16: this estimator graph reads its caches in int8")
         return "int8"
     if asked != "auto":
         return asked
