@@ -9,7 +9,9 @@
  * the value product has the head's dims as lanes and takes the probabilities in key pairs. The scores are in log2 units
  * (log2 e folded into the query scale), so the softmax takes 2^x, six operations a vector fewer than e^x. A tile's few
  * frames past its last whole vector of lanes (a 50-frame chunk's last 2) are scored one at a time with the keys as
- * lanes rather than in a vector of 16 lanes that would be mostly padding: a 50-frame chunk's attention 10 % faster. */
+ * lanes rather than in a vector of 16 lanes that would be mostly padding: a 50-frame chunk's attention 10 % faster.
+ * The cache may also be the engine's int8 frames (cvl_attention_cached): this kernel reads each int8 row times its
+ * scale into bf16 as it goes (no float16 copy of the cache per call); the others get the rows widened to float16. */
 
 #include "cached_attention.h"
 
