@@ -124,6 +124,9 @@ def test_the_committed_estimator_twins_look_their_time_up_and_compute_the_same(b
             feeds[i.name] = np.array([8 if i.name == "chunk" else 5], np.int64)
             continue
         shape = [{"B": 1, "M": 6, "C": 5}.get(d, 1) if isinstance(d, str) else d for d in i.shape]
+        if i.type == "tensor(int8)":  # a cache read as the engine keeps it (its scales are float inputs)
+            feeds[i.name] = rng.integers(-127, 128, shape).astype(np.int8)
+            continue
         dtype = np.float16 if i.type == "tensor(float16)" else np.float32
         feeds[i.name] = (rng.standard_normal(shape) * 0.5).astype(dtype)
     times, _ = euler_times(10)

@@ -86,17 +86,17 @@ static void check_int8_caches(rng* r, const shape* s, const cvl_attention_shape*
                               const float* v, cvl_features allowed) {
     const size_t n = (size_t)s->batch * s->frames * s->heads * s->head_dim;
     const size_t rows = (size_t)s->batch * s->cached * s->heads, nc = rows * s->head_dim;
-    int8_t *k8 = malloc(nc ? nc : 1), *v8 = malloc(nc ? nc : 1);
-    float *ks = malloc((rows ? rows : 1) * sizeof(float)), *vs8 = malloc((rows ? rows : 1) * sizeof(float));
+    int8_t *k_int8 = malloc(nc ? nc : 1), *v_int8 = malloc(nc ? nc : 1);
+    float *ks = malloc((rows ? rows : 1) * sizeof(float)), *v_scales = malloc((rows ? rows : 1) * sizeof(float));
     uint16_t *kh = malloc((nc ? nc : 1) * sizeof(uint16_t)), *vh = malloc((nc ? nc : 1) * sizeof(uint16_t));
-    for (size_t i = 0; i < rows; i++) ks[i] = 0.02f * (1.f + rng_float(r)), vs8[i] = 0.03f * (1.f + rng_float(r));
+    for (size_t i = 0; i < rows; i++) ks[i] = 0.02f * (1.f + rng_float(r)), v_scales[i] = 0.03f * (1.f + rng_float(r));
     for (size_t i = 0; i < nc; i++) {
-        k8[i] = (int8_t)((int)(rng_next(r) % 255) - 127), v8[i] = (int8_t)((int)(rng_next(r) % 255) - 127);
-        kh[i] = cvl_float_to_half((float)k8[i] * ks[i / s->head_dim]);
-        vh[i] = cvl_float_to_half((float)v8[i] * vs8[i / s->head_dim]);
+        k_int8[i] = (int8_t)((int)(rng_next(r) % 255) - 127), v_int8[i] = (int8_t)((int)(rng_next(r) % 255) - 127);
+        kh[i] = cvl_float_to_half((float)k_int8[i] * ks[i / s->head_dim]);
+        vh[i] = cvl_float_to_half((float)v_int8[i] * v_scales[i / s->head_dim]);
     }
     float *wide = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
-    const cvl_cached q8 = {NULL, NULL, k8, v8, ks, vs8};
+    const cvl_cached q8 = {NULL, NULL, k_int8, v_int8, ks, v_scales};
     const cvl_variants* vs = &cvl_cached_attention_variants;
     FOR_EACH_VARIANT(vs, allowed, i) {
         const cvl_features have = vs->variants[i].needs;
@@ -109,7 +109,7 @@ static void check_int8_caches(rng* r, const shape* s, const cvl_attention_shape*
         CHECK(direct ? worst < 2e-2 : worst == 0.0, "%s, int8 caches vs widened: %g (frames %d cached %d dk %d)",
               vs->variants[i].name, worst, s->frames, s->cached, s->head_dim);
     }
-    free(k8), free(v8), free(ks), free(vs8), free(kh), free(vh), free(wide), free(got);
+    free(k_int8), free(v_int8), free(ks), free(v_scales), free(kh), free(vh), free(wide), free(got);
 }
 
 static void check_shape(rng* r, const shape* s, cvl_features allowed) {

@@ -359,9 +359,9 @@ __attribute__((always_inline, target(FAST))) static inline void head_bf16(
         __m512i il = cvl_pair_order();                                                                                 \
         const size_t rows = (size_t)s->cached * s->heads, values = rows * (size_t)s->head_dim;                         \
         for (int b = 0; b < s->batch; b++) {                                                                           \
-            const cached_rows kc = {kv->k ? kv->k + b * values : NULL, kv->k8 ? kv->k8 + b * values : NULL,            \
+            const cached_rows kc = {kv->k ? kv->k + b * values : NULL, kv->k_int8 ? kv->k_int8 + b * values : NULL,            \
                                     kv->k_scale ? kv->k_scale + b * rows : NULL};                                      \
-            const cached_rows vc = {kv->v ? kv->v + b * values : NULL, kv->v8 ? kv->v8 + b * values : NULL,            \
+            const cached_rows vc = {kv->v ? kv->v + b * values : NULL, kv->v_int8 ? kv->v_int8 + b * values : NULL,            \
                                     kv->v_scale ? kv->v_scale + b * rows : NULL};                                      \
             for (int h = 0; h < s->heads; h++) head_bf16(NC, s, b, h, q, k, v, &kc, &vc, out, t, il);                  \
         }                                                                                                              \
@@ -398,14 +398,14 @@ static void widen_rows(const int8_t* q8, const float* scale, size_t rows, int dk
 int cvl_attention_cached(const cvl_attention_shape* s, cvl_features have, const float* q, const float* k,
                          const float* v, const cvl_cached* kv, float* out) {
     const int variant = s->head_dim > 0 ? pick(have, s->head_dim) : PORTABLE; /* 0 in pick: any head size */
-    if (variant != VECTOR && (kv->k8 != NULL || kv->v8 != NULL)) {
+    if (variant != VECTOR && (kv->k_int8 != NULL || kv->v_int8 != NULL)) {
         /* the other kernels read float16 caches: the int8 rows widened first, as the engine would widen them */
         const size_t rows = (size_t)s->batch * s->cached * s->heads, values = rows * (size_t)s->head_dim;
         uint16_t* half = malloc(2 * (values ? values : 1) * sizeof(uint16_t));
         if (half == NULL) return -1;
         cvl_cached wide = *kv;
-        if (kv->k8 != NULL) widen_rows(kv->k8, kv->k_scale, rows, s->head_dim, half), wide.k = half, wide.k8 = NULL;
-        if (kv->v8 != NULL) widen_rows(kv->v8, kv->v_scale, rows, s->head_dim, half + values), wide.v = half + values, wide.v8 = NULL;
+        if (kv->k_int8 != NULL) widen_rows(kv->k_int8, kv->k_scale, rows, s->head_dim, half), wide.k = half, wide.k_int8 = NULL;
+        if (kv->v_int8 != NULL) widen_rows(kv->v_int8, kv->v_scale, rows, s->head_dim, half + values), wide.v = half + values, wide.v_int8 = NULL;
         const int done = cvl_attention_cached(s, have, q, k, v, &wide, out);
         free(half);
         return done;

@@ -24,12 +24,12 @@ typedef struct {
 /* The code paths: portable, avx2, avx512_bf16, amx_bf16; which one a call takes depends on the head size too. */
 extern const cvl_variants cvl_cached_attention_variants;
 
-/* The cached keys and values, (B, C, H, DK) time-first: float16 bits (k, v), or int8 (k8, v8) each row of DK values
+/* The cached keys and values, (B, C, H, DK) time-first: float16 bits (k, v), or int8 (k_int8, v_int8), each row of DK
  * times its float32 scale (k_scale, v_scale: (B, C, H)), the engine's int8 frames (frame_codec.h). The AVX-512 BF16
  * kernel reads int8 rows as they are (int8 x scale in float32, then bf16); the others widen them to float16 first. */
 typedef struct {
     const uint16_t *k, *v;
-    const int8_t *k8, *v8;
+    const int8_t *k_int8, *v_int8;
     const float *k_scale, *v_scale;
 } cvl_cached;
 

@@ -336,8 +336,8 @@ static void attention_task(void* ctx, size_t task) {
                                        p->scale};
     const cvl_cached kv = {
         p->past_k ? p->past_k + past : NULL,        p->past_v ? p->past_v + past : NULL,
-        p->past_k8 ? p->past_k8 + past : NULL,      p->past_v8 ? p->past_v8 + past : NULL,
-        p->past_k8 ? p->past_k_scale + scales : NULL, p->past_v8 ? p->past_v_scale + scales : NULL,
+        p->past_k_int8 ? p->past_k_int8 + past : NULL,      p->past_v_int8 ? p->past_v_int8 + past : NULL,
+        p->past_k_int8 ? p->past_k_scale + scales : NULL, p->past_v_int8 ? p->past_v_scale + scales : NULL,
     };
     if (cvl_attention_cached(&shape, j->have, j->q + rows, j->k + rows, j->v + rows, &kv, j->att + rows) != 0)
         j->failed = 1;

@@ -26,7 +26,7 @@ typedef struct {
     float scale, eps1, eps3;           /* the attention's score scale, the two LayerNorms' epsilon */
     const float* x;                    /* (B, M, dim) */
     const uint16_t *past_k, *past_v;   /* (B, C, heads, head_dim) float16 bits, time-first; or NULL with: */
-    const int8_t *past_k8, *past_v8;   /* (B, C, heads, head_dim) int8 rows, each times its scale: */
+    const int8_t *past_k_int8, *past_v_int8;   /* (B, C, heads, head_dim) int8 rows, each times its scale: */
     const float *past_k_scale, *past_v_scale; /* (B, C, heads) (the engine's int8 frames, cached_attention.h) */
     const float *ln1_w, *ln1_b, *ln3_w, *ln3_b;
     cvl_int8_weight qkv;               /* dim -> 3 x heads x head_dim: the columns of q, then k, then v (no bias) */

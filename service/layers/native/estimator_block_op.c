@@ -95,8 +95,8 @@ int cvl_block_caches(const cvl_tensor* past_k, const cvl_tensor* past_v, const c
     for (const cvl_tensor* s = k_scale; s != NULL; s = s == k_scale ? v_scale : NULL)
         if (s->data == NULL || s->rank != 3 || memcmp(s->dims, dims, sizeof dims) != 0) return 0;
     if (past_k->type != CVL_T_INT8) return 0;
-    b->past_k8 = past_k->data;
-    b->past_v8 = past_v->data;
+    b->past_k_int8 = past_k->data;
+    b->past_v_int8 = past_v->data;
     b->past_k_scale = k_scale->data;
     b->past_v_scale = v_scale->data;
     return 1;
