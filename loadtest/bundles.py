@@ -73,18 +73,24 @@ def ensure_bundles(models: Path) -> dict[str, Path]:
 
 def _refresh_native_twins(bundle_dir: Path) -> None:
     """Give a quantized bench bundle the native twins its family's exporter writes now: the missing ones, or all of them
-    again when a twin predates a fused kernel its family's rewrite makes now (FamilyExporter.fused_ops)."""
+    again when a twin predates a fused kernel its family's rewrite makes now (FamilyExporter.fused_ops) or reads its
+    caches in float16 where the rewrite now reads them in int8 (export/native_twin.int8_block_caches)."""
     import onnx
 
     from export.native_twin import drop_native_twins, write_native_twin
     from export.registry import for_family
-    from service.bundle import ModelBundle
+    from service.bundle import CACHE_SCALE_SUFFIX, NATIVE_SUFFIX, ModelBundle
 
     bundle = ModelBundle.load(bundle_dir)
     exporter = for_family(bundle.family)
     for graph, op in exporter.fused_ops.items():
         twin = bundle.native_graph_path(graph)
-        if twin is not None and not any(n.op_type == op for n in onnx.load(str(twin)).graph.node):
+        if twin is None:
+            continue
+        entry, core = bundle.manifest.graphs[graph + NATIVE_SUFFIX], bundle.manifest.graphs[graph]
+        float_caches = any(i.startswith("past_k_") for i in core.inputs) and graph.startswith("flow_")
+        float_caches = float_caches and not any(i.endswith(CACHE_SCALE_SUFFIX) for i in entry.inputs)
+        if float_caches or not any(n.op_type == op for n in onnx.load(str(twin)).graph.node):
             drop_native_twins(bundle_dir)
             break
     write_native_twin(bundle_dir, exporter.native_rewrites, log=log)
