@@ -132,10 +132,10 @@ def rewrite_cached_estimator(
 
 def int8_block_caches(model: onnx.ModelProto, op_name: str, required: int) -> int:
     """Every float16 cache input (B, C, H, DK) that only `op_name` nodes read as their past_k or past_v (inputs 1 and 2
-    of `required`, which their optional scales follow) becomes int8,
-    with its scales (B, C, H) float32 as a new input `<name>_scale` that the nodes read too: the engine's int8 frames
-    (service/layers/frame_cache.py) go to the kernel as they are kept, no float16 copy per call. Returns the caches
-    retyped (0: the graph has none, e.g. CosyVoice-300M's blocks over an empty cache)."""
+    of `required`, which their optional scales follow) becomes int8, with its scales (B, C, H) float32 as a new input
+    `<name>_scale` that the nodes read too: the engine's int8 frames (service/layers/frame_cache.py) go to the kernel
+    as they are kept, no float16 copy per call. Returns the caches retyped (0: the graph has none, e.g.
+    CosyVoice-300M's blocks over an empty cache)."""
     graph = model.graph
     readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
     for node in graph.node:

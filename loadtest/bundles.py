@@ -79,7 +79,8 @@ def _refresh_native_twins(bundle_dir: Path) -> None:
 
     from export.native_twin import drop_native_twins, write_native_twin
     from export.registry import for_family
-    from service.bundle import CACHE_SCALE_SUFFIX, NATIVE_SUFFIX, ModelBundle
+    from service.bundle import ModelBundle
+    from service.engine.runtimes import reads_int8_caches
 
     bundle = ModelBundle.load(bundle_dir)
     exporter = for_family(bundle.family)
@@ -87,9 +88,8 @@ def _refresh_native_twins(bundle_dir: Path) -> None:
         twin = bundle.native_graph_path(graph)
         if twin is None:
             continue
-        entry, core = bundle.manifest.graphs[graph + NATIVE_SUFFIX], bundle.manifest.graphs[graph]
-        float_caches = any(i.startswith("past_k_") for i in core.inputs) and graph.startswith("flow_")
-        float_caches = float_caches and not any(i.endswith(CACHE_SCALE_SUFFIX) for i in entry.inputs)
+        caches = graph.startswith("flow_") and any(i.startswith("past_k_") for i in bundle.manifest.graphs[graph].inputs)
+        float_caches = caches and not reads_int8_caches(bundle, graph)
         if float_caches or not any(n.op_type == op for n in onnx.load(str(twin)).graph.node):
             drop_native_twins(bundle_dir)
             break

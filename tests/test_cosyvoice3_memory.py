@@ -34,7 +34,7 @@ class FramesSeen:
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.session = getattr(inner, "session", inner)  # what flow.input_type reads the cache type from
+        self.session = getattr(inner, "session", inner)  # what cfm.frame_dtype reads the cache type from
         self.most = 0
 
     def run(self, names: Any, feeds: dict[str, np.ndarray]) -> Any:

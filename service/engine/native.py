@@ -221,10 +221,7 @@ class FrameCodec:
     def narrow_blocks(self, x: np.ndarray, q: np.ndarray, scale: np.ndarray) -> None:
         """x (blocks, ..., dim) -> q (blocks, ..., dim) and scale (blocks, ...): each block contiguous, the blocks of q
         and scale at any stride (a cache's new frames, one call for every block)."""
-        if x.shape != q.shape or scale.shape != q.shape[:-1] or q.dtype != np.int8 or scale.dtype != np.float32:
-            raise ValueError(f"frame codec: x {x.shape} {x.dtype}, q {q.shape} {q.dtype}, scale {scale.shape} {scale.dtype}")
-        if not all(a[0].flags.c_contiguous for a in (x, q, scale)) or x.strides[0] % x.itemsize:
-            raise ValueError("frame codec: each block must be contiguous")
+        _check_blocks(x, q, scale)
         dim, rows = x.shape[-1], x[0].size // x.shape[-1]
         narrow = getattr(self._lib, f"cvl_frames_narrow_blocks_{_CODEC_TYPES[x.dtype]}")
         narrow(x.ctypes.data, len(x), x.strides[0] // x.itemsize, rows, dim, q.ctypes.data, q.strides[0], scale.ctypes.data,
@@ -240,16 +237,21 @@ class FrameCodec:
     def widen_blocks(self, q: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:
         """q (blocks, ..., dim) int8 times scale (blocks, ...) -> out (blocks, ..., dim) float16/float32: each block
         contiguous, the blocks of all three at any stride (every block's frames of a graph call, in one call)."""
-        if out.shape != q.shape or scale.shape != q.shape[:-1] or q.dtype != np.int8 or scale.dtype != np.float32:
-            raise ValueError(f"frame codec: out {out.shape} {out.dtype}, q {q.shape}, scale {scale.shape} {scale.dtype}")
         if out.size == 0:
             return
-        if not all(a[0].flags.c_contiguous for a in (out, q, scale)) or out.strides[0] % out.itemsize:
-            raise ValueError("frame codec: each block must be contiguous")
+        _check_blocks(out, q, scale)
         dim, rows = q.shape[-1], q[0].size // q.shape[-1]
         widen = getattr(self._lib, f"cvl_frames_widen_blocks_{_CODEC_TYPES[out.dtype]}")
         widen(q.ctypes.data, len(q), q.strides[0], scale.ctypes.data, scale.strides[0] // 4, rows, dim, out.ctypes.data,
               out.strides[0] // out.itemsize)  # fmt: skip
+
+
+def _check_blocks(x: np.ndarray, q: np.ndarray, scale: np.ndarray) -> None:
+    """x and q (blocks, ..., dim), scale (blocks, ...): each block contiguous, x's blocks a whole number of items apart."""
+    if x.shape != q.shape or scale.shape != q.shape[:-1] or q.dtype != np.int8 or scale.dtype != np.float32:
+        raise ValueError(f"frame codec: x {x.shape} {x.dtype}, q {q.shape} {q.dtype}, scale {scale.shape} {scale.dtype}")
+    if not all(a[0].flags.c_contiguous for a in (x, q, scale)) or x.strides[0] % x.itemsize:
+        raise ValueError("frame codec: each block must be contiguous")
 
 
 def _check_rows(x: np.ndarray, q: np.ndarray, scale: np.ndarray) -> None:

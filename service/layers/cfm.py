@@ -17,16 +17,25 @@ from service.layers.frame_cache import EstimatorState
 
 # Feeds every guidance row of an estimator call reads whole (the rest are sliced per row).
 SHARED_FEEDS = frozenset({"chunk", "start"})
-# A cache input's scales, for a graph that reads its caches in int8 (past_k_3 -> past_k_3_scale).
-SCALE_SUFFIX = CACHE_SCALE_SUFFIX
 
 
-def reads_int8(session: Any, prefix: str = "past_k_") -> bool:
-    """Whether the graph's cache inputs named `prefix`* are int8 frames with their scales (a native twin's); False for
-    objects without inputs (test doubles)."""
+def _cache_types(session: Any) -> set[str]:
+    """The element types of an estimator graph's key caches (inputs `past_k_*`, their scales aside), read through a
+    ShrinkingSession to its InferenceSession; none for objects without `get_inputs` (test doubles)."""
     inputs = getattr(getattr(session, "session", session), "get_inputs", None)
-    names = [i for i in (inputs() if inputs is not None else []) if i.name.startswith(prefix)]
-    return {i.type for i in names if not i.name.endswith(SCALE_SUFFIX)} == {"tensor(int8)"}
+    caches = [i for i in (inputs() if inputs is not None else []) if i.name.startswith("past_k_")]
+    return {i.type for i in caches if not i.name.endswith(CACHE_SCALE_SUFFIX)}
+
+
+def frame_dtype(session: Any) -> type[np.floating]:
+    """The type of an estimator graph's frames: float16 when it reads float16 caches (an int8 bundle's) or int8 frames
+    with their scales (a native twin's, whose new frames come in float16), else float32 (also test doubles)."""
+    return np.float16 if _cache_types(session) in ({"tensor(float16)"}, {"tensor(int8)"}) else np.float32
+
+
+def reads_int8(session: Any) -> bool:
+    """Whether an estimator graph reads its caches as int8 frames with their scales (a native twin's)."""
+    return _cache_types(session) == {"tensor(int8)"}
 
 
 class GuidedEuler:
@@ -117,7 +126,7 @@ class GuidedEuler:
             frames, scales = cache.feeds()
             mine.update(zip(names, frames, strict=True))
             if scales:  # a graph that reads int8 frames
-                mine.update((name + SCALE_SUFFIX, scale) for name, scale in zip(names, scales, strict=True))
+                mine.update((name + CACHE_SCALE_SUFFIX, scale) for name, scale in zip(names, scales, strict=True))
         velocity, tails, new_k, new_v = self._estimator.run(None, mine)
         if keep:
             k.append(new_k, dropping)

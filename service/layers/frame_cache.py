@@ -138,7 +138,7 @@ class FrameCache:
         """Every block's frames, block b's (1, C, H, DK) in the graph's type: in place, or written out for this call
         into one array (int8 widened for all blocks in one native call: one view at a time cost ~30 µs of Python and
         allocation per block, 3-4 ms per CosyVoice2 estimator call, docs/perf-log.md)."""
-        if self.head is None and self.scales is None and self.buffer.dtype == self.graph_dtype:
+        if self._in_place:
             return [self.buffer[b, : self.frames][None] for b in range(self.buffer.shape[0])]
         out = np.empty((self.buffer.shape[0], 1, self.frames, *self.buffer.shape[2:]), dtype=self.graph_dtype)
         self._write(out[:, 0])
@@ -146,9 +146,12 @@ class FrameCache:
 
     def view(self, block: int) -> np.ndarray:
         """Block `block`'s frames (1, C, H, DK) in the graph's type (`views`' for one block)."""
-        if self.head is None and self.scales is None and self.buffer.dtype == self.graph_dtype:
-            return self.buffer[block, : self.frames][None]
-        return self.views()[block]
+        return self.buffer[block, : self.frames][None] if self._in_place else self.views()[block]
+
+    @property
+    def _in_place(self) -> bool:
+        """Whether the graph reads its frames as they are stored: its own only, in the graph's float type."""
+        return self.head is None and self.scales is None and self.buffer.dtype == self.graph_dtype
 
     def _write(self, out: np.ndarray) -> None:
         """Every block's frames into `out` (blocks, frames, H, DK) of the graph's type, each block contiguous: the

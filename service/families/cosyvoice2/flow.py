@@ -19,7 +19,7 @@ from service.bundle import ModelConstants, expand_io_names
 from service.errors import BundleError
 from service.families.cosyvoice2.contract import CosyVoice2Constants
 from service.families.cosyvoice2.voice import FlowPrompt2
-from service.layers.cfm import SCALE_SUFFIX, GuidedEuler, reads_int8
+from service.layers.cfm import GuidedEuler, frame_dtype, reads_int8
 from service.layers.frame_cache import EstimatorState, FrameCache, PrecisionLever, stored_precision
 from service.layers.frame_window import WindowedFrames
 
@@ -46,14 +46,6 @@ def check_time_first(session: Any, extra: CosyVoice2Constants) -> None:
             "flow_estimator takes its key/value caches heads-first (an export before time-first caches): "
             "re-export the bundle with this version (export/export_onnx.py)"
         )
-
-
-def input_type(session: Any, prefix: str) -> type[np.floating]:
-    """The type of the graph's frames: float16 when its inputs named `prefix`* are float16 (an int8 bundle's caches) or
-    int8 frames with their scales (a native twin's, whose new frames come in float16), else float32 (also for objects
-    without inputs, test doubles)."""
-    types = {i.type for i in graph_inputs(session) if i.name.startswith(prefix) and not i.name.endswith(SCALE_SUFFIX)}
-    return np.float16 if types in ({"tensor(float16)"}, {"tensor(int8)"}) else np.float32
 
 
 @dataclass
@@ -130,7 +122,7 @@ class FlowRunner2(GuidedEuler):
         self._speaker = sessions["flow_speaker"]
         self._encoder = sessions["flow_encoder"]
         self.extra = extra
-        self.est_dtype = input_type(estimator, "past_k_")
+        self.est_dtype = frame_dtype(estimator)
         self.reads_int8 = reads_int8(estimator)
         self.precision = stored_precision(precision, self.est_dtype, self.reads_int8)
         check_time_first(estimator, extra)

@@ -18,23 +18,13 @@ import numpy as np
 
 from service.bundle import ModelConstants, expand_io_names
 from service.families.cosyvoice3.contract import CosyVoice3Constants
-from service.layers.cfm import SCALE_SUFFIX, GuidedEuler, reads_int8
+from service.layers.cfm import GuidedEuler, frame_dtype, reads_int8
 from service.layers.flow_prompt import FlowPrompt
 from service.layers.frame_cache import EstimatorState, FrameCache, PrecisionLever, stored_precision
 from service.layers.frame_window import WindowedFrames
 
 FULL_ATTENTION = 1 << 30  # chunk size of the non-streaming masks (one chunk covers any sequence)
 LOOKAHEAD_TAIL = 2  # conv1 outputs the look-ahead layer's causal conv2 reads before a chunk
-
-
-def input_type(session: Any, prefix: str) -> type[np.floating]:
-    """The type of the graph's frames: float16 when its inputs named `prefix`* are float16 (an int8 bundle's caches) or
-    int8 frames with their scales (a native twin's, whose new frames come in float16), else float32 (also for objects
-    without inputs, test doubles)."""
-    inputs = getattr(getattr(session, "session", session), "get_inputs", None)
-    names = [i for i in (inputs() if inputs is not None else []) if i.name.startswith(prefix)]
-    types = {i.type for i in names if not i.name.endswith(SCALE_SUFFIX)}
-    return np.float16 if types in ({"tensor(float16)"}, {"tensor(int8)"}) else np.float32
 
 
 @dataclass
@@ -84,7 +74,7 @@ class FlowRunner3(GuidedEuler):
         self._speaker = sessions["flow_speaker"]
         self._encoder = sessions["flow_encoder"]
         self.extra = extra
-        self.est_dtype = input_type(estimator, "past_k_")
+        self.est_dtype = frame_dtype(estimator)
         self.reads_int8 = reads_int8(estimator)
         self.precision = stored_precision(precision, self.est_dtype, self.reads_int8)
         self.chunk_frames = extra.chunk_tokens * extra.token_mel_ratio

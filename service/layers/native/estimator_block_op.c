@@ -82,6 +82,12 @@ static OrtStatus* compute(void* kp, OrtKernelContext* ctx) {
     return cvl_block_run(&kn->base, ctx, &b, "EstimatorBlock");
 }
 
+/* Whether `s` holds the scales of int8 caches of b's shape: (B, C, H). */
+static int scales_fit(const cvl_tensor* s, const cvl_block_problem* b) {
+    const int64_t dims[3] = {b->batch, b->cached, b->heads};
+    return s->data != NULL && s->rank == 3 && memcmp(s->dims, dims, sizeof dims) == 0;
+}
+
 int cvl_block_caches(const cvl_tensor* past_k, const cvl_tensor* past_v, const cvl_tensor* k_scale,
                      const cvl_tensor* v_scale, cvl_block_problem* b) {
     if (past_k->type != past_v->type) return 0;
@@ -91,10 +97,7 @@ int cvl_block_caches(const cvl_tensor* past_k, const cvl_tensor* past_v, const c
         b->past_v = past_v->data;
         return 1;
     }
-    const int64_t dims[3] = {b->batch, b->cached, b->heads};
-    for (const cvl_tensor* s = k_scale; s != NULL; s = s == k_scale ? v_scale : NULL)
-        if (s->data == NULL || s->rank != 3 || memcmp(s->dims, dims, sizeof dims) != 0) return 0;
-    if (past_k->type != CVL_T_INT8) return 0;
+    if (past_k->type != CVL_T_INT8 || !scales_fit(k_scale, b) || !scales_fit(v_scale, b)) return 0;
     b->past_k_int8 = past_k->data;
     b->past_v_int8 = past_v->data;
     b->past_k_scale = k_scale->data;
