@@ -41,6 +41,7 @@ import onnx
 from export.external_data import externalize_graph, load_inline, weights_name
 from export.fuse_layers import fuse_blocks, fuse_qwen2_layers
 from export.fuse_ops import add_spread_input, fuse_attention, fuse_bf16_convs, fuse_conv_windows, fuse_int8_matmuls
+from export.fuse_resnet import NORM_MISH_OP_NAME, fuse_norm_mish
 from export.time_table import tabulate_time_inputs
 from export.twin_graph import BLOCK_OP_NAME, CONV_OP_NAME, INT8_OP_NAME, QWEN2_OP_NAME, RewriteError
 from service.bundle import (
@@ -107,7 +108,8 @@ def rewrite_cached_estimator(
     attention core, its int8 products, then each whole block as one `op_name` node (`fuse`: fuse_blocks for the
     EstimatorBlock, or a family's own, e.g. the DiT's, whose nodes take `block_inputs` before the caches' scales),
     convolution windows read in place, the float32 convolutions left (the DiT's grouped position convolutions) as
-    BF16Conv1d, the caches read in int8 (int8_block_caches) (RewriteError when the blocks found are not `blocks`)."""
+    BF16Conv1d, each ResNet block's LayerNorm and Mish with the addend after them as NormMish, the caches read in int8
+    (int8_block_caches) (RewriteError when the blocks found are not `blocks`)."""
 
     def rewrite(model: onnx.ModelProto, manifest: Manifest) -> tuple[int, str]:
         cores = fuse_attention(model)
@@ -119,12 +121,14 @@ def rewrite_cached_estimator(
             raise RewriteError(f"fused {fused} blocks around {cores} attention cores")
         windows = fuse_conv_windows(model)
         convs = fuse_bf16_convs(model)
+        norms = fuse_norm_mish(model)
         tabulated = tabulate_step_times(model, manifest)
         int8 = int8_block_caches(model, op_name, block_inputs)
         what = f"blocks as {NATIVE_DOMAIN}.{op_name} ({int8} caches read in int8)"
         what += f", {count - BLOCK_PRODUCTS * fused} more {PRODUCTS}"
         what += f" ({windows} reading convolution windows in place)" if windows else ""
         what += f", {convs} convolutions as {NATIVE_DOMAIN}.{CONV_OP_NAME}" if convs else ""
+        what += f", {norms} ResNet norms with their Mish as {NATIVE_DOMAIN}.{NORM_MISH_OP_NAME}" if norms else ""
         return cores, what + (f", {tabulated} tensors of the time step tabulated at the solver's times" if tabulated else "")
 
     return rewrite

@@ -38,7 +38,7 @@ EXPORTERS: tuple[FamilyExporter, ...] = (
     FamilyExporter(
         cosyvoice2.FAMILY, cosyvoice2.is_cosyvoice2_dir, lambda _: cosyvoice2.MODEL_NAME, lambda _: False,
         cosyvoice2.run_export, cosyvoice2.write_int4, cosyvoice2.NATIVE_REWRITES,
-        {"flow_estimator": "If", "llm_step": "Qwen2Layer"},
+        {"flow_estimator": "NormMish", "llm_step": "Qwen2Layer"},
     ),
     FamilyExporter(
         cosyvoice3.FAMILY, cosyvoice3.is_cosyvoice3_dir, lambda _: cosyvoice3.MODEL_NAME, lambda _: False,
@@ -48,7 +48,7 @@ EXPORTERS: tuple[FamilyExporter, ...] = (
     FamilyExporter(
         cosyvoice1.FAMILY, cosyvoice1.is_cosyvoice1_dir, checkpoint.model_name_for, checkpoint.is_instruct_dir,
         cosyvoice1.run_export, cosyvoice1.write_int4, cosyvoice1.NATIVE_REWRITES,
-        {"llm_step": "RelPosLayer", "flow_estimator": "BF16Conv1d"},
+        {"llm_step": "RelPosLayer", "flow_estimator": "NormMish"},
     ),
 )  # fmt: skip
 

@@ -83,6 +83,8 @@ def test_a_quantized_v1_bundle_carries_the_estimator_twin(v1_int8: Path) -> None
     strided = [n for n in twin_graph.node if n.op_type == "Conv"]
     assert strided and all(helper.get_attribute_value(a) == [2] for n in strided for a in n.attribute if a.name == "strides")
     assert ops.count("BF16Conv1d") == core_ops.count("Conv") - len(strided) > 0  # the ResNet blocks' convolutions
+    norms = core_ops.count("InstanceNormalization")  # two GroupNorms a ResNet block, each followed by Mish
+    assert norms > 0 and ops.count("NormMish") == norms and "InstanceNormalization" not in ops
 
 
 @pytest.mark.parametrize(("frames", "rows"), [(1, 2), (7, 2), (36, 2), (69, 4), (200, 2)])

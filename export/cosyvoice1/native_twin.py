@@ -19,6 +19,7 @@ from onnx import helper, numpy_helper
 
 from export.fuse_layers import fuse_blocks
 from export.fuse_ops import fuse_bf16_convs, fuse_int8_matmuls
+from export.fuse_resnet import NORM_MISH_OP_NAME, fuse_norm_mish
 from export.native_twin import PRODUCTS
 from export.twin_graph import BLOCK_OP_NAME, CONV_OP_NAME, OP_NAME, Graph, RewriteError, attr, replace_nodes
 from service.bundle import NATIVE_DOMAIN, Manifest
@@ -144,7 +145,8 @@ def rewrite_full_estimator(model: onnx.ModelProto, manifest: Manifest) -> tuple[
     """The v1 estimator's twin: each attention core over the whole window, its int8 products, then each transformer
     block around an attention as one EstimatorBlock (RewriteError when they do not pair up); then each stride-1
     convolution of its ResNet blocks (float32 in the int8 graph: ONNX Runtime's dynamic quantization leaves Conv) as
-    one BF16Conv1d, as the vocoder's (a fifth of a call's time in ONNX Runtime's float32 Conv; its downsampling stays)."""
+    one BF16Conv1d, as the vocoder's (a fifth of a call's time in ONNX Runtime's float32 Conv; its downsampling stays);
+    then each GroupNorm and Mish, with the mask and addend after them, as one NormMish (export/fuse_resnet.py)."""
     cores = fuse_full_attention(model)
     if cores == 0:
         raise RewriteError("the estimator has no attention core")
@@ -153,5 +155,7 @@ def rewrite_full_estimator(model: onnx.ModelProto, manifest: Manifest) -> tuple[
     if fused != cores:
         raise RewriteError(f"fused {fused} transformer blocks around {cores} attention cores")
     convs = fuse_bf16_convs(model)
+    norms = fuse_norm_mish(model, MASK_INPUT)
     what = f"transformer blocks as {NATIVE_DOMAIN}.{BLOCK_OP_NAME} over the whole window"
-    return fused, f"{what}, {count - 6 * fused} more {PRODUCTS}, {convs} convolutions as {NATIVE_DOMAIN}.{CONV_OP_NAME}"
+    what += f", {count - 6 * fused} more {PRODUCTS}, {convs} convolutions as {NATIVE_DOMAIN}.{CONV_OP_NAME}"
+    return fused, what + f", {norms} ResNet norms with their Mish as {NATIVE_DOMAIN}.{NORM_MISH_OP_NAME}"

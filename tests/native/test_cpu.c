@@ -55,10 +55,10 @@ static void check_ceilings(void) {
 
 static void check_registry(cvl_features allowed) {
     static const char* const KIT[] = {"CachedAttention", "Int8MatMul", "BF16Conv1d"};
-    static const char* const LAYERS[] = {"EstimatorBlock", "Qwen2Layer", "RelPosLayer", "DiTBlock"};
-    CHECK(cvl_op_count() == 7, "%d operators registered", cvl_op_count());
+    static const char* const LAYERS[] = {"EstimatorBlock", "Qwen2Layer", "RelPosLayer", "DiTBlock", "NormMish"};
+    CHECK(cvl_op_count() == 8, "%d operators registered", cvl_op_count());
     for (int i = 0; i < 3; i++) CHECK(cvl_op_named(KIT[i]) != NULL, "%s registered", KIT[i]);
-    for (int i = 0; i < 4; i++) CHECK(cvl_op_named(LAYERS[i]) != NULL, "%s registered", LAYERS[i]);
+    for (int i = 0; i < 5; i++) CHECK(cvl_op_named(LAYERS[i]) != NULL, "%s registered", LAYERS[i]);
     CHECK(cvl_op_named("Nothing") == NULL && cvl_op_variant("Nothing", 0, 0) == NULL, "unknown operator");
     for (int i = 0; i < cvl_op_count(); i++) {
         const cvl_op* op = cvl_op_at(i);
