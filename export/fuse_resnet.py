@@ -16,10 +16,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from export.fuse_layers import check_whole_block, layer_norm_pattern
-from export.twin_graph import Graph, RewriteError, attr, replace_nodes
+from export.twin_graph import NORM_MISH_OP_NAME, Graph, RewriteError, attr, replace_nodes
 from service.bundle import NATIVE_DOMAIN
 
-NORM_MISH_OP_NAME = "NormMish"
 # The least clip bound under which the graph's Mish is the kernel's: beyond it E(E + 2) / (E(E + 2) + 2) is 1 in float32
 # either way (torch's exporter clips at 20).
 MIN_MISH_CLIP = 15.0

@@ -41,9 +41,9 @@ import onnx
 from export.external_data import externalize_graph, load_inline, weights_name
 from export.fuse_layers import fuse_blocks, fuse_qwen2_layers
 from export.fuse_ops import add_spread_input, fuse_attention, fuse_bf16_convs, fuse_conv_windows, fuse_int8_matmuls
-from export.fuse_resnet import NORM_MISH_OP_NAME, fuse_norm_mish
+from export.fuse_resnet import fuse_norm_mish
 from export.time_table import tabulate_time_inputs
-from export.twin_graph import BLOCK_OP_NAME, CONV_OP_NAME, INT8_OP_NAME, QWEN2_OP_NAME, RewriteError
+from export.twin_graph import BLOCK_OP_NAME, CONV_OP_NAME, INT8_OP_NAME, NORM_MISH_OP_NAME, QWEN2_OP_NAME, RewriteError
 from service.bundle import (
     CACHE_SCALE_SUFFIX,
     GROUP_NATIVE,

@@ -17,6 +17,7 @@ BLOCK_OP_NAME = "EstimatorBlock"
 QWEN2_OP_NAME = "Qwen2Layer"
 RELPOS_OP_NAME = "RelPosLayer"  # a CosyVoice-300M decoder layer (export/cosyvoice1/relpos_twin.py)
 CONV_OP_NAME = "BF16Conv1d"  # a vocoder's convolution with bf16 products
+NORM_MISH_OP_NAME = "NormMish"  # an estimator ResNet block's norm and Mish (export/fuse_resnet.py)
 
 
 class RewriteError(ExportError):

@@ -15,7 +15,8 @@ from portable import native_session
 from test_native_twin import estimator_feeds
 from test_native_v1_twin import relative_rms, velocity_feeds
 
-from export.fuse_resnet import NORM_MISH_OP_NAME, fuse_norm_mish
+from export.fuse_resnet import fuse_norm_mish
+from export.twin_graph import NORM_MISH_OP_NAME
 from service.bundle import NATIVE_DOMAIN
 from service.engine import native
 

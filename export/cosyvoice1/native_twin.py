@@ -19,9 +19,9 @@ from onnx import helper, numpy_helper
 
 from export.fuse_layers import fuse_blocks
 from export.fuse_ops import fuse_bf16_convs, fuse_int8_matmuls
-from export.fuse_resnet import NORM_MISH_OP_NAME, fuse_norm_mish
+from export.fuse_resnet import fuse_norm_mish
 from export.native_twin import PRODUCTS
-from export.twin_graph import BLOCK_OP_NAME, CONV_OP_NAME, OP_NAME, Graph, RewriteError, attr, replace_nodes
+from export.twin_graph import BLOCK_OP_NAME, CONV_OP_NAME, NORM_MISH_OP_NAME, OP_NAME, Graph, RewriteError, attr, replace_nodes
 from service.bundle import NATIVE_DOMAIN, Manifest
 
 FULL_ATTENTION_CHUNK = int(np.iinfo(np.int64).max)  # an attention chunk no call reaches: full attention

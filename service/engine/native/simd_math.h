@@ -4,6 +4,7 @@
 #define COSYVOICE_LITE_SIMD_MATH_H
 
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 
 #define CVL_LOG2E 1.44269504088896341f /* log2(e): e^x = 2^(x log2 e) */
@@ -53,6 +54,24 @@ __attribute__((target("avx512f,fma"), unused)) static inline __m512 cvl_exp2_non
 __attribute__((target("avx512f,fma"), unused)) static inline __m512 cvl_reciprocal(__m512 d) {
     const __m512 r = _mm512_rcp14_ps(d);
     return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.0f)));
+}
+
+/* The moments of n floats: their mean and sqrt(biased variance + eps), in two passes as torch computes a norm's, a float
+ * sum per lane (a LayerNorm's row, a GroupNorm's group). */
+__attribute__((target("avx512f,fma"), unused)) static inline void cvl_moments(const float* x, int64_t n, float eps,
+                                                                               float* mean, float* sd) {
+    __m512 s = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(cvl_tail_mask(n - i), x + i));
+    const float m = _mm512_reduce_add_ps(s) / (float)n;
+    const __m512 mv = _mm512_set1_ps(m);
+    __m512 v = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = cvl_tail_mask(n - i);
+        const __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x + i), mv);
+        v = _mm512_fmadd_ps(d, d, v);
+    }
+    *mean = m;
+    *sd = sqrtf(_mm512_reduce_add_ps(v) / (float)n + eps);
 }
 
 /* erf(x) by Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7) on |x|, the sign put back. */
@@ -141,6 +160,23 @@ __attribute__((target(CVL_AVX2_MATH), unused)) static inline __m256 cvl_erf8(__m
     p = _mm256_mul_ps(p, t);
     __m256 e = cvl_exp_nonpositive8(_mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), a), a));
     return _mm256_or_ps(_mm256_fnmadd_ps(p, e, one), _mm256_and_ps(x, sign));
+}
+
+/* cvl_moments on 8 lanes. */
+__attribute__((target(CVL_AVX2_MATH), unused)) static inline void cvl_moments8(const float* x, int64_t n, float eps,
+                                                                              float* mean, float* sd) {
+    __m256 s = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) s = _mm256_add_ps(s, cvl_load8(x + i, n - i));
+    const float m = cvl_sum8(s) / (float)n;
+    const __m256 mv = _mm256_set1_ps(m);
+    __m256 v = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256 d = _mm256_and_ps(_mm256_sub_ps(cvl_load8(x + i, n - i), mv), /* 0 past the values */
+                                       _mm256_castsi256_ps(cvl_tail_mask8(n - i)));
+        v = _mm256_fmadd_ps(d, d, v);
+    }
+    *mean = m;
+    *sd = sqrtf(cvl_sum8(v) / (float)n + eps);
 }
 
 #endif

@@ -52,17 +52,9 @@ static void layer_norm_portable(const float* x, int64_t rows, int64_t n, const f
 __attribute__((target(VEC))) static void layer_norm_fast(const float* x, int64_t rows, int64_t n, const float* w,
                                                          const float* b, float eps, float* y) {
     for (int64_t r = 0; r < rows; r++, x += n, y += n) {
-        __m512 s = _mm512_setzero_ps();
-        for (int64_t i = 0; i < n; i += 16) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(cvl_tail_mask(n - i), x + i));
-        const float mean = _mm512_reduce_add_ps(s) / (float)n;
-        const __m512 m = _mm512_set1_ps(mean);
-        __m512 v = _mm512_setzero_ps();
-        for (int64_t i = 0; i < n; i += 16) {
-            __mmask16 k = cvl_tail_mask(n - i);
-            __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x + i), m);
-            v = _mm512_fmadd_ps(d, d, v);
-        }
-        const __m512 sd = _mm512_set1_ps(sqrtf(_mm512_reduce_add_ps(v) / (float)n + eps));
+        float mean, sd_value;
+        cvl_moments(x, n, eps, &mean, &sd_value);
+        const __m512 m = _mm512_set1_ps(mean), sd = _mm512_set1_ps(sd_value);
         for (int64_t i = 0; i < n; i += 16) {
             __mmask16 k = cvl_tail_mask(n - i);
             __m512 d = _mm512_div_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m), sd);
@@ -75,16 +67,9 @@ __attribute__((target(VEC))) static void layer_norm_fast(const float* x, int64_t
 __attribute__((target(AVX2))) static void layer_norm_avx2(const float* x, int64_t rows, int64_t n, const float* w,
                                                           const float* b, float eps, float* y) {
     for (int64_t r = 0; r < rows; r++, x += n, y += n) {
-        __m256 s = _mm256_setzero_ps();
-        for (int64_t i = 0; i < n; i += 8) s = _mm256_add_ps(s, cvl_load8(x + i, n - i));
-        const __m256 m = _mm256_set1_ps(cvl_sum8(s) / (float)n);
-        __m256 v = _mm256_setzero_ps();
-        for (int64_t i = 0; i < n; i += 8) {
-            __m256 d = _mm256_and_ps(_mm256_sub_ps(cvl_load8(x + i, n - i), m), /* 0 past the row */
-                                     _mm256_castsi256_ps(cvl_tail_mask8(n - i)));
-            v = _mm256_fmadd_ps(d, d, v);
-        }
-        const __m256 sd = _mm256_set1_ps(sqrtf(cvl_sum8(v) / (float)n + eps));
+        float mean, sd_value;
+        cvl_moments8(x, n, eps, &mean, &sd_value);
+        const __m256 m = _mm256_set1_ps(mean), sd = _mm256_set1_ps(sd_value);
         for (int64_t i = 0; i < n; i += 8) {
             __m256 d = _mm256_div_ps(_mm256_sub_ps(cvl_load8(x + i, n - i), m), sd);
             cvl_store8(y + i, n - i, _mm256_fmadd_ps(d, cvl_load8(w + i, n - i), cvl_load8(b + i, n - i)));

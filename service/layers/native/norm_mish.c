@@ -45,7 +45,7 @@ float cvl_mish(float v) {
 }
 
 /* ---- the moments of n values: mean, and sqrt(biased variance + eps), two passes as torch computes them (the vector
- * code keeps a float sum per lane) ---- */
+ * code: simd_math.h's cvl_moments) ---- */
 
 static void moments_portable(const float* x, int64_t n, float eps, float* mean, float* sd) {
     double s = 0.0, v = 0.0; /* one running sum of up to a group's channels times its frames: in double */
@@ -54,36 +54,6 @@ static void moments_portable(const float* x, int64_t n, float eps, float* mean, 
     for (int64_t i = 0; i < n; i++) v += (x[i] - m) * (x[i] - m);
     *mean = (float)m;
     *sd = (float)sqrt(v / (double)n + eps);
-}
-
-__attribute__((target(VEC))) static void moments_avx512(const float* x, int64_t n, float eps, float* mean, float* sd) {
-    __m512 s = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += 16) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(cvl_tail_mask(n - i), x + i));
-    const float m = _mm512_reduce_add_ps(s) / (float)n;
-    const __m512 mv = _mm512_set1_ps(m);
-    __m512 v = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 k = cvl_tail_mask(n - i);
-        const __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x + i), mv);
-        v = _mm512_fmadd_ps(d, d, v);
-    }
-    *mean = m;
-    *sd = sqrtf(_mm512_reduce_add_ps(v) / (float)n + eps);
-}
-
-__attribute__((target(AVX2))) static void moments_avx2(const float* x, int64_t n, float eps, float* mean, float* sd) {
-    __m256 s = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i += 8) s = _mm256_add_ps(s, cvl_load8(x + i, n - i));
-    const float m = cvl_sum8(s) / (float)n;
-    const __m256 mv = _mm256_set1_ps(m);
-    __m256 v = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i += 8) {
-        const __m256 d = _mm256_and_ps(_mm256_sub_ps(cvl_load8(x + i, n - i), mv), /* 0 past the run */
-                                       _mm256_castsi256_ps(cvl_tail_mask8(n - i)));
-        v = _mm256_fmadd_ps(d, d, v);
-    }
-    *mean = m;
-    *sd = sqrtf(cvl_sum8(v) / (float)n + eps);
 }
 
 /* ---- one run: y = Mish((x - mean) / sd * gamma + beta) * mask + add ---- */
@@ -152,9 +122,9 @@ typedef struct {
 
 static void moments(int code, const float* x, int64_t n, float eps, float* mean, float* sd) {
     if (code == CODE_AVX512)
-        moments_avx512(x, n, eps, mean, sd);
+        cvl_moments(x, n, eps, mean, sd);
     else if (code == CODE_AVX2)
-        moments_avx2(x, n, eps, mean, sd);
+        cvl_moments8(x, n, eps, mean, sd);
     else
         moments_portable(x, n, eps, mean, sd);
 }
